@@ -1,0 +1,184 @@
+"""Task adaptation: VAMPIRE's variational inner loop and MAML's point estimate.
+
+Both run `num_steps` plain gradient steps from the meta-parameters with
+`lax.scan`, and both are differentiable with respect to the meta-parameters
+through every step (second order) unless `first_order=True`, in which case
+each inner gradient is treated as a constant (d task_params / d meta = I).
+"""
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from vampire_jax import batching
+from vampire_jax.gaussian import Gaussian, check_gaussian, kl_divergence, sample
+
+PyTree = Any
+LossFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]
+ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
+
+
+def _check_support(support_x, support_y) -> None:
+  x_len, y_len = jnp.shape(support_x)[:1], jnp.shape(support_y)[:1]
+  if not x_len or not y_len or x_len != y_len:
+    raise ValueError(
+        "support_x and support_y must have the same leading (example) axis;"
+        f" got shapes {jnp.shape(support_x)} and {jnp.shape(support_y)}")
+
+
+def _check_steps(num_steps: int) -> None:
+  if int(num_steps) != num_steps or num_steps < 0:
+    raise ValueError(f"num_steps must be an integer >= 0, got {num_steps}")
+
+
+def _check_num_samples(num_mc_samples: int) -> None:
+  if int(num_mc_samples) != num_mc_samples or num_mc_samples < 1:
+    raise ValueError(f"num_mc_samples must be an integer >= 1, got {num_mc_samples}")
+
+
+def _sgd_step(params: PyTree, grads: PyTree, inner_lr: float, first_order: bool) -> PyTree:
+  if first_order:
+    grads = jax.lax.stop_gradient(grads)
+  return jax.tree_util.tree_map(lambda p, g: p - inner_lr * g, params, grads)
+
+
+def expected_nll(dist: Gaussian, x: jax.Array, y: jax.Array, key: jax.Array, *,
+                 loss_fn: LossFn, num_mc_samples: int,
+                 sample_batching: batching.Batching = "vmap") -> jax.Array:
+  """Monte-Carlo estimate of E_{w~dist}[loss_fn(w, x, y)], reparameterised.
+
+  Args:
+    dist: the distribution over weights.
+    x, y: a batch of data, `[batch, ...]`.
+    key: PRNG key for the weight draws.
+    loss_fn: `loss_fn(params, x, y)`, the mean NLL under one weight sample.
+    num_mc_samples: number of weight draws L.
+    sample_batching: how the L forward passes are batched (see `batching`).
+
+  Returns:
+    The mean of `loss_fn` over the L draws, a scalar.
+  """
+  weights = sample(dist, key, num_mc_samples)
+  if num_mc_samples == 1:  # no batching needed: keeps convolutions ungrouped
+    return loss_fn(jax.tree_util.tree_map(lambda w: w[0], weights), x, y)
+  losses = batching.batched_map(lambda w: loss_fn(w, x, y), weights,
+                                strategy=sample_batching,
+                                chunk_size=num_mc_samples)
+  return jnp.mean(losses)
+
+
+def variational_free_energy(posterior: Gaussian, prior: Gaussian, x: jax.Array,
+                            y: jax.Array, key: jax.Array, *, loss_fn: LossFn,
+                            num_mc_samples: int, kl_weight: float,
+                            sample_batching: batching.Batching = "vmap") -> jax.Array:
+  """VFE = E_q[NLL(x, y | w)] + kl_weight * KL(q || prior), the inner-loop loss."""
+  nll = expected_nll(posterior, x, y, key, loss_fn=loss_fn,
+                     num_mc_samples=num_mc_samples, sample_batching=sample_batching)
+  return nll + kl_weight * kl_divergence(posterior, prior)
+
+
+def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
+          key: jax.Array, *, loss_fn: LossFn, num_steps: int, inner_lr: float,
+          num_mc_samples: int = 1, kl_weight: float = 1.0,
+          first_order: bool = False,
+          sample_batching: batching.Batching = "vmap",
+          unroll_steps: bool = False) -> Gaussian:
+  """VAMPIRE's task adaptation (Alg. 1, lines 5-7).
+
+  Starting from q = prior, each step draws `num_mc_samples` weights from q
+  and moves both q.mean and q.log_std by `-inner_lr * grad VFE(q)`.
+
+  Args:
+    prior: the meta-learned Gaussian p(w; theta).
+    support_x: `[num_support, ...]` inputs.
+    support_y: `[num_support, ...]` targets.
+    key: PRNG key; step s uses the s-th of `num_steps` split keys.
+    loss_fn: `loss_fn(params, x, y)`, mean NLL of (x, y) under one weight draw.
+    num_steps: S, number of gradient steps (0 returns the prior).
+    inner_lr: alpha, the inner learning rate.
+    num_mc_samples: L_t, weight draws per step.
+    kl_weight: beta, weight of KL(q || prior) in the VFE.
+    first_order: treat each inner gradient as a constant w.r.t. the prior.
+    sample_batching: how the L_t forward passes are batched.
+    unroll_steps: unroll the scan over steps (faster on some backends,
+      longer compile).
+
+  Returns:
+    The task posterior q(w; lambda), a `Gaussian` with the prior's structure.
+  """
+  check_gaussian(prior)
+  _check_support(support_x, support_y)
+  _check_steps(num_steps)
+  _check_num_samples(num_mc_samples)
+
+  vfe_grad = jax.grad(variational_free_energy)
+
+  def step(posterior, step_key):
+    grads = vfe_grad(posterior, prior, support_x, support_y, step_key,
+                     loss_fn=loss_fn, num_mc_samples=num_mc_samples,
+                     kl_weight=kl_weight, sample_batching=sample_batching)
+    return _sgd_step(posterior, grads, inner_lr, first_order), None
+
+  if num_steps == 0:
+    return prior
+  posterior, _ = jax.lax.scan(step, prior, jax.random.split(key, num_steps),
+                              unroll=bool(unroll_steps))
+  return posterior
+
+
+def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
+               loss_fn: LossFn, num_steps: int, inner_lr: float,
+               first_order: bool = False, unroll_steps: bool = False) -> PyTree:
+  """MAML's task adaptation: `num_steps` SGD steps on the support loss.
+
+  Args:
+    params: the meta-learned initial weights theta.
+    support_x: `[num_support, ...]` inputs.
+    support_y: `[num_support, ...]` targets.
+    loss_fn: `loss_fn(params, x, y)`, the mean loss on (x, y).
+    num_steps: number of SGD steps (0 returns `params`).
+    inner_lr: the inner learning rate.
+    first_order: drop the second-order terms (FOMAML).
+    unroll_steps: unroll the scan over steps.
+
+  Returns:
+    The adapted weights, a tree like `params`.
+  """
+  _check_support(support_x, support_y)
+  _check_steps(num_steps)
+  loss_grad = jax.grad(loss_fn)
+
+  def step(task_params, _):
+    grads = loss_grad(task_params, support_x, support_y)
+    return _sgd_step(task_params, grads, inner_lr, first_order), None
+
+  if num_steps == 0:
+    return params
+  adapted, _ = jax.lax.scan(step, params, None, length=num_steps,
+                            unroll=bool(unroll_steps))
+  return adapted
+
+
+def predict(posterior: Gaussian, x: jax.Array, key: jax.Array, *,
+            apply_fn: ApplyFn, num_mc_samples: int,
+            sample_batching: batching.Batching = "vmap") -> jax.Array:
+  """Outputs of `apply_fn` under `num_mc_samples` weight draws.
+
+  Args:
+    posterior: a distribution over weights (usually from `adapt`).
+    x: `[batch, ...]` inputs.
+    key: PRNG key for the draws.
+    apply_fn: `apply_fn(params, x)`, the network.
+    num_mc_samples: L_v, number of draws.
+    sample_batching: how the L_v forward passes are batched.
+
+  Returns:
+    `[num_mc_samples, batch, ...]`: one network output per draw (logits for
+    a classifier; average the softmax over axis 0 for the prediction).
+  """
+  check_gaussian(posterior)
+  _check_num_samples(num_mc_samples)
+  weights = sample(posterior, key, num_mc_samples)
+  return batching.batched_map(lambda w: apply_fn(w, x), weights,
+                              strategy=sample_batching, chunk_size=num_mc_samples)

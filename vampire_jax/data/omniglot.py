@@ -1,0 +1,522 @@
+"""Omniglot as small uint8 arrays: loading (TFDS, zips, cache) and splits.
+
+`load_omniglot` returns all 1623 characters x 20 drawings at 28x28, strokes
+bright (255) on a black (0) background, i.e. inverted from the PNGs as MAML
+does. Characters are in a fixed order: the background set's 964 first, then
+the evaluation set's 659; within a set by alphabet name (`sorted`), then by
+character folder (`character01`, `character02`, ...). Alphabet ids index
+`ALPHABETS`.
+
+`make_split` picks train / val / test characters; `save_split_indices` writes
+them to a JSON file so that a run's split is on record.
+"""
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import NamedTuple, Optional, Union
+
+import numpy as np
+from PIL import Image
+
+PathLike = Union[str, os.PathLike]
+
+BACKGROUND_ALPHABETS = (
+    'Alphabet_of_the_Magi', 'Anglo-Saxon_Futhorc', 'Arcadian', 'Armenian',
+    'Asomtavruli_(Georgian)', 'Balinese', 'Bengali',
+    'Blackfoot_(Canadian_Aboriginal_Syllabics)', 'Braille',
+    'Burmese_(Myanmar)', 'Cyrillic', 'Early_Aramaic', 'Futurama', 'Grantha',
+    'Greek', 'Gujarati', 'Hebrew', 'Inuktitut_(Canadian_Aboriginal_Syllabics)',
+    'Japanese_(hiragana)', 'Japanese_(katakana)', 'Korean', 'Latin',
+    'Malay_(Jawi_-_Arabic)', 'Mkhedruli_(Georgian)', 'N_Ko',
+    'Ojibwe_(Canadian_Aboriginal_Syllabics)', 'Sanskrit', 'Syriac_(Estrangelo)',
+    'Tagalog', 'Tifinagh')
+EVALUATION_ALPHABETS = (
+    'Angelic', 'Atemayar_Qelisayer', 'Atlantean', 'Aurek-Besh', 'Avesta',
+    'Ge_ez', 'Glagolitic', 'Gurmukhi', 'Kannada', 'Keble', 'Malayalam',
+    'Manipuri', 'Mongolian', 'Old_Church_Slavonic_(Cyrillic)', 'Oriya',
+    'Sylheti', 'Syriac_(Serto)', 'Tengwar', 'Tibetan', 'ULOG')
+# Global alphabet id = position here (background 0-29, evaluation 30-49).
+ALPHABETS = BACKGROUND_ALPHABETS + EVALUATION_ALPHABETS
+
+NUM_BACKGROUND_CHARACTERS = 964
+NUM_EVALUATION_CHARACTERS = 659
+NUM_CHARACTERS = NUM_BACKGROUND_CHARACTERS + NUM_EVALUATION_CHARACTERS
+NUM_DRAWINGS = 20
+IMAGE_SIZE = 28
+NUM_RANDOM_TRAIN_CHARACTERS = 1200  # Vinyals et al. / MAML split.
+
+CACHE_FILENAME = 'omniglot28.npz'
+SOURCES = ('auto', 'tfds', 'zip', 'cache')
+SPLITS = ('original', 'random')
+
+_CACHE_FORMAT = 1
+_ORIGINAL_SIZE = 105
+_RESAMPLE = Image.Resampling.LANCZOS
+_SETS = (('images_background', True), ('images_evaluation', False))
+_SMALL_ZIPS = ('images_background_small1.zip', 'images_background_small2.zip')
+_URL = 'https://github.com/brendenlake/omniglot/raw/master/python/'
+_HELP = (
+    'Expected a folder holding images_background.zip and '
+    'images_evaluation.zip (the TFDS source also needs '
+    f'{_SMALL_ZIPS[0]} and {_SMALL_ZIPS[1]}). Download them from '
+    f'{_URL}images_background.zip and {_URL}images_evaluation.zip, then pass '
+    'the folder as `data_dir` or set the OMNIGLOT_DIR environment variable.')
+
+
+class OmniglotArrays(NamedTuple):
+  """All of Omniglot, one row per character.
+
+  Attributes:
+    images: `[num_characters, 20, 28, 28]` uint8, strokes 255, background 0.
+    alphabet: `[num_characters]` int32, index into `ALPHABETS`.
+    is_background: `[num_characters]` bool, True for the background set's 964
+      characters (which come first).
+  """
+  images: np.ndarray
+  alphabet: np.ndarray
+  is_background: np.ndarray
+
+
+def default_cache_dir() -> Path:
+  """`$VAMPIRE_JAX_CACHE` if set, else `~/.cache/vampire_jax`."""
+  env = os.environ.get('VAMPIRE_JAX_CACHE')
+  return Path(env) if env else Path.home() / '.cache' / 'vampire_jax'
+
+
+def load_omniglot(
+    data_dir: Optional[PathLike] = None,
+    *,
+    cache_dir: Optional[PathLike] = None,
+    source: str = 'auto',
+) -> OmniglotArrays:
+  """Loads Omniglot at 28x28, building and caching it on first use.
+
+  Each 105x105 drawing is converted to 8-bit grey, resized to 28x28 with
+  PIL's LANCZOS filter (so strokes get grey, anti-aliased edges; note that
+  MAML's script resized the 1-bit images, which PIL does with NEAREST), and
+  inverted. The result is cached in `<cache_dir>/omniglot28.npz` (25 MB).
+
+  Sources:
+    'auto': the cache if present; else, with a local folder (`data_dir` or
+      `$OMNIGLOT_DIR`), 'tfds' offline when TFDS is installed and the folder
+      holds all four zips, otherwise 'zip'; without a folder, 'tfds' online.
+    'tfds': the TFDS `omniglot` builder, its data_dir in `<cache_dir>/tfds`.
+      With a local folder it builds offline from the zips there (checksums
+      replaced by those of the local files); without one it downloads.
+    'zip': reads the PNGs from the zips in the local folder with PIL (no
+      TensorFlow needed). An extracted `images_background/` folder works too.
+    'cache': only the cache; raises FileNotFoundError if it is missing.
+
+  Sources other than 'cache' rewrite the cache. The data folder is only read.
+  The order of a character's 20 drawings is drawer order (01-20) from 'zip';
+  TFDS keeps no file names, so from 'tfds' it is TFDS's record order.
+
+  Args:
+    data_dir: folder with the Omniglot zips; defaults to `$OMNIGLOT_DIR`.
+    cache_dir: where the cache (and TFDS's files) go; defaults to
+      `default_cache_dir()`.
+    source: one of `SOURCES`.
+
+  Returns:
+    `OmniglotArrays` with 1623 characters.
+
+  Raises:
+    FileNotFoundError: the folder or a zip in it is missing (the message says
+      which files are expected and where to get them).
+    ValueError: unknown source, or the data does not have Omniglot's counts.
+  """
+  if source not in SOURCES:
+    raise ValueError(f'source must be one of {SOURCES}, got {source!r}.')
+  cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+  cache_path = cache_dir / CACHE_FILENAME
+  if source in ('auto', 'cache') and cache_path.exists():
+    try:
+      return _read_cache(cache_path)
+    except ValueError as e:
+      if source == 'cache':
+        raise
+      print(f'Omniglot: rebuilding the cache ({e})', file=sys.stderr)
+  if source == 'cache':
+    raise FileNotFoundError(
+        f'No Omniglot cache at {cache_path}; call load_omniglot with another '
+        f'source once to build it. {_HELP}')
+
+  if data_dir is None and os.environ.get('OMNIGLOT_DIR'):
+    data_dir = os.environ['OMNIGLOT_DIR']
+  folder = Path(data_dir) if data_dir is not None else None
+  if folder is not None:
+    _check_folder(folder, cache_dir)
+  if source == 'auto':
+    source = _auto_source(folder)
+
+  start = time.perf_counter()
+  if source == 'tfds':
+    arrays = _load_tfds(folder, cache_dir / 'tfds')
+  else:
+    arrays = _load_zips(folder)
+  _validate(arrays)
+  _write_cache(cache_path, arrays, source)
+  print(f'Omniglot: built from {source} in {time.perf_counter() - start:.0f}s,'
+        f' cached in {cache_path}', file=sys.stderr)
+  return arrays
+
+
+def split_indices(
+    arrays: OmniglotArrays,
+    split: str,
+    *,
+    seed: int = 0,
+    num_val_characters: int = 100,
+    num_val_alphabets: int = 5,
+) -> dict[str, np.ndarray]:
+  """Which characters (rows of `arrays`) form train, val and test.
+
+  'original' (Lake et al.): train and val from the background set, test is the
+    evaluation set's 659 characters. Val is the last `num_val_alphabets`
+    background alphabets in `ALPHABETS` order, taken whole; the default 5 are
+    Ojibwe, Sanskrit, Syriac_(Estrangelo), Tagalog and Tifinagh, 151
+    characters, leaving 813 for train. `seed` is not used.
+  'random' (Vinyals et al., MAML, VAMPIRE): 1200 characters drawn from all
+    1623 with `np.random.default_rng(seed)`, of which the last
+    `num_val_characters` drawn are val (1100 / 100 by default); the other 423
+    are test. Alphabets are mixed across the parts.
+
+  Characters never appear in two parts, so their rotations (made when tasks
+  are sampled) do not either.
+
+  Args:
+    arrays: from `load_omniglot`.
+    split: 'original' or 'random'.
+    seed: seed of the 'random' draw.
+    num_val_characters: val size for 'random', in [0, 1200).
+    num_val_alphabets: val size for 'original', in [0, 30).
+
+  Returns:
+    {'train', 'val', 'test'} -> sorted int64 indices into `arrays`.
+  """
+  num_characters = len(arrays.images)
+  if split == 'original':
+    if not 0 <= num_val_alphabets < len(BACKGROUND_ALPHABETS):
+      raise ValueError(
+          f'num_val_alphabets must be in [0, {len(BACKGROUND_ALPHABETS)}), '
+          f'got {num_val_alphabets}.')
+    background = np.asarray(arrays.is_background, bool)
+    background_alphabets = np.unique(arrays.alphabet[background])
+    val_alphabets = background_alphabets[
+        len(background_alphabets) - num_val_alphabets:]
+    is_val = background & np.isin(arrays.alphabet, val_alphabets)
+    return {'train': np.flatnonzero(background & ~is_val),
+            'val': np.flatnonzero(is_val),
+            'test': np.flatnonzero(~background)}
+  if split == 'random':
+    num_train = NUM_RANDOM_TRAIN_CHARACTERS
+    if not 0 <= num_val_characters < num_train:
+      raise ValueError(f'num_val_characters must be in [0, {num_train}), got '
+                       f'{num_val_characters}.')
+    if num_characters <= num_train:
+      raise ValueError(f'The random split needs more than {num_train} '
+                       f'characters, got {num_characters}.')
+    order = np.random.default_rng(seed).permutation(num_characters)
+    num_fit = num_train - num_val_characters
+    return {'train': np.sort(order[:num_fit]),
+            'val': np.sort(order[num_fit:num_train]),
+            'test': np.sort(order[num_train:])}
+  raise ValueError(f'split must be one of {SPLITS}, got {split!r}.')
+
+
+def make_split(
+    arrays: OmniglotArrays,
+    split: str,
+    *,
+    seed: int = 0,
+    num_val_characters: int = 100,
+    num_val_alphabets: int = 5,
+) -> dict[str, np.ndarray]:
+  """Images of the train, val and test characters (see `split_indices`).
+
+  Args:
+    arrays: from `load_omniglot`.
+    split: 'original' or 'random'.
+    seed: seed of the 'random' draw.
+    num_val_characters: val size for 'random'.
+    num_val_alphabets: val size for 'original'.
+
+  Returns:
+    {'train', 'val', 'test'} -> uint8 `[characters, 20, 28, 28]`. Default
+    sizes: 'original' 813 / 151 / 659, 'random' 1100 / 100 / 423.
+  """
+  indices = split_indices(arrays, split, seed=seed,
+                          num_val_characters=num_val_characters,
+                          num_val_alphabets=num_val_alphabets)
+  return {part: arrays.images[idx] for part, idx in indices.items()}
+
+
+def save_split_indices(
+    path: PathLike,
+    arrays: OmniglotArrays,
+    split: str,
+    *,
+    seed: int = 0,
+    num_val_characters: int = 100,
+    num_val_alphabets: int = 5,
+) -> dict[str, np.ndarray]:
+  """Writes a split's characters to a JSON file and returns the indices.
+
+  The file holds the split's settings and, per part, the row indices into
+  `OmniglotArrays`, the character names ('Tifinagh/character55') and the
+  alphabets, so the split can be read without this code.
+
+  Args:
+    path: JSON file to write.
+    arrays: from `load_omniglot`.
+    split: 'original' or 'random'.
+    seed: seed of the 'random' draw.
+    num_val_characters: val size for 'random'.
+    num_val_alphabets: val size for 'original'.
+
+  Returns:
+    Same as `split_indices`.
+  """
+  indices = split_indices(arrays, split, seed=seed,
+                          num_val_characters=num_val_characters,
+                          num_val_alphabets=num_val_alphabets)
+  names = character_names(arrays)
+  record = {
+      'dataset': 'omniglot',
+      'split': split,
+      'seed': seed,
+      'num_val_characters': num_val_characters,
+      'num_val_alphabets': num_val_alphabets,
+      'order': 'background then evaluation set; alphabets sorted by name; '
+               'characters by folder number',
+  }
+  for part, idx in indices.items():
+    record[part] = {
+        'num_characters': len(idx),
+        'alphabets': sorted({ALPHABETS[a] for a in arrays.alphabet[idx]}),
+        'indices': idx.tolist(),
+        'characters': [names[i] for i in idx],
+    }
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(record, indent=1))
+  return indices
+
+
+def character_names(arrays: OmniglotArrays) -> list[str]:
+  """'Alphabet/characterNN' for each row (folders are numbered from 01)."""
+  names, count = [], {}
+  for a in arrays.alphabet.tolist():
+    count[a] = count.get(a, 0) + 1
+    names.append(f'{ALPHABETS[a]}/character{count[a]:02d}')
+  return names
+
+
+# Building.
+
+
+def _auto_source(folder: Optional[Path]) -> str:
+  """'tfds' if usable for `folder` (None = online), else 'zip'."""
+  has_tfds = importlib.util.find_spec('tensorflow_datasets') is not None
+  if folder is None:
+    if not has_tfds:
+      raise FileNotFoundError(
+          'No Omniglot folder given and tensorflow_datasets is not installed '
+          f'to download it. {_HELP}')
+    return 'tfds'
+  has_zips = all((folder / f).is_file() for f in _zip_names(all_four=True))
+  return 'tfds' if has_tfds and has_zips else 'zip'
+
+
+def _zip_names(all_four: bool) -> list[str]:
+  names = [f'{name}.zip' for name, _ in _SETS]
+  return names + list(_SMALL_ZIPS) if all_four else names
+
+
+def _check_folder(folder: Path, cache_dir: Path) -> None:
+  """Raises if `folder` is missing or would be written to."""
+  if not folder.is_dir():
+    raise FileNotFoundError(f'Omniglot folder {folder} does not exist. {_HELP}')
+  if cache_dir.resolve().is_relative_to(folder.resolve()):
+    raise ValueError(f'cache_dir {cache_dir} is inside the data folder '
+                     f'{folder}; the data folder is only read.')
+
+
+def _to_28(image: Image.Image) -> np.ndarray:
+  """[105, 105] PIL image, black strokes -> [28, 28] uint8, strokes 255."""
+  if image.size != (_ORIGINAL_SIZE, _ORIGINAL_SIZE):
+    raise ValueError(f'Expected 105x105 drawings, got {image.size}.')
+  small = image.convert('L').resize((IMAGE_SIZE, IMAGE_SIZE), _RESAMPLE)
+  return 255 - np.asarray(small, np.uint8)
+
+
+def _progress(done: int, total: int, start: float) -> None:
+  """Prints a line at every tenth of `total`."""
+  if done % max(1, total // 10) == 0 or done == total:
+    print(f'Omniglot: {done}/{total} drawings resized '
+          f'({time.perf_counter() - start:.0f}s)', file=sys.stderr, flush=True)
+
+
+def _assemble(groups: dict[tuple[bool, str, int], list[np.ndarray]]
+              ) -> OmniglotArrays:
+  """{(is_background, alphabet, character number): drawings} -> arrays."""
+  keys = sorted(groups, key=lambda k: (not k[0], k[1], k[2]))
+  unknown = sorted({alphabet for _, alphabet, _ in keys} - set(ALPHABETS))
+  if unknown:
+    raise ValueError(f'Unknown Omniglot alphabets {unknown}. {_HELP}')
+  for key in keys:
+    if len(groups[key]) != NUM_DRAWINGS:
+      raise ValueError(f'Character {key[1]}/{key[2]} has {len(groups[key])} '
+                       f'drawings, expected {NUM_DRAWINGS}. {_HELP}')
+  return OmniglotArrays(
+      images=np.stack([np.stack(groups[k]) for k in keys]),
+      alphabet=np.array([ALPHABETS.index(k[1]) for k in keys], np.int32),
+      is_background=np.array([k[0] for k in keys], bool))
+
+
+def _load_zips(folder: Optional[Path]) -> OmniglotArrays:
+  """Reads and resizes the PNGs of both sets with PIL."""
+  if folder is None:
+    raise FileNotFoundError(f'The zip source needs a folder. {_HELP}')
+  missing = [f'{name}.zip' for name, _ in _SETS
+             if not (folder / f'{name}.zip').is_file()
+             and not (folder / name).is_dir()]
+  if missing:
+    raise FileNotFoundError(f'{missing} not found in {folder}. {_HELP}')
+  with contextlib.ExitStack() as stack:
+    sets = []  # (is_background, sorted PNG names, name -> bytes)
+    for set_name, is_background in _SETS:
+      zip_path, tree = folder / f'{set_name}.zip', folder / set_name
+      if zip_path.is_file():
+        archive = stack.enter_context(zipfile.ZipFile(zip_path))
+        names, read = archive.namelist(), archive.read
+      else:  # An extracted folder.
+        names = [p.relative_to(folder).as_posix() for p in tree.rglob('*.png')]
+        read = lambda name: (folder / name).read_bytes()
+      # '<set>/<alphabet>/<characterNN>/<id>_<drawer>.png', in drawer order.
+      names = sorted(n for n in names if n.endswith('.png')
+                     and n.count('/') == 3 and not n.startswith('__MACOSX'))
+      sets.append((is_background, names, read))
+
+    total = sum(len(names) for _, names, _ in sets)
+    start, done, groups = time.perf_counter(), 0, {}
+    for is_background, names, read in sets:
+      for name in names:
+        _, alphabet, character, _ = name.split('/')
+        key = (is_background, alphabet, int(character[len('character'):]))
+        image = Image.open(io.BytesIO(read(name)))
+        groups.setdefault(key, []).append(_to_28(image))
+        done += 1
+        _progress(done, total, start)
+  return _assemble(groups)
+
+
+@contextlib.contextmanager
+def _local_checksums(tfds, folder: Path):
+  """Gives TFDS's omniglot builder the checksums of the zips in `folder`.
+
+  The big zips in the shared data folder were rebuilt, so their checksums are
+  not the ones TFDS registers (recipe 1 of that folder's README). The builder
+  class is restored on exit.
+  """
+  builder_cls = tfds.builder_cls('omniglot')
+  had_own = 'url_infos' in vars(builder_cls)
+  previous = vars(builder_cls).get('url_infos')
+  builder_cls.url_infos = {
+      url: tfds.core.download.checksums.compute_url_info(folder / info.filename)
+      for url, info in builder_cls.url_infos.items()}
+  try:
+    yield
+  finally:
+    if had_own:
+      builder_cls.url_infos = previous
+    else:
+      del builder_cls.url_infos
+
+
+def _load_tfds(folder: Optional[Path], tfds_dir: Path) -> OmniglotArrays:
+  """Prepares the TFDS `omniglot` builder (offline if `folder`) and reads it."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  with contextlib.ExitStack() as stack:
+    download_config = None
+    if folder is not None:
+      missing = [f for f in _zip_names(all_four=True)
+                 if not (folder / f).is_file()]
+      if missing:
+        raise FileNotFoundError(
+            f'The TFDS source needs {missing} in {folder}. {_HELP}')
+      stack.enter_context(_local_checksums(tfds, folder))
+      download_config = tfds.download.DownloadConfig(
+          manual_dir=os.fspath(folder), try_download_gcs=False)
+    builder = tfds.builder('omniglot', data_dir=os.fspath(tfds_dir))
+    builder.download_and_prepare(download_config=download_config)
+
+  names = builder.info.features['alphabet'].names
+  total = sum(builder.info.splits[s].num_examples for s in ('train', 'test'))
+  start, done, groups = time.perf_counter(), 0, {}
+  for split, is_background in (('train', True), ('test', False)):
+    dataset = builder.as_dataset(split=split, shuffle_files=False)
+    dataset = dataset.map(lambda ex: {**ex, 'image': ex['image'][..., 0]})
+    for batch in tfds.as_numpy(dataset.batch(1000)):
+      for image, alphabet, character in zip(
+          batch['image'], batch['alphabet'], batch['alphabet_char_id']):
+        # alphabet_char_id is the character folder's number minus one.
+        key = (is_background, names[alphabet], int(character) + 1)
+        groups.setdefault(key, []).append(_to_28(Image.fromarray(image)))
+        done += 1
+        _progress(done, total, start)
+  return _assemble(groups)
+
+
+def _validate(arrays: OmniglotArrays) -> None:
+  """Raises ValueError unless `arrays` has Omniglot's counts and layout."""
+  shape = (NUM_CHARACTERS, NUM_DRAWINGS, IMAGE_SIZE, IMAGE_SIZE)
+  problems = []
+  if arrays.images.shape != shape or arrays.images.dtype != np.uint8:
+    problems.append(f'images are {arrays.images.dtype}{arrays.images.shape}, '
+                    f'expected uint8{shape}')
+  num_background = int(np.sum(arrays.is_background))
+  if num_background != NUM_BACKGROUND_CHARACTERS:
+    problems.append(f'{num_background} background characters, expected '
+                    f'{NUM_BACKGROUND_CHARACTERS}')
+  elif not np.all(arrays.is_background[:num_background]):
+    problems.append('background characters do not come first')
+  elif (set(arrays.alphabet[:num_background].tolist())
+        != set(range(len(BACKGROUND_ALPHABETS)))
+        or set(arrays.alphabet[num_background:].tolist())
+        != set(range(len(BACKGROUND_ALPHABETS), len(ALPHABETS)))):
+    problems.append('alphabets are not the 30 background and 20 evaluation '
+                    'ones')
+  if problems:
+    raise ValueError(f'Not the full Omniglot set: {"; ".join(problems)}. '
+                     f'{_HELP}')
+
+
+def _read_cache(path: Path) -> OmniglotArrays:
+  with np.load(path, allow_pickle=False) as f:
+    if int(f['format']) != _CACHE_FORMAT:
+      raise ValueError(f'{path} has format {int(f["format"])}, expected '
+                       f'{_CACHE_FORMAT}')
+    arrays = OmniglotArrays(f['images'], f['alphabet'], f['is_background'])
+  _validate(arrays)
+  return arrays
+
+
+def _write_cache(path: Path, arrays: OmniglotArrays, source: str) -> None:
+  """Writes atomically (temporary file, then rename)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp',
+                                   delete=False) as f:
+    np.savez(f, format=_CACHE_FORMAT, source=source, resample='lanczos',
+             **arrays._asdict())
+  os.chmod(f.name, 0o644)  # Not the temporary file's 0o600.
+  os.replace(f.name, path)

@@ -1,0 +1,145 @@
+"""Diagonal Gaussian distributions over parameter pytrees.
+
+A distribution over a network's weights is two trees with the network's
+structure: the means and the log standard deviations (`sigma = exp(log_std)`,
+the paper's `rho`). `jax.grad`, `vmap` and optax see it as a plain pytree.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+
+class Gaussian(NamedTuple):
+  """N(mean, diag(exp(log_std))^2) over a parameter tree.
+
+  Attributes:
+    mean: tree of arrays, the network's parameter structure.
+    log_std: tree with exactly the structure and shapes of `mean`.
+  """
+  mean: PyTree
+  log_std: PyTree
+
+
+def check_gaussian(dist: Gaussian) -> None:
+  """Raises ValueError unless `mean` and `log_std` are trees of equal shapes."""
+  if not isinstance(dist, Gaussian):
+    raise TypeError(f"expected a vampire_jax.Gaussian, got {type(dist).__name__}")
+  mean_def = jax.tree_util.tree_structure(dist.mean)
+  std_def = jax.tree_util.tree_structure(dist.log_std)
+  if mean_def != std_def:
+    raise ValueError(
+        "Gaussian.mean and Gaussian.log_std must have the same tree structure;"
+        f" got {mean_def} and {std_def}")
+  for path, m, s in zip(
+      jax.tree_util.tree_leaves_with_path(dist.mean),
+      jax.tree_util.tree_leaves(dist.mean),
+      jax.tree_util.tree_leaves(dist.log_std)):
+    if jnp.shape(m) != jnp.shape(s):
+      raise ValueError(
+          f"Gaussian leaf {jax.tree_util.keystr(path[0])}: mean has shape"
+          f" {jnp.shape(m)} but log_std has shape {jnp.shape(s)}")
+
+
+def gaussian_from_params(params: PyTree, key: jax.Array,
+                         log_std_range: tuple[float, float] = (-4.0, -3.0)
+                         ) -> Gaussian:
+  """Wraps a point estimate as a Gaussian with small random spread.
+
+  Args:
+    params: tree of arrays, used as the means.
+    key: PRNG key for the log-stds.
+    log_std_range: log-stds are drawn uniformly in `[low, high)`; the
+      authors' code uses [-4, -3].
+
+  Returns:
+    `Gaussian(mean=params, log_std=...)` with `log_std` leaves of the same
+    shape and dtype as the means.
+  """
+  low, high = log_std_range
+  if not low <= high:
+    raise ValueError(f"log_std_range must be (low, high) with low <= high, got {log_std_range}")
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(key, max(len(leaves), 1))
+  log_std = [
+      jax.random.uniform(k, jnp.shape(leaf), jnp.result_type(leaf), low, high)
+      for k, leaf in zip(keys, leaves)
+  ]
+  return Gaussian(params, jax.tree_util.tree_unflatten(treedef, log_std))
+
+
+def point_mass(params: PyTree, log_std: float = -30.0) -> Gaussian:
+  """A Gaussian so narrow that its samples are `params` to float precision."""
+  return Gaussian(params, jax.tree_util.tree_map(
+      lambda p: jnp.full_like(p, log_std), params))
+
+
+def _normal_like(key: jax.Array, tree: PyTree, num_samples: int) -> PyTree:
+  """Standard normal noise with a leading [num_samples] axis on every leaf."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  keys = jax.random.split(key, max(len(leaves), 1))
+  noise = [
+      jax.random.normal(k, (num_samples,) + jnp.shape(leaf), jnp.result_type(leaf))
+      for k, leaf in zip(keys, leaves)
+  ]
+  return jax.tree_util.tree_unflatten(treedef, noise)
+
+
+def sample(dist: Gaussian, key: jax.Array, num_samples: int) -> PyTree:
+  """Draws weights with the reparameterisation trick.
+
+  w = mean + eps * exp(log_std),  eps ~ N(0, I), so gradients flow into both
+  `mean` and `log_std`.
+
+  Args:
+    dist: the distribution.
+    key: PRNG key.
+    num_samples: number of draws, a Python int >= 1.
+
+  Returns:
+    A tree with the structure of `dist.mean`, each leaf `[num_samples, *shape]`.
+  """
+  if int(num_samples) < 1:
+    raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+  eps = _normal_like(key, dist.mean, int(num_samples))
+  return jax.tree_util.tree_map(
+      lambda m, s, e: m + e * jnp.exp(s), dist.mean, dist.log_std, eps)
+
+
+def kl_divergence(q: Gaussian, p: Gaussian) -> jax.Array:
+  """KL(q || p) between diagonal Gaussians, summed over every weight.
+
+  KL = sum[ log s_p - log s_q + (s_q^2 + (m_q - m_p)^2) / (2 s_p^2) - 1/2 ]
+
+  Args:
+    q: the first distribution (e.g. a task posterior).
+    p: the second (e.g. the meta-learned prior), with q's tree structure.
+
+  Returns:
+    A float scalar.
+  """
+  def leaf_kl(m_q, s_q, m_p, s_p):
+    # Written with exp(2 (s_q - s_p)) so that very narrow distributions do not
+    # overflow the variance ratio.
+    var_ratio = jnp.exp(2.0 * (s_q - s_p))
+    mean_term = jnp.square((m_q - m_p) * jnp.exp(-s_p))
+    return jnp.sum(s_p - s_q + 0.5 * (var_ratio + mean_term) - 0.5)
+
+  per_leaf = jax.tree_util.tree_map(leaf_kl, q.mean, q.log_std, p.mean, p.log_std)
+  return sum(jax.tree_util.tree_leaves(per_leaf), jnp.zeros(()))
+
+
+def kl_step_factor(prior: Gaussian, inner_lr: float, kl_weight: float) -> jax.Array:
+  """Largest inner_lr * kl_weight / sigma_p^2 over all weights.
+
+  Near the prior, the KL term alone moves a posterior mean by
+  delta <- delta * (1 - inner_lr * kl_weight / sigma_p^2), so the inner loop
+  is stable only while this factor is below 2 (and monotone below 1). The
+  paper's Omniglot setting (inner_lr 0.1, kl_weight 0.1, sigma_p ~ e^-3.5)
+  gives about 11-30: see BUILD_NOTES.md.
+  """
+  inv_var = jax.tree_util.tree_map(lambda s: jnp.max(jnp.exp(-2.0 * s)), prior.log_std)
+  return inner_lr * kl_weight * jnp.max(jnp.stack(jax.tree_util.tree_leaves(inv_var)))
