@@ -19,3 +19,6 @@ from vampire_jax.models import MLP, Conv4, conv4_mini_imagenet, conv4_omniglot, 
 from vampire_jax.tasks import Task
 
 __version__ = "0.1.0"
+from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, classification_calibration,
+                                     mean_confidence_interval, mixture_cdf, mixture_quantile,
+                                     regression_quantile_calibration)

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 PyTree = Any
 
@@ -78,13 +79,19 @@ def point_mass(params: PyTree, log_std: float = -30.0) -> Gaussian:
 
 
 def _normal_like(key: jax.Array, tree: PyTree, num_samples: int) -> PyTree:
-  """Standard normal noise with a leading [num_samples] axis on every leaf."""
+  """Standard normal noise with a leading [num_samples] axis on every leaf.
+
+  One draw for the whole tree, sliced into leaves: a single random-bit
+  generator per call keeps compile times short when adaptation steps are
+  unrolled (one generator per leaf multiplied them).
+  """
   leaves, treedef = jax.tree_util.tree_flatten(tree)
-  keys = jax.random.split(key, max(len(leaves), 1))
-  noise = [
-      jax.random.normal(k, (num_samples,) + jnp.shape(leaf), jnp.result_type(leaf))
-      for k, leaf in zip(keys, leaves)
-  ]
+  sizes = [int(np.prod(jnp.shape(leaf))) for leaf in leaves]
+  dtype = jnp.result_type(*leaves) if leaves else jnp.float32
+  flat = jax.random.normal(key, (num_samples, max(sum(sizes), 1)), dtype)
+  offsets = np.cumsum([0] + sizes)
+  noise = [flat[:, start:stop].reshape((num_samples,) + jnp.shape(leaf)).astype(jnp.result_type(leaf))
+           for leaf, start, stop in zip(leaves, offsets[:-1], offsets[1:])]
   return jax.tree_util.tree_unflatten(treedef, noise)
 
 

@@ -1,0 +1,298 @@
+"""Calibration metrics: hand-worked bins, synthetic (mis)calibrated predictors,
+closed forms for the Gaussian case, and the plots write images."""
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from vampire_jax import calibration as cal
+from vampire_jax import plotting
+
+LEVELS = np.linspace(0.1, 0.9, 9)
+
+
+# -- Classification ------------------------------------------------------------
+
+
+def _synthetic_classifier(rng, n, num_classes, confidence, accuracy_given_confidence):
+  """Probabilities whose max is `confidence`, correct with the given probability."""
+  probs = np.tile(((1 - confidence) / (num_classes - 1))[:, None], (1, num_classes))
+  predicted = rng.integers(num_classes, size=n)
+  probs[np.arange(n), predicted] = confidence
+  correct = rng.random(n) < accuracy_given_confidence
+  # A wrong label is any other class.
+  wrong = (predicted + rng.integers(1, num_classes, size=n)) % num_classes
+  return probs, np.where(correct, predicted, wrong)
+
+
+def test_calibrated_classifier_has_small_ece():
+  rng = np.random.default_rng(0)
+  confidence = rng.uniform(0.2, 1.0, size=200_000)
+  probs, labels = _synthetic_classifier(rng, confidence.size, 5, confidence, confidence)
+  bins = cal.classification_calibration(probs, labels)
+  assert bins.ece < 0.01
+  filled = bins.count > 0
+  np.testing.assert_allclose(bins.accuracy[filled], bins.confidence[filled], atol=0.02)
+
+
+def test_overconfident_classifier():
+  n = 10_000
+  confidence = np.full(n, 0.99)
+  probs, _ = _synthetic_classifier(np.random.default_rng(1), n, 3, confidence, confidence)
+  predicted = probs.argmax(-1)
+  labels = np.where(np.arange(n) % 2 == 0, predicted, (predicted + 1) % 3)  # exactly half right
+  bins = cal.classification_calibration(probs, labels, num_bins=15)
+  assert bins.ece == pytest.approx(0.49, abs=1e-9)
+  assert bins.mce == pytest.approx(0.49, abs=1e-9)
+  assert bins.count[-1] == n and bins.count.sum() == n
+  assert np.isnan(bins.accuracy[:-1]).all() and np.isnan(bins.confidence[:-1]).all()
+
+
+def test_hand_worked_example():
+  probs = np.array([[0.40, 0.30, 0.30],   # conf 0.40, predicts 0, label 1: wrong
+                    [0.20, 0.45, 0.35],   # conf 0.45, predicts 1, label 1: right
+                    [0.90, 0.05, 0.05],   # conf 0.90, predicts 0, label 0: right
+                    [0.10, 0.10, 0.80]])  # conf 0.80, predicts 2, label 0: wrong
+  labels = np.array([1, 1, 0, 0])
+  # Two bins (0, .5], (.5, 1]: low bin conf (.4+.45)/2 = .425, acc 1/2 -> gap .075;
+  # high bin conf (.9+.8)/2 = .85, acc 1/2 -> gap .35.
+  expected_ece = 0.5 * 0.075 + 0.5 * 0.35
+  bins = cal.classification_calibration(probs, labels, num_bins=2)
+  np.testing.assert_allclose(bins.edges, [0.0, 0.5, 1.0])
+  np.testing.assert_array_equal(bins.count, [2, 2])
+  np.testing.assert_allclose(bins.confidence, [0.425, 0.85])
+  np.testing.assert_allclose(bins.accuracy, [0.5, 0.5])
+  assert bins.ece == pytest.approx(expected_ece) and bins.ece == pytest.approx(0.2125)
+  assert bins.mce == pytest.approx(0.35)
+
+  # Three bins: the first (0, 1/3] is empty (NaN) and counts in neither error.
+  bins = cal.classification_calibration(probs, labels, num_bins=3)
+  np.testing.assert_array_equal(bins.count, [0, 2, 2])
+  assert np.isnan(bins.confidence[0]) and np.isnan(bins.accuracy[0])
+  assert bins.ece == pytest.approx(0.2125) and bins.mce == pytest.approx(0.35)
+
+
+def test_bin_edges_are_right_closed_and_one_goes_in_the_last_bin():
+  probs = np.array([[1.0, 0.0], [0.5, 0.5], [0.75, 0.25], [0.7500001, 0.2499999]])
+  labels = np.array([0, 0, 1, 0])
+  bins = cal.classification_calibration(probs, labels, num_bins=4)
+  # 0.5 -> (0.25, 0.5]; 0.75 -> (0.5, 0.75]; 0.7500001 and 1.0 -> (0.75, 1].
+  np.testing.assert_array_equal(bins.count, [0, 1, 1, 2])
+  np.testing.assert_allclose(bins.accuracy[1:], [1.0, 0.0, 1.0])
+
+
+def test_counts_sum_to_n_and_task_axis_is_pooled():
+  rng = np.random.default_rng(2)
+  logits = rng.normal(size=(7, 15, 5)) * 3
+  probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  labels = rng.integers(5, size=(7, 15))
+  by_task = cal.classification_calibration(probs, labels, num_bins=10)
+  flat = cal.classification_calibration(probs.reshape(-1, 5), labels.reshape(-1), num_bins=10)
+  assert by_task.count.sum() == 7 * 15
+  assert by_task.ece == flat.ece and by_task.mce == flat.mce
+  np.testing.assert_array_equal(by_task.count, flat.count)
+  # ECE is the count-weighted mean gap; MCE bounds every gap.
+  filled = by_task.count > 0
+  gaps = np.abs(by_task.accuracy - by_task.confidence)[filled]
+  assert by_task.ece == pytest.approx(np.sum(gaps * by_task.count[filled]) / 105)
+  assert by_task.mce == pytest.approx(gaps.max()) and by_task.ece <= by_task.mce
+
+
+@pytest.mark.parametrize("probs_shape, labels_shape, kwargs", [
+    ((10,), (10,), {}),                 # no class axis
+    ((10, 3), (9,), {}),                # labels do not match
+    ((2, 5, 3), (10,), {}),             # task axis in probs only
+    ((10, 3), (10,), {"num_bins": 0}),
+    ((0, 3), (0,), {}),                 # nothing to score
+])
+def test_classification_shape_errors(probs_shape, labels_shape, kwargs):
+  with pytest.raises(ValueError):
+    cal.classification_calibration(np.full(probs_shape, 0.3), np.zeros(labels_shape, int), **kwargs)
+
+
+def test_classification_value_errors():
+  probs = np.full((4, 3), 1 / 3)
+  with pytest.raises(ValueError, match="labels"):
+    cal.classification_calibration(probs, np.array([0, 1, 2, 3]))   # label out of range
+  with pytest.raises(ValueError, match="integers"):
+    cal.classification_calibration(probs, np.array([0, 1.5, 2, 0]))
+  with pytest.raises(ValueError, match="logits"):
+    cal.classification_calibration(probs * 5 - 2, np.zeros(4, int))
+
+
+def test_mean_confidence_interval_by_hand():
+  values = [0.9, 0.8, 1.0, 0.7]
+  # mean .85; population variance (.05^2 + .05^2 + .15^2 + .15^2) / 4 = .0125.
+  mean, half_width = cal.mean_confidence_interval(values)
+  assert mean == pytest.approx(0.85)
+  assert half_width == pytest.approx(1.959963984540054 * math.sqrt(0.0125) / 2, rel=1e-12)
+  assert half_width == pytest.approx(1.96 * np.std(values) / np.sqrt(4), rel=1e-4)
+  _, wider = cal.mean_confidence_interval(values, confidence=0.99)
+  assert wider == pytest.approx(2.5758293035489 * math.sqrt(0.0125) / 2, rel=1e-10)
+  assert cal.mean_confidence_interval([0.5]) == (0.5, 0.0)
+  with pytest.raises(ValueError):
+    cal.mean_confidence_interval([])
+  with pytest.raises(ValueError):
+    cal.mean_confidence_interval(values, confidence=1.0)
+
+
+# -- Regression ----------------------------------------------------------------
+
+
+def test_normal_cdf_matches_erfc():
+  x = np.linspace(-30, 30, 6001)
+  reference = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in x])
+  got = cal.mixture_cdf(x, np.zeros((1, 1)), 1.0)
+  np.testing.assert_allclose(got, reference, rtol=1e-12, atol=1e-300)
+
+
+def test_mixture_cdf_is_the_average_of_component_cdfs():
+  means = np.array([[-1.0, 0.0], [2.0, 0.5], [0.3, 4.0]])  # [3 samples, 2 points]
+  y = np.array([0.7, 1.1])
+  expected = [np.mean([statistics.NormalDist(m, 0.4).cdf(v) for m in means[:, i]])
+              for i, v in enumerate(y)]
+  np.testing.assert_allclose(cal.mixture_cdf(y, means, 0.4), expected, rtol=1e-12)
+
+
+def test_single_gaussian_quantile_matches_normal_dist():
+  means = np.array([[-2.0, 0.0, 3.5]])
+  got = cal.mixture_quantile(LEVELS, means, 0.3)  # [9, 3]
+  expected = [[statistics.NormalDist(m, 0.3).inv_cdf(p) for m in means[0]] for p in LEVELS]
+  np.testing.assert_allclose(got, expected, atol=1e-9)
+
+
+def test_bisection_quantile_of_a_mixture():
+  rng = np.random.default_rng(3)
+  means = rng.normal(size=(4, 50)) * 2  # [4 components, 50 points]
+  q = cal.mixture_quantile(LEVELS, means, 0.3)
+  # F(q) = p to within tol times the largest density, checked with NormalDist.
+  for i in (0, 17, 49):
+    for p, qp in zip(LEVELS, q[:, i]):
+      f = np.mean([statistics.NormalDist(m, 0.3).cdf(qp) for m in means[:, i]])
+      assert f == pytest.approx(p, abs=2e-6)
+  # A symmetric two-component mixture has its median at the centre.
+  centre = cal.mixture_quantile(0.5, np.array([[-1.0], [3.0]]), 0.5)
+  assert centre.shape == (1,) and centre[0] == pytest.approx(1.0, abs=1e-6)
+  # Quantiles increase with the level.
+  assert np.all(np.diff(q, axis=0) > 0)
+
+
+def _two_component_problem(rng, n, true_std, noise_std=0.3):
+  """Predicted means [2, n] and targets drawn from the mixture with `true_std`."""
+  centre = rng.uniform(-3, 3, size=n)
+  means = np.stack([centre - 0.5, centre + rng.uniform(0, 1.5, size=n)])
+  component = rng.integers(2, size=n)
+  targets = means[component, np.arange(n)] + true_std * rng.normal(size=n)
+  return means, targets
+
+
+def test_targets_from_the_predictive_lie_on_the_diagonal():
+  means, targets = _two_component_problem(np.random.default_rng(4), 100_000, true_std=0.3)
+  result = cal.regression_quantile_calibration(means, targets, noise_std=0.3)
+  np.testing.assert_allclose(result.levels, LEVELS)
+  np.testing.assert_allclose(result.observed, LEVELS, atol=0.01)
+  assert result.ece < 0.005 and result.mce < 0.01
+
+
+def test_observed_equals_counting_targets_below_bisected_quantiles():
+  means, targets = _two_component_problem(np.random.default_rng(5), 20_000, true_std=0.5)
+  result = cal.regression_quantile_calibration(means, targets, noise_std=0.3)
+  quantiles = cal.mixture_quantile(LEVELS, means, 0.3)  # [9, N]
+  # Targets within the bisection tolerance of a quantile may flip: allow 1 in N.
+  np.testing.assert_allclose(result.observed, np.mean(targets <= quantiles, axis=1), atol=1.5 / 20_000)
+
+
+def test_too_narrow_predictive_is_overconfident():
+  rng = np.random.default_rng(6)
+  n, noise_std, true_std = 100_000, 0.3, 0.6
+  means = rng.normal(size=(1, n))
+  targets = means[0] + true_std * rng.normal(size=n)
+  result = cal.regression_quantile_calibration(means, targets, noise_std)
+  low, high = LEVELS < 0.5, LEVELS > 0.5
+  assert np.all(result.observed[high] < LEVELS[high])
+  assert np.all(result.observed[low] > LEVELS[low])
+  # Closed form: P(y <= m + s z_p) = Phi(s z_p / true_std).
+  expected = [statistics.NormalDist().cdf(noise_std / true_std * statistics.NormalDist().inv_cdf(p))
+              for p in LEVELS]
+  np.testing.assert_allclose(result.observed, expected, atol=0.01)
+
+
+def test_single_sample_matches_gaussian_closed_form():
+  rng = np.random.default_rng(7)
+  means = rng.normal(size=(1, 2000))
+  targets = means[0] + 0.4 * rng.normal(size=2000)
+  result = cal.regression_quantile_calibration(means, targets, noise_std=0.3)
+  gauss = statistics.NormalDist()
+  pit = np.array([gauss.cdf((y - m) / 0.3) for y, m in zip(targets, means[0])])
+  expected = [np.mean(pit <= p) for p in LEVELS]
+  np.testing.assert_array_equal(result.observed, expected)
+  gap = np.abs(np.array(expected) - LEVELS)
+  assert result.ece == pytest.approx(gap.mean()) and result.mce == pytest.approx(gap.max())
+
+
+def test_task_axis_is_pooled():
+  rng = np.random.default_rng(8)
+  means = rng.normal(size=(6, 3, 10))    # [tasks, samples, query]
+  targets = rng.normal(size=(6, 10))     # [tasks, query]
+  pooled = cal.regression_quantile_calibration(
+      np.moveaxis(means, 1, 0).reshape(3, 60), targets.reshape(60), 0.3)
+  by_task = cal.regression_quantile_calibration(means, targets, 0.3)
+  evaluator_shaped = cal.regression_quantile_calibration(means[..., None], targets[..., None], 0.3)
+  for result in (by_task, evaluator_shaped):
+    np.testing.assert_array_equal(result.observed, pooled.observed)
+    assert result.ece == pooled.ece and result.mce == pooled.mce
+
+
+@pytest.mark.parametrize("means_shape, targets_shape", [
+    ((5,), (5,)),            # no sample axis
+    ((2, 5), (4,)),          # points differ
+    ((2, 3, 5), (2, 4)),     # query differs
+    ((2, 3, 5), (3, 5)),     # tasks differ
+    ((2, 3, 5, 2), (2, 5, 2)),
+    ((0, 5), (5,)),          # no samples
+])
+def test_regression_shape_errors(means_shape, targets_shape):
+  with pytest.raises(ValueError):
+    cal.regression_quantile_calibration(np.zeros(means_shape), np.zeros(targets_shape), 0.3)
+
+
+def test_regression_value_errors():
+  means, targets = np.zeros((1, 4)), np.zeros(4)
+  with pytest.raises(ValueError, match="noise_std"):
+    cal.regression_quantile_calibration(means, targets, 0.0)
+  with pytest.raises(ValueError, match="levels"):
+    cal.regression_quantile_calibration(means, targets, 0.3, levels=[0.0, 0.5])
+  with pytest.raises(ValueError, match="levels"):
+    cal.mixture_quantile(1.0, means, 0.3)
+
+
+# -- Plots -----------------------------------------------------------------------
+
+
+def _is_png(path):
+  with open(path, "rb") as f:
+    return f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_write_png_files(tmp_path):
+  rng = np.random.default_rng(9)
+  confidence = rng.uniform(0.2, 1.0, size=5000)
+  probs, labels = _synthetic_classifier(rng, 5000, 5, confidence, confidence ** 2)
+  bins = cal.classification_calibration(probs, labels)
+  means, targets = _two_component_problem(rng, 5000, true_std=0.5)
+  quantiles = {"VAMPIRE": cal.regression_quantile_calibration(means, targets, 0.3),
+               "MAML": cal.regression_quantile_calibration(means[:1], targets, 0.3)}
+
+  paths = [
+      plotting.plot_reliability_diagram(bins, tmp_path / "single.png", title="one"),
+      plotting.plot_reliability_diagram({"MAML": bins, "VAMPIRE": bins}, tmp_path / "two.png"),
+      plotting.plot_quantile_calibration(quantiles, tmp_path / "quantiles.png", title="sine+line"),
+      plotting.plot_training_curves({"loss": [3.0, 2.0, 1.5], "accuracy": [0.2, 0.5, 0.7]},
+                                    [0, 100, 200], tmp_path / "curves.png"),
+  ]
+  for path in paths:
+    assert path.stat().st_size > 1000 and _is_png(path)
+  with pytest.raises(ValueError):
+    plotting.plot_training_curves({"loss": [1.0]}, [0, 1], tmp_path / "bad.png")

@@ -1,0 +1,339 @@
+"""Calibration metrics, computed on the host from arrays pulled off the device.
+
+Classification: reliability bins, expected and maximum calibration error
+(ECE, MCE; Guo et al. 2017), as in the paper's Fig. 3 and Table 4.
+Regression: quantile calibration (Kuleshov et al. 2018) of the Monte-Carlo
+predictive, the equal-weight mixture of N(mean_l, noise_std^2) over weight
+draws l, as in the paper's Fig. 2.
+Also the mean +- 95% confidence interval that few-shot papers report.
+
+Everything here is numpy; pass `np.asarray(jax_array)` or the jax array itself.
+"""
+
+import math
+import statistics
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+
+# -- Classification ------------------------------------------------------------
+
+
+class ReliabilityBins(NamedTuple):
+  """Confidence histogram of a classifier and its calibration errors."""
+  edges: np.ndarray       # [num_bins + 1], equal-width on [0, 1]
+  confidence: np.ndarray  # [num_bins], mean max-probability per bin; NaN if empty
+  accuracy: np.ndarray    # [num_bins], fraction correct per bin; NaN if empty
+  count: np.ndarray       # [num_bins] int, predictions per bin
+  ece: float              # sum_b (n_b / N) |accuracy_b - confidence_b|
+  mce: float              # max over non-empty b of |accuracy_b - confidence_b|
+
+
+def classification_calibration(probabilities: ArrayLike, labels: ArrayLike,
+                               num_bins: int = 15) -> ReliabilityBins:
+  """Reliability bins, ECE and MCE of predicted class probabilities.
+
+  Confidence is the largest predicted probability, a prediction is correct
+  when its argmax equals the label. Bins are equal-width on [0, 1], each
+  half-open `(lo, hi]`, except the first which also holds 0 (so a confidence
+  of exactly 1.0 lands in the last bin). All predictions are pooled, so with
+  a leading task axis the tasks are weighted by their number of queries.
+
+  Args:
+    probabilities: `[N, C]` or `[tasks, query, C]` (any leading axes), e.g.
+      `ClassificationEval.probabilities`, the softmax averaged over draws.
+    labels: integer labels, the leading shape of `probabilities`: `[N]` or
+      `[tasks, query]`.
+    num_bins: number of equal-width bins (Guo et al. and the paper use 15).
+
+  Returns:
+    A `ReliabilityBins`.
+
+  Raises:
+    ValueError: on mismatched shapes, non-integer or out-of-range labels,
+      probabilities outside [0, 1], no predictions, or `num_bins < 1`.
+  """
+  probabilities = np.asarray(probabilities, dtype=np.float64)
+  labels = np.asarray(labels)
+  if int(num_bins) != num_bins or num_bins < 1:
+    raise ValueError(f"num_bins must be a positive integer, got {num_bins}")
+  num_bins = int(num_bins)
+  if probabilities.ndim < 2:
+    raise ValueError("probabilities must be [N, C] or [tasks, query, C], "
+                     f"got shape {probabilities.shape}")
+  if labels.shape != probabilities.shape[:-1]:
+    raise ValueError(f"labels must have shape {probabilities.shape[:-1]} to match probabilities "
+                     f"{probabilities.shape}, got {labels.shape}")
+  num_classes = probabilities.shape[-1]
+  probabilities = probabilities.reshape(-1, num_classes)
+  labels = labels.reshape(-1)
+  if probabilities.shape[0] == 0 or num_classes == 0:
+    raise ValueError(f"need at least one prediction and one class, got shape {probabilities.shape}")
+  if not np.issubdtype(labels.dtype, np.integer):
+    if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)):
+      raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
+    labels = labels.astype(np.int64)
+  if labels.min() < 0 or labels.max() >= num_classes:
+    raise ValueError(f"labels must lie in [0, {num_classes}), got range "
+                     f"[{labels.min()}, {labels.max()}]")
+  # A small slack for float32 softmax; logits passed by mistake fail here.
+  if not np.all(np.isfinite(probabilities)) or probabilities.min() < -1e-6 or probabilities.max() > 1 + 1e-6:
+    raise ValueError("probabilities must lie in [0, 1] (pass softmax outputs, not logits)")
+
+  confidence = np.clip(probabilities.max(axis=-1), 0.0, 1.0)  # [N]
+  correct = (probabilities.argmax(axis=-1) == labels).astype(np.float64)  # [N]
+  edges = np.linspace(0.0, 1.0, num_bins + 1)
+  # searchsorted 'left' gives i with edges[i-1] < c <= edges[i]: bin (lo, hi].
+  bin_index = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, num_bins - 1)
+
+  count = np.bincount(bin_index, minlength=num_bins)
+  nonempty = count > 0
+  with np.errstate(invalid="ignore", divide="ignore"):
+    mean_confidence = np.bincount(bin_index, weights=confidence, minlength=num_bins) / count
+    accuracy = np.bincount(bin_index, weights=correct, minlength=num_bins) / count
+  mean_confidence[~nonempty] = np.nan
+  accuracy[~nonempty] = np.nan
+
+  gap = np.abs(accuracy[nonempty] - mean_confidence[nonempty])
+  ece = float(np.sum(count[nonempty] / confidence.size * gap))
+  mce = float(np.max(gap))
+  return ReliabilityBins(edges, mean_confidence, accuracy, count, ece, mce)
+
+
+def mean_confidence_interval(values: ArrayLike, confidence: float = 0.95) -> tuple[float, float]:
+  """Mean and half-width of a normal-approximation confidence interval.
+
+  half_width = z * std(values) / sqrt(n), z = Phi^{-1}((1 + confidence) / 2)
+  (1.959964 for 95%). As in the few-shot literature (MAML's and VAMPIRE's
+  code report `1.96 * np.std(acc) / np.sqrt(n)`), `std` is the population
+  standard deviation (ddof=0), not the unbiased sample one (ddof=1).
+
+  Args:
+    values: per-task scores, any shape (flattened), e.g. `ClassificationEval.accuracy`.
+    confidence: coverage of the interval, in (0, 1).
+
+  Returns:
+    `(mean, half_width)` as floats; report `mean +- half_width`.
+
+  Raises:
+    ValueError: if `values` is empty or `confidence` is not in (0, 1).
+  """
+  values = np.asarray(values, dtype=np.float64).reshape(-1)
+  if values.size == 0:
+    raise ValueError("values must not be empty")
+  if not 0.0 < confidence < 1.0:
+    raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+  z = statistics.NormalDist().inv_cdf(0.5 * (1.0 + confidence))
+  half_width = z * np.std(values) / math.sqrt(values.size)
+  return float(np.mean(values)), float(half_width)
+
+
+# -- Regression ----------------------------------------------------------------
+
+
+class QuantileCalibration(NamedTuple):
+  """Observed coverage of the predicted quantiles of a regressor."""
+  levels: np.ndarray    # [num_levels], expected quantile levels p
+  observed: np.ndarray  # [num_levels], fraction of targets <= predicted p-quantile
+  ece: float            # mean_p |observed_p - p|
+  mce: float            # max_p |observed_p - p|
+
+
+# Cephes ndtr.c (S. L. Moshier) rational approximations to erf and erfc,
+# accurate to about 1e-15; numpy has no erf and scipy is optional.
+_ERF_T = (9.60497373987051638749E0, 9.00260197203842689217E1, 2.23200534594684319226E3,
+          7.00332514112805075473E3, 5.55923013010394962768E4)
+_ERF_U = (3.35617141647503099647E1, 5.21357949780152679795E2, 4.59432382970980127987E3,
+          2.26290000613890934246E4, 4.92673942608635921086E4)
+_ERFC_P = (2.46196981473530512524E-10, 5.64189564831068821977E-1, 7.46321056442269912687E0,
+           4.86371970985681366614E1, 1.96520832956077098242E2, 5.26445194995477358631E2,
+           9.34528527171957607540E2, 1.02755188689515710272E3, 5.57535335369399327526E2)
+_ERFC_Q = (1.32281951154744992508E1, 8.67072140885989742329E1, 3.54937778887819891062E2,
+           9.75708501743205489753E2, 1.82390916687909736289E3, 2.24633760818710981792E3,
+           1.65666309194161350182E3, 5.57535340817727675546E2)
+_ERFC_R = (5.64189583547755073984E-1, 1.27536670759978104416E0, 5.01905042251180477414E0,
+           6.16021097993053585195E0, 7.40974269950448939160E0, 2.97886665372100240670E0)
+_ERFC_S = (2.26052863220117276590E0, 9.39603524938001434673E0, 1.20489539808096656605E1,
+           1.70814450747565897222E1, 9.60896809063285878198E0, 3.36907645100081516050E0)
+
+
+def _polevl(x, coefficients, leading_one=False):
+  """Polynomial with coefficients from the highest degree down (Horner)."""
+  result = np.ones_like(x) if leading_one else np.zeros_like(x)
+  for c in coefficients:
+    result = result * x + c
+  return result
+
+
+def _erf_small(x):
+  """erf(x) for |x| <= 1."""
+  z = x * x
+  return x * _polevl(z, _ERF_T) / _polevl(z, _ERF_U, leading_one=True)
+
+
+def _erfc_large(x):
+  """erfc(x) for x >= 1."""
+  ratio = _polevl(x, _ERFC_P) / _polevl(x, _ERFC_Q, leading_one=True)
+  far = x >= 8.0
+  if np.any(far):  # rare: |y - mean| > 11 noise_std
+    ratio = np.where(far, _polevl(x, _ERFC_R) / _polevl(x, _ERFC_S, leading_one=True), ratio)
+  return np.exp(-x * x) * ratio
+
+
+def _normal_cdf(x: ArrayLike) -> np.ndarray:
+  """Phi(x), the standard normal CDF, elementwise (as Cephes `ndtr`)."""
+  t = np.asarray(x, dtype=np.float64) * math.sqrt(0.5)
+  z = np.abs(t)
+  # Phi(x) = (1 + erf(t)) / 2 with t = x / sqrt(2) near 0; in the tails
+  # erfc keeps relative accuracy: Phi(x) = erfc(|t|) / 2 for x < 0.
+  centre = 0.5 + 0.5 * _erf_small(np.clip(t, -1.0, 1.0))
+  tail = 0.5 * _erfc_large(np.clip(z, 1.0, 40.0))
+  return np.where(z < 1.0, centre, np.where(t > 0, 1.0 - tail, tail))
+
+
+def _check_noise_std(noise_std) -> float:
+  noise_std = float(noise_std)
+  if not noise_std > 0.0 or not math.isfinite(noise_std):
+    raise ValueError(f"noise_std must be a finite number > 0, got {noise_std}")
+  return noise_std
+
+
+def mixture_cdf(y: ArrayLike, means: ArrayLike, noise_std: float) -> np.ndarray:
+  """CDF of the equal-weight Gaussian mixture predictive.
+
+  F(y) = (1 / L) sum_l Phi((y - mean_l) / noise_std).
+
+  Args:
+    y: points, `[...]`, broadcastable against `means.shape[1:]`.
+    means: `[num_samples, ...]`, one mixture component mean per draw.
+    noise_std: the likelihood's standard deviation, shared by all components.
+
+  Returns:
+    F(y), shape `broadcast(y, means[0]).shape`.
+  """
+  means = np.asarray(means, dtype=np.float64)
+  noise_std = _check_noise_std(noise_std)
+  if means.ndim < 1 or means.shape[0] == 0:
+    raise ValueError(f"means must be [num_samples, ...] with num_samples >= 1, got {means.shape}")
+  y = np.asarray(y, dtype=np.float64)
+  return np.mean(_normal_cdf((y[None] - means) / noise_std), axis=0)
+
+
+def mixture_quantile(levels: ArrayLike, means: ArrayLike, noise_std: float,
+                     tol: float = 1e-6) -> np.ndarray:
+  """Quantiles of the equal-weight Gaussian mixture, by vectorised bisection.
+
+  Solves F(q) = p for each level p and each point. The root lies between the
+  smallest and the largest component p-quantile, mean_l + noise_std * z_p
+  (each component CDF is <= p at the left end, >= p at the right end), so
+  bisection on that bracket halves the error each step; a single component
+  (MAML) gives the exact Gaussian quantile without iterating.
+
+  Args:
+    levels: a scalar p or `[num_levels]`, each in (0, 1).
+    means: `[num_samples, ...]`, component means per point.
+    noise_std: the likelihood's standard deviation.
+    tol: absolute tolerance on the quantile.
+
+  Returns:
+    `levels.shape + means.shape[1:]` quantiles.
+  """
+  means = np.asarray(means, dtype=np.float64)
+  noise_std = _check_noise_std(noise_std)
+  levels = np.asarray(levels, dtype=np.float64)
+  if means.ndim < 1 or means.shape[0] == 0:
+    raise ValueError(f"means must be [num_samples, ...] with num_samples >= 1, got {means.shape}")
+  if levels.ndim > 1 or np.any(~(levels > 0.0)) or np.any(~(levels < 1.0)):
+    raise ValueError(f"levels must be a scalar or 1-D, each in (0, 1), got {levels}")
+  if not tol > 0:
+    raise ValueError(f"tol must be > 0, got {tol}")
+  lowest, highest = means.min(axis=0), means.max(axis=0)
+  width = float(np.max(highest - lowest)) if lowest.size else 0.0
+  # Bisection halves the bracket; stop once half of it is below tol.
+  num_steps = max(0, math.ceil(math.log2(width / tol))) if width > tol else 0
+
+  quantiles = []
+  for p in levels.reshape(-1):  # a few levels; each step is vectorised over points
+    z = statistics.NormalDist().inv_cdf(float(p))
+    lo, hi = lowest + noise_std * z, highest + noise_std * z
+    for _ in range(num_steps):
+      mid = 0.5 * (lo + hi)
+      below = mixture_cdf(mid, means, noise_std) < p
+      lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    quantiles.append(0.5 * (lo + hi))
+  return np.stack(quantiles).reshape(levels.shape + means.shape[1:])
+
+
+def _pool_regression(predicted_means, targets):
+  """[S, N] & [N], [T, S, Q] & [T, Q] or [T, S, Q, 1] & [T, Q, 1] -> [S, M] & [M]."""
+  predicted_means = np.asarray(predicted_means, dtype=np.float64)
+  targets = np.asarray(targets, dtype=np.float64)
+  if predicted_means.ndim == 4 and predicted_means.shape[-1] == 1 and targets.ndim == 3 \
+      and targets.shape[-1] == 1:
+    predicted_means, targets = predicted_means[..., 0], targets[..., 0]
+  if predicted_means.ndim == 2 and targets.ndim == 1:
+    expected = (targets.shape[0],)
+    got = predicted_means.shape[1:]
+  elif predicted_means.ndim == 3 and targets.ndim == 2:
+    expected = targets.shape
+    got = (predicted_means.shape[0], predicted_means.shape[2])
+  else:
+    raise ValueError("predicted_means/targets must be [num_samples, N]/[N], "
+                     "[tasks, num_samples, query]/[tasks, query] or "
+                     "[tasks, num_samples, query, 1]/[tasks, query, 1]; got shapes "
+                     f"{predicted_means.shape} and {targets.shape}")
+  if got != expected:
+    raise ValueError(f"predicted_means {predicted_means.shape} does not match targets {targets.shape}")
+  if predicted_means.ndim == 3:
+    # [T, S, Q] -> [S, T * Q]: pool the tasks' query points.
+    predicted_means = np.moveaxis(predicted_means, 1, 0).reshape(predicted_means.shape[1], -1)
+    targets = targets.reshape(-1)
+  if predicted_means.size == 0:
+    raise ValueError(f"need at least one point and one sample, got shape {predicted_means.shape}")
+  return predicted_means, targets
+
+
+def regression_quantile_calibration(predicted_means: ArrayLike, targets: ArrayLike,
+                                    noise_std: float,
+                                    levels: ArrayLike = np.linspace(0.1, 0.9, 9)) -> QuantileCalibration:
+  """Quantile calibration of the Monte-Carlo Gaussian-mixture predictive.
+
+  For each point the predictive is p(y) = (1 / L) sum_l N(y; mean_l, noise_std^2)
+  with CDF F. For each level p, observed_p is the fraction of targets at or
+  below the predicted p-quantile q_p = F^{-1}(p); a calibrated regressor has
+  observed_p = p (the diagonal of the paper's Fig. 2). All points of all
+  tasks are pooled.
+
+  F is continuous and strictly increasing, so y <= q_p exactly when
+  F(y) <= p (Kuleshov et al. 2018 define it this way). That is what is
+  computed: one CDF evaluation per point serves every level, where bisecting
+  for each q_p (`mixture_quantile`) costs ~20 per point and level; the two
+  differ only for targets within the bisection tolerance of a quantile.
+
+  Args:
+    predicted_means: network outputs per weight draw, `[num_samples, N]`
+      (num_samples = 1 for MAML), or with a leading task axis
+      `[tasks, num_samples, query]`, or `RegressionEval.predictions`,
+      `[tasks, num_samples, query, 1]`.
+    targets: `[N]`, `[tasks, query]` or `[tasks, query, 1]` to match.
+    noise_std: the likelihood's standard deviation (0.3 in the paper).
+    levels: `[num_levels]` quantile levels in (0, 1).
+
+  Returns:
+    A `QuantileCalibration` with ECE = mean_p |observed_p - p| and
+    MCE = max_p |observed_p - p|.
+
+  Raises:
+    ValueError: on shapes other than the above, `noise_std <= 0`, or levels
+      outside (0, 1).
+  """
+  predicted_means, targets = _pool_regression(predicted_means, targets)
+  levels = np.array(levels, dtype=np.float64)  # a copy: the default is shared
+  if levels.ndim != 1 or levels.size == 0 or np.any(~(levels > 0.0)) or np.any(~(levels < 1.0)):
+    raise ValueError(f"levels must be a non-empty 1-D array of values in (0, 1), got {levels}")
+  pit = mixture_cdf(targets, predicted_means, noise_std)  # [M], F(y) per point
+  observed = np.mean(pit[None, :] <= levels[:, None], axis=1)  # [P]
+  gap = np.abs(observed - levels)
+  return QuantileCalibration(levels, observed, float(np.mean(gap)), float(np.max(gap)))

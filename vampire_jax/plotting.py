@@ -1,0 +1,135 @@
+"""Figures for calibration and training: reliability diagrams, quantile
+calibration curves, training curves. Each function writes one image file.
+
+matplotlib is imported inside the functions, never at import time, and the
+figures are drawn on an Agg canvas without pyplot, so nothing here changes
+the global backend or leaves figures open (safe from a notebook, too).
+"""
+
+import math
+import os
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from vampire_jax.calibration import QuantileCalibration, ReliabilityBins
+
+PathLike = Union[str, os.PathLike]
+
+
+def _new_figure(num_panels: int, panel_size: float = 4.0, max_cols: int = 4):
+  """An Agg-backed figure with `num_panels` axes in a grid; returns (fig, axes)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  cols = min(num_panels, max_cols)
+  rows = math.ceil(num_panels / cols)
+  fig = Figure(figsize=(panel_size * cols, panel_size * rows), layout="constrained")
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(rows, cols, squeeze=False).reshape(-1)
+  for ax in axes[num_panels:]:
+    ax.set_visible(False)
+  return fig, axes[:num_panels]
+
+
+def _save(fig, path: PathLike, title: Optional[str]) -> PathLike:
+  if title:
+    fig.suptitle(title)
+  fig.savefig(path, dpi=120)
+  return path
+
+
+def plot_reliability_diagram(bins: Union[ReliabilityBins, dict[str, ReliabilityBins]],
+                             path: PathLike, title: Optional[str] = None) -> PathLike:
+  """Reliability diagram(s): accuracy per confidence bin against the diagonal.
+
+  Bars show each bin's accuracy; the shaded bars between accuracy and mean
+  confidence show the miscalibration gap (red above the bar: over-confident).
+  ECE and MCE are given in the legend. With a dict, one panel per method,
+  side by side, as in the paper's Fig. 3.
+
+  Args:
+    bins: from `calibration.classification_calibration`, or `{method: bins}`.
+    path: output file; PNG unless its suffix names another format.
+    title: optional figure title.
+
+  Returns:
+    `path`.
+  """
+  panels = {"": bins} if isinstance(bins, ReliabilityBins) else dict(bins)
+  if not panels:
+    raise ValueError("bins must be a ReliabilityBins or a non-empty dict of them")
+  fig, axes = _new_figure(len(panels))
+  for ax, (name, b) in zip(axes, panels.items()):
+    edges = np.asarray(b.edges)
+    width = np.diff(edges)
+    filled = np.asarray(b.count) > 0
+    left = edges[:-1][filled]
+    accuracy = np.asarray(b.accuracy)[filled]
+    confidence = np.asarray(b.confidence)[filled]
+    ax.bar(left, accuracy, width=width[filled], align="edge", color="tab:blue",
+           edgecolor="black", linewidth=0.6, label="Accuracy")
+    # The gap: a bar from accuracy up (or down) to the bin's mean confidence.
+    ax.bar(left, confidence - accuracy, bottom=accuracy, width=width[filled], align="edge",
+           color="tab:red", alpha=0.3, edgecolor="tab:red", hatch="//", linewidth=0.6, label="Gap")
+    ax.plot([0, 1], [0, 1], "k--", linewidth=1.0, label="Perfect calibration")
+    ax.plot([], [], " ", label=f"ECE = {b.ece:.3f}\nMCE = {b.mce:.3f}")
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="Confidence", ylabel="Accuracy", aspect="equal")
+    if name:
+      ax.set_title(name)
+    ax.legend(loc="upper left", fontsize="small")
+  return _save(fig, path, title)
+
+
+def plot_quantile_calibration(results: Union[QuantileCalibration, dict[str, QuantileCalibration]],
+                              path: PathLike, title: Optional[str] = None) -> PathLike:
+  """Observed against expected quantile levels, one line per method (Fig. 2).
+
+  Args:
+    results: from `calibration.regression_quantile_calibration`, or
+      `{method: result}`.
+    path: output file; PNG unless its suffix names another format.
+    title: optional axes title.
+
+  Returns:
+    `path`.
+  """
+  results = {"": results} if isinstance(results, QuantileCalibration) else dict(results)
+  if not results:
+    raise ValueError("results must be a QuantileCalibration or a non-empty dict of them")
+  fig, (ax,) = _new_figure(1, panel_size=5.0)
+  ax.plot([0, 1], [0, 1], "k--", linewidth=1.0, label="Perfect calibration")
+  for name, r in results.items():
+    prefix = f"{name}: " if name else ""
+    ax.plot(r.levels, r.observed, "o-", markersize=4,
+            label=f"{prefix}ECE {r.ece:.3f}, MCE {r.mce:.3f}")
+  ax.set(xlim=(0, 1), ylim=(0, 1), aspect="equal", xlabel="Expected quantile level p",
+         ylabel="Observed fraction of targets <= p-quantile")
+  ax.legend(loc="upper left", fontsize="small")
+  return _save(fig, path, title)
+
+
+def plot_training_curves(history: dict[str, Sequence[float]], steps: Sequence[int],
+                         path: PathLike, title: Optional[str] = None) -> PathLike:
+  """Logged metrics against the meta-training step, one panel per metric.
+
+  Args:
+    history: `{metric name: values}`, each as long as `steps`.
+    steps: the steps at which the values were logged.
+    path: output file; PNG unless its suffix names another format.
+    title: optional figure title.
+
+  Returns:
+    `path`.
+  """
+  if not history:
+    raise ValueError("history must hold at least one metric")
+  for name, values in history.items():
+    if len(values) != len(steps):
+      raise ValueError(f"metric {name!r} has {len(values)} values for {len(steps)} steps")
+  fig, axes = _new_figure(len(history), panel_size=3.5, max_cols=3)
+  for ax, (name, values) in zip(axes, history.items()):
+    ax.plot(steps, values, linewidth=1.2)
+    ax.set(title=name, xlabel="step")
+    ax.grid(alpha=0.3)
+  return _save(fig, path, title)
