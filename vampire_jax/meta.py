@@ -27,11 +27,16 @@ class MetaLearner(NamedTuple):
     adapt: `adapt(meta_params, support_x, support_y, key) -> task_params`.
     predict: `predict(task_params, x, key) -> outputs [num_samples, batch, ...]`.
     nll: `nll(outputs_one_sample, y) -> scalar`, the likelihood trained on.
+    meta_loss: optional `meta_loss(meta_params, task, key) -> (loss, query_outputs)`,
+      one task's meta-training loss, for algorithms whose meta-objective is not
+      "adapt on support, NLL on query" (e.g. PLATIPUS, ABML). `None` means
+      `query_loss`'s default.
   """
   init: Callable[[PyTree, jax.Array], PyTree]
   adapt: Callable[[PyTree, jax.Array, jax.Array, jax.Array], PyTree]
   predict: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
   nll: losses.Likelihood
+  meta_loss: Optional[Callable[[PyTree, Task, jax.Array], tuple[jax.Array, jax.Array]]] = None
 
 
 def vampire(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
@@ -113,8 +118,11 @@ def query_loss(learner: MetaLearner, meta_params: PyTree, task: Task,
 
   Returns:
     `(loss, outputs)`: the query NLL averaged over weight draws (Alg. 1,
-    line 9) and the query outputs `[num_samples, num_query, ...]`.
+    line 9) and the query outputs `[num_samples, num_query, ...]`; or, if the
+    learner defines its own `meta_loss`, what that returns.
   """
+  if learner.meta_loss is not None:
+    return learner.meta_loss(meta_params, task, key)
   adapt_key, query_key = jax.random.split(key)
   task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
   outputs = learner.predict(task_params, task.query_x, query_key)
