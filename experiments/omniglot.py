@@ -28,7 +28,7 @@ from typing import Optional
 import jax
 
 import vampire_jax as vj
-from experiments import runner
+from experiments import cli, runner
 from vampire_jax import data
 
 INPUT_SHAPE = (28, 28, 1)
@@ -119,31 +119,9 @@ def parse_args(argv=None) -> tuple[OmniglotConfig, Path, bool]:
                       help="run folder (checkpoints, logs, results); rerun to resume")
   parser.add_argument("--no-progress", action="store_true")
   # Every RunConfig/OmniglotConfig field can be overridden: --ways 20 --kl-weight 0.05 ...
-  for field in dataclasses.fields(OmniglotConfig):
-    flag = "--" + field.name.replace("_", "-")
-    if field.name == "log_std_init":
-      parser.add_argument(flag, type=float, nargs=2, default=None, metavar=("LOW", "HIGH"))
-    elif field.type in (bool, "bool"):
-      parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-    elif field.name in ("data_dir", "cache_dir"):
-      parser.add_argument(flag, default=None)
-    elif field.name == "meta_grad_clip_norm":
-      parser.add_argument(flag, type=float, default=None, help="0 disables clipping")
-    else:
-      kind = type(field.default)
-      choices = None
-      if field.name == "algorithm":
-        choices = ["vampire", "maml", "fomaml"]
-      elif field.name == "split":
-        choices = ["original", "random"]
-      parser.add_argument(flag, type=kind, default=None, choices=choices)
+  cli.add_config_flags(parser, OmniglotConfig)
   args = parser.parse_args(argv)
-  config = get_config(args.preset, args.algorithm or "vampire")
-  overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(OmniglotConfig)
-               if getattr(args, f.name) is not None}
-  if overrides.get("meta_grad_clip_norm") == 0:
-    overrides["meta_grad_clip_norm"] = None
-  config = dataclasses.replace(config, **overrides)
+  config = cli.apply_overrides(get_config(args.preset, args.algorithm or "vampire"), args)
   workdir = args.workdir or default_workdir(config, args.preset)
   return config, workdir, not args.no_progress
 

@@ -1,0 +1,48 @@
+"""Command-line flags shared by every experiment: one flag per config field.
+
+`add_config_flags(parser, config_cls)` adds `--field-name` for each field of
+a `RunConfig` dataclass (subclass); `apply_overrides(config, args)` returns
+the config with the flags that were given. So `--kl-weight 0.05` or
+`--tasks-per-step 4` work the same in every experiment.
+"""
+
+import argparse
+import dataclasses
+from typing import Optional, Sequence
+
+# Fields whose flags take a fixed set of values.
+CHOICES = {
+    "algorithm": ["vampire", "maml", "fomaml", "platipus", "bmaml", "abml"],
+    "split": ["original", "random"],
+}
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config_cls,
+                     choices: Optional[dict[str, Sequence[str]]] = None) -> None:
+  """Adds `--field-name` (default None: keep the preset's value) per field."""
+  choices = {**CHOICES, **(choices or {})}
+  for field in dataclasses.fields(config_cls):
+    flag = "--" + field.name.replace("_", "-")
+    default = field.default
+    if isinstance(default, tuple):
+      parser.add_argument(flag, type=type(default[0]), nargs=len(default), default=None)
+    elif field.type in (bool, "bool"):
+      parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+    elif default is None:  # Optional[str] paths, or Optional[float] (0 disables)
+      kind = float if "float" in str(field.type) else str
+      parser.add_argument(flag, type=kind, default=None,
+                          help="0 disables" if kind is float else None)
+    else:
+      parser.add_argument(flag, type=type(default), default=None, choices=choices.get(field.name))
+
+
+def apply_overrides(config, args: argparse.Namespace):
+  """`config` with every field whose flag was given replaced."""
+  overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(config)
+               if getattr(args, f.name, None) is not None}
+  if overrides.get("meta_grad_clip_norm") == 0:
+    overrides["meta_grad_clip_norm"] = None
+  for name, value in overrides.items():
+    if isinstance(value, list):
+      overrides[name] = tuple(value)
+  return dataclasses.replace(config, **overrides)
