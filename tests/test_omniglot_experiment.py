@@ -84,7 +84,7 @@ def test_cli_presets_and_overrides(tmp_path):
   assert config.split == "random" and workdir == tmp_path and progress
   config, _, _ = omniglot.parse_args(["--kl-weight", "0.05", "--log-std-init", "-5", "-4",
                                       "--meta-grad-clip-norm", "0", "--first-order"])
-  assert config.kl_weight == 0.05 and config.log_std_init == [-5.0, -4.0]
+  assert config.kl_weight == 0.05 and config.log_std_init == (-5.0, -4.0)
   assert config.meta_grad_clip_norm is None and config.first_order
   vampire = omniglot.get_config("5way1shot", "vampire")
   assert (vampire.inner_lr, vampire.kl_weight, vampire.num_mc_test) == (0.01, 0.1, 10)
