@@ -183,6 +183,53 @@ def summarise(problem: Problem, per_task: dict, num_bins: int) -> dict:
   return summary
 
 
+def restore_meta_params(problem: Problem, config: RunConfig,
+                        workdir: str | os.PathLike) -> PyTree:
+  """The meta-parameters of a run in `workdir`: the best validated ones, else the latest.
+
+  Raises:
+    FileNotFoundError: if `workdir` holds no checkpoint.
+  """
+  workdir = Path(workdir).absolute()
+  learner = make_learner(problem, config, 1, 1)
+  optimizer = vj.meta_optimizer(config.meta_lr, tasks_per_step=config.tasks_per_step,
+                                clip_norm=config.meta_grad_clip_norm)
+  template = vj.init_meta_state(learner, optimizer, problem.init_params(jax.random.key(0)),
+                                jax.random.key(1))
+  if (workdir / "best").exists():
+    best = ocp.CheckpointManager(workdir / "best")
+    if best.latest_step() is not None:
+      return best.restore(best.latest_step(),
+                          args=ocp.args.StandardRestore(template.meta_params))
+  if (workdir / "checkpoints").exists():
+    checkpoints = ocp.CheckpointManager(workdir / "checkpoints")
+    if checkpoints.latest_step() is not None:
+      state = checkpoints.restore(checkpoints.latest_step(),
+                                  args=ocp.args.StandardRestore(template))
+      return state.meta_params
+  raise FileNotFoundError(f"no checkpoint in {workdir} (expected best/ or checkpoints/ from "
+                          "train_and_evaluate)")
+
+
+def calibration_record(summary: dict) -> dict:
+  """The reliability bins or quantile curve of a summary, as JSON-ready lists.
+
+  `calibration_from_record` turns it back into the `calibration` NamedTuple,
+  so figures comparing several runs can be drawn from their results.json.
+  """
+  result = summary.get("_bins", summary.get("_quantiles"))
+  record = {k: (np.asarray(v).tolist() if np.ndim(v) else float(v))
+            for k, v in result._asdict().items()}
+  return {"kind": type(result).__name__, **record}
+
+
+def calibration_from_record(record: dict):
+  """Inverse of `calibration_record`: a `ReliabilityBins` or `QuantileCalibration`."""
+  kind = getattr(calibration, record["kind"])
+  return kind(**{f: (np.asarray(record[f], dtype=float) if isinstance(record[f], list)
+                     else record[f]) for f in kind._fields})
+
+
 def _git_commit() -> str:
   try:
     return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -366,6 +413,7 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
       "device": _device_description(),
       "jax_version": jax.__version__,
       "plots": plots,
+      "calibration": calibration_record(summary),
       **(extra_results or {}),
   }
   (workdir / "results.json").write_text(json.dumps(results, indent=2, default=float))

@@ -180,5 +180,7 @@ def predict(posterior: Gaussian, x: jax.Array, key: jax.Array, *,
   check_gaussian(posterior)
   _check_num_samples(num_mc_samples)
   weights = sample(posterior, key, num_mc_samples)
+  if num_mc_samples == 1:  # as in expected_nll: no vmap, so convolutions stay ungrouped
+    return apply_fn(jax.tree_util.tree_map(lambda w: w[0], weights), x)[None]
   return batching.batched_map(lambda w: apply_fn(w, x), weights,
                               strategy=sample_batching, chunk_size=num_mc_samples)

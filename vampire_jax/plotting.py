@@ -133,3 +133,55 @@ def plot_training_curves(history: dict[str, Sequence[float]], steps: Sequence[in
     ax.set(title=name, xlabel="step")
     ax.grid(alpha=0.3)
   return _save(fig, path, title)
+
+
+def plot_regression_predictions(grid_x: np.ndarray, truth: np.ndarray, support_x: np.ndarray,
+                                support_y: np.ndarray, predictions: dict[str, np.ndarray],
+                                noise_std: float, path: PathLike,
+                                title: Optional[str] = None) -> PathLike:
+  """Adapted predictions on a few tasks, one panel per task (the paper's Fig. 2a-b).
+
+  A method with one weight draw (MAML) is drawn as a line. A method with
+  several draws is drawn as the mean of its Monte-Carlo predictive mixture
+  with bands at +-1 and +-2 predictive standard deviations, where the
+  variance is the spread of the draws' outputs plus the noise variance.
+
+  Args:
+    grid_x: `[points]` inputs the predictions are made at.
+    truth: `[tasks, points]` the noiseless function of each task.
+    support_x, support_y: `[tasks, shots]` the points each task adapted on.
+    predictions: `{method: [tasks, num_samples, points]}` network outputs.
+    noise_std: the likelihood's noise standard deviation.
+    path: output file; PNG unless its suffix names another format.
+    title: optional figure title.
+
+  Returns:
+    `path`.
+  """
+  grid_x, truth = np.asarray(grid_x), np.asarray(truth)
+  num_tasks = truth.shape[0]
+  for name, p in predictions.items():
+    if np.shape(p)[0] != num_tasks or np.shape(p)[2] != grid_x.shape[0]:
+      raise ValueError(f"predictions[{name!r}] has shape {np.shape(p)}; expected "
+                       f"[{num_tasks}, num_samples, {grid_x.shape[0]}]")
+  fig, axes = _new_figure(num_tasks, panel_size=3.6)
+  colours = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
+  for i, ax in enumerate(axes):
+    ax.plot(grid_x, truth[i], "k-", linewidth=1.2, label="truth")
+    for colour, (name, p) in zip(colours, predictions.items()):
+      p = np.asarray(p[i], dtype=np.float64)
+      mean = p.mean(axis=0)
+      if p.shape[0] == 1:
+        ax.plot(grid_x, mean, "--", color=colour, linewidth=1.4, label=name)
+        continue
+      std = np.sqrt(p.var(axis=0) + noise_std ** 2)
+      ax.plot(grid_x, mean, color=colour, linewidth=1.4, label=f"{name} mean")
+      ax.fill_between(grid_x, mean - 2 * std, mean + 2 * std, color=colour, alpha=0.15,
+                      linewidth=0, label=f"{name} ±2σ")
+      ax.fill_between(grid_x, mean - std, mean + std, color=colour, alpha=0.3, linewidth=0,
+                      label=f"{name} ±1σ")
+    ax.plot(support_x[i], support_y[i], "o", color="red", markersize=5, label="support")
+    ax.set(xlabel="x", ylabel="y")
+    ax.grid(alpha=0.3)
+  axes[0].legend(loc="best", fontsize="x-small")
+  return _save(fig, path, title)

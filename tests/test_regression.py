@@ -1,0 +1,109 @@
+"""The sine/line task family, the regression experiment's summary, and short runs that must learn."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import regression, runner
+from vampire_jax.data import sine_line
+
+
+def test_task_generator_ranges_and_mixture():
+  tasks, functions = sine_line.sample_tasks_and_functions(
+      jax.random.key(0), 20_000, num_support=5, num_query=7, noise_std=0.3)
+  assert tasks.support_x.shape == tasks.support_y.shape == (20_000, 5, 1)
+  assert tasks.query_x.shape == tasks.query_y.shape == (20_000, 7, 1)
+  f = jax.tree_util.tree_map(np.asarray, functions)
+  assert 0.1 <= f.amplitude.min() and f.amplitude.max() <= 5.0
+  assert 0.0 <= f.phase.min() and f.phase.max() <= math.pi
+  for v in (f.slope, f.intercept):
+    assert -3.0 <= v.min() and v.max() <= 3.0 and v.max() - v.min() > 5.9
+  x = np.concatenate([tasks.support_x, tasks.query_x], axis=1)
+  assert -5.0 <= x.min() and x.max() <= 5.0 and x.max() - x.min() > 9.9
+  # Half sinusoids, half lines: 20 000 Bernoulli(1/2) draws, 5 sigma = 0.018.
+  assert abs(f.is_sine.mean() - 0.5) < 0.018
+  # The noise: residuals about the true functions have mean 0 and std 0.3.
+  y = np.concatenate([tasks.support_y, tasks.query_y], axis=1)
+  residual = y - np.asarray(sine_line.evaluate_functions(functions, x))
+  assert abs(residual.mean()) < 0.003 and abs(residual.std() - 0.3) < 0.003
+  # Uniform amplitudes: mean (0.1 + 5) / 2.
+  assert abs(f.amplitude.mean() - 2.55) < 0.03
+
+
+def test_functions_by_hand_and_determinism():
+  functions = sine_line.TaskFunctions(
+      is_sine=jnp.array([True, False]), amplitude=jnp.array([2.0, 9.0]),
+      phase=jnp.array([0.5, 9.0]), slope=jnp.array([9.0, -1.5]), intercept=jnp.array([9.0, 2.0]))
+  x = jnp.array([[[0.0], [1.0]], [[0.0], [4.0]]])
+  np.testing.assert_allclose(sine_line.evaluate_functions(functions, x)[..., 0],
+                             [[2 * math.sin(0.5), 2 * math.sin(1.5)], [2.0, -4.0]], rtol=1e-6)
+  a = sine_line.sample_tasks(jax.random.key(3), 4)
+  b = jax.jit(sine_line.sample_tasks, static_argnums=1)(jax.random.key(3), 4)
+  c = sine_line.sample_tasks(jax.random.key(4), 4)
+  for u, v, w in zip(a, b, c):
+    np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-6)  # jit may round sin differently
+    assert not np.allclose(u, w)
+  with pytest.raises(ValueError, match="num_support"):
+    sine_line.sample_tasks(jax.random.key(0), 4, num_support=0)
+
+
+def test_splits_draw_different_tasks():
+  problem = regression.make_problem(regression.get_config("quick", "maml"))
+  key = jax.random.key(0)
+  train, test = problem.sample_tasks("train", key, 3), problem.sample_tasks("test", key, 3)
+  assert not np.allclose(train.support_x, test.support_x)
+
+
+def test_summary_of_a_perfectly_calibrated_regressor_is_the_diagonal():
+  # Predict the true function with the true noise: the Gaussian predictive is
+  # exact, so the observed coverage of every quantile equals its level.
+  config = regression.get_config("quick", "maml")
+  problem = regression.make_problem(config)
+  tasks, functions = sine_line.sample_tasks_and_functions(jax.random.key(1), 4000, num_query=10)
+  truth = sine_line.evaluate_functions(functions, tasks.query_x)
+  per_task = {"mse": np.zeros(4000), "nll": np.zeros(4000),
+              "predictions": np.asarray(truth)[:, None], "targets": np.asarray(tasks.query_y)}
+  summary = runner.summarise(problem, per_task, num_bins=10)
+  # 40 000 points: the binomial std of a coverage is at most 0.0025.
+  np.testing.assert_allclose(summary["_quantiles"].observed, summary["_quantiles"].levels,
+                             atol=0.01)
+  assert summary["ece"] < 0.006
+  record = json.loads(json.dumps(runner.calibration_record(summary)))
+  restored = runner.calibration_from_record(record)
+  np.testing.assert_array_equal(restored.observed, summary["_quantiles"].observed)
+  assert restored.ece == summary["ece"]
+
+
+def test_short_run_of_both_methods_learns_and_writes_results(tmp_path):
+  # 200 meta-steps of MAML and of VAMPIRE (2 draws) on an MLP 1-40-40-40-1.
+  # Predicting zero scores an MSE of about 16 on this family (4.25 for
+  # sinusoids, 28 for lines); both must get well below it on 100 test tasks.
+  argv = ["--preset", "quick", "--workdir", str(tmp_path), "--no-progress",
+          "--algorithms", "maml,vampire", "--num-meta-steps", "200",
+          "--num-mc-train", "2", "--num-mc-query", "2", "--num-mc-test", "4",
+          "--hidden-sizes", "40", "40", "40", "--num-test-tasks", "100", "--num-val-tasks", "20",
+          "--eval-batch-tasks", "20", "--eval-every", "100", "--log-every", "20"]
+  results = regression.main(argv)
+  maml, vampire = results["methods"]["maml"], results["methods"]["vampire"]
+  print({k: (maml[k], vampire[k]) for k in ("mse", "mse_ci95", "nll", "ece", "mce")})
+  assert maml["mse"] < 7.0 and vampire["mse"] < 10.0
+  for method in (maml, vampire):
+    assert method["num_tasks"] == 100 and np.isfinite(method["nll"])
+    assert 0 <= method["ece"] <= method["mce"] <= 1
+  assert vampire["config"]["num_mc_test"] == 4 and maml["config"]["kl_weight"] == 0.0
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["methods"]["vampire"]["mse"] == vampire["mse"]
+  for name in ("tasks.png", "quantile_calibration.png", "vampire/results.json",
+               "maml/quantile_calibration.png"):
+    assert (tmp_path / name).stat().st_size > 1000, name
+
+
+def test_cli_rejects_unknown_algorithms():
+  with pytest.raises(SystemExit):
+    regression.parse_args(["--algorithms", "vampire,nonsense"])
+  with pytest.raises(ValueError, match="preset"):
+    regression.get_config("nonsense")

@@ -1,0 +1,90 @@
+"""The paper's multi-modal regression tasks (Sec. 4.1, App. A), made in JAX.
+
+Half the tasks are sinusoids A sin(x + phi), A ~ U[0.1, 5], phi ~ U[0, pi];
+half are lines a x + b, a, b ~ U[-3, 3]. Inputs x ~ U[-5, 5]; targets get
+Gaussian noise of standard deviation 0.3. Everything is a pure function of a
+PRNG key, so task sampling runs inside `jit` next to the meta-step.
+"""
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from vampire_jax.tasks import Task
+
+AMPLITUDE_RANGE = (0.1, 5.0)
+PHASE_RANGE = (0.0, math.pi)
+SLOPE_RANGE = (-3.0, 3.0)
+INTERCEPT_RANGE = (-3.0, 3.0)
+INPUT_RANGE = (-5.0, 5.0)
+NOISE_STD = 0.3
+
+
+class TaskFunctions(NamedTuple):
+  """The noiseless function behind each task; every field is `[tasks]`.
+
+  A task is a sinusoid where `is_sine`, else a line; both parameter pairs are
+  always drawn, and the other pair is ignored.
+  """
+  is_sine: jax.Array    # bool
+  amplitude: jax.Array  # A
+  phase: jax.Array      # phi
+  slope: jax.Array      # a
+  intercept: jax.Array  # b
+
+
+def sample_functions(key: jax.Array, num_tasks: int) -> TaskFunctions:
+  """Draws `num_tasks` functions, each a sinusoid or a line with probability 1/2."""
+  keys = jax.random.split(key, 5)
+
+  def uniform(k, bounds):
+    return jax.random.uniform(k, (num_tasks,), minval=bounds[0], maxval=bounds[1])
+
+  return TaskFunctions(
+      is_sine=jax.random.bernoulli(keys[0], 0.5, (num_tasks,)),
+      amplitude=uniform(keys[1], AMPLITUDE_RANGE),
+      phase=uniform(keys[2], PHASE_RANGE),
+      slope=uniform(keys[3], SLOPE_RANGE),
+      intercept=uniform(keys[4], INTERCEPT_RANGE))
+
+
+def evaluate_functions(functions: TaskFunctions, x: jax.Array) -> jax.Array:
+  """Noiseless targets; `x` is `[tasks, points, 1]` (or `[points, 1]` for one task)."""
+  expand = lambda v: jnp.reshape(v, jnp.shape(v) + (1,) * (jnp.ndim(x) - jnp.ndim(v)))
+  sine = expand(functions.amplitude) * jnp.sin(x + expand(functions.phase))
+  line = expand(functions.slope) * x + expand(functions.intercept)
+  return jnp.where(expand(functions.is_sine), sine, line)
+
+
+def sample_tasks_and_functions(key: jax.Array, num_tasks: int, *, num_support: int = 5,
+                               num_query: int = 10,
+                               noise_std: float = NOISE_STD) -> tuple[Task, TaskFunctions]:
+  """Tasks and the functions behind them.
+
+  Returns:
+    A `Task` with `support_x/support_y` of shape `[num_tasks, num_support, 1]`
+    and `query_x/query_y` of shape `[num_tasks, num_query, 1]` (targets with
+    noise), and the `TaskFunctions`.
+  """
+  if num_tasks < 1 or num_support < 1 or num_query < 1:
+    raise ValueError(f"num_tasks, num_support and num_query must be >= 1; got "
+                     f"{num_tasks}, {num_support}, {num_query}")
+  if noise_std < 0:
+    raise ValueError(f"noise_std must be >= 0, got {noise_std}")
+  function_key, x_key, noise_key = jax.random.split(key, 3)
+  functions = sample_functions(function_key, num_tasks)
+  num_points = num_support + num_query
+  x = jax.random.uniform(x_key, (num_tasks, num_points, 1), minval=INPUT_RANGE[0],
+                         maxval=INPUT_RANGE[1])
+  y = evaluate_functions(functions, x) + noise_std * jax.random.normal(noise_key, x.shape)
+  task = Task(x[:, :num_support], y[:, :num_support], x[:, num_support:], y[:, num_support:])
+  return task, functions
+
+
+def sample_tasks(key: jax.Array, num_tasks: int, *, num_support: int = 5, num_query: int = 10,
+                 noise_std: float = NOISE_STD) -> Task:
+  """`num_tasks` regression tasks (see `sample_tasks_and_functions`)."""
+  return sample_tasks_and_functions(key, num_tasks, num_support=num_support,
+                                    num_query=num_query, noise_std=noise_std)[0]
