@@ -8,7 +8,7 @@ the config with the flags that were given. So `--kl-weight 0.05` or
 
 import argparse
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 # Fields whose flags take a fixed set of values.
 CHOICES = {
@@ -26,7 +26,7 @@ def add_config_flags(parser: argparse.ArgumentParser, config_cls,
     default = field.default
     if isinstance(default, tuple):
       parser.add_argument(flag, type=type(default[0]), nargs=len(default), default=None)
-    elif field.type in (bool, "bool"):
+    elif field.type in (bool, "bool") or "bool" in str(field.type):
       parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
     elif default is None:  # Optional[str] paths, or Optional[float] (0 disables)
       kind = float if "float" in str(field.type) else str
@@ -36,10 +36,25 @@ def add_config_flags(parser: argparse.ArgumentParser, config_cls,
       parser.add_argument(flag, type=type(default), default=None, choices=choices.get(field.name))
 
 
-def apply_overrides(config, args: argparse.Namespace):
-  """`config` with every field whose flag was given replaced."""
-  overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(config)
-               if getattr(args, f.name, None) is not None}
+def apply_overrides(config, overrides: Union[argparse.Namespace, dict]):
+  """`config` with the given fields replaced.
+
+  Args:
+    config: a RunConfig (subclass) instance.
+    overrides: parsed flags (fields left at None are kept) or a dict such as
+      `{"num_meta_steps": 300}` (from a notebook or script).
+
+  Raises:
+    ValueError: if a dict names a field the config does not have.
+  """
+  names = {f.name for f in dataclasses.fields(config)}
+  if isinstance(overrides, dict):
+    unknown = set(overrides) - names
+    if unknown:
+      raise ValueError(f"unknown {type(config).__name__} fields {sorted(unknown)}")
+    overrides = argparse.Namespace(**overrides)
+  overrides = {name: getattr(overrides, name) for name in names
+               if getattr(overrides, name, None) is not None}
   if overrides.get("meta_grad_clip_norm") == 0:
     overrides["meta_grad_clip_norm"] = None
   for name, value in overrides.items():

@@ -53,7 +53,7 @@ class RegressionConfig(runner.RunConfig):
   eval_task_batching: str = "vmap"
   num_val_tasks: int = 200
   num_test_tasks: int = 1000
-  eval_batch_tasks: int = 100
+  eval_batch_tasks: int = 10           # x 128 draws: ~3 GB at a time
   eval_every: int = 1000
   checkpoint_every: int = 1000
   log_every: int = 100
@@ -167,9 +167,20 @@ def plot_tasks(key: jax.Array, config: RegressionConfig, trained: dict, path: Pa
       title=f"{config.num_support}-shot test tasks: mean ±1σ/±2σ of the predictive (noise included)")
 
 
-def run(algorithms: list[str], preset: str, workdir: Path, overrides: argparse.Namespace = None,
-        progress: bool = True) -> dict:
-  """Trains and tests each algorithm, then writes the joint figures and results.json."""
+def run(algorithms: list[str], preset: str, workdir: Path,
+        overrides: Optional[argparse.Namespace | dict] = None, progress: bool = True) -> dict:
+  """Trains and tests each algorithm, then writes the joint figures and results.json.
+
+  Args:
+    algorithms: e.g. `["vampire", "maml"]`, trained in turn.
+    preset: one of PRESETS.
+    workdir: the run folder; each algorithm trains in `workdir / algorithm`
+      and resumes there if interrupted.
+    overrides: config fields to change for every algorithm, e.g.
+      `{"num_meta_steps": 300}` (or parsed command-line flags).
+    progress: show progress bars.
+  """
+  workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   trained, summaries, quantiles = {}, {}, {}
   for algorithm in algorithms:
@@ -186,7 +197,8 @@ def run(algorithms: list[str], preset: str, workdir: Path, overrides: argparse.N
     trained[algorithm] = (problem, config, meta_params)
     summaries[algorithm] = dict(results["test"], wall_time_s=results["wall_time_s"],
                                 paper_mse=PAPER_MSE.get(algorithm),
-                                config=dataclasses.asdict(config))
+                                config=dataclasses.asdict(config),
+                                calibration=results["calibration"])
     quantiles[algorithm.upper()] = runner.calibration_from_record(results["calibration"])
     test = results["test"]
     print(f"   {algorithm}: test MSE {test['mse']:.3f} +- {test['mse_ci95']:.3f}, NLL "

@@ -185,3 +185,31 @@ def plot_regression_predictions(grid_x: np.ndarray, truth: np.ndarray, support_x
     ax.grid(alpha=0.3)
   axes[0].legend(loc="best", fontsize="x-small")
   return _save(fig, path, title)
+
+
+def plot_calibration_bars(errors: dict[str, tuple[float, float]], path: PathLike,
+                          title: Optional[str] = None) -> PathLike:
+  """ECE and MCE side by side for each method (the paper's Fig. 2d).
+
+  Args:
+    errors: `{method: (ece, mce)}`.
+    path: output file; PNG unless its suffix names another format.
+    title: optional axes title.
+
+  Returns:
+    `path`.
+  """
+  if not errors:
+    raise ValueError("errors must name at least one method")
+  names = list(errors)
+  values = np.asarray([errors[n] for n in names], dtype=float)  # [methods, 2]
+  fig, (ax,) = _new_figure(1, panel_size=max(4.0, 1.1 * len(names)))
+  positions = np.arange(len(names))
+  for offset, column, label, colour in ((-0.2, 0, "ECE", "tab:blue"), (0.2, 1, "MCE", "tab:orange")):
+    bars = ax.bar(positions + offset, values[:, column], width=0.4, label=label, color=colour)
+    ax.bar_label(bars, fmt="%.3f", fontsize="x-small")
+  ax.set_xticks(positions, names)
+  ax.set(ylabel="calibration error", ylim=(0, max(1e-3, values.max()) * 1.2))
+  ax.legend(fontsize="small")
+  ax.grid(axis="y", alpha=0.3)
+  return _save(fig, path, title)

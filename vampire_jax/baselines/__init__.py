@@ -1,0 +1,22 @@
+"""Bayesian meta-learning baselines on the core library: PLATIPUS, BMAML, ABML.
+
+Each factory returns a `vampire_jax.MetaLearner` that works with
+`make_meta_step`, `make_host_chunked_meta_step` and the evaluators as they
+are. First-order MAML is `vampire_jax.maml(..., first_order=True)`.
+
+  platipus  Finn, Xu, Levine 2018: learned Gaussian over the initial
+            weights, mean-only adaptation, KL between inference and prior.
+  bmaml     Yoon et al. 2018: M particles moved by SVGD; ensemble prediction.
+  abml      Ravi & Beatson 2019: Gaussian task posteriors by gradient steps
+            on the support ELBO; meta-loss on support ∪ query + hyper-prior.
+
+`LEARNERS` maps an algorithm's name to its factory,
+`factory(apply_fn, nll, **hyper_parameters) -> MetaLearner`.
+"""
+
+from vampire_jax.baselines.abml import abml, hyper_prior_nll
+from vampire_jax.baselines.bmaml import (bmaml, ensemble_nll, init_particles, kernel_gradient, median_bandwidth,
+                                         pairwise_squared_distances, rbf_kernel, svgd_adapt, svgd_direction)
+from vampire_jax.baselines.platipus import PlatipusParams, platipus, shifted_mean
+
+LEARNERS = {"platipus": platipus, "bmaml": bmaml, "abml": abml}
