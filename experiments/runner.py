@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.sharding import Mesh
 
 import vampire_jax as vj
 from vampire_jax import calibration
@@ -66,6 +67,8 @@ class RunConfig:
   num_mc_query: int = 1               # L_v during meta-training
   num_mc_test: int = 10               # L_t = L_v at test time
   first_order: bool = False
+  num_particles: int = 8              # BMAML's M (the paper's comparison used 8)
+  unroll_inner_steps: Optional[bool] = None  # None: unroll on CPU (faster steps, longer compile)
   meta_lr: float = 1e-3               # gamma, x0.99 every 10 000 tasks
   meta_lr_decay: float = 0.99
   meta_grad_clip_norm: Optional[float] = 10.0   # as in the authors' code
@@ -82,29 +85,92 @@ class RunConfig:
   log_every: int = 50
   num_bins: int = 15                  # calibration bins
   seed: int = 0
+  shard_tasks: str = "auto"           # 'auto' (on with >1 device), 'on', 'off': tasks over a device mesh
+  remat: bool = False                 # recompute inner steps in the backward pass: less memory
+  compute_dtype: str = "float32"      # 'float32', or 'bfloat16' for the network's matmuls/convs
+
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def network(problem: Problem, config: RunConfig) -> Callable:
+  """The problem's `apply_fn`, in bfloat16 mixed precision if `compute_dtype` says so."""
+  if config.compute_dtype not in COMPUTE_DTYPES:
+    raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}, "
+                     f"got {config.compute_dtype!r}")
+  if config.compute_dtype == "float32":
+    return problem.apply_fn
+  return vj.mixed_precision(problem.apply_fn, COMPUTE_DTYPES[config.compute_dtype])
+
+
+def _unroll_inner_steps(config: RunConfig) -> bool:
+  if config.unroll_inner_steps is None:
+    return jax.default_backend() == "cpu"
+  return bool(config.unroll_inner_steps)
 
 
 def make_learner(problem: Problem, config: RunConfig, num_mc_train: int,
                  num_mc_query: int) -> vj.MetaLearner:
   """The configured algorithm with the given Monte-Carlo sample counts."""
+  apply_fn = network(problem, config)
   if config.algorithm == "vampire":
-    return vj.vampire(problem.apply_fn, problem.nll, num_inner_steps=config.num_inner_steps,
+    return vj.vampire(apply_fn, problem.nll, num_inner_steps=config.num_inner_steps,
                       inner_lr=config.inner_lr, kl_weight=config.kl_weight,
                       num_mc_train=num_mc_train, num_mc_query=num_mc_query,
                       first_order=config.first_order, log_std_init=tuple(config.log_std_init),
-                      unroll_steps=jax.default_backend() == "cpu")
+                      unroll_steps=_unroll_inner_steps(config), remat=config.remat)
   if config.algorithm in ("maml", "fomaml"):
-    return vj.maml(problem.apply_fn, problem.nll, num_inner_steps=config.num_inner_steps,
+    return vj.maml(apply_fn, problem.nll, num_inner_steps=config.num_inner_steps,
                    inner_lr=config.inner_lr,
                    first_order=config.first_order or config.algorithm == "fomaml",
-                   unroll_steps=jax.default_backend() == "cpu")
-  raise ValueError(f"unknown algorithm {config.algorithm!r}; expected 'vampire', 'maml' or 'fomaml'")
+                   unroll_steps=_unroll_inner_steps(config), remat=config.remat)
+  common = dict(num_inner_steps=config.num_inner_steps, inner_lr=config.inner_lr,
+                first_order=config.first_order, unroll_steps=_unroll_inner_steps(config))
+  if config.algorithm in ("platipus", "abml"):
+    factory = vj.baselines.LEARNERS[config.algorithm]
+    return factory(apply_fn, problem.nll, kl_weight=config.kl_weight, num_mc_train=num_mc_train,
+                   num_mc_query=num_mc_query, log_std_init=tuple(config.log_std_init), **common)
+  if config.algorithm == "bmaml":  # the particles are the meta-parameters: M is fixed
+    return vj.baselines.bmaml(apply_fn, problem.nll, num_particles=config.num_particles, **common)
+  raise ValueError(f"unknown algorithm {config.algorithm!r}; expected one of "
+                   "vampire, maml, fomaml, platipus, bmaml, abml")
 
 
-def _batching(strategy: str, chunk_size: int, num_tasks: int) -> tuple[str, int]:
+def make_task_mesh(config: RunConfig, num_tasks: int) -> Optional[Mesh]:
+  """The device mesh that `num_tasks` tasks are split over, or None for one device.
+
+  'off': None. 'on': every device (of every host); `num_tasks` must divide
+  evenly. 'auto': like 'on' when more than one device is visible; with one
+  process it takes the largest number of devices that divides `num_tasks`.
+  """
+  if config.shard_tasks not in ("auto", "on", "off"):
+    raise ValueError(f"shard_tasks must be 'auto', 'on' or 'off', got {config.shard_tasks!r}")
+  devices = jax.devices()
+  if config.shard_tasks == "off" or (config.shard_tasks == "auto" and len(devices) == 1):
+    return None
+  if config.shard_tasks == "auto" and jax.process_count() == 1:
+    count = max(n for n in range(1, len(devices) + 1) if num_tasks % n == 0)
+    if count < len(devices):
+      print(f"note: {num_tasks} tasks are split over {count} of the {len(devices)} devices"
+            " (the most that divide them evenly)")
+    devices = devices[:count]
+  mesh = vj.task_mesh(devices)
+  vj.sharding.check_divisible(num_tasks, mesh)
+  return mesh
+
+
+def _mesh_size(mesh: Optional[Mesh]) -> int:
+  return 1 if mesh is None else mesh.size
+
+
+def _batching(strategy: str, chunk_size: int, num_tasks: int,
+              sharded: bool = False) -> tuple[str, int]:
   default_strategy, default_chunk = vj.default_task_batching()
   if strategy == "auto":
-    strategy = "host_chunked" if jax.default_backend() == "cpu" else default_strategy
+    if sharded:  # one jitted step over the mesh; each device vmaps its own tasks
+      strategy = "vmap"
+    else:
+      strategy = "host_chunked" if jax.default_backend() == "cpu" else default_strategy
   chunk_size = chunk_size or default_chunk
   chunk_size = max(1, min(chunk_size, num_tasks))
   while num_tasks % chunk_size:
@@ -112,33 +178,71 @@ def _batching(strategy: str, chunk_size: int, num_tasks: int) -> tuple[str, int]
   return strategy, chunk_size
 
 
-def build_meta_step(learner, optimizer, config: RunConfig, metrics_fn):
-  """The meta-step, jitted, with the configured (or backend-default) batching."""
-  strategy, chunk = _batching(config.task_batching, config.chunk_size, config.tasks_per_step)
+def build_meta_step(learner, optimizer, config: RunConfig, metrics_fn,
+                    mesh: Optional[Mesh] = None):
+  """The meta-step, jitted, with the configured (or backend-default) batching.
+
+  With a `mesh` the tasks are split over its devices; the batching strategy
+  then says how each device handles its own tasks.
+  """
+  num_local_tasks = config.tasks_per_step // _mesh_size(mesh)
+  strategy, chunk = _batching(config.task_batching, config.chunk_size, num_local_tasks,
+                              sharded=mesh is not None)
   if strategy == "host_chunked":
+    if mesh is not None:
+      raise ValueError("task_batching='host_chunked' runs tasks from Python on one device; "
+                       "with tasks sharded over devices use an in-jit strategy (e.g. 'vmap') "
+                       "or --shard-tasks off")
     return vj.make_host_chunked_meta_step(learner, optimizer, chunk_size=chunk,
                                           metrics_fn=metrics_fn)
   return jax.jit(vj.make_meta_step(learner, optimizer, task_batching=strategy,
-                                   chunk_size=chunk, metrics_fn=metrics_fn))
+                                   chunk_size=chunk, metrics_fn=metrics_fn, mesh=mesh))
 
 
-def build_evaluator(problem: Problem, config: RunConfig, learner):
-  """A jitted per-task evaluator for a batch of `eval_batch_tasks` tasks."""
+def eval_batch_size(config: RunConfig, mesh: Optional[Mesh] = None) -> int:
+  """`eval_batch_tasks`, rounded up to a multiple of the mesh's devices."""
+  size = _mesh_size(mesh)
+  return -(-config.eval_batch_tasks // size) * size
+
+
+def build_evaluator(problem: Problem, config: RunConfig, learner, mesh: Optional[Mesh] = None):
+  """A jitted per-task evaluator for a batch of `eval_batch_size(config, mesh)` tasks."""
+  num_local_tasks = eval_batch_size(config, mesh) // _mesh_size(mesh)
   strategy, chunk = _batching(config.eval_task_batching, config.eval_chunk_size,
-                              config.eval_batch_tasks)
+                              num_local_tasks, sharded=mesh is not None)
   if strategy == "host_chunked":  # evaluation has no gradient to accumulate
-    strategy = "chunked_unroll" if chunk < config.eval_batch_tasks else "unroll"
+    strategy = "chunked_unroll" if chunk < num_local_tasks else "unroll"
   if problem.kind == "classification":
-    evaluate = vj.make_classification_evaluator(learner, task_batching=strategy, chunk_size=chunk)
+    evaluate = vj.make_classification_evaluator(learner, task_batching=strategy, chunk_size=chunk,
+                                                mesh=mesh)
   else:
     evaluate = vj.make_regression_evaluator(learner, problem.noise_std, task_batching=strategy,
-                                            chunk_size=chunk)
+                                            chunk_size=chunk, mesh=mesh)
   return jax.jit(evaluate)
 
 
+def sample_task_batch(sample_tasks: Callable, split: str, key: jax.Array, num_tasks: int,
+                      mesh: Optional[Mesh] = None) -> vj.Task:
+  """`num_tasks` tasks of `split`, split over the mesh's devices if there is one.
+
+  With several processes each samples its own `num_tasks / process_count`
+  tasks (its key folded with its index) and the slices form one global batch.
+  """
+  if mesh is None:
+    return sample_tasks(split, key, num_tasks)
+  if jax.process_count() == 1:
+    return vj.shard_tasks(sample_tasks(split, key, num_tasks), mesh)
+  local_key = jax.random.fold_in(key, jax.process_index())
+  return vj.shard_tasks(sample_tasks(split, local_key, num_tasks // jax.process_count()), mesh)
+
+
 def evaluate_tasks(problem: Problem, evaluate, meta_params, split: str, num_tasks: int,
-                   key: jax.Array, batch_tasks: int, progress: bool = False) -> dict:
+                   key: jax.Array, batch_tasks: int, progress: bool = False,
+                   mesh: Optional[Mesh] = None) -> dict:
   """Evaluates on `num_tasks` tasks of `split`, `batch_tasks` at a time.
+
+  With a `mesh`, each batch is split over its devices (`evaluate` must be
+  built with the same mesh) and the results are gathered on every process.
 
   Returns:
     Per-task arrays (numpy), concatenated over batches: the fields of
@@ -153,9 +257,9 @@ def evaluate_tasks(problem: Problem, evaluate, meta_params, split: str, num_task
     iterator = tqdm(iterator, desc=f"evaluate {split}", unit="batch", leave=False)
   for i in iterator:
     task_key, eval_key = jax.random.split(jax.random.fold_in(key, i))
-    tasks = sample(split, task_key, batch_tasks)
+    tasks = sample_task_batch(sample, split, task_key, batch_tasks, mesh)
     result = evaluate(meta_params, tasks, eval_key)
-    outputs.append(dict(result._asdict(), targets=tasks.query_y))
+    outputs.append(vj.sharding.gather(dict(result._asdict(), targets=tasks.query_y)))
   merged = {k: np.concatenate([np.asarray(o[k]) for o in outputs])[:num_tasks] for k in outputs[0]}
   return merged
 
@@ -238,13 +342,23 @@ def _git_commit() -> str:
     return "unknown"
 
 
-def _device_description() -> str:
+def device_description() -> str:
   device = jax.devices()[0]
   return f"{device.platform}: {getattr(device, 'device_kind', '')} x{jax.device_count()}"
 
 
 def _public(summary: dict) -> dict:
   return {k: v for k, v in summary.items() if not k.startswith("_")}
+
+
+class _NoLogger:
+  """What processes other than the first log with: nothing."""
+
+  def log(self, step: int, metrics: dict):
+    pass
+
+  def close(self):
+    pass
 
 
 class _Logger:
@@ -274,6 +388,28 @@ def _read_history(workdir: Path) -> tuple[list[int], dict[str, list[float]]]:
   return [r["step"] for r in rows], history
 
 
+def _write_plots(problem: Problem, config: RunConfig, summary: dict, per_task: dict,
+                 workdir: Path) -> dict:
+  """The calibration and training-curve figures, and the per-task test scores."""
+  from vampire_jax import plotting
+  plots = {}
+  label = config.algorithm.upper()
+  if problem.kind == "classification":
+    plots["reliability"] = str(plotting.plot_reliability_diagram(
+        {label: summary["_bins"]}, workdir / "reliability.png",
+        title=f"{label}: {summary['num_tasks']} test tasks"))
+  else:
+    plots["quantile_calibration"] = str(plotting.plot_quantile_calibration(
+        {label: summary["_quantiles"]}, workdir / "quantile_calibration.png"))
+  steps, history = _read_history(workdir)
+  if steps:
+    plots["training_curves"] = str(plotting.plot_training_curves(history, steps,
+                                                                 workdir / "training_curves.png"))
+  np.savez_compressed(workdir / "test_per_task.npz",
+                      **{k: v for k, v in per_task.items() if k != "predictions"})
+  return plots
+
+
 def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.PathLike,
                        *, progress: bool = True, extra_results: Optional[dict] = None) -> dict:
   """Meta-trains, keeps the best validation checkpoint, tests it, writes results.
@@ -282,13 +418,23 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
   per-step keys are `fold_in(seed, step)`, so a resumed run draws the same
   tasks as an uninterrupted one.
 
+  With `config.shard_tasks` on (the default with more than one device), the
+  tasks of every meta-step and evaluation batch are split over a device mesh
+  (`make_task_mesh`). With several processes (`jax.distributed`), only the
+  first writes logs, plots and results; all of them save checkpoints.
+
   Returns:
     The results dictionary written to `workdir/results.json`.
   """
   start_time = time.time()
+  is_main = jax.process_index() == 0
+  progress = progress and is_main
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+  if is_main:
+    (workdir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+  mesh = make_task_mesh(config, config.tasks_per_step)
+  eval_batch = eval_batch_size(config, mesh)
 
   base_key = jax.random.key(config.seed)
   init_key, train_key, val_key, test_key = jax.random.split(base_key, 4)
@@ -299,6 +445,8 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
                                 clip_norm=config.meta_grad_clip_norm)
   params_key, prior_key = jax.random.split(init_key)
   state = vj.init_meta_state(train_learner, optimizer, problem.init_params(params_key), prior_key)
+  if mesh is not None:
+    state = vj.replicate(state, mesh)
   if config.algorithm == "vampire":
     factor = float(vj.kl_step_factor(state.meta_params, config.inner_lr, config.kl_weight))
     if factor >= 2.0:
@@ -306,9 +454,13 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
             " the KL term makes the inner loop oscillate (stable below 2). See BUILD_NOTES.md.")
 
   metrics_fn = vj.classification_metrics if problem.kind == "classification" else None
-  meta_step = build_meta_step(train_learner, optimizer, config, metrics_fn)
-  evaluate = build_evaluator(problem, config, test_learner)
-  sample_train = jax.jit(lambda key: problem.sample_tasks("train", key, config.tasks_per_step))
+  meta_step = build_meta_step(train_learner, optimizer, config, metrics_fn, mesh)
+  evaluate = build_evaluator(problem, config, test_learner, mesh)
+  sample = jax.jit(problem.sample_tasks, static_argnums=(0, 2))
+
+  def sample_train(key):
+    return sample_task_batch(sample, "train", key, config.tasks_per_step, mesh)
+
   score_name = "accuracy" if problem.kind == "classification" else "mse"
   better = (lambda a, b: a > b) if problem.kind == "classification" else (lambda a, b: a < b)
 
@@ -323,7 +475,7 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
     state = checkpoints.restore(checkpoints.latest_step(), args=ocp.args.StandardRestore(state))
     print(f"resumed from step {int(state.step)} in {workdir}")
 
-  logger = _Logger(workdir)
+  logger = _Logger(workdir) if is_main else _NoLogger()
   first_step = int(state.step)
   iterator = range(first_step, config.num_meta_steps)
   if progress:
@@ -335,14 +487,15 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
   def validate(step):
     nonlocal best_record
     per_task = evaluate_tasks(problem, evaluate, state.meta_params, "val", config.num_val_tasks,
-                              val_key, config.eval_batch_tasks)
+                              val_key, eval_batch, mesh=mesh)
     score = float(np.mean(per_task[score_name]))
     logger.log(step, {f"val/{score_name}": score, "val/nll": float(np.mean(per_task["nll"]))})
     if best_record is None or better(score, best_record["score"]):
       best.save(step, args=ocp.args.StandardSave(state.meta_params), force=True)
       best.wait_until_finished()
       best_record = {"step": step, "score": score, "metric": score_name}
-      best_path.write_text(json.dumps(best_record))
+      if is_main:
+        best_path.write_text(json.dumps(best_record))
     return score
 
   for step in iterator:
@@ -379,27 +532,12 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
     meta_params = best.restore(best.latest_step(), args=ocp.args.StandardRestore(state.meta_params))
   test_start = time.time()
   per_task = evaluate_tasks(problem, evaluate, meta_params, "test", config.num_test_tasks,
-                            test_key, config.eval_batch_tasks, progress=progress)
+                            test_key, eval_batch, progress=progress, mesh=mesh)
   summary = summarise(problem, per_task, config.num_bins)
   logger.log(config.num_meta_steps, {f"test/{k}": v for k, v in _public(summary).items()})
   logger.close()
 
-  from vampire_jax import plotting
-  plots = {}
-  label = config.algorithm.upper()
-  if problem.kind == "classification":
-    plots["reliability"] = str(plotting.plot_reliability_diagram(
-        {label: summary["_bins"]}, workdir / "reliability.png",
-        title=f"{label}: {summary['num_tasks']} test tasks"))
-  else:
-    plots["quantile_calibration"] = str(plotting.plot_quantile_calibration(
-        {label: summary["_quantiles"]}, workdir / "quantile_calibration.png"))
-  steps, history = _read_history(workdir)
-  if steps:
-    plots["training_curves"] = str(plotting.plot_training_curves(history, steps,
-                                                                 workdir / "training_curves.png"))
-  np.savez_compressed(workdir / "test_per_task.npz",
-                      **{k: v for k, v in per_task.items() if k != "predictions"})
+  plots = _write_plots(problem, config, summary, per_task, workdir) if is_main else {}
 
   results = {
       "config": dataclasses.asdict(config),
@@ -410,11 +548,13 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
       "wall_time_s": {"total": time.time() - start_time, "train": train_time,
                       "test": time.time() - test_start},
       "git_commit": _git_commit(),
-      "device": _device_description(),
+      "device": device_description(),
+      "task_mesh_devices": _mesh_size(mesh),
       "jax_version": jax.__version__,
       "plots": plots,
       "calibration": calibration_record(summary),
       **(extra_results or {}),
   }
-  (workdir / "results.json").write_text(json.dumps(results, indent=2, default=float))
+  if is_main:
+    (workdir / "results.json").write_text(json.dumps(results, indent=2, default=float))
   return results

@@ -15,10 +15,14 @@ from vampire_jax.meta import (ClassificationEval, MetaLearner, MetaState, Regres
                               make_host_chunked_meta_step, make_meta_gradient,
                               make_meta_step, make_regression_evaluator, maml, meta_lr_schedule, meta_optimizer,
                               query_loss, vampire)
-from vampire_jax.models import MLP, Conv4, conv4_mini_imagenet, conv4_omniglot, init_params, pure_apply
+from vampire_jax.models import (MLP, Conv4, conv4_mini_imagenet, conv4_omniglot, init_params, mixed_precision,
+                                pure_apply)
+from vampire_jax import sharding
+from vampire_jax.sharding import replicate, shard_tasks, task_mesh
 from vampire_jax.tasks import Task
 
 __version__ = "0.1.0"
 from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, classification_calibration,
                                      mean_confidence_interval, mixture_cdf, mixture_quantile,
                                      regression_quantile_calibration)
+from vampire_jax import baselines

@@ -4,6 +4,10 @@ Both run `num_steps` plain gradient steps from the meta-parameters with
 `lax.scan`, and both are differentiable with respect to the meta-parameters
 through every step (second order) unless `first_order=True`, in which case
 each inner gradient is treated as a constant (d task_params / d meta = I).
+
+`remat=True` wraps each inner step in `jax.checkpoint`: the meta-gradient's
+backward pass stores only the parameters between steps and recomputes each
+step's activations, trading compute for memory.
 """
 
 from typing import Any, Callable
@@ -35,6 +39,14 @@ def _check_steps(num_steps: int) -> None:
 def _check_num_samples(num_mc_samples: int) -> None:
   if int(num_mc_samples) != num_mc_samples or num_mc_samples < 1:
     raise ValueError(f"num_mc_samples must be an integer >= 1, got {num_mc_samples}")
+
+
+def _scan_steps(step: Callable, init: PyTree, xs, length: int, unroll_steps: bool,
+                remat: bool) -> PyTree:
+  if remat:  # common-subexpression elimination is safe inside scan, not when unrolled
+    step = jax.checkpoint(step, prevent_cse=bool(unroll_steps))
+  final, _ = jax.lax.scan(step, init, xs, length=length, unroll=bool(unroll_steps))
+  return final
 
 
 def _sgd_step(params: PyTree, grads: PyTree, inner_lr: float, first_order: bool) -> PyTree:
@@ -83,7 +95,7 @@ def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
           num_mc_samples: int = 1, kl_weight: float = 1.0,
           first_order: bool = False,
           sample_batching: batching.Batching = "vmap",
-          unroll_steps: bool = False) -> Gaussian:
+          unroll_steps: bool = False, remat: bool = False) -> Gaussian:
   """VAMPIRE's task adaptation (Alg. 1, lines 5-7).
 
   Starting from q = prior, each step draws `num_mc_samples` weights from q
@@ -103,6 +115,8 @@ def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
     sample_batching: how the L_t forward passes are batched.
     unroll_steps: unroll the scan over steps (faster on some backends,
       longer compile).
+    remat: recompute each step in the backward pass (`jax.checkpoint`)
+      instead of storing its activations.
 
   Returns:
     The task posterior q(w; lambda), a `Gaussian` with the prior's structure.
@@ -122,14 +136,14 @@ def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
 
   if num_steps == 0:
     return prior
-  posterior, _ = jax.lax.scan(step, prior, jax.random.split(key, num_steps),
-                              unroll=bool(unroll_steps))
-  return posterior
+  return _scan_steps(step, prior, jax.random.split(key, num_steps), num_steps,
+                     unroll_steps, remat)
 
 
 def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
                loss_fn: LossFn, num_steps: int, inner_lr: float,
-               first_order: bool = False, unroll_steps: bool = False) -> PyTree:
+               first_order: bool = False, unroll_steps: bool = False,
+               remat: bool = False) -> PyTree:
   """MAML's task adaptation: `num_steps` SGD steps on the support loss.
 
   Args:
@@ -141,6 +155,7 @@ def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
     inner_lr: the inner learning rate.
     first_order: drop the second-order terms (FOMAML).
     unroll_steps: unroll the scan over steps.
+    remat: recompute each step in the backward pass (`jax.checkpoint`).
 
   Returns:
     The adapted weights, a tree like `params`.
@@ -155,9 +170,7 @@ def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
 
   if num_steps == 0:
     return params
-  adapted, _ = jax.lax.scan(step, params, None, length=num_steps,
-                            unroll=bool(unroll_steps))
-  return adapted
+  return _scan_steps(step, params, None, num_steps, unroll_steps, remat)
 
 
 def predict(posterior: Gaussian, x: jax.Array, key: jax.Array, *,

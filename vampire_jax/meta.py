@@ -11,8 +11,9 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh
 
-from vampire_jax import adaptation, batching, losses
+from vampire_jax import adaptation, batching, losses, sharding
 from vampire_jax.gaussian import Gaussian, gaussian_from_params
 from vampire_jax.tasks import Task
 
@@ -45,7 +46,7 @@ def vampire(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
             num_mc_query: int = 1, first_order: bool = False,
             log_std_init: tuple[float, float] = (-4.0, -3.0),
             sample_batching: batching.Batching = "vmap",
-            unroll_steps: bool = False) -> MetaLearner:
+            unroll_steps: bool = False, remat: bool = False) -> MetaLearner:
   """VAMPIRE (Nguyen et al. 2020, Alg. 1): Gaussian prior, VI inner loop.
 
   Args:
@@ -60,6 +61,8 @@ def vampire(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
     log_std_init: range of the uniform initial prior log-stds.
     sample_batching: how Monte-Carlo forward passes are batched.
     unroll_steps: unroll the inner loop.
+    remat: recompute each inner step in the backward pass instead of storing
+      its activations (`jax.checkpoint`): less memory, more compute.
   """
   loss_fn = losses.loss_from_apply(apply_fn, nll)
 
@@ -72,7 +75,7 @@ def vampire(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
         num_steps=num_inner_steps, inner_lr=inner_lr,
         num_mc_samples=num_mc_train, kl_weight=kl_weight,
         first_order=first_order, sample_batching=sample_batching,
-        unroll_steps=unroll_steps)
+        unroll_steps=unroll_steps, remat=remat)
 
   def predict(posterior, x, key):
     return adaptation.predict(posterior, x, key, apply_fn=apply_fn,
@@ -84,8 +87,9 @@ def vampire(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
 
 def maml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
          num_inner_steps: int = 5, inner_lr: float = 0.1,
-         first_order: bool = False, unroll_steps: bool = False) -> MetaLearner:
-  """MAML (Finn et al. 2017): the point-estimate special case."""
+         first_order: bool = False, unroll_steps: bool = False,
+         remat: bool = False) -> MetaLearner:
+  """MAML (Finn et al. 2017): the point-estimate special case; `remat` as in `vampire`."""
   loss_fn = losses.loss_from_apply(apply_fn, nll)
 
   def init(params, key):
@@ -97,7 +101,7 @@ def maml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
     return adaptation.maml_adapt(
         params, support_x, support_y, loss_fn=loss_fn,
         num_steps=num_inner_steps, inner_lr=inner_lr,
-        first_order=first_order, unroll_steps=unroll_steps)
+        first_order=first_order, unroll_steps=unroll_steps, remat=remat)
 
   def predict(params, x, key):
     del key
@@ -201,7 +205,8 @@ def classification_metrics(outputs: jax.Array, labels: jax.Array) -> dict:
 def make_meta_gradient(learner: MetaLearner, *,
                        task_batching: batching.Batching = "vmap",
                        chunk_size: int = 1,
-                       metrics_fn: Optional[MetricsFn] = None):
+                       metrics_fn: Optional[MetricsFn] = None,
+                       mesh: Optional[Mesh] = None):
   """Builds `meta_gradient(meta_params, tasks, task_keys) -> (grads, metrics)`.
 
   Each task's query loss and its gradient w.r.t. the meta-parameters are
@@ -209,10 +214,14 @@ def make_meta_gradient(learner: MetaLearner, *,
 
   Args:
     learner: the algorithm (`vampire(...)`, `maml(...)`).
-    task_batching: how tasks are batched (see `vampire_jax.batching`).
+    task_batching: how tasks are batched (see `vampire_jax.batching`); with
+      a mesh, how each device batches its own tasks.
     chunk_size: tasks per chunk for the chunked strategies.
     metrics_fn: optional `metrics_fn(query_outputs, query_y) -> dict` of
       per-task scalars to average and report (e.g. `classification_metrics`).
+    mesh: optional `sharding.task_mesh(...)`: split the tasks over its
+      devices, each averages its own, then the devices average (`pmean`).
+      The number of tasks must divide evenly.
 
   Returns:
     A pure function; `tasks` has a leading `[tasks]` axis and `task_keys`
@@ -229,12 +238,18 @@ def make_meta_gradient(learner: MetaLearner, *,
       metrics.update(metrics_fn(outputs, task.query_y))
     return grads, metrics
 
-  def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
-    check_task_batch(tasks)
+  def mean_over_tasks(meta_params, tasks: Task, task_keys: jax.Array):
     grads, metrics = batching.batched_map(
         lambda args: one_task(meta_params, *args), (tasks, task_keys),
         strategy=task_batching, chunk_size=chunk_size)
     return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), (grads, metrics))
+
+  def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
+    num_tasks = check_task_batch(tasks)
+    if mesh is None:
+      return mean_over_tasks(meta_params, tasks, task_keys)
+    sharding.check_divisible(num_tasks, mesh)
+    return sharding.mean_over_task_shards(mean_over_tasks, mesh)(meta_params, tasks, task_keys)
 
   return meta_gradient
 
@@ -249,16 +264,18 @@ def apply_meta_gradient(optimizer: optax.GradientTransformation, state: MetaStat
 
 def make_meta_step(learner: MetaLearner, optimizer: optax.GradientTransformation, *,
                    task_batching: batching.Batching = "vmap", chunk_size: int = 1,
-                   metrics_fn: Optional[MetricsFn] = None):
+                   metrics_fn: Optional[MetricsFn] = None, mesh: Optional[Mesh] = None):
   """Builds `meta_step(state, tasks, key) -> (state, metrics)` (Alg. 1, lines 3-11).
 
   A pure function: wrap it in `jax.jit`. Arguments as in `make_meta_gradient`;
   `tasks` is a `Task` with a leading `[tasks]` axis. The metrics are the
   task-averaged query loss (and `metrics_fn`'s values) and the meta-gradient
-  norm.
+  norm. With a `mesh` the tasks are split over its devices and the state is
+  replicated; the result equals the one-device step's up to float rounding.
   """
   meta_gradient = make_meta_gradient(learner, task_batching=task_batching,
-                                     chunk_size=chunk_size, metrics_fn=metrics_fn)
+                                     chunk_size=chunk_size, metrics_fn=metrics_fn,
+                                     mesh=mesh)
 
   def meta_step(state: MetaState, tasks: Task, key: jax.Array):
     task_keys = jax.random.split(key, check_task_batch(tasks))
@@ -328,26 +345,33 @@ class RegressionEval(NamedTuple):
   predictions: jax.Array    # [tasks, num_samples, num_query, 1]
 
 
-def _map_tasks(learner, meta_params, tasks, key, score, task_batching, chunk_size):
+def _map_tasks(learner, meta_params, tasks, key, score, task_batching, chunk_size, mesh):
   num_tasks = check_task_batch(tasks)
 
-  def one_task(args):
-    task, task_key = args
+  def one_task(meta_params, task, task_key):
     adapt_key, predict_key = jax.random.split(task_key)
     task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
     return score(learner.predict(task_params, task.query_x, predict_key), task.query_y)
 
-  return batching.batched_map(one_task, (tasks, jax.random.split(key, num_tasks)),
-                              strategy=task_batching, chunk_size=chunk_size)
+  def map_tasks(meta_params, tasks, task_keys):
+    return batching.batched_map(lambda args: one_task(meta_params, *args), (tasks, task_keys),
+                                strategy=task_batching, chunk_size=chunk_size)
+
+  task_keys = jax.random.split(key, num_tasks)
+  if mesh is None:
+    return map_tasks(meta_params, tasks, task_keys)
+  sharding.check_divisible(num_tasks, mesh)
+  return sharding.map_over_task_shards(map_tasks, mesh)(meta_params, tasks, task_keys)
 
 
 def make_classification_evaluator(learner: MetaLearner, *,
                                   task_batching: batching.Batching = "vmap",
-                                  chunk_size: int = 1):
+                                  chunk_size: int = 1, mesh: Optional[Mesh] = None):
   """Builds `evaluate(meta_params, tasks, key) -> ClassificationEval`.
 
   Prediction follows the paper's App. C: adapt with L_t draws, then average
-  the softmax of L_v draws (the learner's `num_mc_*` settings).
+  the softmax of L_v draws (the learner's `num_mc_*` settings). With a
+  `mesh` the tasks, and the per-task results, are split over its devices.
   """
   def score(logits, labels):
     probs = jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
@@ -356,21 +380,21 @@ def make_classification_evaluator(learner: MetaLearner, *,
     return ClassificationEval(accuracy, nll, probs)
 
   def evaluate(meta_params, tasks: Task, key: jax.Array) -> ClassificationEval:
-    return _map_tasks(learner, meta_params, tasks, key, score, task_batching, chunk_size)
+    return _map_tasks(learner, meta_params, tasks, key, score, task_batching, chunk_size, mesh)
 
   return evaluate
 
 
 def make_regression_evaluator(learner: MetaLearner, noise_std: float, *,
                               task_batching: batching.Batching = "vmap",
-                              chunk_size: int = 1):
-  """Builds `evaluate(meta_params, tasks, key) -> RegressionEval`."""
+                              chunk_size: int = 1, mesh: Optional[Mesh] = None):
+  """Builds `evaluate(meta_params, tasks, key) -> RegressionEval`; `mesh` as above."""
   def score(means, targets):
     mse = jnp.mean(jnp.square(means - targets[None]))
     nll = -jnp.mean(losses.mixture_log_prob_gaussian(means, targets, noise_std))
     return RegressionEval(mse, nll, means)
 
   def evaluate(meta_params, tasks: Task, key: jax.Array) -> RegressionEval:
-    return _map_tasks(learner, meta_params, tasks, key, score, task_batching, chunk_size)
+    return _map_tasks(learner, meta_params, tasks, key, score, task_batching, chunk_size, mesh)
 
   return evaluate

@@ -9,6 +9,10 @@ hand and keeps no running averages, as MAML does; at test time a task's
 query set is normalised with its own statistics. Its scale and offset are
 ordinary weights, so VAMPIRE gives them a distribution like every other
 weight.
+
+Mixed precision: `mixed_precision(apply_fn)` runs a network's matmuls and
+convolutions in bfloat16 while the weight distributions, the losses and the
+batch-norm statistics stay in float32.
 """
 
 from typing import Callable, Sequence
@@ -23,7 +27,11 @@ kernel_init = nn.initializers.variance_scaling(2.0, "fan_avg", "normal")
 
 
 class BatchStatNorm(nn.Module):
-  """Batch norm with batch statistics only: y = scale * (x - mean) / std + offset."""
+  """Batch norm with batch statistics only: y = scale * (x - mean) / std + offset.
+
+  Statistics are taken in float32 (or wider) whatever the input's precision;
+  the output has the input's dtype.
+  """
   epsilon: float = 1e-5
 
   @nn.compact
@@ -32,9 +40,11 @@ class BatchStatNorm(nn.Module):
     scale = self.param("scale", nn.initializers.ones, (features,))
     offset = self.param("offset", nn.initializers.zeros, (features,))
     axes = tuple(range(x.ndim - 1))
-    mean = jnp.mean(x, axis=axes, keepdims=True)
-    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + offset
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    mean = jnp.mean(wide, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(wide - mean), axis=axes, keepdims=True)
+    normalised = (wide - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + offset
+    return normalised.astype(x.dtype)
 
 
 class PatchConv(nn.Module):
@@ -117,6 +127,25 @@ def conv4_omniglot(num_classes: int) -> Conv4:
 
 def conv4_mini_imagenet(num_classes: int) -> Conv4:
   return Conv4(num_classes=num_classes, num_filters=32, max_pool=True)
+
+
+def mixed_precision(apply_fn: Callable[[dict, jax.Array], jax.Array],
+                    compute_dtype=jnp.bfloat16) -> Callable[[dict, jax.Array], jax.Array]:
+  """`apply_fn` computing in `compute_dtype`, with float32 weights in and outputs out.
+
+  Floating-point weights and inputs are cast to `compute_dtype` on the way in
+  (so matmuls and convolutions run at that precision) and the outputs back
+  to float32, so the likelihood, the KL and the weight distributions stay in
+  float32; the gradients reaching the float32 weights are float32.
+  """
+  def cast(x):
+    return x.astype(compute_dtype) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x
+
+  def apply(params, x):
+    outputs = apply_fn(jax.tree_util.tree_map(cast, params), cast(x))
+    return jax.tree_util.tree_map(lambda y: y.astype(jnp.float32), outputs)
+
+  return apply
 
 
 def pure_apply(module: nn.Module) -> Callable[[dict, jax.Array], jax.Array]:

@@ -1,12 +1,26 @@
-"""Omniglot arrays, character splits and on-device few-shot task sampling.
+"""Few-shot data: Omniglot, mini-ImageNet, LEO embeddings; on-device tasks.
 
-Importing this package does not import TensorFlow; only `load_omniglot` with
-the TFDS source does.
+Importing this package does not import TensorFlow; only `load_omniglot` and
+`load_mini_imagenet` with the TFDS source (and `mini_imagenet_builder_class`)
+do.
 """
 
+from vampire_jax.data.class_tasks import check_class_counts
+from vampire_jax.data.class_tasks import class_combinations
+from vampire_jax.data.class_tasks import combination_at
+from vampire_jax.data.class_tasks import combination_ids
+from vampire_jax.data.class_tasks import combination_tasks
+from vampire_jax.data.class_tasks import num_combinations
+from vampire_jax.data.class_tasks import sample_tasks_with_counts
+from vampire_jax.data.class_tasks import tasks_for_classes
 from vampire_jax.data.episodes import check_episode_spec
 from vampire_jax.data.episodes import NUM_ROTATIONS
 from vampire_jax.data.episodes import sample_tasks
+from vampire_jax.data.features import FeatureSplit
+from vampire_jax.data.features import load_leo_embeddings
+from vampire_jax.data.mini_imagenet import load_mini_imagenet
+from vampire_jax.data.mini_imagenet import mini_imagenet_builder_class
+from vampire_jax.data.mini_imagenet import MiniImagenetSplit
 from vampire_jax.data.omniglot import ALPHABETS
 from vampire_jax.data.omniglot import BACKGROUND_ALPHABETS
 from vampire_jax.data.omniglot import character_names
@@ -22,14 +36,27 @@ __all__ = (
     'ALPHABETS',
     'BACKGROUND_ALPHABETS',
     'EVALUATION_ALPHABETS',
+    'FeatureSplit',
+    'MiniImagenetSplit',
     'NUM_ROTATIONS',
     'OmniglotArrays',
     'character_names',
+    'check_class_counts',
     'check_episode_spec',
+    'class_combinations',
+    'combination_at',
+    'combination_ids',
+    'combination_tasks',
     'default_cache_dir',
+    'load_leo_embeddings',
+    'load_mini_imagenet',
     'load_omniglot',
     'make_split',
+    'mini_imagenet_builder_class',
+    'num_combinations',
     'sample_tasks',
+    'sample_tasks_with_counts',
     'save_split_indices',
     'split_indices',
+    'tasks_for_classes',
 )

@@ -1,0 +1,53 @@
+"""bfloat16 mixed precision against float32: a short training run's accuracy.
+
+    python -m benchmarks.precision                        # regression 'quick' preset, both methods
+    python -m benchmarks.precision --num-meta-steps 200 --algorithms vampire
+
+Runs `experiments.regression` (sine/line tasks, MLP 1-100-100-100-1) once
+with `compute_dtype='float32'` and once with 'bfloat16' (the network's
+matmuls in bfloat16; weight distributions, KL and likelihood in float32),
+same seed and tasks, and prints test MSE +- 95% CI, NLL and the training
+wall time of each. For speed see `python -m benchmarks.suite --compute-dtype
+bfloat16`.
+"""
+
+import argparse
+import tempfile
+from pathlib import Path
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--preset", default="quick")
+  parser.add_argument("--algorithms", default="maml,vampire")
+  parser.add_argument("--num-meta-steps", type=int, default=None)
+  parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
+  args = parser.parse_args(argv)
+  from experiments import regression
+
+  workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vj_precision_"))
+  algorithms = args.algorithms.split(",")
+  results = {}
+  for dtype in ("float32", "bfloat16"):
+    overrides = {"compute_dtype": dtype}
+    if args.num_meta_steps:
+      overrides.update(num_meta_steps=args.num_meta_steps, eval_every=args.num_meta_steps,
+                       checkpoint_every=args.num_meta_steps)
+    combined = regression.run(algorithms, args.preset, workdir / dtype, overrides=overrides,
+                              progress=False)
+    results[dtype] = combined["methods"]
+
+  print(f"\nregression preset {args.preset!r}, results in {workdir}\n")
+  print("| algorithm | compute dtype | test MSE +- 95% CI | test NLL | tasks | train time (s) |")
+  print("|---|---|---|---|---|---|")
+  for algorithm in algorithms:
+    for dtype in ("float32", "bfloat16"):
+      m = results[dtype][algorithm]
+      print(f"| {algorithm} | {dtype} | {m['mse']:.3f} +- {m['mse_ci95']:.3f} | {m['nll']:.3f} |"
+            f" {m['num_tasks']} | {m['wall_time_s']['train']:.0f} |")
+  return results
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,403 @@
+"""Tasks sharded over devices, remat of inner steps, bfloat16 mixed precision.
+
+The multi-device checks run in a subprocess that starts JAX with 8 fake CPU
+devices (`XLA_FLAGS=--xla_force_host_platform_device_count=8`), so the rest
+of the suite keeps one device. The subprocess runs this file with `--child`
+and prints its measurements as JSON; the tests compare them.
+"""
+
+import functools
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import vampire_jax as vj
+from vampire_jax.data import sine_line
+
+NUM_FAKE_DEVICES = 8
+NUM_TASKS = 16
+NOISE_STD = 0.3
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _regression_setup(num_tasks=NUM_TASKS):
+  model = vj.MLP((16,), 1)  # small: compile time dominates these tests
+  params = vj.init_params(model, jax.random.key(0), (1, 1))
+  tasks = sine_line.sample_tasks(jax.random.key(1), num_tasks, num_support=5, num_query=10)
+  return vj.pure_apply(model), params, tasks
+
+
+def _learners(apply_fn, **options):
+  nll = vj.gaussian_nll(NOISE_STD)
+  return {
+      "vampire": vj.vampire(apply_fn, nll, num_inner_steps=2, inner_lr=0.01, kl_weight=0.01,
+                            num_mc_train=1, num_mc_query=1, **options),
+      "maml": vj.maml(apply_fn, nll, num_inner_steps=2, inner_lr=0.01, **options),
+  }
+
+
+def _max_diff(a, b) -> float:
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in
+             zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def _max_abs(a) -> float:
+  return max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(a))
+
+
+# -- What the 8-device subprocess measures -----------------------------------
+
+
+def _sharded_measurements() -> dict:
+  mesh = vj.task_mesh()
+  apply_fn, params, tasks = _regression_setup()
+  task_keys = jax.random.split(jax.random.key(2), NUM_TASKS)
+  # Plain SGD with rate 1, so the step's parameter change is the meta-gradient.
+  optimizer = optax.sgd(1.0)
+  out = {"device_count": jax.device_count(), "mesh_size": mesh.size}
+  for name, learner in _learners(apply_fn).items():
+    state = vj.init_meta_state(learner, optimizer, params, jax.random.key(3))
+    after_one, metrics_one = jax.jit(vj.make_meta_step(learner, optimizer))(
+        state, tasks, jax.random.key(4))
+    # Unsharded task inputs: the step itself splits them (see the shardings below).
+    compiled = jax.jit(vj.make_meta_step(learner, optimizer, mesh=mesh)).lower(
+        vj.replicate(state, mesh), tasks, jax.random.key(4)).compile()
+    after_mesh, metrics_mesh = compiled(vj.replicate(state, mesh), tasks, jax.random.key(4))
+    grads_one, grads_mesh = (jax.tree_util.tree_map(jnp.subtract, state.meta_params,
+                                                    after.meta_params)
+                             for after in (after_one, after_mesh))
+    task_shardings = compiled.input_shardings[0][1]
+    out[name] = {
+        "loss": [float(metrics_one["loss"]), float(metrics_mesh["loss"])],
+        "grad_norm": [float(metrics_one["grad_norm"]), float(metrics_mesh["grad_norm"])],
+        "grad_diff": _max_diff(grads_one, grads_mesh), "grad_scale": _max_abs(grads_one),
+        "state_replicated": all(x.sharding.is_fully_replicated and len(x.sharding.device_set) == 8
+                                for x in jax.tree_util.tree_leaves(after_mesh.meta_params)),
+        # The split, seen by the compiled step: XLA placed the task inputs
+        # `NUM_TASKS / 8` per device over the 8 devices.
+        "support_x_shard_shape": list(task_shardings.support_x.shard_shape(tasks.support_x.shape)),
+        "support_x_devices": len(task_shardings.support_x.device_set)}
+    meta_params = state.meta_params
+    sharded_tasks = vj.shard_tasks(tasks, mesh)
+
+    evaluate_one = jax.jit(vj.make_regression_evaluator(learner, NOISE_STD))
+    evaluate_mesh = jax.jit(vj.make_regression_evaluator(learner, NOISE_STD, mesh=mesh))
+    eval_one = evaluate_one(meta_params, tasks, jax.random.key(5))
+    eval_mesh = evaluate_mesh(meta_params, sharded_tasks, jax.random.key(5))
+    out[name].update(
+        eval_mse=[np.asarray(eval_one.mse).tolist(), np.asarray(eval_mesh.mse).tolist()],
+        eval_nll_diff=_max_diff(eval_one.nll, eval_mesh.nll),
+        eval_output_shard_rows=eval_mesh.mse.sharding.shard_shape(eval_mesh.mse.shape)[0],
+        eval_output_devices=len(eval_mesh.mse.sharding.device_set))
+
+  # The split, seen by the learner: with tasks unrolled per device, each
+  # device's program traces `adapt` once per task it holds.
+  calls = []
+
+  def counting_adapt(*args):
+    calls.append(1)
+    return maml.adapt(*args)
+
+  maml = _learners(apply_fn)["maml"]
+  counting = maml._replace(adapt=counting_adapt)
+  for mesh_or_none in (None, mesh):
+    calls.clear()
+    jax.jit(vj.make_meta_gradient(counting, task_batching="unroll", mesh=mesh_or_none)).trace(
+        params, tasks, task_keys)
+    out["adapt_traces_" + ("one_device" if mesh_or_none is None else "mesh")] = len(calls)
+
+  try:
+    _, _, twelve = _regression_setup(num_tasks=12)
+    vj.make_meta_gradient(maml, mesh=mesh)(params, twelve, jax.random.split(jax.random.key(0), 12))
+    out["indivisible_error"] = None
+  except ValueError as error:
+    out["indivisible_error"] = str(error)
+  return out
+
+
+def _runner_measurements(workdir: Path) -> dict:
+  """A short regression run through the runner, sharded over 8 devices and not."""
+  from experiments import runner
+
+  model = vj.MLP((16,), 1)
+
+  def sample_tasks(split, key, num_tasks):
+    key = jax.random.fold_in(key, ("train", "val", "test").index(split))
+    return sine_line.sample_tasks(key, num_tasks, num_support=5, num_query=10)
+
+  problem = runner.Problem(apply_fn=vj.pure_apply(model),
+                           init_params=lambda key: vj.init_params(model, key, (1, 1)),
+                           nll=vj.gaussian_nll(NOISE_STD), sample_tasks=sample_tasks,
+                           kind="regression", noise_std=NOISE_STD)
+  out = {"eval_batch_10_on_8_devices": runner.eval_batch_size(
+      runner.RunConfig(eval_batch_tasks=10), vj.task_mesh())}
+  for shard in ("auto", "off"):
+    config = runner.RunConfig(
+        algorithm="vampire", tasks_per_step=8, num_meta_steps=4, num_inner_steps=2,
+        inner_lr=0.001, kl_weight=0.1, num_mc_train=2, num_mc_query=2, num_mc_test=4,
+        task_batching="vmap", eval_task_batching="vmap", num_val_tasks=8, num_test_tasks=20,
+        eval_batch_tasks=8, eval_every=4, checkpoint_every=4, log_every=2, shard_tasks=shard)
+    results = runner.train_and_evaluate(problem, config, workdir / shard, progress=False)
+    out[shard] = {"mse": results["test"]["mse"], "nll": results["test"]["nll"],
+                  "num_tasks": results["test"]["num_tasks"],
+                  "mesh_devices": results["task_mesh_devices"],
+                  "train_loss": [json.loads(line)["train/loss"] for line in
+                                 (workdir / shard / "metrics.jsonl").read_text().splitlines()
+                                 if "train/loss" in line]}
+  return out
+
+
+def _run_child(*args, timeout=600) -> dict:
+  # Lower XLA:CPU optimisation: both sides of every comparison compile alike, faster.
+  flags = (f"--xla_force_host_platform_device_count={NUM_FAKE_DEVICES}"
+           " --xla_backend_optimization_level=0")
+  env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  result = subprocess.run([sys.executable, __file__, "--child", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+  assert result.returncode == 0, result.stderr[-4000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def sharded():
+  return _run_child("library")
+
+
+def test_child_sees_eight_devices(sharded):
+  assert sharded["device_count"] == NUM_FAKE_DEVICES
+  assert sharded["mesh_size"] == NUM_FAKE_DEVICES
+
+
+@pytest.mark.parametrize("algorithm", ["vampire", "maml"])
+def test_meta_step_equal_on_one_and_eight_devices(sharded, algorithm):
+  result = sharded[algorithm]
+  np.testing.assert_allclose(result["loss"][1], result["loss"][0], rtol=1e-5)
+  np.testing.assert_allclose(result["grad_norm"][1], result["grad_norm"][0], rtol=1e-5)
+  assert result["grad_scale"] > 1.0  # a real gradient, not zeros
+  assert result["grad_diff"] <= 1e-5 * result["grad_scale"]
+  assert result["state_replicated"]
+
+
+@pytest.mark.parametrize("algorithm", ["vampire", "maml"])
+def test_evaluation_equal_on_one_and_eight_devices(sharded, algorithm):
+  result = sharded[algorithm]
+  one, mesh = np.asarray(result["eval_mse"][0]), np.asarray(result["eval_mse"][1])
+  assert one.shape == (NUM_TASKS,)
+  np.testing.assert_allclose(mesh, one, rtol=1e-5)
+  assert result["eval_nll_diff"] < 1e-4
+  # Per-task results stay split: 2 of the 16 tasks on each of the 8 devices.
+  assert result["eval_output_shard_rows"] == NUM_TASKS // NUM_FAKE_DEVICES
+  assert result["eval_output_devices"] == NUM_FAKE_DEVICES
+
+
+@pytest.mark.parametrize("algorithm", ["vampire", "maml"])
+def test_tasks_are_split_inside_the_step(sharded, algorithm):
+  # XLA placed the (unsharded) task inputs 2 tasks per device over 8 devices.
+  assert sharded[algorithm]["support_x_shard_shape"] == [NUM_TASKS // NUM_FAKE_DEVICES, 5, 1]
+  assert sharded[algorithm]["support_x_devices"] == NUM_FAKE_DEVICES
+
+
+def test_each_device_adapts_to_its_own_tasks(sharded):
+  # Each device's program adapts to its own 2 tasks, not all 16.
+  assert sharded["adapt_traces_one_device"] == NUM_TASKS
+  assert sharded["adapt_traces_mesh"] == NUM_TASKS // NUM_FAKE_DEVICES
+
+
+def test_indivisible_task_count_is_a_clear_error(sharded):
+  assert "12 tasks cannot be split evenly over 8 devices" in sharded["indivisible_error"]
+
+
+@pytest.mark.slow
+def test_runner_sharded_run_matches_one_device():
+  result = _run_child("runner", timeout=900)
+  assert result["auto"]["mesh_devices"] == NUM_FAKE_DEVICES
+  assert result["off"]["mesh_devices"] == 1
+  # Evaluation batches are rounded up to a multiple of the devices.
+  assert result["eval_batch_10_on_8_devices"] == 16
+  assert result["auto"]["num_tasks"] == result["off"]["num_tasks"] == 20
+  assert len(result["auto"]["train_loss"]) == 2
+  np.testing.assert_allclose(result["auto"]["train_loss"], result["off"]["train_loss"], rtol=1e-4)
+  np.testing.assert_allclose(result["auto"]["mse"], result["off"]["mse"], rtol=1e-4)
+  np.testing.assert_allclose(result["auto"]["nll"], result["off"]["nll"], rtol=1e-4)
+
+
+# -- One device: the runner's mesh choice, flags, remat, mixed precision ------
+
+
+def _run_fast_compiled(fn, *args):
+  """`jax.jit(fn)(*args)`, compiled with less XLA:CPU optimisation (faster to build)."""
+  compiled = jax.jit(fn).lower(*args).compile({"xla_backend_optimization_level": 0})
+  return compiled(*args)
+
+
+@functools.lru_cache(maxsize=None)
+def _float32_meta_gradient(algorithm: str):
+  """The plain float32 meta-gradient of the 4-task setting, shared by the tests below."""
+  apply_fn, params, tasks = _regression_setup(num_tasks=4)
+  learner = _learners(apply_fn)[algorithm]
+  meta_params = learner.init(params, jax.random.key(3))
+  keys = jax.random.split(jax.random.key(2), 4)
+  return _run_fast_compiled(vj.make_meta_gradient(learner), meta_params, tasks, keys)
+
+
+def test_runner_mesh_choice_and_flags():
+  from experiments import cli, runner
+  import argparse
+
+  parser = argparse.ArgumentParser()
+  cli.add_config_flags(parser, runner.RunConfig)
+  args = parser.parse_args(["--shard-tasks", "off", "--remat", "--compute-dtype", "bfloat16"])
+  config = cli.apply_overrides(runner.RunConfig(), args)
+  assert (config.shard_tasks, config.remat, config.compute_dtype) == ("off", True, "bfloat16")
+  assert runner.make_task_mesh(config, 32) is None
+  # One visible device: 'auto' does not shard, 'on' makes a one-device mesh.
+  assert runner.make_task_mesh(runner.RunConfig(), 32) is None
+  assert runner.make_task_mesh(runner.RunConfig(shard_tasks="on"), 32).size == 1
+  with pytest.raises(ValueError, match="shard_tasks"):
+    runner.make_task_mesh(runner.RunConfig(shard_tasks="yes"), 32)
+  with pytest.raises(ValueError, match="compute_dtype"):
+    runner.network(None, runner.RunConfig(compute_dtype="float16"))
+  with pytest.raises(ValueError, match="host_chunked"):
+    runner.build_meta_step(None, None, runner.RunConfig(task_batching="host_chunked"), None,
+                           mesh=vj.task_mesh())
+
+
+@pytest.mark.parametrize("algorithm", ["vampire", "maml"])
+@pytest.mark.parametrize("unroll_steps", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_remat_gives_the_same_meta_gradient(algorithm, unroll_steps):
+  apply_fn, params, tasks = _regression_setup(num_tasks=4)
+  keys = jax.random.split(jax.random.key(2), 4)
+  remat = _learners(apply_fn, unroll_steps=unroll_steps, remat=True)[algorithm]
+  meta_params = remat.init(params, jax.random.key(3))
+  grads, metrics = _float32_meta_gradient(algorithm)
+  remat_grads, remat_metrics = _run_fast_compiled(vj.make_meta_gradient(remat), meta_params,
+                                                  tasks, keys)
+  np.testing.assert_allclose(remat_metrics["loss"], metrics["loss"], rtol=1e-6)
+  assert _max_abs(grads) > 1.0
+  assert _max_diff(grads, remat_grads) <= 1e-5 * _max_abs(grads)
+
+
+def test_remat_saves_memory():
+  # Wide inner steps on many support points: the stored activations dominate.
+  model = vj.MLP((256,), 1)
+  apply_fn = vj.pure_apply(model)
+  params = vj.init_params(model, jax.random.key(0), (1, 1))
+  tasks = sine_line.sample_tasks(jax.random.key(1), 2, num_support=512, num_query=16)
+  keys = jax.random.split(jax.random.key(2), 2)
+
+  def temp_bytes(remat):
+    learner = vj.maml(apply_fn, vj.gaussian_nll(NOISE_STD), num_inner_steps=5, remat=remat)
+    gradient = jax.jit(vj.make_meta_gradient(learner))
+    compiled = gradient.lower(params, tasks, keys).compile({"xla_backend_optimization_level": 0})
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  with_remat, without = temp_bytes(True), temp_bytes(False)
+  print(f"temp bytes: remat {with_remat}, without {without}")
+  assert with_remat < 0.7 * without
+
+
+def test_mixed_precision_runs_the_network_in_bfloat16():
+  model = vj.Conv4(num_classes=5, num_filters=8)
+  # Random weights of the right shapes (flax's init would compile a while).
+  shapes = jax.eval_shape(lambda: vj.init_params(model, jax.random.key(0), (1, 16, 16, 1)))
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map(lambda s: rng.normal(0, 0.3, s.shape).astype(np.float32), shapes)
+  x = rng.uniform(size=(10, 16, 16, 1)).astype(np.float32)
+  apply_fn = vj.pure_apply(model)
+  bf16_apply = vj.mixed_precision(apply_fn)
+  jaxpr = str(jax.make_jaxpr(bf16_apply)(params, x))
+  # Convolutions and the head in bfloat16, batch-norm statistics in float32.
+  assert "conv_general_dilated" in jaxpr and "bf16[10,8,8,8]" in jaxpr
+  assert "dot_general" in jaxpr and "bf16[10,5]" in jaxpr
+  assert "reduce_sum" in jaxpr and "f32[1,1,1,8]" in jaxpr
+  logits = _run_fast_compiled(apply_fn, params, x)
+  bf16_logits = _run_fast_compiled(bf16_apply, params, x)
+  assert bf16_logits.dtype == jnp.float32
+  assert 0 < _max_diff(logits, bf16_logits) < 0.05 * _max_abs(logits)
+
+
+def _cosine(a, b) -> float:
+  flat_a, flat_b = (jnp.concatenate([x.ravel() for x in jax.tree_util.tree_leaves(t)])
+                    for t in (a, b))
+  return float(jnp.dot(flat_a, flat_b) / (jnp.linalg.norm(flat_a) * jnp.linalg.norm(flat_b)))
+
+
+def test_mixed_precision_meta_gradient_is_close_to_float32():
+  apply_fn, params, tasks = _regression_setup(num_tasks=4)
+  keys = jax.random.split(jax.random.key(2), 4)
+  bf16_learner = _learners(vj.mixed_precision(apply_fn))["vampire"]
+  prior = bf16_learner.init(params, jax.random.key(3))
+  grads, metrics = _float32_meta_gradient("vampire")
+  bf16_grads, bf16_metrics = _run_fast_compiled(vj.make_meta_gradient(bf16_learner), prior,
+                                                tasks, keys)
+  assert all(g.dtype == jnp.float32 for g in jax.tree_util.tree_leaves(bf16_grads))
+  np.testing.assert_allclose(bf16_metrics["loss"], metrics["loss"], rtol=2e-2)
+  assert bf16_metrics["loss"] != metrics["loss"]  # it did compute in bfloat16
+  assert _cosine(grads, bf16_grads) > 0.99
+
+
+# -- Two processes (jax.distributed on localhost), 2 devices each --------------
+
+
+def _multihost_measurements(process_id: int, port: int) -> dict:
+  vj.sharding.initialize_multihost(f"localhost:{port}", 2, process_id)
+  mesh = vj.task_mesh()
+  apply_fn, params, tasks = _regression_setup(num_tasks=8)
+  learner = _learners(apply_fn)["vampire"]
+  meta_params = learner.init(params, jax.random.key(3))
+  task_keys = jax.random.split(jax.random.key(2), 8)
+  # Each process holds its own 4 tasks; together they are the 8 of one device.
+  local = slice(4 * process_id, 4 * process_id + 4)
+  local_tasks = jax.tree_util.tree_map(lambda x: x[local], tasks)
+  global_tasks = vj.shard_tasks(local_tasks, mesh)
+  global_keys = vj.shard_tasks(jax.random.key_data(task_keys)[local], mesh)
+  gradient = jax.jit(lambda p, t, k: vj.make_meta_gradient(learner, mesh=mesh)(
+      p, t, jax.random.wrap_key_data(k)))
+  grads, metrics = gradient(vj.replicate(meta_params, mesh), global_tasks, global_keys)
+  local_grads, local_metrics = jax.jit(vj.make_meta_gradient(learner))(meta_params, tasks, task_keys)
+  return {"process_count": jax.process_count(), "mesh_size": mesh.size,
+          "loss": [float(metrics["loss"]), float(local_metrics["loss"])],
+          "grad_diff": _max_diff(vj.sharding.gather(grads), local_grads),
+          "grad_scale": _max_abs(local_grads)}
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_device_meta_gradient():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  children = [subprocess.Popen([sys.executable, __file__, "--child", "multihost", str(i), str(port)],
+                               env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True) for i in range(2)]
+  outputs = [child.communicate(timeout=600) for child in children]
+  for child, (stdout, stderr) in zip(children, outputs):
+    assert child.returncode == 0, stderr[-4000:]
+  for stdout, _ in outputs:
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["process_count"] == 2 and result["mesh_size"] == 4
+    np.testing.assert_allclose(result["loss"][0], result["loss"][1], rtol=1e-5)
+    assert result["grad_diff"] <= 1e-5 * result["grad_scale"]
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
+  what = sys.argv[2]
+  if what == "library":
+    measured = _sharded_measurements()
+  elif what == "runner":
+    with tempfile.TemporaryDirectory() as tmp:
+      measured = _runner_measurements(Path(tmp))
+  else:
+    measured = _multihost_measurements(int(sys.argv[3]), int(sys.argv[4]))
+  print(json.dumps(measured))
