@@ -16,6 +16,23 @@ CHOICES = {
     "split": ["original", "random"],
 }
 
+# Algorithms with a KL-weighted Gaussian over the weights; the others have no KL term.
+VARIATIONAL = ("vampire", "platipus", "abml")
+
+
+def set_algorithm(config, algorithm: str) -> bool:
+  """Sets `config.algorithm`, with KL weight 0 for MAML, FOMAML and BMAML.
+
+  Returns whether the algorithm has a KL term. Raises ValueError for an
+  unknown algorithm.
+  """
+  if algorithm not in CHOICES["algorithm"]:
+    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {CHOICES['algorithm']}")
+  config.algorithm = algorithm
+  if algorithm not in VARIATIONAL:
+    config.kl_weight = 0.0
+  return algorithm in VARIATIONAL
+
 
 def add_config_flags(parser: argparse.ArgumentParser, config_cls,
                      choices: Optional[dict[str, Sequence[str]]] = None) -> None:

@@ -40,7 +40,12 @@ def _omniglot_runs(algorithms, preset, workdir: Path, overrides, progress) -> di
     print(f"== {algorithm}: {config.ways}-way {config.shots}-shot, {config.num_meta_steps} steps;"
           f" {workdir / algorithm}")
     problem = omniglot.make_problem(config, workdir / algorithm)
-    results = runner.train_and_evaluate(problem, config, workdir / algorithm, progress=progress)
+    try:
+      results = runner.train_and_evaluate(problem, config, workdir / algorithm, progress=progress)
+    except FloatingPointError as error:  # recorded, and the other methods still run
+      print(f"   {algorithm}: {error}")
+      methods[algorithm] = {"diverged": str(error)}
+      continue
     methods[algorithm] = dict(results["test"], wall_time_s=results["wall_time_s"],
                               calibration=results["calibration"])
   return methods
@@ -52,6 +57,9 @@ def _table(methods: dict, kind: str) -> str:
   lines = [f"| method | {score[0]} | NLL | ECE | MCE | train time (s) |",
            "|---|---|---|---|---|---|"]
   for name, m in methods.items():
+    if "diverged" in m:
+      lines.append(f"| {name} | {m['diverged']} | | | | |")
+      continue
     lines.append(f"| {name} | {scale * m[score[1]]:.3f} ± {scale * m[score[1] + '_ci95']:.3f} | "
                  f"{m['nll']:.3f} | {m['ece']:.4f} | {m['mce']:.4f} | "
                  f"{m['wall_time_s']['train']:.0f} |")
@@ -68,17 +76,21 @@ def write_comparison(methods: dict, kind: str, workdir: Path, title: str) -> dic
     workdir: where the figures and table go.
     title: figure title.
 
+  Methods whose training diverged (`{"diverged": message}`) are a row of
+  the table and absent from the figures.
+
   Returns:
     `{"plots": {...}, "table": markdown}`.
   """
+  finished = {name: m for name, m in methods.items() if "diverged" not in m}
   curves = {name.upper(): runner.calibration_from_record(m["calibration"])
-            for name, m in methods.items()}
+            for name, m in finished.items()}
   if kind == "regression":
     comparison = plotting.plot_quantile_calibration(curves, workdir / "comparison.png", title=title)
   else:
     comparison = plotting.plot_reliability_diagram(curves, workdir / "comparison.png", title=title)
   bars = plotting.plot_calibration_bars(
-      {name.upper(): (m["ece"], m["mce"]) for name, m in methods.items()},
+      {name.upper(): (m["ece"], m["mce"]) for name, m in finished.items()},
       workdir / "calibration_bars.png", title=title)
   table = _table(methods, kind)
   (workdir / "results.md").write_text(f"# {title}\n\n{table}")
@@ -99,7 +111,10 @@ def run(benchmark: str, algorithms, preset: str, workdir: Path, overrides=None,
     kind = "classification"
   else:
     raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {BENCHMARKS}")
-  title = f"{benchmark} ({preset}), {next(iter(methods.values()))['num_tasks']} test tasks"
+  finished = [m for m in methods.values() if "diverged" not in m]
+  if not finished:
+    raise FloatingPointError(f"every method diverged: {methods}")
+  title = f"{benchmark} ({preset}), {finished[0]['num_tasks']} test tasks"
   written = write_comparison(methods, kind, workdir, title)
   results = {"benchmark": benchmark, "preset": preset, "methods": methods, **written,
              "command": " ".join(["python -m experiments.compare"] + sys.argv[1:]),

@@ -65,8 +65,6 @@ def get_config(preset: str = "5way1shot", algorithm: str = "vampire") -> MiniIma
   0.01, 5 inner steps, KL weight 0.1, 600 test tasks), quick (CPU smoke run
   that fits the 12-image sample: 5 query images per class, KL weight 0.001).
   """
-  if algorithm not in cli.CHOICES["algorithm"]:
-    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {cli.CHOICES['algorithm']}")
   if preset in ("5way1shot", "5way5shot"):
     # The paper gives no training length; 60 000 steps of T = 2 are 120 000
     # tasks (MAML trained 60 000 steps of 4 tasks). See BUILD_NOTES.md.
@@ -86,10 +84,7 @@ def get_config(preset: str = "5way1shot", algorithm: str = "vampire") -> MiniIma
         checkpoint_every=60, log_every=10, num_mc_test=2, chunk_size=2, existing_only=True)
   else:
     raise ValueError(f"unknown preset {preset!r}; expected one of {PRESETS}")
-  config.algorithm = algorithm
-  if algorithm != "vampire":
-    config.kl_weight = 0.0
-  elif preset == "quick":
+  if cli.set_algorithm(config, algorithm) and preset == "quick":
     # As Omniglot's quick preset: KL weight 0.001 keeps the inner loop stable
     # (inner_lr * kl_weight / sigma_p^2 is 3 at the paper's 0.1; BUILD_NOTES.md).
     config.kl_weight = 0.001

@@ -32,7 +32,6 @@ from experiments import cli, runner
 from vampire_jax import data
 
 INPUT_SHAPE = (28, 28, 1)
-VARIATIONAL = ("vampire", "platipus", "abml")  # algorithms with a KL-weighted Gaussian
 
 
 @dataclasses.dataclass
@@ -58,8 +57,6 @@ def get_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Omniglo
   at the initial sigma_p); the paper presets use the authors' code's inner lr
   0.01, and `quick` keeps 0.1 with KL weight 0.001. See BUILD_NOTES.md.
   """
-  if algorithm not in cli.CHOICES["algorithm"]:
-    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {cli.CHOICES['algorithm']}")
   if preset in ("5way1shot", "5way5shot"):
     config = OmniglotConfig(ways=5, shots=int(preset[4]), tasks_per_step=32)
   elif preset in ("20way1shot", "20way5shot"):
@@ -74,13 +71,11 @@ def get_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Omniglo
   else:
     raise ValueError(f"unknown preset {preset!r}; expected 5way1shot, 5way5shot, 20way1shot, "
                      "20way5shot or quick")
-  config.algorithm = algorithm
-  if algorithm not in VARIATIONAL:  # MAML, FOMAML and BMAML have no KL term
-    config.kl_weight = 0.0
-  elif preset == "quick":
-    config.kl_weight = 0.001
-  else:
-    config.inner_lr = 0.01
+  if cli.set_algorithm(config, algorithm):  # VAMPIRE, PLATIPUS, ABML: the KL term
+    if preset == "quick":
+      config.kl_weight = 0.001
+    else:
+      config.inner_lr = 0.01
   return config
 
 

@@ -192,7 +192,13 @@ def run(algorithms: list[str], preset: str, workdir: Path,
     print(f"== {algorithm}: T={config.tasks_per_step}, {config.num_meta_steps} steps, "
           f"L_t={config.num_mc_train}, L_v={config.num_mc_query}, inner lr {config.inner_lr}, "
           f"KL weight {config.kl_weight}; {workdir / algorithm}")
-    results = runner.train_and_evaluate(problem, config, workdir / algorithm, progress=progress)
+    try:
+      results = runner.train_and_evaluate(problem, config, workdir / algorithm, progress=progress)
+    except FloatingPointError as error:  # recorded, and the other methods still run
+      print(f"   {algorithm}: {error}")
+      summaries[algorithm] = dict(diverged=str(error), paper_mse=PAPER_MSE.get(algorithm),
+                                  config=dataclasses.asdict(config))
+      continue
     meta_params = runner.restore_meta_params(problem, config, workdir / algorithm)
     trained[algorithm] = (problem, config, meta_params)
     summaries[algorithm] = dict(results["test"], wall_time_s=results["wall_time_s"],
@@ -205,7 +211,9 @@ def run(algorithms: list[str], preset: str, workdir: Path,
           f"{test['nll']:.3f}, ECE {test['ece']:.4f}, MCE {test['mce']:.4f} "
           f"({test['num_tasks']} tasks; paper MSE {PAPER_MSE.get(algorithm)})")
 
-  first = trained[algorithms[0]][1]
+  if not trained:
+    raise FloatingPointError(f"every method diverged: {summaries}")
+  first = next(iter(trained.values()))[1]
   plots = {
       "tasks": str(plot_tasks(jax.random.key(first.seed + 1), first, trained,
                               workdir / "tasks.png")),

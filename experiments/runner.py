@@ -471,9 +471,14 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
                                options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
   best_path = workdir / "best_score.json"
   best_record = json.loads(best_path.read_text()) if best_path.exists() else None
+  # Training seconds spent before this process, as of the checkpoint resumed from.
+  train_time_path = workdir / "train_time.json"
+  earlier_train_time = 0.0
   if checkpoints.latest_step() is not None:
     state = checkpoints.restore(checkpoints.latest_step(), args=ocp.args.StandardRestore(state))
     print(f"resumed from step {int(state.step)} in {workdir}")
+    if train_time_path.exists():
+      earlier_train_time = json.loads(train_time_path.read_text()).get(str(int(state.step)), 0.0)
 
   logger = _Logger(workdir) if is_main else _NoLogger()
   first_step = int(state.step)
@@ -523,8 +528,13 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
                        f" (best {best_record['score']:.4f} at step {best_record['step']})")
     if done % config.checkpoint_every == 0 or done == config.num_meta_steps:
       checkpoints.save(done, args=ocp.args.StandardSave(state), force=True)
+      if is_main:
+        seconds = json.loads(train_time_path.read_text()) if train_time_path.exists() else {}
+        seconds[str(done)] = earlier_train_time + time.time() - start_time
+        train_time_path.write_text(json.dumps(seconds))
   checkpoints.wait_until_finished()
-  train_time = time.time() - start_time
+  # Over every process that trained this run, so a resumed run reports its whole cost.
+  train_time = earlier_train_time + time.time() - start_time
 
   # Test the best validated meta-parameters on unseen tasks.
   meta_params = state.meta_params

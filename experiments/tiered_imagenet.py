@@ -60,8 +60,6 @@ def get_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Feature
   inner lr 0.1 and KL weight 0.001, as Omniglot's quick preset, so that it
   learns visibly in a CPU minute.
   """
-  if algorithm not in cli.CHOICES["algorithm"]:
-    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {cli.CHOICES['algorithm']}")
   if preset in ("5way1shot", "5way5shot"):
     config = FeaturesConfig(
         shots=int(preset[4]), tasks_per_step=16, num_meta_steps=30_000, inner_lr=0.01,
@@ -75,9 +73,7 @@ def get_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Feature
         checkpoint_every=100, log_every=25, num_mc_test=4)
   else:
     raise ValueError(f"unknown preset {preset!r}; expected one of {PRESETS}")
-  config.algorithm = algorithm
-  if algorithm != "vampire":
-    config.kl_weight = 0.0
+  cli.set_algorithm(config, algorithm)
   return config
 
 

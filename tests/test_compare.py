@@ -28,6 +28,24 @@ def test_write_comparison_table_and_figures(tmp_path):
   assert written["table"] in (tmp_path / "results.md").read_text()
 
 
+def test_diverged_method_is_a_table_row_and_left_out_of_the_figures(tmp_path):
+  message = "meta-training diverged at step 140: {'train/loss': nan}"
+  written = compare.write_comparison({"fomaml": {"diverged": message}, "vampire": _summary(0.02)},
+                                     "regression", tmp_path, "test")
+  rows = written["table"].splitlines()
+  assert rows[2] == f"| fomaml | {message} | | | | |"
+  assert rows[3].startswith("| vampire | 2.020 ± 0.100 |")
+  assert (tmp_path / "calibration_bars.png").stat().st_size > 5000
+
+
+def test_every_method_diverging_is_an_error(tmp_path):
+  overrides = dict(num_meta_steps=2, hidden_sizes=(8,), num_test_tasks=10, num_val_tasks=10,
+                   eval_batch_tasks=10, eval_every=2, checkpoint_every=2, log_every=1,
+                   tasks_per_step=2, inner_lr=1e30)
+  with pytest.raises(FloatingPointError, match="every method diverged"):
+    compare.run("regression", ("maml",), "quick", tmp_path, overrides, progress=False)
+
+
 @pytest.mark.parametrize("algorithms", [
     ("platipus", "bmaml", "abml"),  # MAML, VAMPIRE: tests/test_regression.py
     pytest.param(compare.ALGORITHMS, marks=pytest.mark.slow)])
@@ -53,3 +71,15 @@ def test_cli_errors():
       ["--benchmark", "omniglot", "--algorithms", "maml,abml", "--num-meta-steps", "7"])
   assert (benchmark, algorithms, preset, overrides.num_meta_steps) == (
       "omniglot", ["maml", "abml"], "5way1shot", 7)
+
+
+def test_every_experiment_keeps_the_kl_term_of_variational_methods_only():
+  from experiments import mini_imagenet, omniglot, regression, tiered_imagenet
+  for module in (omniglot, mini_imagenet, tiered_imagenet):
+    for algorithm in ("vampire", "platipus", "abml"):
+      assert module.get_config("5way1shot", algorithm).kl_weight == 0.1, (module, algorithm)
+    for algorithm in ("maml", "fomaml", "bmaml"):
+      assert module.get_config("5way1shot", algorithm).kl_weight == 0.0, (module, algorithm)
+    with pytest.raises(ValueError, match="unknown algorithm"):
+      module.get_config("5way1shot", "nonsense")
+  assert regression.get_config("cpu", "abml").kl_weight == 1.0

@@ -102,6 +102,18 @@ def test_regression_evaluator_mixture_nll_is_exact_for_one_sample():
   np.testing.assert_allclose(result.nll, [expected_nll], rtol=1e-5)
 
 
+def test_regression_evaluator_mse_is_of_the_predictive_mean():
+  # Two draws, 0 and 2, around a target of 1: the mean is exact, the spread is not an error.
+  draws = jnp.array([0.0, 2.0])[:, None, None]
+  learner = vj.MetaLearner(init=lambda p, k: p, adapt=lambda p, x, y, k: p,
+                           predict=lambda p, x, k: draws + 0 * x[None], nll=vj.gaussian_nll(1.0))
+  x = jnp.zeros((1, 1, 1)); y = jnp.ones((1, 1, 1))  # noqa: E702
+  result = vj.make_regression_evaluator(learner, 1.0)({}, vj.Task(x, y, x, y), jax.random.key(0))
+  np.testing.assert_allclose(result.mse, [0.0])
+  # NLL of the two-component mixture at distance 1 from each: 0.5 + log sqrt(2 pi).
+  np.testing.assert_allclose(result.nll, [0.5 + 0.5 * np.log(2 * np.pi)], rtol=1e-5)
+
+
 def test_bad_task_batches_are_rejected():
   learner, params = _regression_learner("maml")
   step = vj.make_meta_step(learner, vj.meta_optimizer(tasks_per_step=2))

@@ -100,6 +100,11 @@ def test_short_run_of_both_methods_learns_and_writes_results(tmp_path):
   for name in ("tasks.png", "quantile_calibration.png", "vampire/results.json",
                "maml/quantile_calibration.png"):
     assert (tmp_path / name).stat().st_size > 1000, name
+  # Running the finished command again resumes at the end: nothing is retrained,
+  # the test is repeated, and the training time reported is the original run's.
+  again = regression.main([a if a != "maml,vampire" else "maml" for a in argv])["methods"]["maml"]
+  assert again["mse"] == maml["mse"]
+  assert again["wall_time_s"]["train"] >= 0.95 * maml["wall_time_s"]["train"] > 0.5
 
 
 def test_cli_rejects_unknown_algorithms():

@@ -340,7 +340,7 @@ class ClassificationEval(NamedTuple):
 
 class RegressionEval(NamedTuple):
   """Per-task results of evaluating a regressor on a batch of tasks."""
-  mse: jax.Array            # [tasks], squared error averaged over draws
+  mse: jax.Array            # [tasks], squared error of the predictive mean
   nll: jax.Array            # [tasks], -log of the Gaussian-mixture predictive
   predictions: jax.Array    # [tasks, num_samples, num_query, 1]
 
@@ -390,7 +390,9 @@ def make_regression_evaluator(learner: MetaLearner, noise_std: float, *,
                               chunk_size: int = 1, mesh: Optional[Mesh] = None):
   """Builds `evaluate(meta_params, tasks, key) -> RegressionEval`; `mesh` as above."""
   def score(means, targets):
-    mse = jnp.mean(jnp.square(means - targets[None]))
+    # The point prediction is the predictive's mean, the average over draws
+    # (it minimises the expected squared error); the spread enters the NLL.
+    mse = jnp.mean(jnp.square(jnp.mean(means, axis=0) - targets))
     nll = -jnp.mean(losses.mixture_log_prob_gaussian(means, targets, noise_std))
     return RegressionEval(mse, nll, means)
 
