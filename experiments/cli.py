@@ -8,7 +8,8 @@ the config with the flags that were given. So `--kl-weight 0.05` or
 
 import argparse
 import dataclasses
-from typing import Optional, Sequence, Union
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
 
 # Fields whose flags take a fixed set of values.
 CHOICES = {
@@ -78,3 +79,33 @@ def apply_overrides(config, overrides: Union[argparse.Namespace, dict]):
     if isinstance(value, list):
       overrides[name] = tuple(value)
   return dataclasses.replace(config, **overrides)
+
+
+def parse_experiment_args(argv, description: str, config_cls, presets: Sequence[str],
+                          get_config: Callable, default_workdir: Callable, *,
+                          add_flags: Optional[Callable] = None,
+                          choices: Optional[dict[str, Sequence[str]]] = None):
+  """The episodic experiments' command line.
+
+  `--preset` (the first of `presets` by default), `--workdir`, `--no-progress`,
+  the flags `add_flags(parser)` adds, and a flag per config field.
+
+  Returns:
+    `(config, workdir, progress, args)`: the preset's config for the chosen
+    algorithm with the given flags applied, the run folder, and the parsed
+    flags.
+  """
+  parser = argparse.ArgumentParser(description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--preset", default=presets[0], choices=list(presets))
+  parser.add_argument("--workdir", type=Path, default=None,
+                      help="run folder (checkpoints, logs, results); rerun to resume")
+  parser.add_argument("--no-progress", action="store_true")
+  if add_flags is not None:
+    add_flags(parser)
+  # Every config field can be overridden: --ways 20 --kl-weight 0.05 ...
+  add_config_flags(parser, config_cls, choices=choices)
+  args = parser.parse_args(argv)
+  config = apply_overrides(get_config(args.preset, args.algorithm or "vampire"), args)
+  workdir = args.workdir or default_workdir(config, args.preset)
+  return config, workdir, not args.no_progress, args

@@ -18,7 +18,6 @@ with a fixed seed for training (100 of them for validation) and tests on the
 other 423. The run writes the chosen character indices to `split.json`.
 """
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -32,6 +31,7 @@ from experiments import cli, runner
 from vampire_jax import data
 
 INPUT_SHAPE = (28, 28, 1)
+PRESETS = ("5way1shot", "5way5shot", "20way1shot", "20way5shot", "quick")
 
 
 @dataclasses.dataclass
@@ -109,18 +109,9 @@ def default_workdir(config: OmniglotConfig, preset: str) -> Path:
 
 
 def parse_args(argv=None) -> tuple[OmniglotConfig, Path, bool]:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--preset", default="5way1shot",
-                      choices=["5way1shot", "5way5shot", "20way1shot", "20way5shot", "quick"])
-  parser.add_argument("--workdir", type=Path, default=None,
-                      help="run folder (checkpoints, logs, results); rerun to resume")
-  parser.add_argument("--no-progress", action="store_true")
-  # Every RunConfig/OmniglotConfig field can be overridden: --ways 20 --kl-weight 0.05 ...
-  cli.add_config_flags(parser, OmniglotConfig)
-  args = parser.parse_args(argv)
-  config = cli.apply_overrides(get_config(args.preset, args.algorithm or "vampire"), args)
-  workdir = args.workdir or default_workdir(config, args.preset)
-  return config, workdir, not args.no_progress
+  config, workdir, progress, _ = cli.parse_experiment_args(
+      argv, __doc__, OmniglotConfig, PRESETS, get_config, default_workdir)
+  return config, workdir, progress
 
 
 def main(argv=None) -> dict:

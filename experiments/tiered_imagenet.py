@@ -116,19 +116,10 @@ def default_workdir(config: FeaturesConfig, preset: str) -> Path:
 
 
 def parse_args(argv=None) -> tuple[FeaturesConfig, Path, bool, argparse.Namespace]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--preset", default="5way1shot", choices=list(PRESETS))
-  parser.add_argument("--workdir", type=Path, default=None,
-                      help="run folder (checkpoints, logs, results); rerun to resume")
-  parser.add_argument("--no-progress", action="store_true")
-  calibration_protocol.add_flags(parser)
-  cli.add_config_flags(parser, FeaturesConfig,
-                       choices={"dataset": ["tiered", "mini"], "crop": ["center", "multiview"]})
-  args = parser.parse_args(argv)
-  config = cli.apply_overrides(get_config(args.preset, args.algorithm or "vampire"), args)
-  workdir = args.workdir or default_workdir(config, args.preset)
-  return config, workdir, not args.no_progress, args
+  return cli.parse_experiment_args(
+      argv, __doc__, FeaturesConfig, PRESETS, get_config, default_workdir,
+      add_flags=calibration_protocol.add_flags,
+      choices={"dataset": ["tiered", "mini"], "crop": ["center", "multiview"]})
 
 
 def main(argv=None) -> dict:
