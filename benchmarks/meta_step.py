@@ -29,7 +29,8 @@ def _random_tasks(key, num_tasks, ways=5, shots=1, query=15):
       jax.random.randint(k[3], (num_tasks, ways * query), 0, ways))
 
 
-def _peak_memory_mb() -> float:
+def peak_memory_mb() -> float:
+  """Peak device memory (GPU) or the process's peak resident memory (CPU), in MB."""
   stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
   if stats and "peak_bytes_in_use" in stats:
     return stats["peak_bytes_in_use"] / 2**20
@@ -69,7 +70,7 @@ def time_step(algorithm: str, strategy: str, chunk: int, num_tasks: int, repeats
   step_s = (time.perf_counter() - start) / repeats
   return {"algorithm": algorithm, "strategy": f"{strategy}:{chunk}", "tasks": num_tasks,
           "compile_s": compile_s, "step_s": step_s, "tasks_per_s": num_tasks / step_s,
-          "ms_per_task": 1000 * step_s / num_tasks, "peak_mb": _peak_memory_mb()}
+          "ms_per_task": 1000 * step_s / num_tasks, "peak_mb": peak_memory_mb()}
 
 
 def main(argv=None):

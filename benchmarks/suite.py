@@ -49,7 +49,6 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import resource
 import tempfile
 import time
 from typing import Optional
@@ -159,14 +158,6 @@ def choose_batching(setting: Setting, requested: Optional[str], quick: bool) -> 
   return "host_chunked", 1 if quick else 4
 
 
-def _peak_memory_mb() -> float:
-  import jax
-  stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
-  if stats and "peak_bytes_in_use" in stats:
-    return stats["peak_bytes_in_use"] / 2**20
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
 RANDOM_OPS = ("threefry", "_uniform", "_normal", "random_bits")  # names of the RNG's loops
 
 
@@ -194,6 +185,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   import vampire_jax as vj
+  from benchmarks.meta_step import peak_memory_mb
 
   setting = SETTINGS[name]
   if options["quick"]:
@@ -263,7 +255,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
           "gflop_per_step": hlo_flops / 1e9, "compiled_gflop_per_step": compiled_flops / 1e9,
           "compiled_has_loops": has_loops, "gflop_per_s": hlo_flops / step_s / 1e9,
           "peak_fraction": hlo_flops / step_s / peak, "peak_source": peak_source,
-          "xla_mb": xla_mb, "peak_mb": _peak_memory_mb(),
+          "xla_mb": xla_mb, "peak_mb": peak_memory_mb(),
           "loss_finite": bool(loss == loss and abs(loss) != float("inf"))}
 
 

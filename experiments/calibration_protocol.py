@@ -150,10 +150,7 @@ def run_experiment(problem: runner.Problem, config: runner.RunConfig, workdir: P
   results = {}
   if not args.calibration_only:
     results = runner.train_and_evaluate(problem, config, workdir, progress=progress)
-    test = results["test"]
-    print(f"test accuracy {100 * test['accuracy']:.2f} +- {100 * test['accuracy_ci95']:.2f} %"
-          f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}"
-          f"  ({test['num_tasks']} tasks); results in {Path(workdir) / 'results.json'}")
+    print(runner.accuracy_line(results["test"], Path(workdir) / "results.json"))
   if args.calibration_tasks != 0 or args.calibration_only:
     meta_params = runner.restore_meta_params(problem, config, workdir)
     num_tasks = args.calibration_tasks if args.calibration_tasks > 0 else None

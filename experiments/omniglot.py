@@ -120,10 +120,7 @@ def main(argv=None) -> dict:
         f" workdir {workdir}; backend {jax.default_backend()}")
   problem = make_problem(config, workdir)
   results = runner.train_and_evaluate(problem, config, workdir, progress=progress)
-  test = results["test"]
-  print(f"test accuracy {100 * test['accuracy']:.2f} +- {100 * test['accuracy_ci95']:.2f} %"
-        f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}"
-        f"  ({test['num_tasks']} tasks); results in {workdir / 'results.json'}")
+  print(runner.accuracy_line(results["test"], workdir / "results.json"))
   return results
 
 

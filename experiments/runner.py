@@ -315,6 +315,13 @@ def restore_meta_params(problem: Problem, config: RunConfig,
                           "train_and_evaluate)")
 
 
+def accuracy_line(test: dict, results_path: Path) -> str:
+  """One line for a classification run's test summary (from `summarise`)."""
+  return (f"test accuracy {100 * test['accuracy']:.2f} +- {100 * test['accuracy_ci95']:.2f} %"
+          f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}"
+          f"  ({test['num_tasks']} tasks); results in {results_path}")
+
+
 def calibration_record(summary: dict) -> dict:
   """The reliability bins or quantile curve of a summary, as JSON-ready lists.
 
@@ -471,14 +478,14 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
                                options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
   best_path = workdir / "best_score.json"
   best_record = json.loads(best_path.read_text()) if best_path.exists() else None
-  # Training seconds spent before this process, as of the checkpoint resumed from.
+  # Training seconds up to each checkpointed step, summed over resumes.
   train_time_path = workdir / "train_time.json"
+  train_seconds = json.loads(train_time_path.read_text()) if train_time_path.exists() else {}
   earlier_train_time = 0.0
   if checkpoints.latest_step() is not None:
     state = checkpoints.restore(checkpoints.latest_step(), args=ocp.args.StandardRestore(state))
     print(f"resumed from step {int(state.step)} in {workdir}")
-    if train_time_path.exists():
-      earlier_train_time = json.loads(train_time_path.read_text()).get(str(int(state.step)), 0.0)
+    earlier_train_time = train_seconds.get(str(int(state.step)), 0.0)
 
   logger = _Logger(workdir) if is_main else _NoLogger()
   first_step = int(state.step)
@@ -529,9 +536,8 @@ def train_and_evaluate(problem: Problem, config: RunConfig, workdir: str | os.Pa
     if done % config.checkpoint_every == 0 or done == config.num_meta_steps:
       checkpoints.save(done, args=ocp.args.StandardSave(state), force=True)
       if is_main:
-        seconds = json.loads(train_time_path.read_text()) if train_time_path.exists() else {}
-        seconds[str(done)] = earlier_train_time + time.time() - start_time
-        train_time_path.write_text(json.dumps(seconds))
+        train_seconds[str(done)] = earlier_train_time + time.time() - start_time
+        train_time_path.write_text(json.dumps(train_seconds))
   checkpoints.wait_until_finished()
   # Over every process that trained this run, so a resumed run reports its whole cost.
   train_time = earlier_train_time + time.time() - start_time

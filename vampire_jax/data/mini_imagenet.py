@@ -39,7 +39,7 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 from PIL import Image
 
-from vampire_jax.data.omniglot import default_cache_dir
+from vampire_jax.data.omniglot import default_cache_dir, read_cache_or_none
 
 PathLike = Union[str, os.PathLike]
 
@@ -130,17 +130,10 @@ def load_mini_imagenet(
     raise ValueError('existing_only needs the data folder (its cache is '
                      'named after it).')
   cache_path = cache_dir / _cache_name(folder, existing_only)
-  if source in ('auto', 'cache') and cache_path.exists():
-    try:
-      return _read_cache(cache_path, existing_only)
-    except ValueError as e:
-      if source == 'cache':
-        raise
-      print(f'mini-ImageNet: rebuilding the cache ({e})', file=sys.stderr)
-  if source == 'cache':
-    raise FileNotFoundError(
-        f'No mini-ImageNet cache at {cache_path}; call load_mini_imagenet '
-        f'with another source once to build it. {_HELP}')
+  cached = read_cache_or_none(cache_path, lambda path: _read_cache(path, existing_only),
+                              source, 'mini-ImageNet', 'load_mini_imagenet', _HELP)
+  if cached is not None:
+    return cached
   if folder is None:
     raise FileNotFoundError(f'No mini-ImageNet folder given. {_HELP}')
   if not folder.is_dir():

@@ -91,6 +91,27 @@ def default_cache_dir() -> Path:
   return Path(env) if env else Path.home() / '.cache' / 'vampire_jax'
 
 
+def read_cache_or_none(cache_path: Path, read, source: str, dataset: str, loader: str,
+                       help_text: str):
+  """`read(cache_path)` if the source allows the cache and it is valid, else None.
+
+  With source 'cache', a missing or invalid cache is an error; with 'auto', an
+  invalid one is reported and None says to rebuild it.
+  """
+  if source in ('auto', 'cache') and cache_path.exists():
+    try:
+      return read(cache_path)
+    except ValueError as e:
+      if source == 'cache':
+        raise
+      print(f'{dataset}: rebuilding the cache ({e})', file=sys.stderr)
+  if source == 'cache':
+    raise FileNotFoundError(
+        f'No {dataset} cache at {cache_path}; call {loader} with another '
+        f'source once to build it. {help_text}')
+  return None
+
+
 def load_omniglot(
     data_dir: Optional[PathLike] = None,
     *,
@@ -137,17 +158,10 @@ def load_omniglot(
     raise ValueError(f'source must be one of {SOURCES}, got {source!r}.')
   cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
   cache_path = cache_dir / CACHE_FILENAME
-  if source in ('auto', 'cache') and cache_path.exists():
-    try:
-      return _read_cache(cache_path)
-    except ValueError as e:
-      if source == 'cache':
-        raise
-      print(f'Omniglot: rebuilding the cache ({e})', file=sys.stderr)
-  if source == 'cache':
-    raise FileNotFoundError(
-        f'No Omniglot cache at {cache_path}; call load_omniglot with another '
-        f'source once to build it. {_HELP}')
+  cached = read_cache_or_none(cache_path, _read_cache, source, 'Omniglot', 'load_omniglot',
+                              _HELP)
+  if cached is not None:
+    return cached
 
   if data_dir is None and os.environ.get('OMNIGLOT_DIR'):
     data_dir = os.environ['OMNIGLOT_DIR']
