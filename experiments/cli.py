@@ -1,57 +1,63 @@
-"""Command-line flags shared by every experiment: one flag per config field.
+"""The experiments' command line: a flag per config field, with its help and the preset's default.
 
-`add_config_flags(parser, config_cls)` adds `--field-name` for each field of
-a `RunConfig` dataclass (subclass); `apply_overrides(config, args)` returns
-the config with the flags that were given. So `--kl-weight 0.05` or
-`--tasks-per-step 4` work the same in every experiment.
+    config, args = cli.parse(argv, description, OmniglotConfig, PRESETS, get_config)
+
+`--preset` and `--algorithm` are read first; every other flag's default
+(shown by `--help`) is then the chosen preset's value for that algorithm.
+`apply_overrides(config, {"num_meta_steps": 300})` does the same from a
+notebook. `main_entry(main)` runs a command: it quiets TensorFlow, turns on
+the persistent compilation cache, and turns a user error into one line and
+exit code 2 (a traceback is kept for real bugs).
 """
 
 import argparse
 import dataclasses
+import os
+import sys
+import typing
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-# Fields whose flags take a fixed set of values.
-CHOICES = {
-    "algorithm": ["vampire", "maml", "fomaml", "platipus", "bmaml", "abml"],
-    "split": ["original", "random"],
-}
+from vampire_jax import algorithms
+from vampire_jax.errors import ConfigError, UserError
 
-# Algorithms with a KL-weighted Gaussian over the weights; the others have no KL term.
-VARIATIONAL = ("vampire", "platipus", "abml")
+def _flag(name: str) -> str:
+  return "--" + name.replace("_", "-")
 
 
-def set_algorithm(config, algorithm: str) -> bool:
-  """Sets `config.algorithm`, with KL weight 0 for MAML, FOMAML and BMAML.
-
-  Returns whether the algorithm has a KL term. Raises ValueError for an
-  unknown algorithm.
-  """
-  if algorithm not in CHOICES["algorithm"]:
-    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {CHOICES['algorithm']}")
-  config.algorithm = algorithm
-  if algorithm not in VARIATIONAL:
-    config.kl_weight = 0.0
-  return algorithm in VARIATIONAL
+def _field_type(field: dataclasses.Field):
+  """The Python type behind a field's annotation (Optional[X] -> X)."""
+  hint = field.type
+  if isinstance(hint, str):
+    hint = eval(hint, vars(typing))  # annotations are strings only in unusual modules
+  args = [a for a in typing.get_args(hint) if a is not type(None)]
+  if typing.get_origin(hint) is Union and len(args) == 1:
+    return args[0]
+  return hint
 
 
-def add_config_flags(parser: argparse.ArgumentParser, config_cls,
-                     choices: Optional[dict[str, Sequence[str]]] = None) -> None:
-  """Adds `--field-name` (default None: keep the preset's value) per field."""
-  choices = {**CHOICES, **(choices or {})}
-  for field in dataclasses.fields(config_cls):
-    flag = "--" + field.name.replace("_", "-")
-    default = field.default
-    if isinstance(default, tuple):
-      parser.add_argument(flag, type=type(default[0]), nargs=len(default), default=None)
-    elif field.type in (bool, "bool") or "bool" in str(field.type):
-      parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-    elif default is None:  # Optional[str] paths, or Optional[float] (0 disables)
-      kind = float if "float" in str(field.type) else str
-      parser.add_argument(flag, type=kind, default=None,
-                          help="0 disables" if kind is float else None)
+def add_config_flags(parser: argparse.ArgumentParser, config) -> None:
+  """Adds `--field-name` for each field of `config`, with its help and current value as default."""
+  for field in dataclasses.fields(config):
+    if field.name == "algorithm":
+      continue
+    value = getattr(config, field.name)
+    kind = _field_type(field)
+    help_text = field.metadata.get("help", "")
+    choices = field.metadata.get("choices")
+    shown = f"{help_text} (default: {value!r})" if help_text else f"(default: {value!r})"
+    if typing.get_origin(kind) is tuple:
+      item = typing.get_args(kind)[0]
+      parser.add_argument(_flag(field.name), type=item, nargs=len(typing.get_args(kind)),
+                          default=None, metavar=item.__name__.upper(), help=shown)
+    elif kind is bool:
+      parser.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, default=None,
+                          help=shown)
     else:
-      parser.add_argument(flag, type=type(default), default=None, choices=choices.get(field.name))
+      if field.name == "meta_grad_clip_norm":
+        shown += "; 0 turns it off"
+      parser.add_argument(_flag(field.name), type=kind, default=None, choices=choices,
+                          metavar=None if choices else kind.__name__.upper(), help=shown)
 
 
 def apply_overrides(config, overrides: Union[argparse.Namespace, dict]):
@@ -63,49 +69,102 @@ def apply_overrides(config, overrides: Union[argparse.Namespace, dict]):
       `{"num_meta_steps": 300}` (from a notebook or script).
 
   Raises:
-    ValueError: if a dict names a field the config does not have.
+    ConfigError: if a dict names a field the config does not have.
   """
   names = {f.name for f in dataclasses.fields(config)}
   if isinstance(overrides, dict):
     unknown = set(overrides) - names
     if unknown:
-      raise ValueError(f"unknown {type(config).__name__} fields {sorted(unknown)}")
+      raise ConfigError(f"unknown {type(config).__name__} fields {sorted(unknown)}")
     overrides = argparse.Namespace(**overrides)
-  overrides = {name: getattr(overrides, name) for name in names
-               if getattr(overrides, name, None) is not None}
-  if overrides.get("meta_grad_clip_norm") == 0:
-    overrides["meta_grad_clip_norm"] = None
-  for name, value in overrides.items():
+  values = {name: getattr(overrides, name) for name in names
+            if name != "algorithm" and getattr(overrides, name, None) is not None}
+  if values.get("meta_grad_clip_norm") == 0:
+    values["meta_grad_clip_norm"] = None
+  for name, value in values.items():
     if isinstance(value, list):
-      overrides[name] = tuple(value)
-  return dataclasses.replace(config, **overrides)
+      values[name] = tuple(value)
+  return dataclasses.replace(config, **values)
 
 
-def parse_experiment_args(argv, description: str, config_cls, presets: Sequence[str],
-                          get_config: Callable, default_workdir: Callable, *,
-                          add_flags: Optional[Callable] = None,
-                          choices: Optional[dict[str, Sequence[str]]] = None):
-  """The episodic experiments' command line.
+def parse(argv: Optional[Sequence[str]], description: str, presets: Sequence[str],
+          get_config: Callable, *, default_preset: Optional[str] = None,
+          algorithm_flag: bool = True,
+          add_flags: Optional[Callable[[argparse.ArgumentParser], None]] = None):
+  """Parses an experiment's command line.
 
-  `--preset` (the first of `presets` by default), `--workdir`, `--no-progress`,
-  the flags `add_flags(parser)` adds, and a flag per config field.
+  Args:
+    argv: the arguments (None: `sys.argv[1:]`).
+    description: the `--help` text.
+    presets: the experiment's presets; `get_config(preset, algorithm)` builds one.
+    default_preset: the preset without `--preset` (default: the first).
+    algorithm_flag: offer `--algorithm` (one method per run).
+    add_flags: adds the experiment's own flags.
 
   Returns:
-    `(config, workdir, progress, args)`: the preset's config for the chosen
-    algorithm with the given flags applied, the run folder, and the parsed
-    flags.
+    `(config, args)`: the preset's config with the given flags applied, and
+    the parsed flags (`args.workdir`, `args.no_progress`, ...).
   """
+  default_preset = default_preset or presets[0]
+  first = argparse.ArgumentParser(add_help=False)
+  first.add_argument("--preset", default=default_preset, choices=list(presets))
+  if algorithm_flag:
+    first.add_argument("--algorithm", default="vampire", choices=list(algorithms.ALGORITHMS))
+  known, _ = first.parse_known_args(argv)
+  config = get_config(known.preset, getattr(known, "algorithm", "vampire"))
+
   parser = argparse.ArgumentParser(description=description,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--preset", default=presets[0], choices=list(presets))
+  parser.add_argument("--preset", default=default_preset, choices=list(presets),
+                      help=f"settings to start from (default: {default_preset}); the other "
+                           "flags' defaults below are this preset's")
+  if algorithm_flag:
+    parser.add_argument("--algorithm", default="vampire", choices=list(algorithms.ALGORITHMS),
+                        help="meta-learning algorithm (default: vampire)")
   parser.add_argument("--workdir", type=Path, default=None,
-                      help="run folder (checkpoints, logs, results); rerun to resume")
-  parser.add_argument("--no-progress", action="store_true")
+                      help="run folder (checkpoints, logs, results); run again to resume")
+  parser.add_argument("--no-progress", action="store_true", help="print no progress")
+  parser.add_argument("--no-compilation-cache", action="store_true",
+                      help="compile afresh instead of reusing compiled steps from the cache")
   if add_flags is not None:
     add_flags(parser)
-  # Every config field can be overridden: --ways 20 --kl-weight 0.05 ...
-  add_config_flags(parser, config_cls, choices=choices)
+  add_config_flags(parser, config)
   args = parser.parse_args(argv)
-  config = apply_overrides(get_config(args.preset, args.algorithm or "vampire"), args)
-  workdir = args.workdir or default_workdir(config, args.preset)
-  return config, workdir, not args.no_progress, args
+  return apply_overrides(config, args), args
+
+
+def compilation_cache_dir() -> Path:
+  """`$VAMPIRE_JAX_CACHE/xla`, else `~/.cache/vampire_jax/xla`."""
+  from vampire_jax.data import default_cache_dir
+  return default_cache_dir() / "xla"
+
+
+def main_entry(main: Callable[[Optional[Sequence[str]]], object],
+               argv: Optional[Sequence[str]] = None) -> int:
+  """Runs `main(argv)` as a command; returns the exit code.
+
+  TensorFlow and absl stay quiet; the compilation cache is on unless
+  `--no-compilation-cache`. A `UserError` (bad flag, missing or corrupt data,
+  a resumed run of another config) prints `error: ...` and returns 2; a
+  stopped run (Ctrl-C, SIGTERM) says how to resume and returns 128 + the
+  signal's number; divergence prints its message and returns 1.
+  """
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if "--no-compilation-cache" not in argv:
+    from vampire_jax import training
+    training.enable_compilation_cache(compilation_cache_dir())
+  from vampire_jax.training import TrainingInterrupted
+  try:
+    main(argv)
+  except UserError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  except TrainingInterrupted as stop:
+    print(f"\n{stop}", file=sys.stderr)
+    return 128 + stop.signum
+  except FloatingPointError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 1
+  return 0
+

@@ -1,4 +1,5 @@
-"""Every method under one configuration: the paper's calibration comparison.
+"""Every method under one configuration: the paper's calibration comparison, and the one
+driver that trains several methods (the regression experiment uses it too).
 
     python -m experiments.compare --benchmark regression                 # all methods, CPU preset
     python -m experiments.compare --benchmark regression --preset quick  # minutes
@@ -6,75 +7,114 @@
     python -m experiments.compare --benchmark omniglot --preset quick --algorithms maml,vampire
 
 Trains each of MAML, first-order MAML, PLATIPUS, BMAML, ABML and VAMPIRE with
-the benchmark's shared settings (the experiment's preset; per-method changes
-are listed in BUILD_NOTES.md) in `<workdir>/<algorithm>/`, resuming finished
-or interrupted runs, and writes to `<workdir>`:
+the benchmark's preset (each algorithm's own settings come from
+`vampire_jax.algorithms`) in `<workdir>/<algorithm>/`, resuming finished or
+interrupted runs, and writes to `<workdir>`:
 
   comparison.png       every method's reliability diagram (regression: one
                        panel of quantile-calibration curves, Fig. 2c;
-                       classification: one panel per method, Fig. 3)
+                       classification: one column per method, Fig. 3)
+  risk_coverage.png    classification: selective prediction, every method
   calibration_bars.png ECE and MCE per method (Fig. 2d)
-  results.md           table: MSE or accuracy, NLL, ECE, MCE, wall time
+  results.md           table: MSE or accuracy, NLL, ECE, MCE, AURC, wall time
   comparison.json      the same numbers
 """
 
 import argparse
+import dataclasses
+import importlib
 import json
 import sys
 from pathlib import Path
 
 import jax
 
-from experiments import cli, omniglot, regression, runner
-from vampire_jax import plotting
+from experiments import cli, plots
+from vampire_jax import algorithms as algorithm_registry
+from vampire_jax import calibration, training
+from vampire_jax.errors import ConfigError
 
 ALGORITHMS = ("maml", "fomaml", "platipus", "bmaml", "abml", "vampire")
-BENCHMARKS = ("regression", "omniglot")
+BENCHMARKS = {"regression": "experiments.regression", "omniglot": "experiments.omniglot",
+              "mini_imagenet": "experiments.mini_imagenet",
+              "tiered_imagenet": "experiments.tiered_imagenet"}
+POINT_ESTIMATES = ("maml", "fomaml")
 
 
-def _omniglot_runs(algorithms, preset, workdir: Path, overrides, progress) -> dict:
+def parse_algorithms(names: str) -> list[str]:
+  """'maml,vampire' -> ['maml', 'vampire']; ConfigError for an unknown name."""
+  chosen = [a.strip() for a in names.split(",") if a.strip()]
+  unknown = [a for a in chosen if a not in algorithm_registry.ALGORITHMS]
+  if unknown or not chosen:
+    raise ConfigError(f"--algorithms: unknown {unknown}; choose from "
+                      f"{','.join(algorithm_registry.ALGORITHMS)}")
+  return chosen
+
+
+def run_methods(experiment, algorithms, preset: str, workdir: Path, overrides,
+                progress: bool = True) -> dict:
+  """Trains (or resumes) each algorithm with `experiment`'s preset; returns their summaries.
+
+  Args:
+    experiment: an experiment module (`get_config(preset, algorithm)` and
+      `train_and_evaluate(config, workdir, progress=...)`).
+    algorithms: names, trained in turn, each in `workdir / name`.
+    preset: the experiment's preset.
+    workdir: the comparison's folder.
+    overrides: config fields for every method (parsed flags or a dict).
+    progress: show progress.
+
+  Returns:
+    `{algorithm: test summary with 'calibration', 'wall_time_s', 'config'}`;
+    a method whose training diverged is `{"diverged": message}` and the
+    others still run.
+  """
   methods = {}
   for algorithm in algorithms:
-    config = cli.apply_overrides(omniglot.get_config(preset, algorithm), overrides)
-    config.algorithm = algorithm
-    print(f"== {algorithm}: {config.ways}-way {config.shots}-shot, {config.num_meta_steps} steps;"
-          f" {workdir / algorithm}")
-    problem = omniglot.make_problem(config, workdir / algorithm)
+    config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
+    print(f"== {algorithm}: {config.num_meta_steps} meta-steps of {config.tasks_per_step} tasks,"
+          f" inner lr {config.inner_lr}, KL weight {config.kl_weight}; {workdir / algorithm}")
     try:
-      results = runner.train_and_evaluate(problem, config, workdir / algorithm, progress=progress)
+      results = experiment.train_and_evaluate(config, workdir / algorithm, progress=progress)
     except FloatingPointError as error:  # recorded, and the other methods still run
       print(f"   {algorithm}: {error}")
-      methods[algorithm] = {"diverged": str(error)}
+      methods[algorithm] = {"diverged": str(error), "config": dataclasses.asdict(config)}
       continue
     methods[algorithm] = dict(results["test"], wall_time_s=results["wall_time_s"],
-                              calibration=results["calibration"])
+                              calibration=results["calibration"], config=results["config"])
   return methods
 
 
 def _table(methods: dict, kind: str) -> str:
-  score = ("MSE", "mse") if kind == "regression" else ("accuracy (%)", "accuracy")
-  scale = 1.0 if kind == "regression" else 100.0
-  lines = [f"| method | {score[0]} | NLL | ECE | MCE | train time (s) |",
-           "|---|---|---|---|---|---|"]
+  if kind == "regression":
+    columns = [("MSE", "mse", 1.0), ("NLL", "nll", None), ("ECE", "ece", None),
+               ("MCE", "mce", None)]
+  else:
+    columns = [("accuracy (%)", "accuracy", 100.0), ("NLL", "nll", None), ("ECE", "ece", None),
+               ("MCE", "mce", None), ("AURC", "aurc", None)]
+  lines = ["| method | " + " | ".join(c[0] for c in columns) + " | train time (s) |",
+           "|---" * (len(columns) + 2) + "|"]
   for name, m in methods.items():
     if "diverged" in m:
-      lines.append(f"| {name} | {m['diverged']} | | | | |")
+      lines.append(f"| {name} | {m['diverged']} |" + " |" * len(columns))
       continue
-    lines.append(f"| {name} | {scale * m[score[1]]:.3f} ± {scale * m[score[1] + '_ci95']:.3f} | "
-                 f"{m['nll']:.3f} | {m['ece']:.4f} | {m['mce']:.4f} | "
-                 f"{m['wall_time_s']['train']:.0f} |")
+    cells = []
+    for _, key, scale in columns:
+      if key not in m:
+        cells.append("–")
+      elif scale is None:
+        cells.append(f"{m[key]:.4f}")
+      else:
+        cells.append(f"{scale * m[key]:.3f} ± {scale * m[key + '_ci95']:.3f}")
+    lines.append(f"| {name} | " + " | ".join(cells) + f" | {m['wall_time_s']['train']:.0f} |")
   return "\n".join(lines) + "\n"
 
 
-def write_comparison(methods: dict, kind: str, workdir: Path, title: str) -> dict:
+def write_comparison(methods: dict, kind: str, workdir: Path, title: str,
+                     figure_name: str = "comparison.png") -> dict:
   """Draws the joint figures and writes the table for finished runs.
 
-  Args:
-    methods: `{algorithm: test summary}` with a `calibration` record
-      (`runner.calibration_record`) and `wall_time_s` per algorithm.
-    kind: 'regression' or 'classification'.
-    workdir: where the figures and table go.
-    title: figure title.
+  `figure_name` is the file of the joint calibration figure.
 
   Methods whose training diverged (`{"diverged": message}`) are a row of
   the table and absent from the figures.
@@ -82,75 +122,74 @@ def write_comparison(methods: dict, kind: str, workdir: Path, title: str) -> dic
   Returns:
     `{"plots": {...}, "table": markdown}`.
   """
+  workdir = Path(workdir)
   finished = {name: m for name, m in methods.items() if "diverged" not in m}
-  curves = {name.upper(): runner.calibration_from_record(m["calibration"])
+  curves = {name: {k: calibration.from_record(r) for k, r in m["calibration"].items()}
             for name, m in finished.items()}
+  figures, joint = {}, Path(figure_name).stem
   if kind == "regression":
-    comparison = plotting.plot_quantile_calibration(curves, workdir / "comparison.png", title=title)
+    figures[joint] = plots.plot_quantile_calibration(
+        {name.upper(): c.get("quantile_calibration", c.get("pit_calibration"))
+         for name, c in curves.items()}, workdir / figure_name, title=title,
+        point_estimates=[n.upper() for n in finished if n in POINT_ESTIMATES])
   else:
-    comparison = plotting.plot_reliability_diagram(curves, workdir / "comparison.png", title=title)
-  bars = plotting.plot_calibration_bars(
-      {name.upper(): (m["ece"], m["mce"]) for name, m in finished.items()},
+    figures[joint] = plots.plot_reliability_diagram(
+        {name.upper(): c["reliability"] for name, c in curves.items()},
+        workdir / figure_name, title=title)
+    figures["risk_coverage"] = plots.plot_risk_coverage(
+        {name.upper(): c["risk_coverage"] for name, c in curves.items()},
+        workdir / "risk_coverage.png", title=f"Selective prediction, {title}")
+  figures["calibration_bars"] = plots.plot_calibration_bars(
+      {name.upper(): (m["ece"], m["mce"]) for name, m in finished.items() if "ece" in m},
       workdir / "calibration_bars.png", title=title)
   table = _table(methods, kind)
   (workdir / "results.md").write_text(f"# {title}\n\n{table}")
-  return {"plots": {"comparison": str(comparison), "calibration_bars": str(bars)}, "table": table}
+  return {"plots": {k: str(v) for k, v in figures.items()}, "table": table}
 
 
 def run(benchmark: str, algorithms, preset: str, workdir: Path, overrides=None,
         progress: bool = True) -> dict:
   """Trains (or resumes) every algorithm on `benchmark`, then compares them."""
+  if benchmark not in BENCHMARKS:
+    raise ConfigError(f"--benchmark {benchmark!r} is unknown; choose one of {sorted(BENCHMARKS)}")
+  experiment = importlib.import_module(BENCHMARKS[benchmark])
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  overrides = overrides if overrides is not None else {}
-  if benchmark == "regression":
-    methods = regression.run(list(algorithms), preset, workdir, overrides, progress)["methods"]
-    kind = "regression"
-  elif benchmark == "omniglot":
-    methods = _omniglot_runs(algorithms, preset, workdir, overrides, progress)
-    kind = "classification"
-  else:
-    raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {BENCHMARKS}")
+  methods = run_methods(experiment, algorithms, preset, workdir, overrides or {}, progress)
   finished = [m for m in methods.values() if "diverged" not in m]
   if not finished:
     raise FloatingPointError(f"every method diverged: {methods}")
+  kind = "regression" if benchmark == "regression" else "classification"
   title = f"{benchmark} ({preset}), {finished[0]['num_tasks']} test tasks"
   written = write_comparison(methods, kind, workdir, title)
   results = {"benchmark": benchmark, "preset": preset, "methods": methods, **written,
              "command": " ".join(["python -m experiments.compare"] + sys.argv[1:]),
-             "device": runner.device_description()}
+             "device": training.device_description()}
   (workdir / "comparison.json").write_text(json.dumps(results, indent=2, default=float))
   print(written["table"])
   return results
 
 
 def parse_args(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--benchmark", default="regression", choices=BENCHMARKS)
-  parser.add_argument("--preset", default=None,
-                      help="the experiment's preset (regression: cpu/paper/quick, default cpu; "
-                           "omniglot: 5way1shot/.../quick, default 5way1shot)")
-  parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
-                      help=f"comma-separated subset of {','.join(ALGORITHMS)}")
-  parser.add_argument("--workdir", type=Path, default=None)
-  parser.add_argument("--no-progress", action="store_true")
-  known, rest = parser.parse_known_args(argv)
-  # The remaining flags are the experiment's config fields (--num-meta-steps 500 ...).
-  config_parser = argparse.ArgumentParser(prog="config flags")
-  config_class = (regression.RegressionConfig if known.benchmark == "regression"
-                  else omniglot.OmniglotConfig)
-  cli.add_config_flags(config_parser, config_class)
-  overrides = config_parser.parse_args(rest)
-  if overrides.algorithm is not None:
-    parser.error("use --algorithms (comma-separated) to choose the methods")
-  algorithms = [a.strip() for a in known.algorithms.split(",") if a.strip()]
-  unknown = [a for a in algorithms if a not in ALGORITHMS]
-  if unknown or not algorithms:
-    parser.error(f"unknown algorithms {unknown}; choose from {ALGORITHMS}")
-  preset = known.preset or ("cpu" if known.benchmark == "regression" else "5way1shot")
-  workdir = known.workdir or Path("runs") / f"compare_{known.benchmark}_{preset}"
-  return known.benchmark, algorithms, preset, workdir, overrides, not known.no_progress
+  """`(benchmark, algorithms, preset, workdir, overrides, progress)` from the command line."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  first = argparse.ArgumentParser(add_help=False)
+  first.add_argument("--benchmark", default="regression", choices=list(BENCHMARKS))
+  known, _ = first.parse_known_args(argv)
+  experiment = importlib.import_module(BENCHMARKS[known.benchmark])
+
+  def add_flags(parser):
+    parser.add_argument("--benchmark", default="regression", choices=list(BENCHMARKS),
+                        help="which experiment's preset the methods share (default: regression)")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
+                        help=f"comma-separated subset (default: {','.join(ALGORITHMS)})")
+
+  default_preset = "cpu" if known.benchmark == "regression" else experiment.PRESETS[0]
+  _, args = cli.parse(argv, __doc__, experiment.PRESETS, experiment.get_config,
+                      default_preset=default_preset, algorithm_flag=False, add_flags=add_flags)
+  workdir = args.workdir or Path("runs") / f"compare_{args.benchmark}_{args.preset}"
+  return (args.benchmark, parse_algorithms(args.algorithms), args.preset, workdir, args,
+          not args.no_progress)
 
 
 def main(argv=None) -> dict:
@@ -161,4 +200,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  sys.exit(0 if main() else 1)
+  sys.exit(cli.main_entry(main))

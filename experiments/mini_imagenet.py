@@ -21,12 +21,10 @@ Splits: Ravi & Larochelle's 64 / 16 / 20 classes for meta-train / validation
 Calibration (paper Fig. 4): `--calibration-tasks all` scores the final model
 on every 5-class combination of the 20 test classes, C(20, 5) = 15 504 tasks,
 with 15 query images per class; a number N scores a random subset of N. It
-writes calibration.json (accuracy +- 95% CI, NLL, ECE, MCE) and
+writes calibration.json (accuracy +- 95% CI, NLL, ECE, MCE, AURC) and
 calibration_reliability.png.
 """
 
-import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -38,57 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import vampire_jax as vj
-from experiments import calibration_protocol, cli, runner
+from experiments import calibration_protocol, cli, train
+from experiments.configs import MINI_IMAGENET_PRESETS as PRESETS
+from experiments.configs import MiniImagenetConfig
+from experiments.configs import mini_imagenet_config as get_config
 from vampire_jax import data
-
-PRESETS = ("5way1shot", "5way5shot", "quick")
-
-
-@dataclasses.dataclass
-class MiniImagenetConfig(runner.RunConfig):
-  ways: int = 5
-  shots: int = 1
-  query: int = 15
-  num_filters: int = 32
-  conv_impl: str = "xla"
-  image_size: int = 84             # 84 in the paper; smaller only for fast tests
-  data_dir: Optional[str] = None   # default: env MINI_IMAGENET_DIR
-  cache_dir: Optional[str] = None  # default: env VAMPIRE_JAX_CACHE, else ~/.cache/vampire_jax
-  source: str = "auto"             # see data.load_mini_imagenet
-  existing_only: bool = False      # use only the images present (partial copies)
-
-
-def get_config(preset: str = "5way1shot", algorithm: str = "vampire") -> MiniImagenetConfig:
-  """The paper's mini-ImageNet settings (PAPER_NOTES.md, hyper-parameter table).
-
-  Presets: 5way1shot, 5way5shot (paper: T = 2, L_t = L_v = 10, inner lr
-  0.01, 5 inner steps, KL weight 0.1, 600 test tasks), quick (CPU smoke run
-  that fits the 12-image sample: 5 query images per class, KL weight 0.001).
-  """
-  if preset in ("5way1shot", "5way5shot"):
-    # The paper gives no training length; 60 000 steps of T = 2 are 120 000
-    # tasks (MAML trained 60 000 steps of 4 tasks). See BUILD_NOTES.md.
-    config = MiniImagenetConfig(
-        shots=int(preset[4]), tasks_per_step=2, num_meta_steps=60_000, inner_lr=0.01,
-        num_mc_train=10, num_mc_query=10, num_mc_test=10, num_val_tasks=200,
-        num_test_tasks=600, eval_batch_tasks=10, eval_every=2000, checkpoint_every=2000,
-        log_every=100)
-  elif preset == "quick":
-    # A smoke run of a few minutes on a 2-core CPU that fits the sample
-    # (12 images per class): 1 support + 5 query images per class, 120
-    # tasks, one validation, 40 test tasks. Far too short to learn
-    # mini-ImageNet: expect about chance (20 %).
-    config = MiniImagenetConfig(
-        shots=1, query=5, tasks_per_step=2, num_meta_steps=60, inner_lr=0.01,
-        num_val_tasks=8, num_test_tasks=40, eval_batch_tasks=2, eval_every=60,
-        checkpoint_every=60, log_every=10, num_mc_test=2, chunk_size=2, existing_only=True)
-  else:
-    raise ValueError(f"unknown preset {preset!r}; expected one of {PRESETS}")
-  if cli.set_algorithm(config, algorithm) and preset == "quick":
-    # As Omniglot's quick preset: KL weight 0.001 keeps the inner loop stable
-    # (inner_lr * kl_weight / sigma_p^2 is 3 at the paper's 0.1; BUILD_NOTES.md).
-    config.kl_weight = 0.001
-  return config
 
 
 def load_splits(config: MiniImagenetConfig) -> dict[str, data.MiniImagenetSplit]:
@@ -103,10 +55,10 @@ def load_splits(config: MiniImagenetConfig) -> dict[str, data.MiniImagenetSplit]
 
 
 def make_problem(config: MiniImagenetConfig, workdir: Optional[Path] = None,
-                 splits: Optional[dict[str, data.MiniImagenetSplit]] = None) -> runner.Problem:
+                 splits: Optional[dict[str, data.MiniImagenetSplit]] = None) -> vj.Problem:
   """Loads mini-ImageNet (unless `splits` is given) and puts it on the device."""
   splits = splits or load_splits(config)
-  for split in splits.values():
+  for split in splits.values():  # partial copies: the images actually present
     data.check_episode_spec(len(split.wnids), split.images.shape[1], ways=config.ways,
                             shots=config.shots, query=config.query)
   if workdir is not None:
@@ -114,19 +66,20 @@ def make_problem(config: MiniImagenetConfig, workdir: Optional[Path] = None,
                      "wnids": split.wnids.tolist()} for name, split in splits.items()}
     Path(workdir).mkdir(parents=True, exist_ok=True)
     (Path(workdir) / "split.json").write_text(json.dumps(record, indent=1))
-  device_images = {name: jax.device_put(split.images) for name, split in splits.items()}
 
-  def sample_tasks(split, key, num_tasks):
-    return data.sample_tasks(key, device_images[split], num_tasks=num_tasks, ways=config.ways,
-                             shots=config.shots, query=config.query, rotate=False)
+  def sample_tasks(images, task_keys):
+    return data.tasks_from_keys(task_keys, images, ways=config.ways, shots=config.shots,
+                                query=config.query, rotate=False)
 
   model = vj.Conv4(num_classes=config.ways, num_filters=config.num_filters, max_pool=True,
-                   conv_impl=config.conv_impl)
-  input_shape = (1, config.image_size, config.image_size, 3)
-  return runner.Problem(
-      apply_fn=vj.pure_apply(model),
-      init_params=lambda key: vj.init_params(model, key, input_shape),
-      nll=vj.categorical_nll, sample_tasks=sample_tasks, kind="classification")
+                   conv_impl=config.conv_impl, batch_norm_affine=config.batch_norm_affine)
+  folder = config.data_dir or os.environ.get("MINI_IMAGENET_DIR")
+  return vj.Problem(
+      model=model, input_shape=(config.image_size, config.image_size, 3),
+      splits={name: jax.device_put(split.images) for name, split in splits.items()},
+      sample_tasks=sample_tasks, kind="classification",
+      data_info={"dataset": "mini_imagenet", "source": config.source,
+                 "folder": None if folder is None else str(Path(folder).resolve())})
 
 
 def _resize(images: np.ndarray, size: int) -> np.ndarray:
@@ -140,23 +93,36 @@ def default_workdir(config: MiniImagenetConfig, preset: str) -> Path:
   return Path("runs") / f"mini_imagenet_{preset}_{config.algorithm}_seed{config.seed}"
 
 
-def parse_args(argv=None) -> tuple[MiniImagenetConfig, Path, bool, argparse.Namespace]:
-  return cli.parse_experiment_args(
-      argv, __doc__, MiniImagenetConfig, PRESETS, get_config, default_workdir,
-      add_flags=calibration_protocol.add_flags,
-      choices={"source": list(data.mini_imagenet.SOURCES)})
+def train_and_evaluate(config: MiniImagenetConfig, workdir: Path, *, progress: bool = True,
+                       splits=None, print_fn=print) -> dict:
+  """Checks the config, loads the data, meta-trains, tests and draws the figures."""
+  return train.train_and_evaluate(config, workdir, lambda: make_problem(config, workdir, splits),
+                                  progress=progress, print_fn=print_fn)
+
+
+def parse_args(argv=None):
+  """`(config, workdir, args)` from the command line (flags as `--help` lists them)."""
+  config, args = cli.parse(argv, __doc__, PRESETS, get_config,
+                           add_flags=calibration_protocol.add_flags)
+  return config, args.workdir or default_workdir(config, args.preset), args
 
 
 def main(argv=None) -> dict:
-  config, workdir, progress, args = parse_args(argv)
+  config, workdir, args = parse_args(argv)
   print(f"mini-ImageNet {config.ways}-way {config.shots}-shot, {config.algorithm}; "
         f"workdir {workdir}; backend {jax.default_backend()}")
+  vj.training.check_config(config)
   splits = load_splits(config)
-  problem = make_problem(config, workdir, splits)
-  return calibration_protocol.run_experiment(problem, config, workdir, args,
-                                             jax.device_put(splits["test"].images),
-                                             progress=progress)
+  results = {}
+  if not args.calibration_only:
+    results = train_and_evaluate(config, workdir, progress=not args.no_progress, splits=splits)
+    print(vj.training.test_summary_line(results["test"]))
+  calibration = calibration_protocol.run_protocol(workdir, args,
+                                                  jax.device_put(splits["test"].images))
+  if calibration is not None:
+    results["calibration_protocol"] = calibration
+  return results
 
 
 if __name__ == "__main__":
-  sys.exit(0 if main() else 1)
+  sys.exit(cli.main_entry(main))

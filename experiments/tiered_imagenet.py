@@ -19,8 +19,6 @@ tasks for tiered and 600 for mini. `--calibration-tasks N` also scores N
 random 5-class combinations of the test classes (see experiments.mini_imagenet).
 """
 
-import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,52 +27,11 @@ from typing import Optional
 import jax
 
 import vampire_jax as vj
-from experiments import calibration_protocol, cli, runner
+from experiments import calibration_protocol, cli, train
+from experiments.configs import FEATURES_PRESETS as PRESETS
+from experiments.configs import FeaturesConfig
+from experiments.configs import features_config as get_config
 from vampire_jax import data
-
-PRESETS = ("5way1shot", "5way5shot", "quick")
-
-
-@dataclasses.dataclass
-class FeaturesConfig(runner.RunConfig):
-  dataset: str = "tiered"          # 'tiered' or 'mini'
-  crop: str = "center"             # 'center', or 'multiview' (mini only)
-  l2_normalize: bool = True        # as LEO
-  ways: int = 5
-  shots: int = 1
-  query: int = 15
-  hidden_sizes: tuple[int, int] = (128, 32)
-  data_dir: Optional[str] = None   # default: env LEO_EMBEDDINGS_DIR (see module doc)
-  # vmap over tasks: per-task MLP weights become batched matmuls, fast on a
-  # CPU as well (the host-chunked CPU default is for convolutions).
-  task_batching: str = "vmap"
-  eval_task_batching: str = "vmap"
-
-
-def get_config(preset: str = "5way1shot", algorithm: str = "vampire") -> FeaturesConfig:
-  """The paper's features settings: MLP 128-32, inner lr 0.01, 5 steps, KL weight 0.1.
-
-  The paper gives neither T, L nor the training length for features; we use
-  T = 16, L_t = L_v = 10 (the MLP is cheap) and 30 000 steps (480 000 tasks,
-  as for Omniglot), 5000 test tasks. `quick`: 300 steps of 8 tasks with
-  inner lr 0.1 and KL weight 0.001, as Omniglot's quick preset, so that it
-  learns visibly in a CPU minute.
-  """
-  if preset in ("5way1shot", "5way5shot"):
-    config = FeaturesConfig(
-        shots=int(preset[4]), tasks_per_step=16, num_meta_steps=30_000, inner_lr=0.01,
-        num_mc_train=10, num_mc_query=10, num_mc_test=10, num_val_tasks=500,
-        num_test_tasks=5000, eval_batch_tasks=100, eval_every=1000, checkpoint_every=1000,
-        log_every=100)
-  elif preset == "quick":
-    config = FeaturesConfig(
-        tasks_per_step=8, num_meta_steps=300, inner_lr=0.1, kl_weight=0.001,
-        num_val_tasks=100, num_test_tasks=500, eval_batch_tasks=50, eval_every=100,
-        checkpoint_every=100, log_every=25, num_mc_test=4)
-  else:
-    raise ValueError(f"unknown preset {preset!r}; expected one of {PRESETS}")
-  cli.set_algorithm(config, algorithm)
-  return config
 
 
 def load_splits(config: FeaturesConfig) -> dict[str, data.FeatureSplit]:
@@ -83,7 +40,7 @@ def load_splits(config: FeaturesConfig) -> dict[str, data.FeatureSplit]:
 
 
 def make_problem(config: FeaturesConfig, workdir: Optional[Path] = None,
-                 splits: Optional[dict[str, data.FeatureSplit]] = None) -> runner.Problem:
+                 splits: Optional[dict[str, data.FeatureSplit]] = None) -> vj.Problem:
   """Loads the embeddings (unless `splits` is given) and puts them on the device."""
   splits = splits or load_splits(config)
   for split in splits.values():
@@ -94,45 +51,57 @@ def make_problem(config: FeaturesConfig, workdir: Optional[Path] = None,
                      "wnids": split.wnids.tolist()} for name, split in splits.items()}
     Path(workdir).mkdir(parents=True, exist_ok=True)
     (Path(workdir) / "split.json").write_text(json.dumps(record, indent=1))
-  device_splits = {name: (jax.device_put(split.features), jax.device_put(split.counts))
-                   for name, split in splits.items()}
 
-  def sample_tasks(split, key, num_tasks):
-    features, counts = device_splits[split]
-    return data.sample_tasks_with_counts(key, features, counts, num_tasks=num_tasks,
-                                         ways=config.ways, shots=config.shots,
-                                         query=config.query)
+  def sample_tasks(split, task_keys):
+    features, counts = split
+    return data.tasks_from_keys(task_keys, features, ways=config.ways, shots=config.shots,
+                                query=config.query, rotate=False, class_counts=counts)
 
-  model = vj.MLP(tuple(config.hidden_sizes), config.ways)
   feature_size = next(iter(splits.values())).features.shape[-1]
-  return runner.Problem(
-      apply_fn=vj.pure_apply(model),
-      init_params=lambda key: vj.init_params(model, key, (1, feature_size)),
-      nll=vj.categorical_nll, sample_tasks=sample_tasks, kind="classification")
+  return vj.Problem(
+      model=vj.MLP(tuple(config.hidden_sizes), config.ways), input_shape=(feature_size,),
+      splits={name: (jax.device_put(split.features), jax.device_put(split.counts))
+              for name, split in splits.items()},
+      sample_tasks=sample_tasks, kind="classification",
+      data_info={"dataset": f"{config.dataset}_imagenet_leo_features", "crop": config.crop,
+                 "folder": config.data_dir})
 
 
 def default_workdir(config: FeaturesConfig, preset: str) -> Path:
   return Path("runs") / f"{config.dataset}_features_{preset}_{config.algorithm}_seed{config.seed}"
 
 
-def parse_args(argv=None) -> tuple[FeaturesConfig, Path, bool, argparse.Namespace]:
-  return cli.parse_experiment_args(
-      argv, __doc__, FeaturesConfig, PRESETS, get_config, default_workdir,
-      add_flags=calibration_protocol.add_flags,
-      choices={"dataset": ["tiered", "mini"], "crop": ["center", "multiview"]})
+def train_and_evaluate(config: FeaturesConfig, workdir: Path, *, progress: bool = True,
+                       splits=None, print_fn=print) -> dict:
+  """Checks the config, loads the features, meta-trains, tests and draws the figures."""
+  return train.train_and_evaluate(config, workdir, lambda: make_problem(config, workdir, splits),
+                                  progress=progress, print_fn=print_fn)
+
+
+def parse_args(argv=None):
+  """`(config, workdir, args)` from the command line (flags as `--help` lists them)."""
+  config, args = cli.parse(argv, __doc__, PRESETS, get_config,
+                           add_flags=calibration_protocol.add_flags)
+  return config, args.workdir or default_workdir(config, args.preset), args
 
 
 def main(argv=None) -> dict:
-  config, workdir, progress, args = parse_args(argv)
+  config, workdir, args = parse_args(argv)
   print(f"{config.dataset}-ImageNet features {config.ways}-way {config.shots}-shot, "
         f"{config.algorithm}; workdir {workdir}; backend {jax.default_backend()}")
+  vj.training.check_config(config)
   splits = load_splits(config)
-  problem = make_problem(config, workdir, splits)
+  results = {}
+  if not args.calibration_only:
+    results = train_and_evaluate(config, workdir, progress=not args.no_progress, splits=splits)
+    print(vj.training.test_summary_line(results["test"]))
   test = splits["test"]
-  return calibration_protocol.run_experiment(problem, config, workdir, args,
-                                             jax.device_put(test.features),
-                                             jax.device_put(test.counts), progress=progress)
+  calibration = calibration_protocol.run_protocol(
+      workdir, args, jax.device_put(test.features), jax.device_put(test.counts))
+  if calibration is not None:
+    results["calibration_protocol"] = calibration
+  return results
 
 
 if __name__ == "__main__":
-  sys.exit(0 if main() else 1)
+  sys.exit(cli.main_entry(main))

@@ -1,6 +1,8 @@
 """Calibration metrics: hand-worked bins, synthetic (mis)calibrated predictors,
-closed forms for the Gaussian case, and the plots write images."""
+closed forms for the Gaussian case, the paper's regression metric and the
+risk-coverage curve by hand, records, and the figures."""
 
+import json
 import math
 import statistics
 
@@ -8,7 +10,7 @@ import numpy as np
 import pytest
 
 from vampire_jax import calibration as cal
-from vampire_jax import plotting
+from experiments import plots
 
 LEVELS = np.linspace(0.1, 0.9, 9)
 
@@ -284,15 +286,101 @@ def test_plots_write_png_files(tmp_path):
   means, targets = _two_component_problem(rng, 5000, true_std=0.5)
   quantiles = {"VAMPIRE": cal.regression_quantile_calibration(means, targets, 0.3),
                "MAML": cal.regression_quantile_calibration(means[:1], targets, 0.3)}
-
   paths = [
-      plotting.plot_reliability_diagram(bins, tmp_path / "single.png", title="one"),
-      plotting.plot_reliability_diagram({"MAML": bins, "VAMPIRE": bins}, tmp_path / "two.png"),
-      plotting.plot_quantile_calibration(quantiles, tmp_path / "quantiles.png", title="sine+line"),
-      plotting.plot_training_curves({"loss": [3.0, 2.0, 1.5], "accuracy": [0.2, 0.5, 0.7]},
-                                    [0, 100, 200], tmp_path / "curves.png"),
+      plots.plot_reliability_diagram(bins, tmp_path / "single.png", title="one"),
+      plots.plot_reliability_diagram({"MAML": bins, "VAMPIRE": bins}, tmp_path / "two.png"),
+      plots.plot_quantile_calibration(quantiles, tmp_path / "quantiles.png", title="sine+line",
+                                      point_estimates=["MAML"]),
+      plots.plot_risk_coverage({"A": cal.risk_coverage(probs, labels)}, tmp_path / "risk.png"),
+      plots.plot_training_curves({"loss": [3.0, 2.0, 1.5], "accuracy": [0.2, 0.5, 0.7]},
+                                 [0, 100, 200], tmp_path / "curves.png"),
   ]
   for path in paths:
     assert path.stat().st_size > 1000 and _is_png(path)
   with pytest.raises(ValueError):
-    plotting.plot_training_curves({"loss": [1.0]}, [0, 1], tmp_path / "bad.png")
+    plots.plot_training_curves({"loss": [1.0]}, [0, 1], tmp_path / "bad.png")
+
+
+def test_reliability_figure_has_one_title_and_a_histogram_of_the_bin_counts():
+  probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.55, 0.45], [0.6, 0.4]])
+  bins = cal.classification_calibration(probs, np.array([0, 1, 0, 0]), num_bins=5)
+  fig = plots.reliability_figure(bins, title="VAMPIRE: 4 test tasks")
+  titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+  assert titles == ["VAMPIRE: 4 test tasks"] and fig._suptitle is None
+  histogram = fig.axes[1]  # under the diagram: one bar per bin, heights = the counts
+  np.testing.assert_array_equal([p.get_height() for p in histogram.patches], bins.count)
+  two = plots.reliability_figure({"MAML": bins, "VAMPIRE": bins}, title="both")
+  assert two._suptitle.get_text() == "both"
+  assert sorted(ax.get_title() for ax in two.axes if ax.get_title()) == ["MAML", "VAMPIRE"]
+
+
+def test_training_curves_show_validation_and_readable_step_labels():
+  steps = list(range(0, 15001, 500))
+  fig = plots.training_curves_figure(
+      {"loss": [1.0] * len(steps), "accuracy": [0.5] * len(steps)}, steps,
+      validation={"accuracy": ([5000, 10000, 15000], [0.6, 0.7, 0.8])})
+  fig.canvas.draw()
+  accuracy = fig.axes[1]
+  assert [line.get_label() for line in accuracy.get_lines()] == ["training", "validation"]
+  labels = [t.get_text() for t in accuracy.get_xticklabels() if t.get_text()]
+  assert 2 <= len(labels) <= 6 and all(len(text) <= 4 for text in labels), labels  # e.g. '10k'
+
+
+# -- The paper's regression metric and selective prediction --------------------------
+
+
+def test_paper_quantile_calibration_by_hand():
+  # Two draws at -1 and +1 around a truth of 0 with noise std 1: the outputs'
+  # quantiles at levels 0, 0.5, 1 are -1, 0, 1, and the true N(0, 1) puts
+  # Phi(-1), 1/2, Phi(1) of the observations below them.
+  result = cal.paper_quantile_calibration(np.array([[-1.0], [1.0]]), np.array([0.0]), 1.0,
+                                          levels=[0.0, 0.5, 1.0])
+  phi = statistics.NormalDist().cdf
+  np.testing.assert_allclose(result.observed, [phi(-1), 0.5, phi(1)], atol=1e-12)
+  gaps = [phi(-1), 0.0, 1 - phi(1)]
+  np.testing.assert_allclose(result.ece, np.mean(gaps), atol=1e-12)
+  np.testing.assert_allclose(result.mce, max(gaps), atol=1e-12)
+  # A point estimate (one draw) has one observed value at all 11 default levels.
+  single = cal.paper_quantile_calibration(np.array([[0.3]]), np.array([0.0]), 0.3)
+  np.testing.assert_allclose(single.observed, phi(1.0) * np.ones(11), atol=1e-12)
+  assert len(single.levels) == 11 and single.levels[0] == 0 and single.levels[-1] == 1
+
+
+def test_paper_quantile_calibration_is_perfect_when_the_outputs_are_the_noise():
+  # Outputs drawn from the true distribution N(y0, sigma^2): on the diagonal.
+  rng = np.random.default_rng(3)
+  truth = rng.normal(size=400)
+  outputs = truth[None] + 0.3 * rng.normal(size=(4000, 400))
+  result = cal.paper_quantile_calibration(outputs, truth, 0.3)
+  np.testing.assert_allclose(result.observed, result.levels, atol=0.01)
+  assert result.ece < 0.005
+
+
+def test_risk_coverage_by_hand():
+  # Confidences 0.9, 0.8, 0.7, 0.6; correct, wrong, correct, wrong. Keeping the
+  # k most confident: accuracy 1, 1/2, 2/3, 1/2; AURC = mean(0, 1/2, 1/3, 1/2).
+  probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3], [0.4, 0.6]])
+  labels = np.array([0, 0, 0, 0])
+  result = cal.risk_coverage(probs, labels)
+  np.testing.assert_allclose(result.coverage, [0.25, 0.5, 0.75, 1.0])
+  np.testing.assert_allclose(result.accuracy, [1.0, 0.5, 2 / 3, 0.5])
+  np.testing.assert_allclose(result.aurc, np.mean([0, 0.5, 1 / 3, 0.5]))
+  assert result.accuracy_at(0.5) == 0.5 and result.accuracy_at(0.3) == 0.5
+  assert result.accuracy_at(0.25) == 1.0
+  # A confidence that ranks every error last has the lowest AURC possible.
+  ranked = cal.risk_coverage(np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.4, 0.6]]), labels)
+  assert ranked.aurc < result.aurc
+
+
+def test_records_round_trip():
+  probs = np.random.default_rng(0).dirichlet(np.ones(5), size=1000)
+  labels = np.random.default_rng(1).integers(5, size=1000)
+  for result in (cal.classification_calibration(probs, labels),
+                 cal.paper_quantile_calibration(np.zeros((3, 4)), np.ones(4), 0.5)):
+    back = cal.from_record(json.loads(json.dumps(cal.to_record(result))))
+    for a, b in zip(back, result):
+      np.testing.assert_allclose(a, b)
+  curve = cal.risk_coverage(probs, labels)
+  back = cal.from_record(json.loads(json.dumps(cal.to_record(curve))))
+  assert len(back.coverage) == 101 and back.aurc == curve.aurc
+  np.testing.assert_allclose(back.accuracy[-1], curve.accuracy[-1])

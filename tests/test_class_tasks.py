@@ -1,4 +1,4 @@
-"""vampire_jax.data.class_tasks: class combinations (the calibration protocol) and ragged classes."""
+"""Class combinations (the calibration protocol) and classes of unequal size (one task sampler)."""
 
 import itertools
 
@@ -69,8 +69,8 @@ def test_ragged_episodes_draw_only_real_rows():
   values = np.full((5, 12, 1), -1.0, np.float32)
   for c, n in enumerate(counts):
     values[c, :n, 0] = 100 * c + np.arange(n) + 1
-  tasks = data.sample_tasks_with_counts(jax.random.key(0), values, counts, num_tasks=200,
-                                        ways=3, shots=2, query=4)
+  tasks = data.sample_tasks(jax.random.key(0), values, num_tasks=200, ways=3, shots=2, query=4,
+                            rotate=False, class_counts=counts)
   assert tasks.support_x.shape == (200, 6, 1) and tasks.query_x.shape == (200, 12, 1)
   support = np.asarray(tasks.support_x[..., 0]).reshape(200, 3, 2)
   query = np.asarray(tasks.query_x[..., 0]).reshape(200, 3, 4)
@@ -85,8 +85,8 @@ def test_ragged_episodes_draw_only_real_rows():
   # Every real row of the small classes is drawn sometimes: uniform over the class.
   for c in (0, 4):
     assert set(index[classes == c].astype(int).tolist()) == set(range(counts[c]))
-  again = data.sample_tasks_with_counts(jax.random.key(0), values, counts, num_tasks=200,
-                                        ways=3, shots=2, query=4)
+  again = data.sample_tasks(jax.random.key(0), values, num_tasks=200, ways=3, shots=2, query=4,
+                            rotate=False, class_counts=counts)
   np.testing.assert_array_equal(again.query_x, tasks.query_x)
   with pytest.raises(ValueError, match="smallest class"):
     data.check_class_counts(counts, ways=3, shots=2, query=5)

@@ -1,12 +1,15 @@
-"""The comparison command: every algorithm through the runner, joint figures and table."""
+"""The comparison command: every algorithm through the training loop, joint figures and table."""
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
-from experiments import compare, runner
+import vampire_jax as vj
+from experiments import compare
 from vampire_jax import calibration
+from vampire_jax.errors import ConfigError
 
 
 def _summary(ece_shift: float) -> dict:
@@ -14,14 +17,14 @@ def _summary(ece_shift: float) -> dict:
   curve = calibration.QuantileCalibration(levels, levels + ece_shift, ece_shift, ece_shift)
   return {"mse": 2.0 + ece_shift, "mse_ci95": 0.1, "nll": 3.0, "ece": ece_shift, "mce": ece_shift,
           "num_tasks": 10, "wall_time_s": {"train": 12.0},
-          "calibration": runner.calibration_record({"_quantiles": curve})}
+          "calibration": {"quantile_calibration": calibration.to_record(curve)}}
 
 
 def test_write_comparison_table_and_figures(tmp_path):
   written = compare.write_comparison({"maml": _summary(0.1), "vampire": _summary(0.02)},
                                      "regression", tmp_path, "test")
   rows = written["table"].splitlines()
-  assert rows[2] == "| maml | 2.100 ± 0.100 | 3.000 | 0.1000 | 0.1000 | 12 |"
+  assert rows[2] == "| maml | 2.100 ± 0.100 | 3.0000 | 0.1000 | 0.1000 | 12 |"
   assert rows[3].startswith("| vampire | 2.020 ± 0.100 |")
   for name in ("comparison.png", "calibration_bars.png"):
     assert (tmp_path / name).stat().st_size > 5000
@@ -49,23 +52,32 @@ def test_every_method_diverging_is_an_error(tmp_path):
 @pytest.mark.parametrize("algorithms", [
     ("platipus", "bmaml", "abml"),  # MAML, VAMPIRE: tests/test_regression.py
     pytest.param(compare.ALGORITHMS, marks=pytest.mark.slow)])
-def test_algorithms_train_through_the_runner(tmp_path, algorithms):
+def test_algorithms_train_through_the_loop_and_load_back(tmp_path, algorithms):
   # A few meta-steps per algorithm on a tiny MLP: each must plug into the
-  # runner (meta-step, evaluation, checkpoint, calibration record) unchanged.
+  # loop (meta-step, evaluation, checkpoint, calibration record) unchanged,
+  # and load back with vj.load_run.
   overrides = dict(num_meta_steps=4, hidden_sizes=(8, 8, 8), num_test_tasks=10,
                    num_val_tasks=10, eval_batch_tasks=10, eval_every=4, checkpoint_every=4,
-                   log_every=2, num_mc_train=2, num_mc_query=2, num_mc_test=2, num_particles=2,
+                   log_every=2, num_mc_train=2, num_mc_query=2, num_mc_test=3, num_particles=2,
                    tasks_per_step=2)
   results = compare.run("regression", algorithms, "quick", tmp_path, overrides, progress=False)
   assert list(results["methods"]) == list(algorithms)
+  x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]
   for name, method in results["methods"].items():
-    assert np.isfinite(method["mse"]) and 0 <= method["ece"] <= method["mce"] <= 1, name
+    # The summary is the mean of the per-task scores the run saved.
+    per_task = np.load(tmp_path / name / "test_per_task.npz")
+    np.testing.assert_allclose(method["mse"], per_task["mse"].mean(), rtol=1e-6)
+    run = vj.load_run(tmp_path / name)
+    assert run.config.algorithm == name and run.config.num_particles == 2
+    samples = run.predict(x, np.sin(x), x, jax.random.key(0))
+    members = {"bmaml": 2, "maml": 1, "fomaml": 1}.get(name, 3)  # particles, a point, or draws
+    assert samples.shape == (members, 5, 1) and np.all(np.isfinite(samples)), name
   saved = json.loads((tmp_path / "comparison.json").read_text())
   assert len(saved["table"].splitlines()) == 2 + len(algorithms)
 
 
 def test_cli_errors():
-  with pytest.raises(SystemExit):
+  with pytest.raises(ConfigError, match="nonsense"):
     compare.parse_args(["--algorithms", "maml,nonsense"])
   benchmark, algorithms, preset, _, overrides, _ = compare.parse_args(
       ["--benchmark", "omniglot", "--algorithms", "maml,abml", "--num-meta-steps", "7"])
@@ -80,6 +92,6 @@ def test_every_experiment_keeps_the_kl_term_of_variational_methods_only():
       assert module.get_config("5way1shot", algorithm).kl_weight == 0.1, (module, algorithm)
     for algorithm in ("maml", "fomaml", "bmaml"):
       assert module.get_config("5way1shot", algorithm).kl_weight == 0.0, (module, algorithm)
-    with pytest.raises(ValueError, match="unknown algorithm"):
+    with pytest.raises(ValueError, match="is unknown"):
       module.get_config("5way1shot", "nonsense")
   assert regression.get_config("cpu", "abml").kl_weight == 1.0

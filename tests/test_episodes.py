@@ -77,14 +77,16 @@ def test_channels_are_kept():
   assert len(set(sources)) == 6
 
 
-@pytest.mark.parametrize('rotate', [True, False])
-def test_tasks_are_valid_episodes(rotate):
+@pytest.mark.parametrize('rotate, class_sampling', [
+    (True, 'character'), (True, 'class'), (False, 'character')])
+def test_tasks_are_valid_episodes(rotate, class_sampling):
   ways, shots, query, num_tasks = 5, 3, 4, 64
   images = _noise_images(num_characters=6)
   table = _source_table(images)
   tasks = sample_tasks(jax.random.key(1), images, num_tasks=num_tasks,
-                       ways=ways, shots=shots, query=query, rotate=rotate)
-  turns_seen = set()
+                       ways=ways, shots=shots, query=query, rotate=rotate,
+                       class_sampling=class_sampling)
+  turns_seen, repeated_characters = set(), 0
   for t in range(num_tasks):
     # Labels grouped: each of 0..ways-1 exactly shots (query) times.
     np.testing.assert_array_equal(tasks.support_y[t],
@@ -104,14 +106,35 @@ def test_tasks_are_valid_episodes(rotate):
       classes.append(members[0][::2])
       turns_seen.add(members[0][2])
     assert len(set(classes)) == ways  # Distinct classes.
+    repeated_characters += len({c for c, _ in classes}) < ways
   assert turns_seen == ({0, 1, 2, 3} if rotate else {0})
+  if class_sampling == 'character':
+    assert repeated_characters == 0  # MAML's protocol: N distinct characters
+  else:  # 5 of 24 (character, turn) classes: most tasks repeat a character
+    assert repeated_characters > num_tasks // 4
+
+
+def test_character_sampling_turns_each_class_uniformly_and_independently():
+  images = np.zeros((10, 20, 2, 2), np.uint8)
+  images[:, :, 0, 1] = 255  # a marker that shows the quarter turn
+  tasks = sample_tasks(jax.random.key(9), images, num_tasks=2000, ways=5, shots=1,
+                       query=1)
+  x = _to_uint8(tasks.support_x)[..., 0]  # [tasks, ways, 2, 2]
+  corner = {(0, 1): 0, (0, 0): 1, (1, 0): 2, (1, 1): 3}  # np.rot90 of the top-right pixel
+  turns = np.array([[corner[tuple(np.argwhere(image > 0)[0])] for image in task] for task in x])
+  counts = np.bincount(turns.ravel(), minlength=4)
+  sigma = np.sqrt(turns.size * 0.25 * 0.75)
+  assert np.all(np.abs(counts - turns.size / 4) < 5 * sigma), counts
+  # Independent per class: two labels of a task share their turn 1/4 of the time.
+  same = np.mean(turns[:, 0] == turns[:, 1])
+  assert abs(same - 0.25) < 5 * np.sqrt(0.25 * 0.75 / len(turns)), same
 
 
 def test_rotation_is_np_rot90():
   # One character: a 4-way task must use it at all four rotations.
   images = _noise_images(num_characters=1)
   tasks = sample_tasks(jax.random.key(2), images, num_tasks=8, ways=4,
-                       shots=2, query=3, rotate=True)
+                       shots=2, query=3, rotate=True, class_sampling='class')
   x = _to_uint8(tasks.support_x)[..., 0]
   for t in range(8):
     turns = []
@@ -130,7 +153,7 @@ def test_rotation_is_np_rot90():
   dot = np.zeros((1, 20, 3, 3), np.uint8)
   dot[0, :, 0, 2] = 255
   tasks = sample_tasks(jax.random.key(3), dot, num_tasks=1, ways=4, shots=1,
-                       query=1, rotate=True)
+                       query=1, rotate=True, class_sampling='class')
   corners = {tuple(np.argwhere(np.asarray(x)[..., 0] > 0.5)[0])
              for x in tasks.support_x[0]}
   assert corners == {(0, 2), (0, 0), (2, 0), (2, 2)}
@@ -140,7 +163,7 @@ def test_pool_counts_rotations():
   # 2 characters x 4 rotations = 8 classes: an 8-way task uses them all.
   images = _noise_images(num_characters=2)
   tasks = sample_tasks(jax.random.key(4), images, num_tasks=4, ways=8,
-                       shots=1, query=1, rotate=True)
+                       shots=1, query=1, rotate=True, class_sampling='class')
   table = _source_table(images)
   for t in range(4):
     classes = {(c, k) for c, _, k in _sources(tasks.support_x[t], table)}
@@ -223,10 +246,14 @@ def test_check_episode_spec_accepts_edge_cases():
 def test_sample_tasks_errors():
   images = _noise_images(num_characters=2)
   key = jax.random.key(0)
-  # 2 characters: 8 classes with rotations, 2 without.
-  sample_tasks(key, images, num_tasks=1, ways=8, shots=1, query=1)
+  # 2 characters: 8 (character, turn) classes; 2 characters to draw from by default.
+  sample_tasks(key, images, num_tasks=1, ways=8, shots=1, query=1, class_sampling='class')
   with pytest.raises(ValueError, match='pool has only 8'):
-    sample_tasks(key, images, num_tasks=1, ways=9, shots=1, query=1)
+    sample_tasks(key, images, num_tasks=1, ways=9, shots=1, query=1, class_sampling='class')
+  with pytest.raises(ValueError, match='pool has only 2'):
+    sample_tasks(key, images, num_tasks=1, ways=3, shots=1, query=1)
+  with pytest.raises(ValueError, match='class_sampling'):
+    sample_tasks(key, images, num_tasks=1, ways=2, shots=1, query=1, class_sampling='drawer')
   with pytest.raises(ValueError, match='pool has only 2'):
     sample_tasks(key, images, num_tasks=1, ways=3, shots=1, query=1,
                  rotate=False)
@@ -237,5 +264,5 @@ def test_sample_tasks_errors():
   with pytest.raises(ValueError, match='square'):
     sample_tasks(key, images[:, :, :, :5], num_tasks=1, ways=2, shots=1,
                  query=1)
-  with pytest.raises(ValueError, match=r'\[C, E, H, W\]'):
+  with pytest.raises(ValueError, match=r'\[C, E, H, H\]'):
     sample_tasks(key, images[0], num_tasks=1, ways=2, shots=1, query=1)

@@ -58,7 +58,8 @@ def test_meta_step_gradient_is_the_mean_of_task_gradients():
   grads, metrics = vj.make_meta_gradient(learner)(params, tasks, keys)
   per_task = [jax.grad(lambda p, i=i: vj.query_loss(
       learner, p, jax.tree_util.tree_map(lambda x: x[i], tasks), keys[i])[0])(params) for i in range(3)]
-  chex.assert_trees_all_close(grads, jax.tree_util.tree_map(lambda *g: sum(g) / 3, *per_task), atol=1e-6)
+  chex.assert_trees_all_close(grads, jax.tree_util.tree_map(lambda *g: sum(g) / 3, *per_task),
+                              rtol=1e-5, atol=1e-6)
   losses = [vj.query_loss(learner, params, jax.tree_util.tree_map(lambda x: x[i], tasks), keys[i])[0]
             for i in range(3)]
   np.testing.assert_allclose(metrics["loss"], np.mean(losses), rtol=1e-6)
@@ -98,18 +99,22 @@ def test_regression_evaluator_mixture_nll_is_exact_for_one_sample():
   x = jnp.array([[[1.0], [2.0]]]); y = jnp.array([[[1.5], [2.0]]])  # noqa: E702
   result = vj.make_regression_evaluator(learner, 0.5)({}, vj.Task(x, y, x, y), jax.random.key(0))
   np.testing.assert_allclose(result.mse, [0.125])
+  np.testing.assert_allclose(result.predictive_mean_mse, [0.125])  # one draw: the same
   expected_nll = np.mean([0.5 * (0.5 / 0.5) ** 2, 0.0]) + np.log(0.5) + 0.5 * np.log(2 * np.pi)
   np.testing.assert_allclose(result.nll, [expected_nll], rtol=1e-5)
 
 
-def test_regression_evaluator_mse_is_of_the_predictive_mean():
-  # Two draws, 0 and 2, around a target of 1: the mean is exact, the spread is not an error.
+def test_regression_evaluator_mse_definitions_by_hand():
+  # Two draws, 0 and 2, around a target of 1. The paper's MSE averages the
+  # squared error over the draws: (1 + 1) / 2 = 1. The predictive mean (1) is
+  # exact: its MSE is 0; the spread is in the NLL.
   draws = jnp.array([0.0, 2.0])[:, None, None]
   learner = vj.MetaLearner(init=lambda p, k: p, adapt=lambda p, x, y, k: p,
                            predict=lambda p, x, k: draws + 0 * x[None], nll=vj.gaussian_nll(1.0))
   x = jnp.zeros((1, 1, 1)); y = jnp.ones((1, 1, 1))  # noqa: E702
   result = vj.make_regression_evaluator(learner, 1.0)({}, vj.Task(x, y, x, y), jax.random.key(0))
-  np.testing.assert_allclose(result.mse, [0.0])
+  np.testing.assert_allclose(result.mse, [1.0])
+  np.testing.assert_allclose(result.predictive_mean_mse, [0.0])
   # NLL of the two-component mixture at distance 1 from each: 0.5 + log sqrt(2 pi).
   np.testing.assert_allclose(result.nll, [0.5 + 0.5 * np.log(2 * np.pi)], rtol=1e-5)
 

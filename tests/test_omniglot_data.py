@@ -29,6 +29,7 @@ from vampire_jax.data import OmniglotArrays
 from vampire_jax.data import save_split_indices
 from vampire_jax.data import split_indices
 from vampire_jax.data import omniglot
+from vampire_jax.errors import DataError
 
 DATA_DIR = Path(os.environ.get('OMNIGLOT_DIR') or
                 Path(__file__).resolve().parents[2] / 'shared/data/omniglot')
@@ -171,8 +172,16 @@ def test_cache_is_written_and_read(arrays, cache_dir, monkeypatch):
   monkeypatch.delenv('OMNIGLOT_DIR', raising=False)
   for source in ('cache', 'auto'):  # 'auto' needs no folder when cached.
     cached = load_omniglot(cache_dir=cache_dir, source=source)
-    for field, value in zip(OmniglotArrays._fields, cached):
-      np.testing.assert_array_equal(value, getattr(arrays, field))
+    for field in ('images', 'alphabet', 'is_background'):
+      np.testing.assert_array_equal(getattr(cached, field), getattr(arrays, field))
+    # The cache remembers what it was built from.
+    assert cached.provenance['source'] == 'zip' and cached.provenance['loaded'] == 'cache'
+    assert cached.provenance['folder'] == str(DATA_DIR.resolve())
+  assert arrays.provenance['loaded'] == 'built'
+  # The same folder again: the cache is current, nothing is rebuilt.
+  again = load_omniglot(DATA_DIR, cache_dir=cache_dir)
+  assert again.provenance['loaded'] == 'cache'
+
 
 
 @needs_data
@@ -230,11 +239,100 @@ def test_incomplete_folder_errors(tmp_path):
   (folder / 'images_background.zip').write_bytes(b'')
   with pytest.raises(FileNotFoundError) as error:
     load_omniglot(folder, cache_dir=tmp_path / 'cache', source='zip')
-  assert "['images_evaluation.zip'] not found" in str(error.value)
+  assert 'images_evaluation.zip not found' in str(error.value)
   assert 'github.com/brendenlake/omniglot' in str(error.value)
-  pytest.importorskip('tensorflow_datasets')
+  (folder / 'images_evaluation.zip').write_bytes(b'')
+  pytest.importorskip('tensorflow')
   with pytest.raises(FileNotFoundError, match='small1'):
     load_omniglot(folder, cache_dir=tmp_path / 'cache', source='tfds')
+
+
+def test_truncated_zip_is_an_error_that_names_the_file(tmp_path):
+  folder = tmp_path / 'data'
+  folder.mkdir()
+  for name in BIG_ZIPS:
+    (folder / name).write_bytes(b'PK\x03\x04 truncated')
+  with pytest.raises(DataError) as error:
+    load_omniglot(folder, cache_dir=tmp_path / 'cache')
+  assert 'images_background.zip' in str(error.value) and 'truncated' in str(error.value)
+  assert not (tmp_path / 'cache' / 'omniglot28.npz').exists()
+
+
+def test_a_named_empty_folder_is_an_error_even_with_a_cache(tmp_path):
+  cache = tmp_path / 'cache'
+  fake = _fake_arrays()
+  omniglot._write_cache(cache / 'omniglot28.npz', fake, {'source': 'zip', 'folder': '/elsewhere',
+                                                         'fingerprint': None})
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  with pytest.raises(FileNotFoundError, match='not found in the Omniglot folder'):
+    load_omniglot(empty, cache_dir=cache)
+
+
+def test_folder_with_a_zip_means_the_zip_reader(tmp_path, monkeypatch):
+  # TFDS stays the path without a folder; with one, the zips are read directly,
+  # even when TFDS and the four zips TFDS needs are there.
+  for name in BIG_ZIPS + SMALL_ZIPS:
+    (tmp_path / name).write_bytes(b'')
+  calls = []
+
+  def fake(name):
+    def load(*args):
+      calls.append(name)
+      raise RuntimeError('stop here')
+    return load
+
+  monkeypatch.setattr(omniglot, '_load_zips', fake('zip'))
+  monkeypatch.setattr(omniglot, '_load_tfds', fake('tfds'))
+  for data_dir, expected in ((tmp_path, 'zip'), (None, 'tfds')):
+    monkeypatch.delenv('OMNIGLOT_DIR', raising=False)
+    with pytest.raises(RuntimeError, match='stop here'):
+      load_omniglot(data_dir, cache_dir=tmp_path.parent / 'cache_auto')
+    assert calls[-1] == expected
+
+
+def test_a_cache_of_other_data_is_rebuilt_from_the_named_folder(tmp_path, monkeypatch):
+  folder = tmp_path / 'data'
+  folder.mkdir()
+  for name in BIG_ZIPS:
+    (folder / name).write_bytes(b'new data')
+  cache = tmp_path / 'cache'
+  omniglot._write_cache(cache / 'omniglot28.npz', _fake_arrays(),
+                        {'source': 'zip', 'folder': '/elsewhere', 'fingerprint': [['old']]})
+  monkeypatch.setattr(omniglot, '_validate', lambda arrays: None)  # the fake is not 28x28
+  rebuilt = []
+  monkeypatch.setattr(omniglot, '_load_zips', lambda f: rebuilt.append(f) or _fake_arrays())
+  messages = []
+  result = load_omniglot(folder, cache_dir=cache, print_fn=messages.append)
+  assert rebuilt == [folder] and result.provenance['loaded'] == 'built'
+  assert any('was not built from the zips in' in m for m in messages)
+  # Now the cache is of this folder: read, not rebuilt.
+  assert load_omniglot(folder, cache_dir=cache).provenance['loaded'] == 'cache'
+  assert rebuilt == [folder]
+
+
+def test_a_failed_tfds_build_leaves_no_files(tmp_path, monkeypatch):
+  pytest.importorskip('tensorflow')
+
+  def failing(tfds, folder, tfds_dir):
+    (tfds_dir / 'downloads').mkdir(parents=True)
+    (tfds_dir / 'downloads' / 'partial.zip').write_bytes(b'x' * 1000)
+    raise OSError('the download broke off')
+
+  monkeypatch.setattr(omniglot, '_prepare_tfds', failing)
+  monkeypatch.delenv('OMNIGLOT_DIR', raising=False)
+  with pytest.raises(DataError, match='the download broke off'):
+    load_omniglot(cache_dir=tmp_path / 'cache', source='tfds')
+  assert [p.name for p in (tmp_path / 'cache').iterdir()] == []
+
+
+def test_tfds_without_tensorflow_says_what_to_install(tmp_path, monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec',
+                      lambda name, *a: None if name == 'tensorflow' else real(name, *a))
+  monkeypatch.delenv('OMNIGLOT_DIR', raising=False)
+  with pytest.raises(FileNotFoundError, match=r'pip install -e "\.\[data\]"'):
+    load_omniglot(cache_dir=tmp_path / 'cache', source='auto')
 
 
 def test_missing_cache_and_bad_source(tmp_path):
@@ -269,16 +367,6 @@ def test_extracted_folders_read_like_zips(small_folder, tmp_path):
   assert from_zips.images.shape == (136 + 156, 20, 28, 28)
   for a, b in zip(from_zips, from_folders):
     np.testing.assert_array_equal(a, b)
-
-
-def test_auto_source_choice(tmp_path):
-  for name in BIG_ZIPS:
-    (tmp_path / name).write_bytes(b'')
-  assert omniglot._auto_source(tmp_path) == 'zip'
-  for name in SMALL_ZIPS:
-    (tmp_path / name).write_bytes(b'')
-  has_tfds = importlib.util.find_spec('tensorflow_datasets') is not None
-  assert omniglot._auto_source(tmp_path) == ('tfds' if has_tfds else 'zip')
 
 
 # TFDS.

@@ -8,8 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import regression, runner
+import vampire_jax as vj
+from experiments import regression
+from vampire_jax import calibration, evaluation
 from vampire_jax.data import sine_line
+from vampire_jax.errors import ConfigError
 
 
 def test_task_generator_ranges_and_mixture():
@@ -51,31 +54,42 @@ def test_functions_by_hand_and_determinism():
     sine_line.sample_tasks(jax.random.key(0), 4, num_support=0)
 
 
-def test_splits_draw_different_tasks():
-  problem = regression.make_problem(regression.get_config("quick", "maml"))
+def test_splits_draw_different_tasks_and_the_truth_matches_the_queries():
+  config = regression.get_config("quick", "maml")
+  problem = regression.make_problem(config)
   key = jax.random.key(0)
-  train, test = problem.sample_tasks("train", key, 3), problem.sample_tasks("test", key, 3)
+  train = vj.training.draw_tasks(problem, "train", key, 3)
+  test = vj.training.draw_tasks(problem, "test", key, 3)
   assert not np.allclose(train.support_x, test.support_x)
+  # The noiseless truth of the sampled tasks: the targets are it plus N(0, 0.3^2) noise.
+  keys = jax.random.split(jax.random.key(1), 2000)
+  tasks = problem.sample_tasks(problem.splits["val"], keys)
+  truth = problem.query_truth(problem.splits["val"], keys)
+  residual = np.asarray(tasks.query_y - truth)
+  assert abs(residual.mean()) < 0.01 and abs(residual.std() - config.noise_std) < 0.01
 
 
 def test_summary_of_a_perfectly_calibrated_regressor_is_the_diagonal():
-  # Predict the true function with the true noise: the Gaussian predictive is
-  # exact, so the observed coverage of every quantile equals its level.
-  config = regression.get_config("quick", "maml")
-  problem = regression.make_problem(config)
-  tasks, functions = sine_line.sample_tasks_and_functions(jax.random.key(1), 4000, num_query=10)
-  truth = sine_line.evaluate_functions(functions, tasks.query_x)
-  per_task = {"mse": np.zeros(4000), "nll": np.zeros(4000),
-              "predictions": np.asarray(truth)[:, None], "targets": np.asarray(tasks.query_y)}
-  summary = runner.summarise(problem, per_task, num_bins=10)
-  # 40 000 points: the binomial std of a coverage is at most 0.0025.
-  np.testing.assert_allclose(summary["_quantiles"].observed, summary["_quantiles"].levels,
-                             atol=0.01)
-  assert summary["ece"] < 0.006
-  record = json.loads(json.dumps(runner.calibration_record(summary)))
-  restored = runner.calibration_from_record(record)
-  np.testing.assert_array_equal(restored.observed, summary["_quantiles"].observed)
-  assert restored.ece == summary["ece"]
+  # Draws of the true function plus the true noise: the paper's metric (the
+  # outputs' quantiles under the true distribution) is on the diagonal; so is
+  # the PIT of the exact Gaussian predictive (one draw of the truth, noise added).
+  rng = np.random.default_rng(0)
+  tasks, functions = sine_line.sample_tasks_and_functions(jax.random.key(1), 400, num_query=10)
+  truth = np.asarray(sine_line.evaluate_functions(functions, tasks.query_x))  # [400, 10, 1]
+  outputs = truth[:, None] + 0.3 * rng.normal(size=(400, 500, 10, 1))
+  per_task = {"mse": np.zeros(400), "predictive_mean_mse": np.zeros(400), "nll": np.zeros(400),
+              "predictions": outputs, "targets": np.asarray(tasks.query_y), "truth": truth}
+  summary = evaluation.summarise("regression", per_task, noise_std=0.3)
+  paper = summary.calibration["quantile_calibration"]
+  np.testing.assert_allclose(paper.levels, np.linspace(0, 1, 11))
+  # Inner levels within 0.01; the ends (min and max of 500 draws) near 0 and 1.
+  np.testing.assert_allclose(paper.observed[1:-1], paper.levels[1:-1], atol=0.01)
+  assert paper.observed[0] < 0.01 and paper.observed[-1] > 0.99
+  exact = dict(per_task, predictions=truth[:, None])
+  pit = evaluation.summarise("regression", exact, noise_std=0.3).calibration["pit_calibration"]
+  np.testing.assert_allclose(pit.observed, pit.levels, atol=0.025)  # 4000 points: 3 sigma
+  record = json.loads(json.dumps(calibration.to_record(paper)))
+  np.testing.assert_array_equal(calibration.from_record(record).observed, paper.observed)
 
 
 def test_short_run_of_both_methods_learns_and_writes_results(tmp_path):
@@ -93,8 +107,15 @@ def test_short_run_of_both_methods_learns_and_writes_results(tmp_path):
   assert maml["mse"] < 7.0 and vampire["mse"] < 10.0
   for method in (maml, vampire):
     assert method["num_tasks"] == 100 and np.isfinite(method["nll"])
-    assert 0 <= method["ece"] <= method["mce"] <= 1
   assert vampire["config"]["num_mc_test"] == 4 and maml["config"]["kl_weight"] == 0.0
+  # The paper's calibration curve: a point estimate has one quantile, so one
+  # observed value at every level; VAMPIRE's quantiles rise with the level.
+  maml_curve = calibration.from_record(maml["calibration"]["quantile_calibration"])
+  vampire_curve = calibration.from_record(vampire["calibration"]["quantile_calibration"])
+  np.testing.assert_allclose(maml_curve.observed, maml_curve.observed[0])
+  assert np.all(np.diff(vampire_curve.observed) >= 0) and np.ptp(vampire_curve.observed) > 0.01
+  # With one draw the paper's MSE is the predictive mean's.
+  np.testing.assert_allclose(maml["mse"], maml["predictive_mean_mse"], rtol=1e-6)
   saved = json.loads((tmp_path / "results.json").read_text())
   assert saved["methods"]["vampire"]["mse"] == vampire["mse"]
   for name in ("tasks.png", "quantile_calibration.png", "vampire/results.json",
@@ -108,7 +129,7 @@ def test_short_run_of_both_methods_learns_and_writes_results(tmp_path):
 
 
 def test_cli_rejects_unknown_algorithms():
-  with pytest.raises(SystemExit):
-    regression.parse_args(["--algorithms", "vampire,nonsense"])
-  with pytest.raises(ValueError, match="preset"):
+  with pytest.raises(ConfigError, match="nonsense"):
+    regression.main(["--algorithms", "vampire,nonsense"])
+  with pytest.raises(ConfigError, match="preset"):
     regression.get_config("nonsense")

@@ -6,6 +6,7 @@ of the suite keeps one device. The subprocess runs this file with `--child`
 and prints its measurements as JSON; the tests compare them.
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -116,6 +117,18 @@ def _sharded_measurements() -> dict:
         params, tasks, task_keys)
     out["adapt_traces_" + ("one_device" if mesh_or_none is None else "mesh")] = len(calls)
 
+  # A split's scores with tasks drawn from the key and their index: the same
+  # on 8 devices (batches of 16) as on one (batches of 10).
+  problem = _regression_problem()
+  learner = _learners(apply_fn)["vampire"]
+  meta_params = learner.init(params, jax.random.key(3))
+  per_task = {}
+  for name, batch, mesh_or_none in (("one", 10, None), ("mesh", 16, mesh)):
+    evaluate = jax.jit(vj.make_regression_evaluator(learner, NOISE_STD, mesh=mesh_or_none))
+    split = vj.training.split_evaluator(problem, evaluate, "test", mesh_or_none)
+    per_task[name] = vj.evaluate_split(split, meta_params, jax.random.key(9), 20, batch)["mse"]
+  out["split_mse"] = {k: np.asarray(v).tolist() for k, v in per_task.items()}
+
   try:
     _, _, twelve = _regression_setup(num_tasks=12)
     vj.make_meta_gradient(maml, mesh=mesh)(params, twelve, jax.random.split(jax.random.key(0), 12))
@@ -125,29 +138,25 @@ def _sharded_measurements() -> dict:
   return out
 
 
+def _regression_problem(hidden=(16,)):
+  from experiments import regression
+  config = dataclasses.replace(regression.get_config("quick"), hidden_sizes=hidden)
+  return regression.make_problem(config)
+
+
 def _runner_measurements(workdir: Path) -> dict:
-  """A short regression run through the runner, sharded over 8 devices and not."""
-  from experiments import runner
-
-  model = vj.MLP((16,), 1)
-
-  def sample_tasks(split, key, num_tasks):
-    key = jax.random.fold_in(key, ("train", "val", "test").index(split))
-    return sine_line.sample_tasks(key, num_tasks, num_support=5, num_query=10)
-
-  problem = runner.Problem(apply_fn=vj.pure_apply(model),
-                           init_params=lambda key: vj.init_params(model, key, (1, 1)),
-                           nll=vj.gaussian_nll(NOISE_STD), sample_tasks=sample_tasks,
-                           kind="regression", noise_std=NOISE_STD)
-  out = {"eval_batch_10_on_8_devices": runner.eval_batch_size(
-      runner.RunConfig(eval_batch_tasks=10), vj.task_mesh())}
+  """A short regression run through the training loop, sharded over 8 devices and not."""
+  from experiments import regression
+  out = {"eval_batch_10_on_8_devices": vj.training.eval_batch_size(
+      vj.RunConfig(eval_batch_tasks=10), vj.task_mesh())}
   for shard in ("auto", "off"):
-    config = runner.RunConfig(
-        algorithm="vampire", tasks_per_step=8, num_meta_steps=4, num_inner_steps=2,
-        inner_lr=0.001, kl_weight=0.1, num_mc_train=2, num_mc_query=2, num_mc_test=4,
-        task_batching="vmap", eval_task_batching="vmap", num_val_tasks=8, num_test_tasks=20,
-        eval_batch_tasks=8, eval_every=4, checkpoint_every=4, log_every=2, shard_tasks=shard)
-    results = runner.train_and_evaluate(problem, config, workdir / shard, progress=False)
+    config = dataclasses.replace(
+        regression.get_config("quick", "vampire"), hidden_sizes=(16, 16, 16), tasks_per_step=8,
+        num_meta_steps=4, num_inner_steps=2, kl_weight=0.1, num_mc_train=2, num_mc_query=2,
+        num_mc_test=4, num_val_tasks=8, num_test_tasks=20, eval_batch_tasks=10, eval_every=4,
+        checkpoint_every=4, log_every=2, shard_tasks=shard)
+    results = vj.train_and_evaluate(regression.make_problem(config), config, workdir / shard,
+                                    progress=False)
     out[shard] = {"mse": results["test"]["mse"], "nll": results["test"]["nll"],
                   "num_tasks": results["test"]["num_tasks"],
                   "mesh_devices": results["task_mesh_devices"],
@@ -213,6 +222,14 @@ def test_each_device_adapts_to_its_own_tasks(sharded):
   assert sharded["adapt_traces_mesh"] == NUM_TASKS // NUM_FAKE_DEVICES
 
 
+def test_split_scores_do_not_depend_on_devices_or_batch_size(sharded):
+  # Tasks (and their draws) come from the key and their index alone: 8 devices
+  # with batches of 16 score the same 20 tasks as one device with batches of 10.
+  one, mesh = (np.asarray(sharded["split_mse"][k]) for k in ("one", "mesh"))
+  assert one.shape == (20,) and np.ptp(one) > 0
+  np.testing.assert_allclose(mesh, one, rtol=1e-5)
+
+
 def test_indivisible_task_count_is_a_clear_error(sharded):
   assert "12 tasks cannot be split evenly over 8 devices" in sharded["indivisible_error"]
 
@@ -222,7 +239,8 @@ def test_runner_sharded_run_matches_one_device():
   result = _run_child("runner", timeout=900)
   assert result["auto"]["mesh_devices"] == NUM_FAKE_DEVICES
   assert result["off"]["mesh_devices"] == 1
-  # Evaluation batches are rounded up to a multiple of the devices.
+  # Evaluation batches are rounded up to a multiple of the devices; the scores
+  # are the same all the same (tasks drawn from their index).
   assert result["eval_batch_10_on_8_devices"] == 16
   assert result["auto"]["num_tasks"] == result["off"]["num_tasks"] == 20
   assert len(result["auto"]["train_loss"]) == 2
@@ -250,26 +268,27 @@ def _float32_meta_gradient(algorithm: str):
   return _run_fast_compiled(vj.make_meta_gradient(learner), meta_params, tasks, keys)
 
 
-def test_runner_mesh_choice_and_flags():
-  from experiments import cli, runner
+def test_mesh_choice_and_flags():
+  from experiments import cli
+  from vampire_jax import training
   import argparse
 
   parser = argparse.ArgumentParser()
-  cli.add_config_flags(parser, runner.RunConfig)
+  cli.add_config_flags(parser, vj.RunConfig())
   args = parser.parse_args(["--shard-tasks", "off", "--remat", "--compute-dtype", "bfloat16"])
-  config = cli.apply_overrides(runner.RunConfig(), args)
+  config = cli.apply_overrides(vj.RunConfig(), args)
   assert (config.shard_tasks, config.remat, config.compute_dtype) == ("off", True, "bfloat16")
-  assert runner.make_task_mesh(config, 32) is None
+  assert training.task_mesh_for(config, 32) is None
   # One visible device: 'auto' does not shard, 'on' makes a one-device mesh.
-  assert runner.make_task_mesh(runner.RunConfig(), 32) is None
-  assert runner.make_task_mesh(runner.RunConfig(shard_tasks="on"), 32).size == 1
-  with pytest.raises(ValueError, match="shard_tasks"):
-    runner.make_task_mesh(runner.RunConfig(shard_tasks="yes"), 32)
-  with pytest.raises(ValueError, match="compute_dtype"):
-    runner.network(None, runner.RunConfig(compute_dtype="float16"))
-  with pytest.raises(ValueError, match="host_chunked"):
-    runner.build_meta_step(None, None, runner.RunConfig(task_batching="host_chunked"), None,
-                           mesh=vj.task_mesh())
+  assert training.task_mesh_for(vj.RunConfig(), 32) is None
+  assert training.task_mesh_for(vj.RunConfig(shard_tasks="on"), 32).size == 1
+  with pytest.raises(vj.ConfigError, match="shard-tasks"):
+    vj.RunConfig(shard_tasks="yes").validate()
+  with pytest.raises(vj.ConfigError, match="compute-dtype"):
+    vj.RunConfig(compute_dtype="float16").validate()
+  with pytest.raises(vj.ConfigError, match="host_chunked"):
+    training.build_train_step(_regression_problem(), vj.RunConfig(task_batching="host_chunked"),
+                              None, None, vj.task_mesh(), 1)
 
 
 @pytest.mark.parametrize("algorithm", ["vampire", "maml"])
@@ -341,7 +360,10 @@ def test_mixed_precision_meta_gradient_is_close_to_float32():
   bf16_grads, bf16_metrics = _run_fast_compiled(vj.make_meta_gradient(bf16_learner), prior,
                                                 tasks, keys)
   assert all(g.dtype == jnp.float32 for g in jax.tree_util.tree_leaves(bf16_grads))
-  np.testing.assert_allclose(bf16_metrics["loss"], metrics["loss"], rtol=2e-2)
+  # bfloat16 keeps 8 significant bits; over six task samples the meta-loss
+  # differed from float32's by 0.1-3.4 % (BUILD_NOTES.md), the gradient's
+  # direction by a cosine of at least 0.999.
+  np.testing.assert_allclose(bf16_metrics["loss"], metrics["loss"], rtol=5e-2)
   assert bf16_metrics["loss"] != metrics["loss"]  # it did compute in bfloat16
   assert _cosine(grads, bf16_grads) > 0.99
 

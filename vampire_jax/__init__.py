@@ -3,26 +3,46 @@
 Pure functions over parameter pytrees. A distribution over weights is a
 `Gaussian(mean, log_std)` of two trees; `adapt` fits a task posterior by a
 few gradient steps on the variational free energy.
+
+Layers, from the leaves up (each imports only those below it):
+  gaussian, losses, tasks, batching, models, sharding, errors, config
+  adaptation                      adapt / maml_adapt / predict
+  learners, baselines             MetaLearner factories: vampire, maml, platipus, bmaml, abml
+  algorithms                      the registry: a RunConfig -> its MetaLearner
+  meta_step, evaluation           the meta-step and evaluator builders
+  calibration, checkpoint, reporting
+  training                        train_and_evaluate(problem, config, workdir)
+  runs                            load_run(workdir) -> Run
+  data                            Omniglot, mini-ImageNet, LEO features, sine/line; task sampler
 """
 
+from vampire_jax import algorithms, baselines, data, sharding
 from vampire_jax.adaptation import adapt, expected_nll, maml_adapt, predict, variational_free_energy
 from vampire_jax.batching import BATCHING_STRATEGIES, batched_map, default_task_batching
-from vampire_jax.gaussian import (Gaussian, check_gaussian, gaussian_from_params, kl_divergence, kl_step_factor,
-                                 point_mass, sample)
+from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, RiskCoverage,
+                                     classification_calibration, mean_confidence_interval,
+                                     mixture_cdf, mixture_quantile, paper_quantile_calibration,
+                                     regression_quantile_calibration, risk_coverage)
+from vampire_jax.checkpoint import RunCheckpoints
+from vampire_jax.config import RunConfig
+from vampire_jax.errors import ConfigError, DataError, MissingDataError, UserError
+from vampire_jax.evaluation import (ClassificationEval, RegressionEval, evaluate_split,
+                                    make_classification_evaluator, make_regression_evaluator,
+                                    make_split_evaluator, summarise)
+from vampire_jax.gaussian import (Gaussian, check_gaussian, gaussian_from_params, kl_divergence,
+                                  kl_step_factor, point_mass, sample)
+from vampire_jax.learners import MetaLearner, maml, query_loss, vampire
 from vampire_jax.losses import categorical_nll, gaussian_nll, loss_from_apply
-from vampire_jax.meta import (ClassificationEval, MetaLearner, MetaState, RegressionEval,
-                              apply_meta_gradient, classification_metrics, init_meta_state, make_classification_evaluator,
-                              make_host_chunked_meta_step, make_meta_gradient,
-                              make_meta_step, make_regression_evaluator, maml, meta_lr_schedule, meta_optimizer,
-                              query_loss, vampire)
-from vampire_jax.models import (MLP, Conv4, conv4_mini_imagenet, conv4_omniglot, init_params, mixed_precision,
-                                pure_apply)
-from vampire_jax import sharding
+from vampire_jax.meta_step import (MetaState, apply_meta_gradient, classification_metrics,
+                                   init_meta_state, make_host_chunked_meta_step,
+                                   make_host_chunked_train_step, make_meta_gradient,
+                                   make_meta_step, make_train_step, meta_lr_schedule,
+                                   meta_optimizer)
+from vampire_jax.models import (MLP, Conv4, conv4_mini_imagenet, conv4_omniglot, init_params,
+                                mixed_precision, pure_apply)
+from vampire_jax.runs import Run, load_run
 from vampire_jax.sharding import replicate, shard_tasks, task_mesh
 from vampire_jax.tasks import Task
+from vampire_jax.training import Problem, TrainingInterrupted, train_and_evaluate
 
-__version__ = "0.1.0"
-from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, classification_calibration,
-                                     mean_confidence_interval, mixture_cdf, mixture_quantile,
-                                     regression_quantile_calibration)
-from vampire_jax import baselines
+__version__ = "0.2.0"

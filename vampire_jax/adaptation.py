@@ -10,17 +10,14 @@ backward pass stores only the parameters between steps and recomputes each
 step's activations, trading compute for memory.
 """
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
 from vampire_jax import batching
 from vampire_jax.gaussian import Gaussian, check_gaussian, kl_divergence, sample
-
-PyTree = Any
-LossFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]
-ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
+from vampire_jax.losses import ApplyFn, LossFn, PyTree
 
 
 def _check_support(support_x, support_y) -> None:

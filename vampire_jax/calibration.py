@@ -1,10 +1,14 @@
 """Calibration metrics, computed on the host from arrays pulled off the device.
 
 Classification: reliability bins, expected and maximum calibration error
-(ECE, MCE; Guo et al. 2017), as in the paper's Fig. 3 and Table 4.
-Regression: quantile calibration (Kuleshov et al. 2018) of the Monte-Carlo
-predictive, the equal-weight mixture of N(mean_l, noise_std^2) over weight
-draws l, as in the paper's Fig. 2.
+(ECE, MCE; Guo et al. 2017), as in the paper's Fig. 3 and Table 4; and
+selective prediction, the risk-coverage curve (Geifman & El-Yaniv 2017):
+how accurate the predictions are that a confidence threshold keeps.
+Regression: the paper's quantile calibration (Sec. 4.1, after Song et al.
+2019, as the authors' code computes it: quantiles of the L_v network outputs
+scored against the noiseless truth under the known noise), and, as an extra,
+the PIT calibration (Kuleshov et al. 2018) of the Monte-Carlo predictive,
+the equal-weight mixture of N(mean_l, noise_std^2) over weight draws l.
 Also the mean +- 95% confidence interval that few-shot papers report.
 
 Everything here is numpy; pass `np.asarray(jax_array)` or the jax array itself.
@@ -100,6 +104,51 @@ def classification_calibration(probabilities: ArrayLike, labels: ArrayLike,
   ece = float(np.sum(count[nonempty] / confidence.size * gap))
   mce = float(np.max(gap))
   return ReliabilityBins(edges, mean_confidence, accuracy, count, ece, mce)
+
+
+class RiskCoverage(NamedTuple):
+  """Selective prediction: accuracy of the most confident predictions.
+
+  Predictions are sorted by confidence, most confident first; keeping the
+  first k of N covers k / N of them.
+  """
+  coverage: np.ndarray  # [N], k / N for k = 1..N
+  accuracy: np.ndarray  # [N], accuracy of the k most confident predictions
+  aurc: float           # area under the risk (1 - accuracy) vs coverage curve, mean over k
+
+  def accuracy_at(self, coverage: float) -> float:
+    """Accuracy of the ceil(coverage * N) most confident predictions."""
+    if not 0.0 < coverage <= 1.0:
+      raise ValueError(f"coverage must be in (0, 1], got {coverage}")
+    kept = max(1, math.ceil(coverage * len(self.coverage) - 1e-9))
+    return float(self.accuracy[kept - 1])
+
+
+def risk_coverage(probabilities: ArrayLike, labels: ArrayLike) -> RiskCoverage:
+  """The risk-coverage curve of predicted class probabilities, pooled over tasks.
+
+  Confidence is the largest probability; ties keep their input order.
+  AURC = (1/N) sum_k (1 - accuracy of the k most confident): 0 for a
+  perfect classifier whose confidence ranks every error last.
+
+  Args:
+    probabilities: `[N, C]` or `[tasks, query, C]`.
+    labels: `[N]` or `[tasks, query]` integers.
+
+  Returns:
+    A `RiskCoverage`.
+  """
+  probabilities = np.asarray(probabilities, dtype=np.float64)
+  labels = np.asarray(labels)
+  if probabilities.ndim < 2 or labels.shape != probabilities.shape[:-1] or labels.size == 0:
+    raise ValueError(f"probabilities [..., C] and labels [...] must match and be non-empty; got "
+                     f"shapes {probabilities.shape} and {labels.shape}")
+  probabilities = probabilities.reshape(-1, probabilities.shape[-1])
+  correct = probabilities.argmax(axis=-1) == labels.reshape(-1)
+  order = np.argsort(-probabilities.max(axis=-1), kind="stable")
+  kept = np.arange(1, correct.size + 1)
+  accuracy = np.cumsum(correct[order]) / kept
+  return RiskCoverage(kept / correct.size, accuracy, float(np.mean(1.0 - accuracy)))
 
 
 def mean_confidence_interval(values: ArrayLike, confidence: float = 0.95) -> tuple[float, float]:
@@ -337,3 +386,71 @@ def regression_quantile_calibration(predicted_means: ArrayLike, targets: ArrayLi
   observed = np.mean(pit[None, :] <= levels[:, None], axis=1)  # [P]
   gap = np.abs(observed - levels)
   return QuantileCalibration(levels, observed, float(np.mean(gap)), float(np.max(gap)))
+
+
+PAPER_QUANTILE_LEVELS = np.linspace(0.0, 1.0, 11)
+
+
+def paper_quantile_calibration(predictions: ArrayLike, truth: ArrayLike, noise_std: float,
+                               levels: ArrayLike = PAPER_QUANTILE_LEVELS) -> QuantileCalibration:
+  """The paper's regression calibration (Fig. 2c-d), as the authors' code computes it.
+
+  For each level p and point x, q_p(x) is the p-quantile of the L network
+  outputs f_1(x) .. f_L(x) themselves (`np.quantile`, linear interpolation;
+  no observation noise). Under the true data distribution N(y0(x),
+  noise_std^2), a fraction Phi((q_p(x) - y0(x)) / noise_std) of the
+  observations falls below it; `observed_p` is that fraction averaged over
+  all points. ECE = mean_p |observed_p - p|, MCE = max_p, over the 11
+  levels 0, 0.1, .., 1.
+
+  A point estimate (one output, MAML) has the same quantile at every level,
+  so its observed fraction is one number at every level; the paper draws it
+  as the single point (0.5, observed) joined to (0, 0) and (1, 1).
+
+  Args:
+    predictions: `[num_samples, N]` or `[tasks, num_samples, points]` outputs.
+    truth: `[N]` or `[tasks, points]` noiseless targets y0 (no noise added).
+    noise_std: the data's noise standard deviation (0.3 in the paper).
+    levels: the quantile levels, each in [0, 1].
+
+  Returns:
+    A `QuantileCalibration` over `levels`.
+  """
+  predictions, truth = _pool_regression(predictions, truth)
+  noise_std = _check_noise_std(noise_std)
+  levels = np.array(levels, dtype=np.float64)
+  if levels.ndim != 1 or levels.size == 0 or levels.min() < 0.0 or levels.max() > 1.0:
+    raise ValueError(f"levels must be a non-empty 1-D array of values in [0, 1], got {levels}")
+  quantiles = np.quantile(predictions, levels, axis=0)  # [levels, N]
+  observed = np.mean(_normal_cdf((quantiles - truth[None]) / noise_std), axis=1)
+  gap = np.abs(observed - levels)
+  return QuantileCalibration(levels, observed, float(np.mean(gap)), float(np.max(gap)))
+
+
+# -- Records: results as JSON, and back ----------------------------------------
+
+_RECORD_KINDS = {"ReliabilityBins": ReliabilityBins, "QuantileCalibration": QuantileCalibration,
+                 "RiskCoverage": RiskCoverage}
+_RECORD_POINTS = 101  # a risk-coverage curve is kept at this many coverages
+
+
+def to_record(result) -> dict:
+  """A calibration result as JSON-ready lists; `from_record` turns it back.
+
+  Figures that compare several runs are drawn from their results.json. A
+  risk-coverage curve is kept at 101 evenly spaced coverages.
+  """
+  if isinstance(result, RiskCoverage) and len(result.coverage) > _RECORD_POINTS:
+    picks = np.unique(np.ceil(np.linspace(0.01, 1.0, _RECORD_POINTS) * len(result.coverage)
+                              - 1e-9).astype(int) - 1)
+    result = RiskCoverage(result.coverage[picks], result.accuracy[picks], result.aurc)
+  fields = {k: (np.asarray(v).tolist() if np.ndim(v) else float(v))
+            for k, v in result._asdict().items()}
+  return {"kind": type(result).__name__, **fields}
+
+
+def from_record(record: dict):
+  """The `ReliabilityBins`, `QuantileCalibration` or `RiskCoverage` of `to_record`."""
+  kind = _RECORD_KINDS[record["kind"]]
+  return kind(**{f: (np.asarray(record[f], dtype=float) if isinstance(record[f], list)
+                     else record[f]) for f in kind._fields})

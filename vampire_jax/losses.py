@@ -7,14 +7,18 @@ functions score the Monte-Carlo predictive (the average over weight draws).
 """
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from vampire_jax.adaptation import ApplyFn, LossFn
-
+PyTree = Any
+# `apply_fn(params, x) -> outputs`: a network applied with one weight tree.
+ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
+# `loss_fn(params, x, y) -> scalar`: the mean NLL of (x, y) under one weight tree.
+LossFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]
+# `nll(outputs, y) -> scalar`: the mean NLL of targets given one output batch.
 Likelihood = Callable[[jax.Array, jax.Array], jax.Array]
 
 

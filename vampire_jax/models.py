@@ -6,16 +6,23 @@ estimate.
 
 Batch norm: `BatchStatNorm` normalises with the statistics of the batch in
 hand and keeps no running averages, as MAML does; at test time a task's
-query set is normalised with its own statistics. Its scale and offset are
-ordinary weights, so VAMPIRE gives them a distribution like every other
-weight.
+query set is normalised with its own statistics. By default it has a scale
+and an offset, ordinary weights to which VAMPIRE gives a distribution like
+every other weight; `Conv4(batch_norm_affine=False)` is the authors'
+network, whose batch norm has neither (`affine=False` in PyTorch).
+
+`module_spec(module)` / `module_from_spec(spec)` write a module's class and
+fields as JSON and build it again, so a trained run can be loaded without
+the code that trained it.
 
 Mixed precision: `mixed_precision(apply_fn)` runs a network's matmuls and
 convolutions in bfloat16 while the weight distributions, the losses and the
 batch-norm statistics stay in float32.
 """
 
-from typing import Callable, Sequence
+import dataclasses
+import importlib
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -30,20 +37,24 @@ class BatchStatNorm(nn.Module):
   """Batch norm with batch statistics only: y = scale * (x - mean) / std + offset.
 
   Statistics are taken in float32 (or wider) whatever the input's precision;
-  the output has the input's dtype.
+  the output has the input's dtype. `use_scale_offset=False` drops the
+  scale and offset (y = (x - mean) / std).
   """
   epsilon: float = 1e-5
+  use_scale_offset: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    features = x.shape[-1]
-    scale = self.param("scale", nn.initializers.ones, (features,))
-    offset = self.param("offset", nn.initializers.zeros, (features,))
     axes = tuple(range(x.ndim - 1))
     wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     mean = jnp.mean(wide, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(wide - mean), axis=axes, keepdims=True)
-    normalised = (wide - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + offset
+    normalised = (wide - mean) * jax.lax.rsqrt(var + self.epsilon)
+    if self.use_scale_offset:
+      features = x.shape[-1]
+      scale = self.param("scale", nn.initializers.ones, (features,))
+      offset = self.param("offset", nn.initializers.zeros, (features,))
+      normalised = normalised * scale + offset
     return normalised.astype(x.dtype)
 
 
@@ -77,7 +88,8 @@ class Conv4(nn.Module):
 
   Omniglot (the default): 64 filters, stride-2 convolutions, 28x28x1 input.
   mini-ImageNet: `num_filters=32, max_pool=True`: stride-1 convolutions each
-  followed by 2x2 max-pooling, 84x84x3 input.
+  followed by 2x2 max-pooling, 84x84x3 input. `batch_norm_affine=False`:
+  batch norm without scale and offset, as in the authors' code.
 
   Input `[batch, height, width, channels]`, output logits `[batch, num_classes]`.
   """
@@ -85,6 +97,7 @@ class Conv4(nn.Module):
   num_filters: int = 64
   max_pool: bool = False
   conv_impl: str = "xla"  # "xla" (nn.Conv) or "patches" (PatchConv)
+  batch_norm_affine: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -97,7 +110,7 @@ class Conv4(nn.Module):
                     kernel_init=kernel_init, name=f"conv{block}")(x)
       else:
         raise ValueError(f"conv_impl must be 'xla' or 'patches', got {self.conv_impl!r}")
-      x = BatchStatNorm(name=f"norm{block}")(x)
+      x = BatchStatNorm(use_scale_offset=self.batch_norm_affine, name=f"norm{block}")(x)
       x = nn.relu(x)
       if self.max_pool:
         x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
@@ -156,5 +169,32 @@ def pure_apply(module: nn.Module) -> Callable[[dict, jax.Array], jax.Array]:
 
 
 def init_params(module: nn.Module, key: jax.Array, input_shape: Sequence[int]) -> dict:
-  """The module's initial 'params' tree for inputs of shape `[batch, ...]`."""
-  return module.init(key, jnp.zeros(tuple(input_shape), jnp.float32))["params"]
+  """The module's initial 'params' tree for inputs of shape `[batch, ...]`.
+
+  Jitted: run op by op, a network's initialisation compiles every small
+  operation on its own, which takes seconds on a CPU.
+  """
+  shape = tuple(input_shape)
+  return jax.jit(lambda k: module.init(k, jnp.zeros(shape, jnp.float32))["params"])(key)
+
+
+def module_spec(module: nn.Module) -> dict[str, Any]:
+  """`{"class": "package.module.Class", "fields": {...}}`: what rebuilds `module`.
+
+  Fields are the module's dataclass fields (not `parent`, `name`); they must
+  be JSON values (tuples come back as lists and are turned back into tuples).
+  """
+  cls = type(module)
+  fields = {f.name: getattr(module, f.name) for f in dataclasses.fields(module)
+            if f.name not in ("parent", "name")}
+  return {"class": f"{cls.__module__}.{cls.__qualname__}", "fields": fields}
+
+
+def module_from_spec(spec: dict[str, Any]) -> nn.Module:
+  """The module `module_spec` described: its class imported, its fields set."""
+  module_name, _, class_name = spec["class"].rpartition(".")
+  cls = getattr(importlib.import_module(module_name), class_name)
+  if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+    raise TypeError(f"{spec['class']} is not a flax.linen.Module")
+  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["fields"].items()}
+  return cls(**fields)

@@ -81,6 +81,19 @@ def shard_tasks(tasks: PyTree, mesh: Mesh) -> PyTree:
   return jax.tree_util.tree_map(lambda x: _global_array(sharding, x), tasks)
 
 
+def distribute(tasks: PyTree, mesh: Mesh) -> PyTree:
+  """Places a tree of `[tasks, ...]` arrays, split over the mesh, when every process holds all.
+
+  Unlike `shard_tasks`, each process passes the whole batch (computed the
+  same way on every process) and contributes the slices its devices hold.
+  """
+  sharding = task_sharding(mesh)
+  if jax.process_count() == 1:
+    return jax.device_put(tasks, sharding)
+  return jax.tree_util.tree_map(
+      lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), tasks)
+
+
 def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
   """Places every leaf of `tree` whole on every device of the mesh.
 

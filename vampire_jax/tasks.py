@@ -3,6 +3,7 @@
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 
 class Task(NamedTuple):
@@ -21,3 +22,15 @@ class Task(NamedTuple):
   support_y: jax.Array
   query_x: jax.Array
   query_y: jax.Array
+
+
+def check_task_batch(tasks: Task) -> int:
+  """Raises ValueError unless every field shares a leading task axis; returns it."""
+  sizes = {name: jnp.shape(value)[0] if jnp.ndim(value) else None
+           for name, value in tasks._asdict().items()}
+  if len(set(sizes.values())) != 1 or None in sizes.values():
+    raise ValueError(f"all Task fields need the same leading [tasks] axis; got {sizes}")
+  shapes = {k: jnp.shape(v) for k, v in tasks._asdict().items()}
+  if shapes["support_x"][1] != shapes["support_y"][1] or shapes["query_x"][1] != shapes["query_y"][1]:
+    raise ValueError(f"x and y must have the same number of examples per task; got {shapes}")
+  return sizes["support_x"]

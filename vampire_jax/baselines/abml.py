@@ -27,7 +27,7 @@ from jax.scipy import stats
 from vampire_jax import adaptation, batching, losses
 from vampire_jax.baselines import _ensemble
 from vampire_jax.gaussian import Gaussian, kl_divergence
-from vampire_jax.meta import MetaLearner, vampire
+from vampire_jax.learners import DEFAULT_INNER_LR, DEFAULT_KL_WEIGHT, MetaLearner, vampire
 from vampire_jax.tasks import Task
 
 PyTree = Any
@@ -61,8 +61,8 @@ def hyper_prior_nll(prior: Gaussian, *, mean_prior_std: float = 1.0,
 
 
 def abml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
-         num_inner_steps: int = 5, inner_lr: float = 0.1,
-         kl_weight: float = 0.1, num_mc_train: int = 1, num_mc_query: int = 1,
+         num_inner_steps: int = 5, inner_lr: float = DEFAULT_INNER_LR,
+         kl_weight: float = DEFAULT_KL_WEIGHT, num_mc_train: int = 1, num_mc_query: int = 1,
          hyper_prior_weight: float = 1e-4, mean_prior_std: float = 1.0,
          precision_prior: tuple[float, float] = (1.0, 0.01),
          first_order: bool = False,
@@ -75,16 +75,18 @@ def abml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
     apply_fn: the network, `apply_fn(params, x)`.
     nll: likelihood on outputs (a mean over examples).
     num_inner_steps: S, gradient steps on the support ELBO.
-    inner_lr: α.
+    inner_lr: α. With `kl_weight`, VAMPIRE's stable defaults: the inner loop
+      is VAMPIRE's, and α·kl_weight/σ_p² must stay below 2 (see
+      `vampire_jax.learners`).
     kl_weight: weight of KL(q ‖ p(φ | θ)) in both ELBOs. ABML's ELBO sums
       the NLL over examples, which is kl_weight = 1 / (number of examples)
-      on this library's mean NLL; 0.1 is the library's VAMPIRE default.
+      on this library's mean NLL.
     num_mc_train: draws from q per inner step.
     num_mc_query: draws from q for the meta-loss and for prediction.
     hyper_prior_weight: weight of −log p(θ) in each task's meta-loss. ABML
       counts the hyper-prior once for all M training tasks, which per task
       and per example is kl_weight / M; 1e-4 is that for kl_weight 0.1 and
-      M = 1000. 0 gives the flat hyper-prior the VAMPIRE paper trained ABML
+      M = 1000 (the VAMPIRE authors' re-implementation). 0 gives the flat hyper-prior the VAMPIRE paper trained ABML
       with for its regression comparison.
     mean_prior_std: standard deviation of the Normal hyper-prior on μ_θ.
     precision_prior: (shape, rate) of the Gamma hyper-prior on σ_θ^−2.

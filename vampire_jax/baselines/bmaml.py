@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from vampire_jax import adaptation, batching, losses
 from vampire_jax.baselines import _ensemble
-from vampire_jax.meta import MetaLearner
+from vampire_jax.learners import MetaLearner
 from vampire_jax.tasks import Task
 
 PyTree = Any

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from vampire_jax import adaptation, batching, losses
 from vampire_jax.baselines import _ensemble
 from vampire_jax.gaussian import Gaussian, gaussian_from_params, kl_divergence, sample
-from vampire_jax.meta import MetaLearner
+from vampire_jax.learners import MetaLearner
 from vampire_jax.tasks import Task
 
 PyTree = Any

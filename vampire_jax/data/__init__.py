@@ -1,21 +1,24 @@
-"""Few-shot data: Omniglot, mini-ImageNet, LEO embeddings; on-device tasks.
+"""Few-shot data: Omniglot, mini-ImageNet, LEO embeddings; on-device tasks; preprocessing.
 
 Importing this package does not import TensorFlow; only `load_omniglot` and
 `load_mini_imagenet` with the TFDS source (and `mini_imagenet_builder_class`)
 do.
 """
 
-from vampire_jax.data.class_tasks import check_class_counts
 from vampire_jax.data.class_tasks import class_combinations
 from vampire_jax.data.class_tasks import combination_at
 from vampire_jax.data.class_tasks import combination_ids
 from vampire_jax.data.class_tasks import combination_tasks
 from vampire_jax.data.class_tasks import num_combinations
-from vampire_jax.data.class_tasks import sample_tasks_with_counts
-from vampire_jax.data.class_tasks import tasks_for_classes
+from vampire_jax.data.episodes import CLASS_SAMPLING
+from vampire_jax.data.episodes import check_class_counts
 from vampire_jax.data.episodes import check_episode_spec
+from vampire_jax.data.episodes import num_classes_available
 from vampire_jax.data.episodes import NUM_ROTATIONS
 from vampire_jax.data.episodes import sample_tasks
+from vampire_jax.data.episodes import tasks_for_classes
+from vampire_jax.data.episodes import tasks_from_keys
+from vampire_jax.data.episodes import to_unit_range
 from vampire_jax.data.features import FeatureSplit
 from vampire_jax.data.features import load_leo_embeddings
 from vampire_jax.data.mini_imagenet import load_mini_imagenet
@@ -31,10 +34,13 @@ from vampire_jax.data.omniglot import make_split
 from vampire_jax.data.omniglot import OmniglotArrays
 from vampire_jax.data.omniglot import save_split_indices
 from vampire_jax.data.omniglot import split_indices
+from vampire_jax.data.preprocessing import preprocess_mini_imagenet
+from vampire_jax.data.preprocessing import preprocess_omniglot
 
 __all__ = (
     'ALPHABETS',
     'BACKGROUND_ALPHABETS',
+    'CLASS_SAMPLING',
     'EVALUATION_ALPHABETS',
     'FeatureSplit',
     'MiniImagenetSplit',
@@ -53,10 +59,14 @@ __all__ = (
     'load_omniglot',
     'make_split',
     'mini_imagenet_builder_class',
+    'num_classes_available',
     'num_combinations',
+    'preprocess_mini_imagenet',
+    'preprocess_omniglot',
     'sample_tasks',
-    'sample_tasks_with_counts',
     'save_split_indices',
     'split_indices',
     'tasks_for_classes',
+    'tasks_from_keys',
+    'to_unit_range',
 )

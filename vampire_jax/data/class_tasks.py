@@ -1,24 +1,17 @@
-"""Tasks from chosen classes: class combinations and classes of unequal size.
+"""Tasks of chosen classes: every N-class combination (the paper's calibration protocol).
 
-`sample_tasks` (episodes.py) draws the classes of each task at random from
-classes that all have the same number of examples. This module covers the
-two other cases:
-
-- The calibration protocol of the paper scores a model on every 5-class
-  combination of mini-ImageNet's 20 test classes, C(20, 5) = 15 504 tasks.
-  Combination i is the i-th of `itertools.combinations(range(20), 5)`;
-  `combination_at` computes it without listing the others, so a random
-  subset of a huge set of combinations is cheap too.
-- tiered-ImageNet's classes have 732 to 1300 images. Classes are stored
-  padded to the largest, with the true count per class;
-  `sample_tasks_with_counts` draws examples only among a class's own.
+The calibration protocol of the paper scores a model on every 5-class
+combination of mini-ImageNet's 20 test classes, C(20, 5) = 15 504 tasks.
+Combination i is the i-th of `itertools.combinations(range(20), 5)`;
+`combination_at` computes it without listing the others, so a random subset
+of a huge set of combinations is cheap too. The examples of each task are
+drawn by the task sampler's `episodes.tasks_for_classes`.
 
   ids = combination_ids(num_classes=20, ways=5)           # all 15 504, in order
   tasks = combination_tasks(key, test_images, ids[:20], num_classes=20,
                             ways=5, shots=1, query=15)     # 20 tasks
 """
 
-import functools
 import math
 from typing import Optional
 
@@ -26,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vampire_jax.data.episodes import check_episode_spec
+from vampire_jax.data.episodes import tasks_for_classes
 from vampire_jax.tasks import Task
 
 
@@ -124,7 +117,7 @@ def combination_tasks(
       axis 1); None if all E are used.
 
   Returns:
-    `Task` as `sample_tasks_with_counts` returns.
+    `Task` as `episodes.tasks_from_keys` returns.
   """
   if class_images.shape[0] != num_classes:
     raise ValueError(f'class_images has {class_images.shape[0]} classes, '
@@ -138,126 +131,3 @@ def combination_tasks(
       key, jnp.asarray(ids, jnp.uint32))
   return tasks_for_classes(keys, class_images, classes, shots=shots,
                            query=query, class_counts=class_counts)
-
-
-@functools.partial(jax.jit, static_argnames=('shots', 'query'))
-def tasks_for_classes(
-    keys: jax.Array,
-    class_images: jax.Array,
-    classes: jax.Array,
-    *,
-    shots: int,
-    query: int,
-    class_counts: Optional[jax.Array] = None,
-) -> Task:
-  """Tasks of the given classes, examples drawn at random (jitted).
-
-  Args:
-    keys: `[tasks]` PRNG keys, one per task.
-    class_images: `[C, E, ...]`; uint8 is scaled to [0, 1], floats are kept.
-    classes: int `[tasks, ways]` distinct classes of each task; class
-      `classes[t, j]` gets label j.
-    shots: support examples per class.
-    query: query examples per class (distinct from the support ones).
-    class_counts: int `[C]`, how many of the E slots of each class hold
-      examples (the first ones); None if all do. Each count must be at least
-      `shots + query` (checked by the callers that know the counts).
-
-  Returns:
-    `Task` with support_x `[tasks, ways*shots, ...]` float32, support_y int32
-    `[tasks, ways*shots]` (`[0]*shots + [1]*shots + ...`), query_x
-    `[tasks, ways*query, ...]`, query_y `[tasks, ways*query]`.
-  """
-  num_classes, num_slots = class_images.shape[:2]
-  ways = classes.shape[1]
-  check_episode_spec(num_classes, num_slots, ways=ways, shots=shots,
-                     query=query)
-  if class_counts is None:
-    class_counts = jnp.full((num_classes,), num_slots, jnp.int32)
-
-  def one_task(key, task_classes):
-    examples = jax.vmap(
-        lambda k, count: _random_subset_below(k, num_slots, count,
-                                              shots + query))(
-            jax.random.split(key, ways), class_counts[task_classes])
-    images = class_images[task_classes[:, None], examples]  # [ways, s+q, ...]
-    scale = 255 if images.dtype == jnp.uint8 else 1
-    images = images.astype(jnp.float32) / scale
-    example_shape = images.shape[2:]
-    labels = jnp.arange(ways, dtype=jnp.int32)
-    return Task(
-        support_x=images[:, :shots].reshape(ways * shots, *example_shape),
-        support_y=jnp.repeat(labels, shots),
-        query_x=images[:, shots:].reshape(ways * query, *example_shape),
-        query_y=jnp.repeat(labels, query))
-
-  return jax.vmap(one_task)(keys, classes)
-
-
-@functools.partial(
-    jax.jit, static_argnames=('num_tasks', 'ways', 'shots', 'query'))
-def sample_tasks_with_counts(
-    key: jax.Array,
-    class_images: jax.Array,
-    class_counts: jax.Array,
-    *,
-    num_tasks: int,
-    ways: int,
-    shots: int,
-    query: int,
-) -> Task:
-  """`sample_tasks` without rotations, for classes of unequal size (jitted).
-
-  Per task: `ways` distinct classes drawn uniformly, then `shots + query`
-  distinct examples of each, drawn uniformly among that class's
-  `class_counts[c]` examples.
-
-  Args:
-    key: PRNG key; the same key gives the same tasks.
-    class_images: `[C, E, ...]`, class c's examples in its first
-      `class_counts[c]` slots (the rest is padding, never drawn).
-    class_counts: int `[C]`, each at least `shots + query` (not checked here,
-      the counts being traced; `check_class_counts` does it on the host).
-    num_tasks: tasks in the meta-batch.
-    ways: classes per task.
-    shots: support examples per class.
-    query: query examples per class.
-
-  Returns:
-    `Task` as `tasks_for_classes` returns.
-  """
-  num_classes = class_images.shape[0]
-  check_episode_spec(num_classes, class_images.shape[1], ways=ways,
-                     shots=shots, query=query)
-  if num_tasks < 1:
-    raise ValueError(f'num_tasks must be at least 1, got {num_tasks}.')
-  key_classes, key_examples = jax.random.split(key)
-  classes = jax.vmap(lambda k: _random_subset_below(
-      k, num_classes, num_classes, ways))(
-          jax.random.split(key_classes, num_tasks))
-  return tasks_for_classes(jax.random.split(key_examples, num_tasks),
-                           class_images, classes, shots=shots, query=query,
-                           class_counts=class_counts)
-
-
-def check_class_counts(class_counts: np.ndarray, *, ways: int, shots: int,
-                       query: int) -> None:
-  """Raises ValueError unless every class can give `shots + query` examples."""
-  class_counts = np.asarray(class_counts)
-  check_episode_spec(len(class_counts), int(class_counts.max(initial=0)),
-                     ways=ways, shots=shots, query=query)
-  smallest = int(class_counts.min())
-  if smallest < shots + query:
-    raise ValueError(
-        f'shots + query = {shots} + {query} = {shots + query} distinct '
-        f'examples per class are needed, but the smallest class has only '
-        f'{smallest}.')
-
-
-def _random_subset_below(key: jax.Array, size: int, count: jax.Array,
-                         k: int) -> jax.Array:
-  """`k` distinct ints from `range(count)` (count <= size), uniformly, in
-  random order: the top-k of iid uniform noise, slots >= count set below."""
-  noise = jax.random.uniform(key, (size,))
-  noise = jnp.where(jnp.arange(size) < count, noise, -1.0)
-  return jax.lax.top_k(noise, k)[1]

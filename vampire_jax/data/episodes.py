@@ -1,23 +1,37 @@
-"""N-way k-shot tasks sampled on device from a stack of class images.
+"""N-way k-shot tasks drawn on device from a stack of class examples: the one task sampler.
 
-The whole image stack lives on the accelerator; `sample_tasks` draws a
-meta-batch with `jax.random` inside `jit`, one task per key (vmap over tasks).
-As in the paper and MAML, rotating a character by 90, 180 or 270 degrees
-makes a new class, so `C` characters give `4 C` classes.
+The whole stack `[C, E, ...]` (C classes, E examples each) lives on the
+accelerator; tasks are drawn with `jax.random` inside `jit`, each from its
+own key (vmap over tasks), so task i of a batch depends on its key alone.
 
-  train = jax.device_put(make_split(load_omniglot(), 'random')['train'])
+  train = jax.device_put(make_split(load_omniglot(), 'original')['train'])
   tasks = sample_tasks(key, train, num_tasks=32, ways=5, shots=1, query=15)
   tasks.support_x  # [32, 5, 28, 28, 1] float32 in [0, 1]
+
+Rotations (Omniglot): turning a character by 90, 180 or 270 degrees makes
+a new class. `class_sampling` says how a task's classes are drawn:
+  'character' (MAML's protocol, the default): `ways` distinct characters,
+    each turned by its own random multiple of 90 degrees;
+  'class': `ways` distinct (character, turn) pairs out of `4 C`, so a task
+    may hold one character twice, in two rotations (about 16 % of 20-way
+    tasks on Omniglot's 813 training characters).
+Classes of unequal size (tiered-ImageNet) are stored padded to the largest,
+with `class_counts`; examples are drawn among a class's own.
+`tasks_for_classes` draws the examples of given classes (the calibration
+protocol's class combinations use it too).
 """
 
 import functools
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vampire_jax.tasks import Task
 
 NUM_ROTATIONS = 4  # Quarter turns: 0, 90, 180, 270 degrees.
+CLASS_SAMPLING = ('character', 'class')
 
 
 def check_episode_spec(
@@ -52,8 +66,23 @@ def check_episode_spec(
         f'{examples_per_class}.')
 
 
-@functools.partial(
-    jax.jit, static_argnames=('num_tasks', 'ways', 'shots', 'query', 'rotate'))
+def num_classes_available(num_characters: int, *, rotate: bool,
+                          class_sampling: str = 'character') -> int:
+  """How many distinct classes a task can draw `ways` from."""
+  if class_sampling not in CLASS_SAMPLING:
+    raise ValueError(f'class_sampling must be one of {CLASS_SAMPLING}, got {class_sampling!r}.')
+  if rotate and class_sampling == 'class':
+    return num_characters * NUM_ROTATIONS
+  return num_characters
+
+
+def to_unit_range(images: jax.Array) -> jax.Array:
+  """uint8 `[0, 255]` -> float32 `[0, 1]`; float arrays are taken as already scaled."""
+  if images.dtype == jnp.uint8:
+    return images.astype(jnp.float32) / 255.0
+  return images.astype(jnp.float32)
+
+
 def sample_tasks(
     key: jax.Array,
     class_images: jax.Array,
@@ -63,93 +92,168 @@ def sample_tasks(
     shots: int,
     query: int,
     rotate: bool = True,
+    class_sampling: str = 'character',
+    class_counts: Optional[jax.Array] = None,
 ) -> Task:
-  """Samples a meta-batch of N-way k-shot tasks (jitted; sizes are static).
+  """`num_tasks` tasks from one key: `tasks_from_keys(split(key, num_tasks), ...)`."""
+  if num_tasks < 1:
+    raise ValueError(f'num_tasks must be at least 1, got {num_tasks}.')
+  return tasks_from_keys(jax.random.split(key, num_tasks), class_images, ways=ways, shots=shots,
+                         query=query, rotate=rotate, class_sampling=class_sampling,
+                         class_counts=class_counts)
 
-  Per task: `ways` distinct classes, drawn uniformly from the `C` characters
-  (or the `4 C` (character, quarter turn) pairs if `rotate`); class j gets
-  label j, so the class behind each label is random per task. For each class,
-  `shots + query` distinct examples, the first `shots` in the support set.
-  Both sets are grouped by label: `support_y` is `[0]*shots + [1]*shots +
-  ...`. Rotation is counter-clockwise, as `np.rot90` on the `(H, W)` axes.
+
+@functools.partial(
+    jax.jit, static_argnames=('ways', 'shots', 'query', 'rotate', 'class_sampling'))
+def tasks_from_keys(
+    task_keys: jax.Array,
+    class_images: jax.Array,
+    *,
+    ways: int,
+    shots: int,
+    query: int,
+    rotate: bool = True,
+    class_sampling: str = 'character',
+    class_counts: Optional[jax.Array] = None,
+) -> Task:
+  """One N-way k-shot task per key (jitted; sizes are static).
+
+  Per task: `ways` distinct classes drawn uniformly (see the module
+  docstring for rotations), class j labelled j, so the class behind each
+  label is random per task; for each class `shots + query` distinct
+  examples, the first `shots` in the support set. Both sets are grouped by
+  label: `support_y` is `[0]*shots + [1]*shots + ...`. Rotation is
+  counter-clockwise, as `np.rot90` on the `(H, W)` axes.
 
   Pass `class_images` as a device array (`jax.device_put`), not numpy, so it
   is not copied to the device on every call.
 
   Args:
-    key: PRNG key; the same key gives the same tasks.
-    class_images: uint8 `[C, E, H, W]` or `[C, E, H, W, ch]` (a float array
-      is taken to be in [0, 1] already). `H == W` if `rotate`.
-    num_tasks: tasks in the meta-batch.
+    task_keys: `[num_tasks]` PRNG keys; task i depends on key i alone.
+    class_images: `[C, E, ...]`: uint8 images `[C, E, H, W]` or
+      `[C, E, H, W, ch]` (scaled to [0, 1]), or float features used as is.
+      `H == W` if `rotate`.
     ways: classes per task.
     shots: support examples per class.
     query: query examples per class.
-    rotate: whether rotations make new classes.
+    rotate: whether rotations make new classes (images only).
+    class_sampling: 'character' or 'class' (rotations only).
+    class_counts: int `[C]`, how many of the E slots of each class hold
+      examples (the first ones); None if all do. Each must be at least
+      `shots + query` (`check_class_counts` checks it on the host).
 
   Returns:
-    `Task` with support_x `[num_tasks, ways*shots, H, W, ch]` float32 in
-    [0, 1] (ch = 1 for 4-d input), support_y int32 `[num_tasks, ways*shots]`,
-    query_x `[num_tasks, ways*query, H, W, ch]`, query_y int32
-    `[num_tasks, ways*query]`.
+    `Task` with support_x `[num_tasks, ways*shots, ...]` float32 (images get
+    a channel axis: `[..., H, W, ch]`), support_y int32
+    `[num_tasks, ways*shots]`, query_x `[num_tasks, ways*query, ...]`,
+    query_y int32 `[num_tasks, ways*query]`.
 
   Raises:
     ValueError: at trace time, for an impossible spec (see
       `check_episode_spec`), non-square images with `rotate`, or a bad rank.
   """
-  if class_images.ndim == 4:
+  if class_images.ndim == 4:  # grey images: a channel axis
     class_images = class_images[..., None]
-  if class_images.ndim != 5:
-    raise ValueError('class_images must be [C, E, H, W] or [C, E, H, W, ch], '
-                     f'got shape {class_images.shape}.')
-  num_characters, num_examples, height, width, _ = class_images.shape
-  if rotate and height != width:
-    raise ValueError(f'Rotation needs square images, got {height}x{width}.')
-  num_classes = num_characters * (NUM_ROTATIONS if rotate else 1)
-  check_episode_spec(num_classes, num_examples, ways=ways, shots=shots,
-                     query=query)
-  if num_tasks < 1:
-    raise ValueError(f'num_tasks must be at least 1, got {num_tasks}.')
-
-  sample_one = functools.partial(
-      _sample_task, class_images=class_images, ways=ways, shots=shots,
-      query=query, rotate=rotate)
-  return jax.vmap(sample_one)(jax.random.split(key, num_tasks))
-
-
-def _sample_task(key, class_images, ways, shots, query, rotate) -> Task:
-  """One task; `class_images` is `[C, E, H, W, ch]`."""
-  num_characters, num_examples = class_images.shape[:2]
-  key_classes, key_examples = jax.random.split(key)
-
-  # A uniformly random ordered subset: the top-k of iid uniform noise
-  # (`lax.top_k` is much faster on CPU than the sort behind `random.choice`).
-  # Class c is character c // 4 turned c % 4 quarter turns.
-  num_classes = num_characters * (NUM_ROTATIONS if rotate else 1)
-  classes = _random_subset(key_classes, num_classes, ways)
-  character, turns = ((classes // NUM_ROTATIONS, classes % NUM_ROTATIONS)
-                      if rotate else (classes, None))
-  examples = jax.vmap(
-      lambda k: _random_subset(k, num_examples, shots + query))(
-          jax.random.split(key_examples, ways))  # [ways, shots+query]
-
-  images = class_images[character[:, None], examples]  # [ways, s+q, H, W, ch]
   if rotate:
-    images = _rotate(images, turns)
-  is_uint8 = images.dtype == jnp.uint8
-  images = images.astype(jnp.float32) / (255 if is_uint8 else 1)
+    if class_images.ndim != 5 or class_images.shape[2] != class_images.shape[3]:
+      raise ValueError('Rotation needs square images [C, E, H, H] or [C, E, H, H, ch], '
+                       f'got shape {class_images.shape}.')
+  num_characters, num_examples = class_images.shape[:2]
+  check_episode_spec(num_classes_available(num_characters, rotate=rotate,
+                                           class_sampling=class_sampling),
+                     num_examples, ways=ways, shots=shots, query=query)
 
-  image_shape = images.shape[2:]
-  labels = jnp.arange(ways, dtype=jnp.int32)
-  return Task(
-      support_x=images[:, :shots].reshape(ways * shots, *image_shape),
-      support_y=jnp.repeat(labels, shots),
-      query_x=images[:, shots:].reshape(ways * query, *image_shape),
-      query_y=jnp.repeat(labels, query))
+  def one_task(key):
+    class_key, turn_key, example_key = jax.random.split(key, 3)
+    if rotate and class_sampling == 'class':  # class c: character c // 4, turned c % 4
+      classes = _random_subset(class_key, num_characters * NUM_ROTATIONS, ways)
+      return example_key, classes // NUM_ROTATIONS, classes % NUM_ROTATIONS
+    characters = _random_subset(class_key, num_characters, ways)
+    turns = jax.random.randint(turn_key, (ways,), 0, NUM_ROTATIONS) if rotate else None
+    return example_key, characters, turns
+
+  example_keys, classes, turns = jax.vmap(one_task)(task_keys)
+  return tasks_for_classes(example_keys, class_images, classes, shots=shots, query=query,
+                           class_counts=class_counts, turns=turns)
 
 
-def _random_subset(key: jax.Array, n: int, k: int) -> jax.Array:
-  """`k` distinct ints from `range(n)`, uniformly, in random order."""
-  return jax.lax.top_k(jax.random.uniform(key, (n,)), k)[1]
+@functools.partial(jax.jit, static_argnames=('shots', 'query'))
+def tasks_for_classes(
+    keys: jax.Array,
+    class_images: jax.Array,
+    classes: jax.Array,
+    *,
+    shots: int,
+    query: int,
+    class_counts: Optional[jax.Array] = None,
+    turns: Optional[jax.Array] = None,
+) -> Task:
+  """Tasks of the given classes, examples drawn at random (jitted).
+
+  Args:
+    keys: `[tasks]` PRNG keys, one per task.
+    class_images: `[C, E, ...]`; uint8 is scaled to [0, 1], floats are kept.
+    classes: int `[tasks, ways]` distinct classes of each task; class
+      `classes[t, j]` gets label j.
+    shots: support examples per class.
+    query: query examples per class (distinct from the support ones).
+    class_counts: int `[C]` examples per class (the first slots); None if
+      all E are used.
+    turns: int `[tasks, ways]` quarter turns of each class's images
+      (`class_images` `[C, E, H, H, ch]`), or None.
+
+  Returns:
+    `Task` as `tasks_from_keys` returns.
+  """
+  num_classes, num_slots = class_images.shape[:2]
+  # The classes are given (a character may appear twice, turned): check the examples only.
+  check_episode_spec(classes.shape[1], num_slots, ways=classes.shape[1], shots=shots, query=query)
+  if class_counts is None:
+    class_counts = jnp.full((num_classes,), num_slots, jnp.int32)
+
+  def one_task(key, task_classes, task_turns):
+    ways = task_classes.shape[0]
+    examples = jax.vmap(lambda k, count: _random_subset(k, num_slots, shots + query, count))(
+        jax.random.split(key, ways), class_counts[task_classes])
+    images = class_images[task_classes[:, None], examples]  # [ways, s+q, ...]
+    if task_turns is not None:
+      images = _rotate(images, task_turns)
+    images = to_unit_range(images)
+    example_shape = images.shape[2:]
+    labels = jnp.arange(ways, dtype=jnp.int32)
+    return Task(
+        support_x=images[:, :shots].reshape(ways * shots, *example_shape),
+        support_y=jnp.repeat(labels, shots),
+        query_x=images[:, shots:].reshape(ways * query, *example_shape),
+        query_y=jnp.repeat(labels, query))
+
+  return jax.vmap(one_task)(keys, classes, turns)
+
+
+def check_class_counts(class_counts, *, ways: int, shots: int, query: int) -> None:
+  """Raises ValueError unless every class can give `shots + query` examples (on the host)."""
+  class_counts = np.asarray(class_counts)
+  check_episode_spec(len(class_counts), int(class_counts.max(initial=0)),
+                     ways=ways, shots=shots, query=query)
+  smallest = int(class_counts.min())
+  if smallest < shots + query:
+    raise ValueError(
+        f'shots + query = {shots} + {query} = {shots + query} distinct '
+        f'examples per class are needed, but the smallest class has only '
+        f'{smallest}.')
+
+
+def _random_subset(key: jax.Array, n: int, k: int,
+                   count: Optional[jax.Array] = None) -> jax.Array:
+  """`k` distinct ints from `range(count)` (default `n`), uniformly, in random order.
+
+  The top-k of iid uniform noise (`lax.top_k` is much faster on CPU than the
+  sort behind `random.choice`); slots from `count` on get noise below 0.
+  """
+  noise = jax.random.uniform(key, (n,))
+  if count is not None:
+    noise = jnp.where(jnp.arange(n) < count, noise, -1.0)
+  return jax.lax.top_k(noise, k)[1]
 
 
 def _rotate(images: jax.Array, turns: jax.Array) -> jax.Array:

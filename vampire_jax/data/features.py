@@ -16,7 +16,7 @@ reads from
 `load_leo_embeddings` groups a split's rows by class: classes sorted by
 WordNet id, a class's rows in file order. tiered-ImageNet's classes have
 different sizes (732 to 1300 images), so each split is stored padded to its
-largest class, with the true counts; `sample_tasks_with_counts` draws
+largest class, with the true counts; `tasks_from_keys(..., class_counts=counts)` draws
 episodes from that. As LEO does for every task, each embedding is scaled to
 unit L2 norm (`l2_normalize=True`).
 

@@ -40,6 +40,7 @@ import numpy as np
 from PIL import Image
 
 from vampire_jax.data.omniglot import default_cache_dir, read_cache_or_none
+from vampire_jax.data.preprocessing import resize_to_84
 
 PathLike = Union[str, os.PathLike]
 
@@ -52,7 +53,6 @@ PICKLE_NAME = 'mini-imagenet-cache-{split}.pkl'
 CACHE_FILENAME = 'mini_imagenet84.npz'
 
 _CACHE_FORMAT = 1
-_RESAMPLE = Image.Resampling.LANCZOS
 _HELP = (
     'Expected a mini-ImageNet folder in Ravi & Larochelle\'s layout: '
     '<root>/images/<filename>.jpg (all 60,000 images, one flat folder) and '
@@ -176,14 +176,6 @@ def read_split_csv(path: PathLike) -> list[tuple[str, str]]:
     raise ValueError(f'{path} does not start with the header "filename,label"'
                      f'. {_HELP}')
   return [(r[0].strip(), r[1].strip()) for r in rows[1:] if r]
-
-
-def resize_to_84(image: Image.Image) -> np.ndarray:
-  """PIL image -> uint8 `[84, 84, 3]` RGB (LANCZOS if not 84x84 already)."""
-  image = image.convert('RGB')
-  if image.size != (IMAGE_SIZE, IMAGE_SIZE):
-    image = image.resize((IMAGE_SIZE, IMAGE_SIZE), _RESAMPLE)
-  return np.asarray(image, np.uint8)
 
 
 # Reading the layouts: each gives {wnid: [84x84x3 images in order]}.

@@ -12,19 +12,25 @@ them to a JSON file so that a run's split is on record.
 """
 
 import contextlib
+import hashlib
 import importlib.util
 import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
 import zipfile
+import zlib
 from pathlib import Path
-from typing import NamedTuple, Optional, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 import numpy as np
 from PIL import Image
+
+from vampire_jax.data.preprocessing import omniglot_drawing_to_28
+from vampire_jax.errors import ConfigError, DataError, MissingDataError
 
 PathLike = Union[str, os.PathLike]
 
@@ -57,9 +63,7 @@ CACHE_FILENAME = 'omniglot28.npz'
 SOURCES = ('auto', 'tfds', 'zip', 'cache')
 SPLITS = ('original', 'random')
 
-_CACHE_FORMAT = 1
-_ORIGINAL_SIZE = 105
-_RESAMPLE = Image.Resampling.LANCZOS
+_CACHE_FORMAT = 2  # 2: with the provenance record
 _SETS = (('images_background', True), ('images_evaluation', False))
 _SMALL_ZIPS = ('images_background_small1.zip', 'images_background_small2.zip')
 _URL = 'https://github.com/brendenlake/omniglot/raw/master/python/'
@@ -79,10 +83,14 @@ class OmniglotArrays(NamedTuple):
     alphabet: `[num_characters]` int32, index into `ALPHABETS`.
     is_background: `[num_characters]` bool, True for the background set's 964
       characters (which come first).
+    provenance: where the arrays came from: `source` ('zip' or 'tfds'),
+      `folder` (the data folder, None for a TFDS download), `fingerprint`
+      (of the zips), `cache` (the cache file) and `loaded` ('cache' or 'built').
   """
   images: np.ndarray
   alphabet: np.ndarray
   is_background: np.ndarray
+  provenance: dict = {}
 
 
 def default_cache_dir() -> Path:
@@ -112,75 +120,120 @@ def read_cache_or_none(cache_path: Path, read, source: str, dataset: str, loader
   return None
 
 
+def _print_stderr(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
 def load_omniglot(
     data_dir: Optional[PathLike] = None,
     *,
     cache_dir: Optional[PathLike] = None,
     source: str = 'auto',
+    print_fn: Callable[[str], None] = _print_stderr,
 ) -> OmniglotArrays:
   """Loads Omniglot at 28x28, building and caching it on first use.
 
   Each 105x105 drawing is converted to 8-bit grey, resized to 28x28 with
-  PIL's LANCZOS filter (so strokes get grey, anti-aliased edges; note that
-  MAML's script resized the 1-bit images, which PIL does with NEAREST), and
-  inverted. The result is cached in `<cache_dir>/omniglot28.npz` (25 MB).
+  PIL's LANCZOS filter and inverted (`preprocessing.omniglot_drawing_to_28`).
+  The result is cached in `<cache_dir>/omniglot28.npz` (25 MB) with a record
+  of what it was built from.
 
   Sources:
-    'auto': the cache if present; else, with a local folder (`data_dir` or
-      `$OMNIGLOT_DIR`), 'tfds' offline when TFDS is installed and the folder
-      holds all four zips, otherwise 'zip'; without a folder, 'tfds' online.
-    'tfds': the TFDS `omniglot` builder, its data_dir in `<cache_dir>/tfds`.
-      With a local folder it builds offline from the zips there (checksums
-      replaced by those of the local files); without one it downloads.
-    'zip': reads the PNGs from the zips in the local folder with PIL (no
-      TensorFlow needed). An extracted `images_background/` folder works too.
-    'cache': only the cache; raises FileNotFoundError if it is missing.
+    'auto': with a data folder (`data_dir` or `$OMNIGLOT_DIR`), the cache if
+      it was built from that folder's zips, else 'zip'; without a folder,
+      the cache if there is one, else 'tfds' (a download).
+    'zip': reads the PNGs from the zips in the folder with PIL, in seconds
+      (no TensorFlow needed). Extracted `images_background/` folders work too.
+    'tfds': the TFDS `omniglot` builder, its files in `<cache_dir>/tfds`;
+      with a folder it builds offline from the four zips there (checksums
+      replaced by those of the local files), without one it downloads.
+      Needs TensorFlow (`pip install "vampire-jax[data]"`).
+    'cache': only the cache.
 
-  Sources other than 'cache' rewrite the cache. The data folder is only read.
-  The order of a character's 20 drawings is drawer order (01-20) from 'zip';
-  TFDS keeps no file names, so from 'tfds' it is TFDS's record order.
+  A named folder must hold the data: an empty or missing one is an error,
+  never silently replaced by an older cache. Building never leaves partial
+  files: the cache is written whole or not at all, and a failed TFDS build
+  is removed. The data folder is only read. The order of a character's 20
+  drawings is drawer order (01-20) from 'zip'; from 'tfds' it is TFDS's.
 
   Args:
     data_dir: folder with the Omniglot zips; defaults to `$OMNIGLOT_DIR`.
     cache_dir: where the cache (and TFDS's files) go; defaults to
       `default_cache_dir()`.
     source: one of `SOURCES`.
+    print_fn: where the one progress line per phase goes (stderr).
 
   Returns:
-    `OmniglotArrays` with 1623 characters.
+    `OmniglotArrays` with 1623 characters and their provenance.
 
   Raises:
-    FileNotFoundError: the folder or a zip in it is missing (the message says
-      which files are expected and where to get them).
-    ValueError: unknown source, or the data does not have Omniglot's counts.
+    MissingDataError: the folder, a zip in it, or the cache is missing (the
+      message says which files are expected and where to get them).
+    DataError: a zip is corrupt, or the data does not have Omniglot's counts.
   """
   if source not in SOURCES:
-    raise ValueError(f'source must be one of {SOURCES}, got {source!r}.')
+    raise ConfigError(f'source must be one of {SOURCES}, got {source!r}.')
   cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
   cache_path = cache_dir / CACHE_FILENAME
-  cached = read_cache_or_none(cache_path, _read_cache, source, 'Omniglot', 'load_omniglot',
-                              _HELP)
-  if cached is not None:
-    return cached
-
   if data_dir is None and os.environ.get('OMNIGLOT_DIR'):
     data_dir = os.environ['OMNIGLOT_DIR']
   folder = Path(data_dir) if data_dir is not None else None
-  if folder is not None:
+  fingerprint = None
+  if folder is not None and source != 'cache':
     _check_folder(folder, cache_dir)
+    fingerprint = _fingerprint(folder)
+  cached = _cached_if_current(cache_path, source, folder, fingerprint, print_fn)
+  if cached is not None:
+    return cached
   if source == 'auto':
-    source = _auto_source(folder)
-
+    source = 'zip' if folder is not None else 'tfds'
+  print_fn(f'Omniglot: building 28x28 arrays from {_describe(source, folder)} (once; then '
+           f'cached)...')
   start = time.perf_counter()
-  if source == 'tfds':
-    arrays = _load_tfds(folder, cache_dir / 'tfds')
-  else:
-    arrays = _load_zips(folder)
+  arrays = _load_zips(folder) if source == 'zip' else _load_tfds(folder, cache_dir)
   _validate(arrays)
-  _write_cache(cache_path, arrays, source)
-  print(f'Omniglot: built from {source} in {time.perf_counter() - start:.0f}s,'
-        f' cached in {cache_path}', file=sys.stderr)
-  return arrays
+  provenance = {'source': source, 'folder': None if folder is None else str(folder.resolve()),
+                'fingerprint': fingerprint, 'cache': str(cache_path.resolve())}
+  _write_cache(cache_path, arrays, provenance)
+  print_fn(f'Omniglot: built in {time.perf_counter() - start:.0f} s; cached in {cache_path}')
+  return arrays._replace(provenance=dict(provenance, loaded='built'))
+
+
+def _describe(source: str, folder: Optional[Path]) -> str:
+  if source == 'zip':
+    return f'the zips in {folder}'
+  return f'TFDS (offline, from the zips in {folder})' if folder else 'TFDS (downloading)'
+
+
+def _cached_if_current(cache_path: Path, source: str, folder: Optional[Path],
+                       fingerprint: Optional[list], print_fn) -> Optional[OmniglotArrays]:
+  """The cache, if the source allows it and it was built from `folder`'s data."""
+  if source not in ('auto', 'cache'):
+    return None
+  if not cache_path.exists():
+    if source == 'cache':
+      raise MissingDataError(f'No Omniglot cache at {cache_path}; load it once from the zips '
+                             f'(source "zip" or "auto") to build it. {_HELP}')
+    return None
+  try:
+    arrays = _read_cache(cache_path)
+  except ValueError as error:
+    if source == 'cache':
+      raise DataError(f'The Omniglot cache {cache_path} is unusable: {error}') from error
+    print_fn(f'Omniglot: rebuilding the cache ({error})')
+    return None
+  built_from = arrays.provenance.get('fingerprint')
+  if source == 'auto' and folder is not None and built_from != fingerprint:
+    print_fn(f'Omniglot: the cache {cache_path} was not built from the zips in {folder} '
+             f'(it came from {arrays.provenance.get("folder") or "a download"}); rebuilding it')
+    return None
+  print_fn(f'Omniglot: cached arrays {cache_path} (built from '
+           f'{_describe(arrays.provenance.get("source", "?"), _as_path(arrays.provenance))})')
+  return arrays._replace(provenance=dict(arrays.provenance, loaded='cache'))
+
+
+def _as_path(provenance: dict) -> Optional[Path]:
+  return Path(provenance['folder']) if provenance.get('folder') else None
 
 
 def split_indices(
@@ -337,46 +390,40 @@ def character_names(arrays: OmniglotArrays) -> list[str]:
 # Building.
 
 
-def _auto_source(folder: Optional[Path]) -> str:
-  """'tfds' if usable for `folder` (None = online), else 'zip'."""
-  has_tfds = importlib.util.find_spec('tensorflow_datasets') is not None
-  if folder is None:
-    if not has_tfds:
-      raise FileNotFoundError(
-          'No Omniglot folder given and tensorflow_datasets is not installed '
-          f'to download it. {_HELP}')
-    return 'tfds'
-  has_zips = all((folder / f).is_file() for f in _zip_names(all_four=True))
-  return 'tfds' if has_tfds and has_zips else 'zip'
-
-
 def _zip_names(all_four: bool) -> list[str]:
   names = [f'{name}.zip' for name, _ in _SETS]
   return names + list(_SMALL_ZIPS) if all_four else names
 
 
 def _check_folder(folder: Path, cache_dir: Path) -> None:
-  """Raises if `folder` is missing or would be written to."""
+  """Raises unless `folder` holds both sets (zipped or extracted) and is not written to."""
   if not folder.is_dir():
-    raise FileNotFoundError(f'Omniglot folder {folder} does not exist. {_HELP}')
+    raise MissingDataError(f'Omniglot folder {folder} does not exist. {_HELP}')
   if cache_dir.resolve().is_relative_to(folder.resolve()):
-    raise ValueError(f'cache_dir {cache_dir} is inside the data folder '
-                     f'{folder}; the data folder is only read.')
+    raise ConfigError(f'cache_dir {cache_dir} is inside the data folder '
+                      f'{folder}; the data folder is only read.')
+  missing = [f'{name}.zip' for name, _ in _SETS
+             if not (folder / f'{name}.zip').is_file() and not (folder / name).is_dir()]
+  if missing:
+    raise MissingDataError(f'{", ".join(missing)} not found in the Omniglot folder {folder}. '
+                           f'{_HELP}')
 
 
-def _to_28(image: Image.Image) -> np.ndarray:
-  """[105, 105] PIL image, black strokes -> [28, 28] uint8, strokes 255."""
-  if image.size != (_ORIGINAL_SIZE, _ORIGINAL_SIZE):
-    raise ValueError(f'Expected 105x105 drawings, got {image.size}.')
-  small = image.convert('L').resize((IMAGE_SIZE, IMAGE_SIZE), _RESAMPLE)
-  return 255 - np.asarray(small, np.uint8)
+def _fingerprint(folder: Path) -> list:
+  """What identifies the data in `folder`: each set's zip name, size and SHA-256.
 
-
-def _progress(done: int, total: int, start: float) -> None:
-  """Prints a line at every tenth of `total`."""
-  if done % max(1, total // 10) == 0 or done == total:
-    print(f'Omniglot: {done}/{total} drawings resized '
-          f'({time.perf_counter() - start:.0f}s)', file=sys.stderr, flush=True)
+  An extracted set counts its PNGs and their bytes instead.
+  """
+  parts = []
+  for name, _ in _SETS:
+    path = folder / f'{name}.zip'
+    if path.is_file():
+      parts.append([path.name, path.stat().st_size,
+                    hashlib.sha256(path.read_bytes()).hexdigest()])
+    else:
+      pngs = list((folder / name).rglob('*.png'))
+      parts.append([name, len(pngs), sum(p.stat().st_size for p in pngs)])
+  return parts
 
 
 def _assemble(groups: dict[tuple[bool, str, int], list[np.ndarray]]
@@ -385,10 +432,10 @@ def _assemble(groups: dict[tuple[bool, str, int], list[np.ndarray]]
   keys = sorted(groups, key=lambda k: (not k[0], k[1], k[2]))
   unknown = sorted({alphabet for _, alphabet, _ in keys} - set(ALPHABETS))
   if unknown:
-    raise ValueError(f'Unknown Omniglot alphabets {unknown}. {_HELP}')
+    raise DataError(f'Unknown Omniglot alphabets {unknown}. {_HELP}')
   for key in keys:
     if len(groups[key]) != NUM_DRAWINGS:
-      raise ValueError(f'Character {key[1]}/{key[2]} has {len(groups[key])} '
+      raise DataError(f'Character {key[1]}/{key[2]} has {len(groups[key])} '
                        f'drawings, expected {NUM_DRAWINGS}. {_HELP}')
   return OmniglotArrays(
       images=np.stack([np.stack(groups[k]) for k in keys]),
@@ -399,38 +446,33 @@ def _assemble(groups: dict[tuple[bool, str, int], list[np.ndarray]]
 def _load_zips(folder: Optional[Path]) -> OmniglotArrays:
   """Reads and resizes the PNGs of both sets with PIL."""
   if folder is None:
-    raise FileNotFoundError(f'The zip source needs a folder. {_HELP}')
-  missing = [f'{name}.zip' for name, _ in _SETS
-             if not (folder / f'{name}.zip').is_file()
-             and not (folder / name).is_dir()]
-  if missing:
-    raise FileNotFoundError(f'{missing} not found in {folder}. {_HELP}')
-  with contextlib.ExitStack() as stack:
-    sets = []  # (is_background, sorted PNG names, name -> bytes)
-    for set_name, is_background in _SETS:
-      zip_path, tree = folder / f'{set_name}.zip', folder / set_name
-      if zip_path.is_file():
-        archive = stack.enter_context(zipfile.ZipFile(zip_path))
-        names, read = archive.namelist(), archive.read
-      else:  # An extracted folder.
-        names = [p.relative_to(folder).as_posix() for p in tree.rglob('*.png')]
-        read = lambda name: (folder / name).read_bytes()
-      # '<set>/<alphabet>/<characterNN>/<id>_<drawer>.png', in drawer order.
-      names = sorted(n for n in names if n.endswith('.png')
-                     and n.count('/') == 3 and not n.startswith('__MACOSX'))
-      sets.append((is_background, names, read))
-
-    total = sum(len(names) for _, names, _ in sets)
-    start, done, groups = time.perf_counter(), 0, {}
-    for is_background, names, read in sets:
-      for name in names:
-        _, alphabet, character, _ = name.split('/')
-        key = (is_background, alphabet, int(character[len('character'):]))
-        image = Image.open(io.BytesIO(read(name)))
-        groups.setdefault(key, []).append(_to_28(image))
-        done += 1
-        _progress(done, total, start)
+    raise MissingDataError(f'The zip source needs a folder. {_HELP}')
+  groups = {}
+  for set_name, is_background in _SETS:
+    zip_path, tree = folder / f'{set_name}.zip', folder / set_name
+    if zip_path.is_file():
+      files = _read_zip(zip_path)
+    else:  # An extracted folder.
+      files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in tree.rglob('*.png')}
+    # '<set>/<alphabet>/<characterNN>/<id>_<drawer>.png', in drawer order.
+    names = sorted(n for n in files if n.endswith('.png')
+                   and n.count('/') == 3 and not n.startswith('__MACOSX'))
+    for name in names:  # (a thread pool was slower: these small images hold the GIL)
+      _, alphabet, character, _ = name.split('/')
+      image = omniglot_drawing_to_28(Image.open(io.BytesIO(files[name])))
+      groups.setdefault((is_background, alphabet, int(character[len('character'):])),
+                        []).append(image)
   return _assemble(groups)
+
+
+def _read_zip(path: Path) -> dict[str, bytes]:
+  """`{member name: bytes}` of a zip; a corrupt zip is a DataError naming the file."""
+  try:
+    with zipfile.ZipFile(path) as archive:
+      return {name: archive.read(name) for name in archive.namelist() if name.endswith('.png')}
+  except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as error:
+    raise DataError(f'{path} is not a readable zip file ({error}); it may be truncated. '
+                    f'Download it again. {_HELP}') from None
 
 
 @contextlib.contextmanager
@@ -456,27 +498,38 @@ def _local_checksums(tfds, folder: Path):
       del builder_cls.url_infos
 
 
-def _load_tfds(folder: Optional[Path], tfds_dir: Path) -> OmniglotArrays:
-  """Prepares the TFDS `omniglot` builder (offline if `folder`) and reads it."""
+def _load_tfds(folder: Optional[Path], cache_dir: Path) -> OmniglotArrays:
+  """Prepares the TFDS `omniglot` builder (offline if `folder`) and reads it.
+
+  The builder's files go to a temporary folder beside `<cache_dir>/tfds`,
+  renamed into place only when the build succeeded: a failure leaves nothing.
+  """
+  if importlib.util.find_spec('tensorflow') is None:
+    raise MissingDataError(
+        'Building Omniglot with TFDS needs TensorFlow, which is not installed: '
+        'run `pip install -e ".[data]"` (or pip install tensorflow), or give a folder with the '
+        f'zips, which is read without TensorFlow. {_HELP}')
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  with contextlib.ExitStack() as stack:
-    download_config = None
-    if folder is not None:
-      missing = [f for f in _zip_names(all_four=True)
-                 if not (folder / f).is_file()]
-      if missing:
-        raise FileNotFoundError(
-            f'The TFDS source needs {missing} in {folder}. {_HELP}')
-      stack.enter_context(_local_checksums(tfds, folder))
-      download_config = tfds.download.DownloadConfig(
-          manual_dir=os.fspath(folder), try_download_gcs=False)
-    builder = tfds.builder('omniglot', data_dir=os.fspath(tfds_dir))
-    builder.download_and_prepare(download_config=download_config)
-
+  tfds.disable_progress_bar()
+  tfds_dir = cache_dir / 'tfds'
+  if folder is not None:
+    missing = [f for f in _zip_names(all_four=True) if not (folder / f).is_file()]
+    if missing:
+      raise MissingDataError(f'The TFDS source needs {missing} in {folder}. {_HELP}')
+  if not tfds_dir.exists():
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(dir=cache_dir, prefix='tfds.partial-'))
+    try:
+      _prepare_tfds(tfds, folder, building)
+    except Exception as error:
+      shutil.rmtree(building, ignore_errors=True)
+      raise DataError(f'TFDS could not build Omniglot ({type(error).__name__}: {error}); '
+                      f'nothing was kept. {_HELP}') from error
+    os.replace(building, tfds_dir)
+  builder = tfds.builder('omniglot', data_dir=os.fspath(tfds_dir))
   names = builder.info.features['alphabet'].names
-  total = sum(builder.info.splits[s].num_examples for s in ('train', 'test'))
-  start, done, groups = time.perf_counter(), 0, {}
+  groups = {}
   for split, is_background in (('train', True), ('test', False)):
     dataset = builder.as_dataset(split=split, shuffle_files=False)
     dataset = dataset.map(lambda ex: {**ex, 'image': ex['image'][..., 0]})
@@ -485,10 +538,19 @@ def _load_tfds(folder: Optional[Path], tfds_dir: Path) -> OmniglotArrays:
           batch['image'], batch['alphabet'], batch['alphabet_char_id']):
         # alphabet_char_id is the character folder's number minus one.
         key = (is_background, names[alphabet], int(character) + 1)
-        groups.setdefault(key, []).append(_to_28(Image.fromarray(image)))
-        done += 1
-        _progress(done, total, start)
+        groups.setdefault(key, []).append(omniglot_drawing_to_28(Image.fromarray(image)))
   return _assemble(groups)
+
+
+def _prepare_tfds(tfds, folder: Optional[Path], tfds_dir: Path) -> None:
+  with contextlib.ExitStack() as stack:
+    download_config = None
+    if folder is not None:
+      stack.enter_context(_local_checksums(tfds, folder))
+      download_config = tfds.download.DownloadConfig(
+          manual_dir=os.fspath(folder), try_download_gcs=False)
+    builder = tfds.builder('omniglot', data_dir=os.fspath(tfds_dir))
+    builder.download_and_prepare(download_config=download_config)
 
 
 def _validate(arrays: OmniglotArrays) -> None:
@@ -511,7 +573,7 @@ def _validate(arrays: OmniglotArrays) -> None:
     problems.append('alphabets are not the 30 background and 20 evaluation '
                     'ones')
   if problems:
-    raise ValueError(f'Not the full Omniglot set: {"; ".join(problems)}. '
+    raise DataError(f'Not the full Omniglot set: {"; ".join(problems)}. '
                      f'{_HELP}')
 
 
@@ -520,17 +582,18 @@ def _read_cache(path: Path) -> OmniglotArrays:
     if int(f['format']) != _CACHE_FORMAT:
       raise ValueError(f'{path} has format {int(f["format"])}, expected '
                        f'{_CACHE_FORMAT}')
-    arrays = OmniglotArrays(f['images'], f['alphabet'], f['is_background'])
+    arrays = OmniglotArrays(f['images'], f['alphabet'], f['is_background'],
+                            json.loads(str(f['provenance'])))
   _validate(arrays)
   return arrays
 
 
-def _write_cache(path: Path, arrays: OmniglotArrays, source: str) -> None:
+def _write_cache(path: Path, arrays: OmniglotArrays, provenance: dict) -> None:
   """Writes atomically (temporary file, then rename)."""
   path.parent.mkdir(parents=True, exist_ok=True)
   with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp',
                                    delete=False) as f:
-    np.savez(f, format=_CACHE_FORMAT, source=source, resample='lanczos',
-             **arrays._asdict())
+    np.savez(f, format=_CACHE_FORMAT, provenance=json.dumps(provenance), resample='lanczos',
+             images=arrays.images, alphabet=arrays.alphabet, is_background=arrays.is_background)
   os.chmod(f.name, 0o644)  # Not the temporary file's 0o600.
   os.replace(f.name, path)

@@ -35,19 +35,24 @@ class TaskFunctions(NamedTuple):
   intercept: jax.Array  # b
 
 
-def sample_functions(key: jax.Array, num_tasks: int) -> TaskFunctions:
-  """Draws `num_tasks` functions, each a sinusoid or a line with probability 1/2."""
+def _one_function(key: jax.Array) -> TaskFunctions:
+  """One task's function: a sinusoid or a line with probability 1/2."""
   keys = jax.random.split(key, 5)
 
   def uniform(k, bounds):
-    return jax.random.uniform(k, (num_tasks,), minval=bounds[0], maxval=bounds[1])
+    return jax.random.uniform(k, (), minval=bounds[0], maxval=bounds[1])
 
   return TaskFunctions(
-      is_sine=jax.random.bernoulli(keys[0], 0.5, (num_tasks,)),
+      is_sine=jax.random.bernoulli(keys[0], 0.5),
       amplitude=uniform(keys[1], AMPLITUDE_RANGE),
       phase=uniform(keys[2], PHASE_RANGE),
       slope=uniform(keys[3], SLOPE_RANGE),
       intercept=uniform(keys[4], INTERCEPT_RANGE))
+
+
+def sample_functions(key: jax.Array, num_tasks: int) -> TaskFunctions:
+  """Draws `num_tasks` functions, each a sinusoid or a line with probability 1/2."""
+  return jax.vmap(_one_function)(jax.random.split(key, num_tasks))
 
 
 def evaluate_functions(functions: TaskFunctions, x: jax.Array) -> jax.Array:
@@ -58,33 +63,59 @@ def evaluate_functions(functions: TaskFunctions, x: jax.Array) -> jax.Array:
   return jnp.where(expand(functions.is_sine), sine, line)
 
 
+def tasks_and_functions_from_keys(task_keys: jax.Array, *, num_support: int = 5,
+                                  num_query: int = 10, noise_std: float = NOISE_STD
+                                  ) -> tuple[Task, TaskFunctions]:
+  """One task per key, and the function behind it; task i depends on key i alone.
+
+  Returns:
+    A `Task` with `support_x/support_y` of shape `[tasks, num_support, 1]`
+    and `query_x/query_y` of shape `[tasks, num_query, 1]` (targets with
+    noise), and the `TaskFunctions` (each field `[tasks]`).
+  """
+  if num_support < 1 or num_query < 1:
+    raise ValueError(f"num_support and num_query must be >= 1; got {num_support}, {num_query}")
+  if noise_std < 0:
+    raise ValueError(f"noise_std must be >= 0, got {noise_std}")
+  num_points = num_support + num_query
+
+  def one_task(key):
+    function_key, x_key, noise_key = jax.random.split(key, 3)
+    function = _one_function(function_key)
+    x = jax.random.uniform(x_key, (num_points, 1), minval=INPUT_RANGE[0], maxval=INPUT_RANGE[1])
+    y = evaluate_functions(function, x) + noise_std * jax.random.normal(noise_key, x.shape)
+    return Task(x[:num_support], y[:num_support], x[num_support:], y[num_support:]), function
+
+  return jax.vmap(one_task)(task_keys)
+
+
+def tasks_from_keys(task_keys: jax.Array, *, num_support: int = 5, num_query: int = 10,
+                    noise_std: float = NOISE_STD) -> Task:
+  """One task per key (see `tasks_and_functions_from_keys`)."""
+  return tasks_and_functions_from_keys(task_keys, num_support=num_support, num_query=num_query,
+                                       noise_std=noise_std)[0]
+
+
+def query_truth_from_keys(task_keys: jax.Array, *, num_support: int = 5, num_query: int = 10,
+                          noise_std: float = NOISE_STD) -> jax.Array:
+  """The noiseless targets `[tasks, num_query, 1]` at the query inputs of the keys' tasks."""
+  tasks, functions = tasks_and_functions_from_keys(task_keys, num_support=num_support,
+                                                   num_query=num_query, noise_std=noise_std)
+  return evaluate_functions(functions, tasks.query_x)
+
+
 def sample_tasks_and_functions(key: jax.Array, num_tasks: int, *, num_support: int = 5,
                                num_query: int = 10,
                                noise_std: float = NOISE_STD) -> tuple[Task, TaskFunctions]:
-  """Tasks and the functions behind them.
-
-  Returns:
-    A `Task` with `support_x/support_y` of shape `[num_tasks, num_support, 1]`
-    and `query_x/query_y` of shape `[num_tasks, num_query, 1]` (targets with
-    noise), and the `TaskFunctions`.
-  """
-  if num_tasks < 1 or num_support < 1 or num_query < 1:
-    raise ValueError(f"num_tasks, num_support and num_query must be >= 1; got "
-                     f"{num_tasks}, {num_support}, {num_query}")
-  if noise_std < 0:
-    raise ValueError(f"noise_std must be >= 0, got {noise_std}")
-  function_key, x_key, noise_key = jax.random.split(key, 3)
-  functions = sample_functions(function_key, num_tasks)
-  num_points = num_support + num_query
-  x = jax.random.uniform(x_key, (num_tasks, num_points, 1), minval=INPUT_RANGE[0],
-                         maxval=INPUT_RANGE[1])
-  y = evaluate_functions(functions, x) + noise_std * jax.random.normal(noise_key, x.shape)
-  task = Task(x[:, :num_support], y[:, :num_support], x[:, num_support:], y[:, num_support:])
-  return task, functions
+  """`num_tasks` tasks from one key, and the functions behind them."""
+  if num_tasks < 1:
+    raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+  return tasks_and_functions_from_keys(jax.random.split(key, num_tasks), num_support=num_support,
+                                       num_query=num_query, noise_std=noise_std)
 
 
 def sample_tasks(key: jax.Array, num_tasks: int, *, num_support: int = 5, num_query: int = 10,
                  noise_std: float = NOISE_STD) -> Task:
-  """`num_tasks` regression tasks (see `sample_tasks_and_functions`)."""
+  """`num_tasks` regression tasks (see `tasks_and_functions_from_keys`)."""
   return sample_tasks_and_functions(key, num_tasks, num_support=num_support,
                                     num_query=num_query, noise_std=noise_std)[0]

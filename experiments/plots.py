@@ -1,0 +1,351 @@
+"""Figures: reliability diagrams with their confidence histograms, risk-coverage
+curves, quantile calibration, training curves, regression fits. Each
+function writes one image file; `run_figures` draws a finished run's.
+
+matplotlib is imported inside the functions, never at import time, and the
+figures are drawn on an Agg canvas without pyplot, so nothing here changes
+the global backend or leaves figures open (safe from a notebook, too).
+"""
+
+import math
+import os
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from vampire_jax import calibration, reporting
+from vampire_jax.calibration import QuantileCalibration, ReliabilityBins, RiskCoverage
+
+PathLike = Union[str, os.PathLike]
+
+
+def _new_figure(num_panels: int, panel_size: float = 4.0, max_cols: int = 4):
+  """An Agg-backed figure with `num_panels` axes in a grid; returns (fig, axes)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  cols = min(num_panels, max_cols)
+  rows = math.ceil(num_panels / cols)
+  fig = Figure(figsize=(panel_size * cols, panel_size * rows), layout="constrained")
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(rows, cols, squeeze=False).reshape(-1)
+  for ax in axes[num_panels:]:
+    ax.set_visible(False)
+  return fig, axes[:num_panels]
+
+
+def _new_grid(num_columns: int, height_ratios: Sequence[float], column_width: float = 4.0):
+  """An Agg figure with `num_columns` columns of stacked axes; returns (fig, columns)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  fig = Figure(figsize=(column_width * num_columns, column_width * 1.3), layout="constrained")
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(len(height_ratios), num_columns, squeeze=False, sharex="col",
+                      gridspec_kw={"height_ratios": list(height_ratios)})
+  return fig, [tuple(axes[:, c]) for c in range(num_columns)]
+
+
+def _save(fig, path: PathLike, title: Optional[str]) -> PathLike:
+  if title:
+    fig.suptitle(title)
+  fig.savefig(path, dpi=120)
+  return path
+
+
+def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
+  edges = np.asarray(b.edges)
+  width = np.diff(edges)
+  filled = np.asarray(b.count) > 0
+  left = edges[:-1][filled]
+  accuracy = np.asarray(b.accuracy)[filled]
+  confidence = np.asarray(b.confidence)[filled]
+  ax.bar(left, accuracy, width=width[filled], align="edge", color="tab:blue",
+         edgecolor="black", linewidth=0.6, label="Accuracy")
+  # The gap: a bar from accuracy up (or down) to the bin's mean confidence.
+  ax.bar(left, confidence - accuracy, bottom=accuracy, width=width[filled], align="edge",
+         color="tab:red", alpha=0.3, edgecolor="tab:red", hatch="//", linewidth=0.6, label="Gap")
+  ax.plot([0, 1], [0, 1], "k--", linewidth=1.0, label="Perfect calibration")
+  ax.plot([], [], " ", label=f"ECE = {b.ece:.3f}\nMCE = {b.mce:.3f}")
+  ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="Accuracy", title=title)
+  ax.tick_params(labelbottom=False)
+  ax.legend(loc="upper left", fontsize="small")
+
+
+def _draw_confidence_histogram(ax, b: ReliabilityBins) -> None:
+  """How many predictions fall in each bin: a bin of few predictions explains a large MCE."""
+  edges, count = np.asarray(b.edges), np.asarray(b.count)
+  ax.bar(edges[:-1], count, width=np.diff(edges), align="edge", color="tab:gray",
+         edgecolor="black", linewidth=0.5)
+  ax.set_yscale("log")
+  ax.set(xlim=(0, 1), xlabel="Confidence", ylabel="Predictions")
+
+
+def plot_reliability_diagram(bins: Union[ReliabilityBins, dict[str, ReliabilityBins]],
+                             path: PathLike, title: Optional[str] = None) -> PathLike:
+  """Reliability diagram(s) over their confidence histograms.
+
+  Bars show each bin's accuracy; the shaded bars between accuracy and mean
+  confidence show the miscalibration gap (red above the bar: over-confident).
+  Under each diagram, the number of predictions per bin (log scale). ECE
+  and MCE are in the legend. With a dict, one column per method, side by
+  side, as in the paper's Fig. 3; `title` goes on the figure then, on the
+  single panel otherwise.
+
+  Args:
+    bins: from `calibration.classification_calibration`, or `{method: bins}`.
+    path: output file; PNG unless its suffix names another format.
+    title: optional title.
+
+  Returns:
+    `path`.
+  """
+  return _save(reliability_figure(bins, title), path, None)
+
+
+def reliability_figure(bins: Union[ReliabilityBins, dict[str, ReliabilityBins]],
+                       title: Optional[str] = None):
+  """The figure `plot_reliability_diagram` saves (one title: the panel's, or the figure's)."""
+  panels = {"": bins} if isinstance(bins, ReliabilityBins) else dict(bins)
+  if not panels:
+    raise ValueError("bins must be a ReliabilityBins or a non-empty dict of them")
+  fig, columns = _new_grid(len(panels), [3, 1])
+  for (top, bottom), (name, b) in zip(columns, panels.items()):
+    _draw_reliability(top, b, name or (title or ""))
+    _draw_confidence_histogram(bottom, b)
+  if len(panels) > 1 and title:
+    fig.suptitle(title)
+  return fig
+
+
+def plot_risk_coverage(curves: Union[RiskCoverage, dict[str, RiskCoverage]], path: PathLike,
+                       title: Optional[str] = None) -> PathLike:
+  """Selective prediction: accuracy of the most confident predictions against coverage.
+
+  One line per method; the area under the risk (1 - accuracy) curve, AURC,
+  is in the legend (lower is better).
+  """
+  curves = {"": curves} if isinstance(curves, RiskCoverage) else dict(curves)
+  if not curves:
+    raise ValueError("curves must be a RiskCoverage or a non-empty dict of them")
+  fig, (ax,) = _new_figure(1, panel_size=4.5)
+  for name, c in curves.items():
+    prefix = f"{name}: " if name else ""
+    ax.plot(c.coverage, c.accuracy, linewidth=1.5, label=f"{prefix}AURC {c.aurc:.4f}")
+  ax.set(xlim=(0, 1), xlabel="Coverage (fraction kept, most confident first)",
+         ylabel="Accuracy of the kept predictions", title=title or "")
+  ax.grid(alpha=0.3)
+  ax.legend(loc="lower left", fontsize="small")
+  return _save(fig, path, None)
+
+
+def plot_quantile_calibration(results: Union[QuantileCalibration, dict[str, QuantileCalibration]],
+                              path: PathLike, title: Optional[str] = None,
+                              point_estimates: Sequence[str] = ()) -> PathLike:
+  """Observed against expected quantile levels, one line per method (Fig. 2c).
+
+  A method named in `point_estimates` (one prediction per input, MAML) has
+  the same quantile at every level; as in the paper, it is drawn as the
+  single point (0.5, observed) joined to (0, 0) and (1, 1).
+
+  Args:
+    results: from `calibration.paper_quantile_calibration` (or the PIT
+      variant), or `{method: result}`.
+    path: output file; PNG unless its suffix names another format.
+    title: optional axes title.
+    point_estimates: names of the methods to draw as one point.
+
+  Returns:
+    `path`.
+  """
+  results = {"": results} if isinstance(results, QuantileCalibration) else dict(results)
+  if not results:
+    raise ValueError("results must be a QuantileCalibration or a non-empty dict of them")
+  fig, (ax,) = _new_figure(1, panel_size=5.0)
+  ax.plot([0, 1], [0, 1], "k--", linewidth=1.0, label="Perfect calibration")
+  for name, r in results.items():
+    label = f"{name + ': ' if name else ''}ECE {r.ece:.3f}, MCE {r.mce:.3f}"
+    if name in point_estimates:
+      middle = float(np.interp(0.5, r.levels, r.observed))
+      ax.plot([0, 0.5, 1], [0, middle, 1], "s-", markersize=5, markevery=[1], label=label)
+    else:
+      ax.plot(r.levels, r.observed, "o-", markersize=4, label=label)
+  ax.set(xlim=(0, 1), ylim=(0, 1), aspect="equal", xlabel="Expected quantile level p",
+         ylabel="Observed fraction below the predicted p-quantile", title=title or "")
+  ax.legend(loc="upper left", fontsize="small")
+  return _save(fig, path, None)
+
+
+def plot_training_curves(history: dict[str, Sequence[float]], steps: Sequence[int],
+                         path: PathLike, title: Optional[str] = None,
+                         validation: Optional[dict[str, tuple[Sequence[int], Sequence[float]]]] = None
+                         ) -> PathLike:
+  """Logged metrics against the meta-training step, one panel per metric.
+
+  Args:
+    history: `{metric name: values}`, each as long as `steps` (training).
+    steps: the steps at which the values were logged.
+    path: output file; PNG unless its suffix names another format.
+    title: optional figure title.
+    validation: `{metric name: (steps, values)}` drawn as markers on the
+      panel of the same name (e.g. validation accuracy over training accuracy).
+
+  Returns:
+    `path`.
+  """
+  return _save(training_curves_figure(history, steps, validation), path, title)
+
+
+def training_curves_figure(history: dict[str, Sequence[float]], steps: Sequence[int],
+                           validation: Optional[dict] = None):
+  """The figure `plot_training_curves` saves."""
+  from matplotlib.ticker import EngFormatter, MaxNLocator
+  if not history:
+    raise ValueError("history must hold at least one metric")
+  for name, values in history.items():
+    if len(values) != len(steps):
+      raise ValueError(f"metric {name!r} has {len(values)} values for {len(steps)} steps")
+  validation = validation or {}
+  fig, axes = _new_figure(len(history), panel_size=3.5, max_cols=3)
+  for ax, (name, values) in zip(axes, history.items()):
+    ax.plot(steps, values, linewidth=1.2, label="training")
+    if name in validation:
+      val_steps, val_values = validation[name]
+      ax.plot(val_steps, val_values, "o-", color="tab:orange", markersize=4, label="validation")
+      ax.legend(fontsize="small")
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 12500 -> 12.5k
+    ax.set(title=name, xlabel="meta-step")
+    ax.grid(alpha=0.3)
+  return fig
+
+
+def plot_regression_predictions(grid_x: np.ndarray, truth: np.ndarray, support_x: np.ndarray,
+                                support_y: np.ndarray, predictions: dict[str, np.ndarray],
+                                noise_std: float, path: PathLike,
+                                title: Optional[str] = None) -> PathLike:
+  """Adapted predictions on a few tasks, one panel per task (the paper's Fig. 2a-b).
+
+  A method with one weight draw (MAML) is drawn as a line. A method with
+  several draws is drawn as the mean of its Monte-Carlo predictive mixture
+  with bands at +-1 and +-2 predictive standard deviations, where the
+  variance is the spread of the draws' outputs plus the noise variance.
+
+  Args:
+    grid_x: `[points]` inputs the predictions are made at.
+    truth: `[tasks, points]` the noiseless function of each task.
+    support_x, support_y: `[tasks, shots]` the points each task adapted on.
+    predictions: `{method: [tasks, num_samples, points]}` network outputs.
+    noise_std: the likelihood's noise standard deviation.
+    path: output file; PNG unless its suffix names another format.
+    title: optional figure title.
+
+  Returns:
+    `path`.
+  """
+  grid_x, truth = np.asarray(grid_x), np.asarray(truth)
+  num_tasks = truth.shape[0]
+  for name, p in predictions.items():
+    if np.shape(p)[0] != num_tasks or np.shape(p)[2] != grid_x.shape[0]:
+      raise ValueError(f"predictions[{name!r}] has shape {np.shape(p)}; expected "
+                       f"[{num_tasks}, num_samples, {grid_x.shape[0]}]")
+  fig, axes = _new_figure(num_tasks, panel_size=3.6)
+  colours = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
+  for i, ax in enumerate(axes):
+    ax.plot(grid_x, truth[i], "k-", linewidth=1.2, label="truth")
+    for colour, (name, p) in zip(colours, predictions.items()):
+      p = np.asarray(p[i], dtype=np.float64)
+      mean = p.mean(axis=0)
+      if p.shape[0] == 1:
+        ax.plot(grid_x, mean, "--", color=colour, linewidth=1.4, label=name)
+        continue
+      std = np.sqrt(p.var(axis=0) + noise_std ** 2)
+      ax.plot(grid_x, mean, color=colour, linewidth=1.4, label=f"{name} mean")
+      ax.fill_between(grid_x, mean - 2 * std, mean + 2 * std, color=colour, alpha=0.15,
+                      linewidth=0, label=f"{name} ±2σ")
+      ax.fill_between(grid_x, mean - std, mean + std, color=colour, alpha=0.3, linewidth=0,
+                      label=f"{name} ±1σ")
+    ax.plot(support_x[i], support_y[i], "o", color="red", markersize=5, label="support")
+    ax.set(xlabel="x", ylabel="y")
+    ax.grid(alpha=0.3)
+  axes[0].legend(loc="best", fontsize="x-small")
+  return _save(fig, path, title)
+
+
+def plot_calibration_bars(errors: dict[str, tuple[float, float]], path: PathLike,
+                          title: Optional[str] = None) -> PathLike:
+  """ECE and MCE side by side for each method (the paper's Fig. 2d).
+
+  Args:
+    errors: `{method: (ece, mce)}`.
+    path: output file; PNG unless its suffix names another format.
+    title: optional axes title.
+
+  Returns:
+    `path`.
+  """
+  if not errors:
+    raise ValueError("errors must name at least one method")
+  names = list(errors)
+  values = np.asarray([errors[n] for n in names], dtype=float)  # [methods, 2]
+  fig, (ax,) = _new_figure(1, panel_size=max(4.0, 1.1 * len(names)))
+  positions = np.arange(len(names))
+  for offset, column, label, colour in ((-0.2, 0, "ECE", "tab:blue"), (0.2, 1, "MCE", "tab:orange")):
+    bars = ax.bar(positions + offset, values[:, column], width=0.4, label=label, color=colour)
+    ax.bar_label(bars, fmt="%.3f", fontsize="x-small")
+  ax.set_xticks(positions, names)
+  ax.set(ylabel="calibration error", ylim=(0, max(1e-3, values.max()) * 1.2))
+  ax.legend(fontsize="small")
+  ax.grid(axis="y", alpha=0.3)
+  return _save(fig, path, title)
+
+
+def run_figures(workdir: PathLike, results: dict, label: str) -> dict[str, str]:
+  """The figures of a finished run, from its results.json record and metrics.jsonl.
+
+  Classification: `reliability.png` (with the confidence histogram) and
+  `risk_coverage.png`; regression: `quantile_calibration.png` (the paper's
+  metric, or the PIT one if the run has no noiseless targets). Both:
+  `training_curves.png` with the validation score.
+
+  Returns:
+    `{figure name: path}`.
+  """
+  workdir = Path(workdir)
+  curves = {name: calibration.from_record(record)
+            for name, record in results["calibration"].items()}
+  tasks = results["test"]["num_tasks"]
+  plots = {}
+  if "reliability" in curves:
+    plots["reliability"] = plot_reliability_diagram(
+        curves["reliability"], workdir / "reliability.png", title=f"{label}: {tasks} test tasks")
+    plots["risk_coverage"] = plot_risk_coverage(
+        {label: curves["risk_coverage"]}, workdir / "risk_coverage.png",
+        title=f"Selective prediction, {tasks} test tasks")
+  else:
+    name = "quantile_calibration" if "quantile_calibration" in curves else "pit_calibration"
+    point = [label] if results["config"].get("num_mc_test", 1) == 1 or \
+        results["config"]["algorithm"] in ("maml", "fomaml") else []
+    plots["quantile_calibration"] = plot_quantile_calibration(
+        {label: curves[name]}, workdir / "quantile_calibration.png",
+        title=f"{tasks} test tasks", point_estimates=point)
+  rows = reporting.read_metrics(workdir)
+  train = [r for r in rows if "train/loss" in r]
+  if train:
+    names = [k for k in ("loss", "accuracy") if f"train/{k}" in train[0]]
+    score = "accuracy" if "reliability" in curves else "mse"
+    val = [r for r in rows if f"val/{score}" in r]
+    plots["training_curves"] = plot_training_curves(
+        {k: [r[f"train/{k}"] for r in train] for k in names}, [r["step"] for r in train],
+        workdir / "training_curves.png",
+        validation={score: ([r["step"] for r in val], [r[f"val/{score}"] for r in val])})
+  return {name: str(path) for name, path in plots.items()}
+
+
+def add_run_figures(workdir: PathLike, results: dict, label: str) -> dict:
+  """Draws `run_figures` and records them under 'plots' in results.json."""
+  from vampire_jax import training
+  results["plots"] = run_figures(workdir, results, label)
+  training.write_results(workdir, results)
+  return results

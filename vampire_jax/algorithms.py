@@ -1,0 +1,146 @@
+"""Every algorithm by name, with its settings: how a `RunConfig` builds its `MetaLearner`.
+
+Each `Algorithm` says, in one place:
+  - how to build the learner from a config (`build`), which fields it reads;
+  - `config_defaults`: the settings a config takes when it selects the
+    algorithm (point estimates: no KL term, one weight draw);
+  - `inner_kl`: whether its inner loop takes KL steps, so that the step
+    factor inner_lr * kl_weight / sigma_p^2 must stay below 2
+    (`gaussian.kl_step_factor`); PLATIPUS has a KL term only in its
+    meta-loss, which the meta-optimiser takes, so it has no such limit.
+
+    learner = algorithms.learner_from_config(config, apply_fn, nll,
+                                             num_mc_train=1, num_mc_query=1)
+"""
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+
+from vampire_jax import baselines, learners, losses
+from vampire_jax.errors import ConfigError
+from vampire_jax.gaussian import kl_step_factor
+from vampire_jax.learners import MetaLearner
+
+PyTree = Any
+# build(config, apply_fn, nll, num_mc_train, num_mc_query, unroll_steps) -> MetaLearner
+Builder = Callable[[Any, losses.ApplyFn, losses.Likelihood, int, int, bool], MetaLearner]
+
+
+def sample_batching(config) -> str:
+  """The config's Monte-Carlo batching, 'auto' resolved: lax.map on a CPU, else vmap."""
+  if config.sample_batching != "auto":
+    return config.sample_batching
+  return "map" if jax.default_backend() == "cpu" else "vmap"
+
+
+class Algorithm(NamedTuple):
+  """A registered algorithm.
+
+  Attributes:
+    build: makes the learner from a config (see `Builder`).
+    has_kl: it keeps Gaussians over the weights weighted by `kl_weight`.
+    inner_kl: its inner loop takes KL steps (stability limit on the step factor).
+    config_defaults: fields set on a config that selects it.
+    description: one line for `--help` and the docs.
+  """
+  build: Builder
+  has_kl: bool
+  inner_kl: bool
+  config_defaults: dict
+  description: str
+
+
+def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
+  return learners.vampire(
+      apply_fn, nll, num_inner_steps=config.num_inner_steps, inner_lr=config.inner_lr,
+      kl_weight=config.kl_weight, num_mc_train=num_mc_train, num_mc_query=num_mc_query,
+      first_order=config.first_order, log_std_init=tuple(config.log_std_init),
+      sample_batching=sample_batching(config), unroll_steps=unroll, remat=config.remat)
+
+
+def _maml(first_order: bool):
+  def build(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
+    del num_mc_train, num_mc_query  # a point estimate: one prediction
+    return learners.maml(apply_fn, nll, num_inner_steps=config.num_inner_steps,
+                         inner_lr=config.inner_lr, first_order=config.first_order or first_order,
+                         unroll_steps=unroll, remat=config.remat)
+  return build
+
+
+def _platipus(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
+  return baselines.platipus(
+      apply_fn, nll, num_inner_steps=config.num_inner_steps, inner_lr=config.inner_lr,
+      kl_weight=config.kl_weight, num_mc_train=num_mc_train, num_mc_query=num_mc_query,
+      first_order=config.first_order, log_std_init=tuple(config.log_std_init),
+      inference_data=config.platipus_inference_data, sample_batching=sample_batching(config),
+      unroll_steps=unroll)
+
+
+def _bmaml(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
+  del num_mc_train, num_mc_query  # the particles are the meta-parameters: M is fixed
+  return baselines.bmaml(
+      apply_fn, nll, num_particles=config.num_particles, num_inner_steps=config.num_inner_steps,
+      inner_lr=config.inner_lr, meta_objective=config.bmaml_meta_objective,
+      num_leader_steps=config.bmaml_leader_steps, first_order=config.first_order,
+      particle_batching=sample_batching(config), unroll_steps=unroll)
+
+
+def _abml(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
+  return baselines.abml(
+      apply_fn, nll, num_inner_steps=config.num_inner_steps, inner_lr=config.inner_lr,
+      kl_weight=config.kl_weight, num_mc_train=num_mc_train, num_mc_query=num_mc_query,
+      hyper_prior_weight=config.abml_hyper_prior_weight, first_order=config.first_order,
+      log_std_init=tuple(config.log_std_init), sample_batching=sample_batching(config),
+      unroll_steps=unroll)
+
+
+# Point estimates have no KL term and one weight draw.
+_POINT_ESTIMATE = {"kl_weight": 0.0, "num_mc_train": 1, "num_mc_query": 1, "num_mc_test": 1}
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "vampire": Algorithm(_vampire, True, True, {},
+                         "VAMPIRE: Gaussian prior, variational inner loop (this paper)"),
+    "maml": Algorithm(_maml(False), False, False, dict(_POINT_ESTIMATE),
+                      "MAML: point estimate, second-order meta-gradient"),
+    "fomaml": Algorithm(_maml(True), False, False, dict(_POINT_ESTIMATE),
+                        "first-order MAML"),
+    "platipus": Algorithm(_platipus, True, False, {},
+                          "PLATIPUS: learned prior over the initial weights, mean-only adaptation"),
+    "bmaml": Algorithm(_bmaml, False, False, {"kl_weight": 0.0},
+                       "BMAML: SVGD particles, ensemble prediction"),
+    "abml": Algorithm(_abml, True, True, {},
+                      "ABML: VAMPIRE's inner loop, ELBO on support and query, hyper-prior"),
+}
+
+
+def get(name: str) -> Algorithm:
+  """The registered algorithm `name`; raises ConfigError naming the choices."""
+  if name not in ALGORITHMS:
+    raise ConfigError(f"--algorithm {name!r} is unknown; choose one of {', '.join(ALGORITHMS)}")
+  return ALGORITHMS[name]
+
+
+def configure(config, name: str):
+  """`config` for algorithm `name`: the algorithm set, with its `config_defaults`."""
+  return dataclasses.replace(config, algorithm=name, **get(name).config_defaults)
+
+
+def learner_from_config(config, apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
+                        num_mc_train: int, num_mc_query: int,
+                        unroll_steps: bool = False) -> MetaLearner:
+  """The configured algorithm's learner with the given Monte-Carlo sample counts."""
+  return get(config.algorithm).build(config, apply_fn, nll, num_mc_train, num_mc_query,
+                                     unroll_steps)
+
+
+def stability_factor(config, meta_params: PyTree) -> Optional[float]:
+  """inner_lr * kl_weight / sigma_p^2 at `meta_params`, or None where it does not apply.
+
+  The inner loop is stable only while this is below 2; see
+  `gaussian.kl_step_factor`.
+  """
+  if not get(config.algorithm).inner_kl or config.kl_weight == 0:
+    return None
+  return float(jax.jit(kl_step_factor)(meta_params, config.inner_lr, config.kl_weight))

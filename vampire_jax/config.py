@@ -1,0 +1,175 @@
+"""The settings of a meta-training run, as one dataclass.
+
+`RunConfig` holds what every run needs: the algorithm and its
+hyper-parameters, the schedule, evaluation and speed knobs. Experiments
+subclass it with their data and network fields. Each field carries a
+one-line help text (the command lines show it) and says whether it may
+change when a run is resumed: schedule, evaluation and speed settings may,
+anything that changes the model or the training data may not.
+
+The defaults are the library's stable defaults, not a paper preset: at the
+initial prior (log-std in [-4, -3]) inner_lr * kl_weight / sigma_p^2 is at
+most 0.6, below the stability limit of 2 (see `gaussian.kl_step_factor`).
+"""
+
+import dataclasses
+import math
+from typing import Any, Optional, Sequence
+
+from vampire_jax.errors import ConfigError
+
+
+def setting(default: Any, help: str, *, resumable: bool = False,
+            choices: Optional[Sequence[Any]] = None) -> Any:
+  """A dataclass field with its help text.
+
+  Args:
+    default: the default value (tuples are immutable, so no factory needed).
+    help: one line for `--help`.
+    resumable: whether a resumed run may use another value (schedule,
+      evaluation and speed settings).
+    choices: the allowed values, if they are a fixed set.
+  """
+  return dataclasses.field(default=default, metadata={
+      "help": help, "resumable": resumable, "choices": tuple(choices) if choices else None})
+
+
+@dataclasses.dataclass
+class RunConfig:
+  """Settings shared by every experiment."""
+  algorithm: str = setting("vampire", "meta-learning algorithm")
+  tasks_per_step: int = setting(32, "T, tasks per meta-update")
+  num_meta_steps: int = setting(15_000, "meta-updates to train for (a resumed run may extend it)",
+                                resumable=True)
+  num_inner_steps: int = setting(5, "S, gradient steps of task adaptation")
+  inner_lr: float = setting(0.01, "alpha, the task-adaptation learning rate")
+  kl_weight: float = setting(0.02, "beta, weight of KL(posterior || prior) against the mean NLL")
+  num_mc_train: int = setting(1, "L_t, weight draws per inner step in training")
+  num_mc_query: int = setting(1, "L_v, weight draws on the query set in training")
+  num_mc_test: int = setting(10, "L_t = L_v at validation and test time", resumable=True)
+  first_order: bool = setting(False, "stop gradients through the inner updates")
+  log_std_init: tuple[float, float] = setting((-4.0, -3.0), "range of the initial prior log-stds")
+  # Options of single algorithms (used only by the algorithm named).
+  num_particles: int = setting(8, "BMAML: number of particles M")
+  bmaml_meta_objective: str = setting("bfa", "BMAML: meta-loss", choices=("bfa", "mean_nll", "chaser"))
+  bmaml_leader_steps: int = setting(1, "BMAML: the leader's extra SVGD steps (chaser loss)")
+  platipus_inference_data: str = setting(
+      "support_and_query", "PLATIPUS: data of q's gradient step", choices=("support_and_query", "query"))
+  abml_hyper_prior_weight: float = setting(1e-4, "ABML: weight of -log p(theta), 0 = flat")
+  # The meta-optimiser.
+  meta_lr: float = setting(1e-3, "gamma, Adam's learning rate")
+  meta_lr_decay: float = setting(0.99, "gamma's factor after every 10 000 tasks")
+  meta_grad_clip_norm: Optional[float] = setting(10.0, "clip the meta-gradient's norm (0: off)")
+  # Evaluation, logging, checkpoints.
+  num_val_tasks: int = setting(200, "validation tasks at each evaluation", resumable=True)
+  num_test_tasks: int = setting(1000, "test tasks of the final score", resumable=True)
+  eval_batch_tasks: int = setting(20, "tasks per evaluation call (speed only)", resumable=True)
+  eval_every: int = setting(500, "meta-steps between validations", resumable=True)
+  checkpoint_every: int = setting(500, "meta-steps between checkpoints", resumable=True)
+  log_every: int = setting(50, "meta-steps between logged training metrics", resumable=True)
+  num_bins: int = setting(15, "confidence bins of ECE/MCE", resumable=True)
+  seed: int = setting(0, "seed of the initialisation, tasks and draws")
+  # Speed knobs: none of them changes a result beyond float rounding.
+  task_batching: str = setting("auto", "how tasks are batched: auto, host_chunked, vmap, map, "
+                               "unroll, chunked_unroll, chunked_vmap", resumable=True)
+  chunk_size: int = setting(0, "tasks per chunk (0: the backend's default)", resumable=True)
+  eval_task_batching: str = setting("auto", "task batching at evaluation", resumable=True)
+  eval_chunk_size: int = setting(0, "tasks per evaluation chunk (0: default)", resumable=True)
+  steps_per_call: int = setting(0, "meta-steps per jitted call, in lax.scan (0: the backend's "
+                                "default)", resumable=True)
+  unroll_inner_steps: Optional[bool] = setting(None, "unroll the inner loop (default: on CPU)",
+                                               resumable=True)
+  sample_batching: str = setting("vmap", "how Monte-Carlo draws are batched: vmap, map, unroll, "
+                                 "or auto (map on a CPU, where vmapped convolutions are slow; "
+                                 "else vmap)", resumable=True,
+                                 choices=("auto", "vmap", "map", "unroll"))
+  shard_tasks: str = setting("auto", "split tasks over devices", resumable=True,
+                             choices=("auto", "on", "off"))
+  remat: bool = setting(False, "recompute inner steps in the backward pass (less memory)",
+                        resumable=True)
+  compute_dtype: str = setting("float32", "dtype of the network's matmuls and convolutions",
+                               resumable=True, choices=("float32", "bfloat16"))
+
+  def validate(self) -> None:
+    """Raises ConfigError for an impossible setting; subclasses add their own checks."""
+    validate(self)
+
+
+def field_help(config_cls) -> dict[str, str]:
+  """`{field name: help text}` of a config dataclass."""
+  return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(config_cls)}
+
+
+def resumable_fields(config_cls) -> frozenset[str]:
+  """Fields a resumed run may change (schedule, evaluation, speed, data location)."""
+  return frozenset(f.name for f in dataclasses.fields(config_cls) if f.metadata.get("resumable"))
+
+
+def config_differences(saved: dict, config) -> dict[str, tuple[Any, Any]]:
+  """`{field: (saved, now)}` for the fields that a resumed run may not change.
+
+  Args:
+    saved: the fields of the config the run was started with (from JSON).
+    config: the config of the run being resumed.
+  """
+  allowed = resumable_fields(type(config))
+  now = _jsonable(dataclasses.asdict(config))
+  keys = (set(saved) | set(now)) - allowed
+  return {k: (saved.get(k), now.get(k)) for k in sorted(keys) if saved.get(k) != now.get(k)}
+
+
+def _jsonable(value):
+  """Tuples as lists, as they come back from JSON."""
+  if isinstance(value, dict):
+    return {k: _jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_jsonable(v) for v in value]
+  return value
+
+
+def _flag(name: str) -> str:
+  return "--" + name.replace("_", "-")
+
+
+def validate(config) -> None:
+  """Raises ConfigError, naming the flag, for any impossible setting.
+
+  Counts must be positive integers, rates finite and positive (weights
+  finite and non-negative), choices one of theirs. Problem-specific checks
+  (ways, shots, query against the data) are the experiment's; the algorithm's
+  name is checked by `algorithms.get`.
+  """
+  positive = ("tasks_per_step", "num_meta_steps", "num_mc_train", "num_mc_query", "num_mc_test",
+              "num_particles", "num_val_tasks", "num_test_tasks", "eval_batch_tasks", "eval_every",
+              "checkpoint_every", "log_every", "num_bins")
+  non_negative = ("num_inner_steps", "chunk_size", "eval_chunk_size", "steps_per_call",
+                  "bmaml_leader_steps")
+  for name in positive + non_negative:
+    value = getattr(config, name)
+    lowest = 1 if name in positive else 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+      raise ConfigError(f"{_flag(name)} must be an integer >= {lowest}, got {value!r}")
+  for name in ("inner_lr", "meta_lr"):
+    _check_number(name, getattr(config, name), positive=True)
+  for name in ("kl_weight", "abml_hyper_prior_weight"):
+    _check_number(name, getattr(config, name), positive=False)
+  if not 0.0 < config.meta_lr_decay <= 1.0:
+    raise ConfigError(f"{_flag('meta_lr_decay')} must be in (0, 1], got {config.meta_lr_decay!r}")
+  if config.meta_grad_clip_norm is not None:
+    _check_number("meta_grad_clip_norm", config.meta_grad_clip_norm, positive=True)
+  low, high = config.log_std_init
+  if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+    raise ConfigError(f"{_flag('log_std_init')} must be two finite numbers LOW <= HIGH, "
+                      f"got {config.log_std_init!r}")
+  for f in dataclasses.fields(config):
+    choices = f.metadata.get("choices")
+    if choices and getattr(config, f.name) not in choices:
+      raise ConfigError(f"{_flag(f.name)} must be one of {', '.join(map(str, choices))}, "
+                        f"got {getattr(config, f.name)!r}")
+
+
+def _check_number(name: str, value, *, positive: bool) -> None:
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+  if not ok or value < 0 or (positive and value == 0):
+    need = "a finite number > 0" if positive else "a finite number >= 0"
+    raise ConfigError(f"{_flag(name)} must be {need}, got {value!r}")

@@ -1,0 +1,23 @@
+"""Errors that mean "the input is wrong", as opposed to a bug.
+
+The command lines print a `UserError` as one line naming the offending flag,
+file or folder, without a traceback, and exit with code 2. Each class also
+derives from the built-in error a caller would expect (`ValueError`,
+`FileNotFoundError`), so `except ValueError` keeps working.
+"""
+
+
+class UserError(Exception):
+  """Bad input: a setting, a file or a folder the user can fix."""
+
+
+class ConfigError(UserError, ValueError):
+  """A setting is impossible (a negative count, a NaN rate, too many ways...)."""
+
+
+class DataError(UserError, ValueError):
+  """A data file is corrupt or incomplete, or does not match its cache."""
+
+
+class MissingDataError(UserError, FileNotFoundError):
+  """A data folder or file is missing; the message says how to get it."""

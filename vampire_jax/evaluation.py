@@ -1,0 +1,265 @@
+"""Evaluation: per-task scores of a meta-learner, and their summary.
+
+`make_classification_evaluator` / `make_regression_evaluator` build
+`evaluate(meta_params, tasks, keys) -> per-task results` (prediction as in
+the paper's App. C: adapt with L_t draws, average L_v predictions).
+
+`evaluate_split` scores `num_tasks` tasks of a data split. Task i is drawn,
+adapted and predicted with keys made from the evaluation key and i alone,
+so a score does not depend on the batch size, the device count or any other
+speed setting.
+
+`summarise` turns per-task results into the reported numbers: mean +- 95%
+CI, NLL, and calibration (classification: ECE/MCE and the risk-coverage
+curve of selective prediction; regression: the paper's quantile
+calibration, plus the PIT calibration of the predictive mixture).
+"""
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from vampire_jax import batching, calibration, losses, sharding
+from vampire_jax.learners import MetaLearner
+from vampire_jax.tasks import Task, check_task_batch
+
+PyTree = Any
+
+
+class ClassificationEval(NamedTuple):
+  """Per-task results of evaluating a classifier on a batch of tasks."""
+  accuracy: jax.Array       # [tasks]
+  nll: jax.Array            # [tasks], mean -log p(y|x) of the predictive
+  probabilities: jax.Array  # [tasks, num_query, classes], averaged over draws
+
+
+class RegressionEval(NamedTuple):
+  """Per-task results of evaluating a regressor on a batch of tasks."""
+  mse: jax.Array                  # [tasks], squared error averaged over draws (the paper's)
+  predictive_mean_mse: jax.Array  # [tasks], squared error of the predictive mean
+  nll: jax.Array                  # [tasks], -log of the Gaussian-mixture predictive
+  predictions: jax.Array          # [tasks, num_samples, num_query, 1]
+
+
+def per_task_keys(key: jax.Array, num_tasks: int) -> jax.Array:
+  """`key` if it already holds one key per task, else `num_tasks` keys split from it."""
+  is_typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+  batched = key.ndim == (1 if is_typed else 2)
+  if batched:
+    if key.shape[0] != num_tasks:
+      raise ValueError(f"got {key.shape[0]} task keys for {num_tasks} tasks")
+    return key
+  return jax.random.split(key, num_tasks)
+
+
+def _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_size, mesh):
+  num_tasks = check_task_batch(tasks)
+
+  def one_task(meta_params, task, task_key):
+    adapt_key, predict_key = jax.random.split(task_key)
+    task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
+    return score(learner.predict(task_params, task.query_x, predict_key), task.query_y)
+
+  def map_tasks(meta_params, tasks, task_keys):
+    return batching.batched_map(lambda args: one_task(meta_params, *args), (tasks, task_keys),
+                                strategy=task_batching, chunk_size=chunk_size)
+
+  task_keys = per_task_keys(keys, num_tasks)
+  if mesh is None:
+    return map_tasks(meta_params, tasks, task_keys)
+  sharding.check_divisible(num_tasks, mesh)
+  return sharding.map_over_task_shards(map_tasks, mesh)(meta_params, tasks, task_keys)
+
+
+def make_classification_evaluator(learner: MetaLearner, *,
+                                  task_batching: batching.Batching = "vmap",
+                                  chunk_size: int = 1, mesh: Optional[Mesh] = None):
+  """Builds `evaluate(meta_params, tasks, keys) -> ClassificationEval`.
+
+  `keys` is one PRNG key (split into one per task) or `[tasks]` keys, task
+  i adapted and predicted with key i. Prediction follows the paper's App. C:
+  adapt with L_t draws, then average the softmax of L_v draws (the learner's
+  `num_mc_*` settings). With a `mesh` the tasks, and the per-task results,
+  are split over its devices.
+  """
+  def score(logits, labels):
+    probs = jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
+    accuracy = jnp.mean(jnp.argmax(probs, axis=-1) == labels)
+    nll = -jnp.mean(losses.mixture_log_prob_categorical(logits, labels))
+    return ClassificationEval(accuracy, nll, probs)
+
+  def evaluate(meta_params, tasks: Task, keys: jax.Array) -> ClassificationEval:
+    return _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_size, mesh)
+
+  return evaluate
+
+
+def make_regression_evaluator(learner: MetaLearner, noise_std: float, *,
+                              task_batching: batching.Batching = "vmap",
+                              chunk_size: int = 1, mesh: Optional[Mesh] = None):
+  """Builds `evaluate(meta_params, tasks, keys) -> RegressionEval`; arguments as above."""
+  def score(means, targets):
+    # The paper's MSE (App. A) averages the squared error over the draws; the
+    # predictive mean's error (what the mean prediction scores) is the extra.
+    mse = jnp.mean(jnp.square(means - targets[None]))
+    mean_mse = jnp.mean(jnp.square(jnp.mean(means, axis=0) - targets))
+    nll = -jnp.mean(losses.mixture_log_prob_gaussian(means, targets, noise_std))
+    return RegressionEval(mse, mean_mse, nll, means)
+
+  def evaluate(meta_params, tasks: Task, keys: jax.Array) -> RegressionEval:
+    return _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_size, mesh)
+
+  return evaluate
+
+
+# -- Scoring a split ------------------------------------------------------------
+
+# `sample(data, task_keys [n]) -> Task [n, ...]`, as `meta_step.TaskSampler`.
+SplitSampler = Callable[[PyTree, jax.Array], Task]
+
+
+def index_keys(key: jax.Array, indices: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """`(sample_keys, predict_keys)` of the tasks numbered `indices`, from `key` alone."""
+  sample_key, predict_key = jax.random.split(key)
+  fold = jax.vmap(jax.random.fold_in, in_axes=(None, 0))
+  return fold(sample_key, indices), fold(predict_key, indices)
+
+
+def make_split_evaluator(evaluate: Callable, sample_tasks: SplitSampler, data: PyTree, *,
+                         query_truth: Optional[SplitSampler] = None,
+                         mesh: Optional[Mesh] = None):
+  """Builds `evaluate_indices(meta_params, key, indices) -> dict of per-task arrays`.
+
+  Task i is `sample_tasks(data, sample_keys[i])`, scored by `evaluate` with
+  `predict_keys[i]` (`index_keys`). Sampling and scoring are two jitted
+  programs, so one compiled evaluator serves every split. The dict holds
+  the evaluator's fields, `targets` (query labels or targets) and, with
+  `query_truth` (regression: the noiseless function at the query inputs),
+  `truth`.
+
+  Args:
+    evaluate: from `make_*_evaluator`, jitted (built with `mesh`, if any).
+    sample_tasks: the task sampler (jitted here).
+    data: the split's data, passed to `sample_tasks`.
+    query_truth: optional `query_truth(data, task_keys)`.
+    mesh: split each batch of tasks over the mesh's devices.
+  """
+  keys_of = jax.jit(index_keys)
+  sample = jax.jit(sample_tasks)
+  truth_of = None if query_truth is None else jax.jit(query_truth)
+
+  def evaluate_indices(meta_params, key, indices):
+    sample_keys, predict_keys = keys_of(key, indices)
+    tasks = sample(data, sample_keys)
+    if mesh is not None:
+      tasks, predict_keys = sharding.distribute((tasks, predict_keys), mesh)
+    result = dict(evaluate(meta_params, tasks, predict_keys)._asdict(), targets=tasks.query_y)
+    if truth_of is not None:
+      result["truth"] = truth_of(data, sample_keys)
+    return result
+
+  return evaluate_indices
+
+
+def evaluate_split(evaluate_indices: Callable, meta_params: PyTree, key: jax.Array,
+                   num_tasks: int, batch_tasks: int, *,
+                   on_batch: Optional[Callable[[int, int], None]] = None) -> dict:
+  """Per-task results of tasks 0 .. num_tasks - 1, `batch_tasks` per call.
+
+  The last batch is filled up with tasks past the end, which are dropped: a
+  task's result depends only on `key` and its index.
+
+  Args:
+    evaluate_indices: from `make_split_evaluator`.
+    meta_params: the meta-parameters to score.
+    key: the evaluation's key.
+    num_tasks: how many tasks.
+    batch_tasks: tasks per call (a multiple of the devices, with a mesh).
+    on_batch: called as `on_batch(done, total)` after each batch (progress).
+
+  Returns:
+    `{field: numpy array [num_tasks, ...]}`, gathered from every host.
+  """
+  if num_tasks < 1 or batch_tasks < 1:
+    raise ValueError(f"num_tasks and batch_tasks must be >= 1, got {num_tasks}, {batch_tasks}")
+  outputs = []
+  for start in range(0, num_tasks, batch_tasks):
+    indices = jnp.arange(start, start + batch_tasks, dtype=jnp.uint32)
+    outputs.append(sharding.gather(evaluate_indices(meta_params, key, indices)))
+    if on_batch is not None:
+      on_batch(min(start + batch_tasks, num_tasks), num_tasks)
+  return {name: np.concatenate([np.asarray(o[name]) for o in outputs])[:num_tasks]
+          for name in outputs[0]}
+
+
+# -- Summaries --------------------------------------------------------------------
+
+
+class Summary(NamedTuple):
+  """What a split's evaluation reports.
+
+  Attributes:
+    metrics: JSON-ready numbers (accuracy or MSE with 95% CI, NLL, ECE, MCE...).
+    calibration: `{name: calibration result}` for plots (`ReliabilityBins`,
+      `RiskCoverage` or `QuantileCalibration`).
+  """
+  metrics: dict
+  calibration: dict
+
+
+def summarise(kind: str, per_task: dict, *, num_bins: int = 15,
+              noise_std: Optional[float] = None) -> Summary:
+  """Mean +- 95% CI of the per-task scores, the NLL, and calibration.
+
+  Classification: accuracy, ECE/MCE of `num_bins` confidence bins (Guo et
+  al.), and selective prediction (the area under the risk-coverage curve,
+  and accuracy at 50/80/90% coverage). Regression: the paper's MSE (squared
+  error averaged over draws), the MSE of the predictive mean, the paper's
+  quantile calibration (needs `per_task['truth']`, the noiseless targets)
+  and the PIT calibration of the noisy predictive mixture (`pit_ece`,
+  `pit_mce`).
+  """
+  if kind == "classification":
+    metrics, curves = _classification_summary(per_task, num_bins)
+  elif kind == "regression":
+    metrics, curves = _regression_summary(per_task, noise_std)
+  else:
+    raise ValueError(f"kind must be 'classification' or 'regression', got {kind!r}")
+  nll_mean, nll_half = calibration.mean_confidence_interval(per_task["nll"])
+  metrics.update(nll=nll_mean, nll_ci95=nll_half, num_tasks=int(len(per_task["nll"])))
+  return Summary(metrics, curves)
+
+
+def _classification_summary(per_task: dict, num_bins: int):
+  mean, half = calibration.mean_confidence_interval(per_task["accuracy"])
+  bins = calibration.classification_calibration(per_task["probabilities"], per_task["targets"],
+                                                num_bins=num_bins)
+  selective = calibration.risk_coverage(per_task["probabilities"], per_task["targets"])
+  metrics = dict(accuracy=mean, accuracy_ci95=half, ece=bins.ece, mce=bins.mce,
+                 aurc=selective.aurc,
+                 **{f"accuracy_at_{int(100 * c)}_coverage": float(selective.accuracy_at(c))
+                    for c in (0.5, 0.8, 0.9)})
+  return metrics, {"reliability": bins, "risk_coverage": selective}
+
+
+def _regression_summary(per_task: dict, noise_std: Optional[float]):
+  if noise_std is None:
+    raise ValueError("regression summaries need the likelihood's noise_std")
+  metrics = {}
+  for name in ("mse", "predictive_mean_mse"):
+    mean, half = calibration.mean_confidence_interval(per_task[name])
+    metrics.update({name: mean, f"{name}_ci95": half})
+  predictions = per_task["predictions"][..., 0]  # [tasks, samples, query]
+  pit = calibration.regression_quantile_calibration(predictions, per_task["targets"][..., 0],
+                                                    noise_std)
+  metrics.update(pit_ece=pit.ece, pit_mce=pit.mce)
+  curves = {"pit_calibration": pit}
+  if "truth" in per_task:
+    paper = calibration.paper_quantile_calibration(predictions, per_task["truth"][..., 0],
+                                                   noise_std)
+    metrics.update(ece=paper.ece, mce=paper.mce)
+    curves["quantile_calibration"] = paper
+  return metrics, curves

@@ -1,0 +1,322 @@
+"""Meta-training steps: the meta-gradient, the optimiser, and steps that sample their own tasks.
+
+`make_meta_step(learner, optimizer)` is Alg. 1, lines 3-11, for a batch of
+tasks given to it. `make_train_step(learner, optimizer, sample_tasks, ...)`
+also draws the tasks, inside the same jitted program, and runs
+`steps_per_call` meta-steps per call with `lax.scan`, so that Python and
+dispatch overhead vanish between steps. Step n always draws its tasks and
+Monte-Carlo noise from `fold_in(key, n)`: the result is the same whatever
+`steps_per_call`, and a resumed run continues the same stream.
+
+`make_host_chunked_train_step` is the CPU variant: XLA:CPU runs convolutions
+inside loops and grouped (vmapped) convolutions slowly, so it jits one
+unrolled chunk of tasks and loops over the chunks in Python (BUILD_NOTES.md).
+"""
+
+import functools
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from vampire_jax import batching, sharding
+from vampire_jax.learners import MetaLearner, query_loss
+from vampire_jax.tasks import Task, check_task_batch
+
+PyTree = Any
+# `sample_tasks(data, task_keys [n]) -> Task` with a leading [n] axis: task i from key i
+# alone. `data` (e.g. a split's images) is an argument, not a closure: jit would embed
+# a closed-over array in the program as a constant.
+TaskSampler = Callable[[PyTree, jax.Array], Task]
+
+class MetaState(NamedTuple):
+  """Everything a meta-training run carries between steps."""
+  step: jax.Array          # [] int32, meta-updates done
+  meta_params: PyTree      # Gaussian (VAMPIRE) or a weight tree (MAML)
+  opt_state: optax.OptState
+
+
+def meta_lr_schedule(learning_rate: float = 1e-3, *, tasks_per_step: int,
+                     decay_rate: float = 0.99, decay_every_tasks: int = 10_000) -> optax.Schedule:
+  """The paper's meta learning rate: x `decay_rate` after every `decay_every_tasks` tasks."""
+  if tasks_per_step < 1:
+    raise ValueError(f"tasks_per_step must be >= 1, got {tasks_per_step}")
+  return optax.exponential_decay(
+      learning_rate, transition_steps=decay_every_tasks / tasks_per_step,
+      decay_rate=decay_rate, staircase=True)
+
+
+def meta_optimizer(learning_rate: float = 1e-3, *, tasks_per_step: int,
+                   decay_rate: float = 0.99, decay_every_tasks: int = 10_000,
+                   clip_norm: Optional[float] = None) -> optax.GradientTransformation:
+  """Adam with the paper's schedule: lr x `decay_rate` every `decay_every_tasks` tasks.
+
+  Args:
+    learning_rate: gamma.
+    tasks_per_step: T, tasks per meta-update (sets the decay's step count).
+    decay_rate: multiplicative decay.
+    decay_every_tasks: tasks between decays.
+    clip_norm: if set, clip the meta-gradient's global norm first (the
+      authors' code clips at 10).
+  """
+  adam = optax.adam(meta_lr_schedule(learning_rate, tasks_per_step=tasks_per_step,
+                                     decay_rate=decay_rate, decay_every_tasks=decay_every_tasks))
+  if clip_norm is None:
+    return adam
+  return optax.chain(optax.clip_by_global_norm(clip_norm), adam)
+
+
+def init_meta_state(learner: MetaLearner, optimizer: optax.GradientTransformation,
+                    params: PyTree, key: jax.Array) -> MetaState:
+  """Meta-parameters from initial network weights, and a fresh optimiser state."""
+  meta_params = learner.init(params, key)
+  return MetaState(jnp.zeros((), jnp.int32), meta_params, optimizer.init(meta_params))
+
+
+MetricsFn = Callable[[jax.Array, jax.Array], dict]
+
+
+def classification_metrics(outputs: jax.Array, labels: jax.Array) -> dict:
+  """Accuracy of the sample-averaged softmax; outputs `[samples, batch, classes]`."""
+  probs = jnp.mean(jax.nn.softmax(outputs, axis=-1), axis=0)
+  return {"accuracy": jnp.mean(jnp.argmax(probs, axis=-1) == labels)}
+
+
+def make_meta_gradient(learner: MetaLearner, *,
+                       task_batching: batching.Batching = "vmap",
+                       chunk_size: int = 1,
+                       metrics_fn: Optional[MetricsFn] = None,
+                       mesh: Optional[Mesh] = None):
+  """Builds `meta_gradient(meta_params, tasks, task_keys) -> (grads, metrics)`.
+
+  Each task's query loss and its gradient w.r.t. the meta-parameters are
+  computed per task, batched by `task_batching`, and averaged over tasks.
+
+  Args:
+    learner: the algorithm (`vampire(...)`, `maml(...)`).
+    task_batching: how tasks are batched (see `vampire_jax.batching`); with
+      a mesh, how each device batches its own tasks.
+    chunk_size: tasks per chunk for the chunked strategies.
+    metrics_fn: optional `metrics_fn(query_outputs, query_y) -> dict` of
+      per-task scalars to average and report (e.g. `classification_metrics`).
+    mesh: optional `sharding.task_mesh(...)`: split the tasks over its
+      devices, each averages its own, then the devices average (`pmean`).
+      The number of tasks must divide evenly.
+
+  Returns:
+    A pure function; `tasks` has a leading `[tasks]` axis and `task_keys`
+    holds one PRNG key per task.
+  """
+  per_task = jax.value_and_grad(
+      lambda meta_params, task, key: query_loss(learner, meta_params, task, key),
+      has_aux=True)
+
+  def one_task(meta_params, task, key):
+    (loss, outputs), grads = per_task(meta_params, task, key)
+    metrics = {"loss": loss}
+    if metrics_fn is not None:
+      metrics.update(metrics_fn(outputs, task.query_y))
+    return grads, metrics
+
+  def mean_over_tasks(meta_params, tasks: Task, task_keys: jax.Array):
+    grads, metrics = batching.batched_map(
+        lambda args: one_task(meta_params, *args), (tasks, task_keys),
+        strategy=task_batching, chunk_size=chunk_size)
+    return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), (grads, metrics))
+
+  def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
+    num_tasks = check_task_batch(tasks)
+    if mesh is None:
+      return mean_over_tasks(meta_params, tasks, task_keys)
+    sharding.check_divisible(num_tasks, mesh)
+    return sharding.mean_over_task_shards(mean_over_tasks, mesh)(meta_params, tasks, task_keys)
+
+  return meta_gradient
+
+
+def apply_meta_gradient(optimizer: optax.GradientTransformation, state: MetaState,
+                        grads: PyTree) -> MetaState:
+  """One optimiser step on the meta-parameters (Alg. 1, line 11)."""
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
+  meta_params = optax.apply_updates(state.meta_params, updates)
+  return MetaState(state.step + 1, meta_params, opt_state)
+
+
+def make_meta_step(learner: MetaLearner, optimizer: optax.GradientTransformation, *,
+                   task_batching: batching.Batching = "vmap", chunk_size: int = 1,
+                   metrics_fn: Optional[MetricsFn] = None, mesh: Optional[Mesh] = None):
+  """Builds `meta_step(state, tasks, key) -> (state, metrics)` (Alg. 1, lines 3-11).
+
+  A pure function: wrap it in `jax.jit`. Arguments as in `make_meta_gradient`;
+  `tasks` is a `Task` with a leading `[tasks]` axis. The metrics are the
+  task-averaged query loss (and `metrics_fn`'s values) and the meta-gradient
+  norm. With a `mesh` the tasks are split over its devices and the state is
+  replicated; the result equals the one-device step's up to float rounding.
+  """
+  meta_gradient = make_meta_gradient(learner, task_batching=task_batching,
+                                     chunk_size=chunk_size, metrics_fn=metrics_fn,
+                                     mesh=mesh)
+
+  def meta_step(state: MetaState, tasks: Task, key: jax.Array):
+    task_keys = jax.random.split(key, check_task_batch(tasks))
+    grads, metrics = meta_gradient(state.meta_params, tasks, task_keys)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    return apply_meta_gradient(optimizer, state, grads), metrics
+
+  return meta_step
+
+
+def make_host_chunked_meta_step(learner: MetaLearner,
+                                optimizer: optax.GradientTransformation, *,
+                                chunk_size: int,
+                                metrics_fn: Optional[MetricsFn] = None):
+  """The meta-step for CPUs: jitted, unrolled chunks of tasks, looped on the host.
+
+  XLA:CPU runs convolutions inside loops (`lax.map`, `lax.scan`) several
+  times slower than at the top level, and vmapped per-task weights become
+  slow grouped convolutions; unrolling every task is fastest but its compile
+  time grows with the number of tasks. This step compiles one unrolled chunk
+  of `chunk_size` tasks and runs the chunks from Python, so compile time is
+  bounded and each task runs at unrolled speed. It gives the same result as
+  `make_meta_step` with the same key.
+
+  Do not wrap the returned function in `jax.jit`: it jits its own pieces.
+  """
+  chunk_gradient = jax.jit(make_meta_gradient(
+      learner, task_batching="unroll", metrics_fn=metrics_fn))
+  split_keys = jax.jit(jax.random.split, static_argnums=1)
+
+  @jax.jit
+  def finish(state, grads, metrics):
+    metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+    return apply_meta_gradient(optimizer, state, grads), metrics
+
+  def meta_step(state: MetaState, tasks: Task, key: jax.Array):
+    num_tasks = check_task_batch(tasks)
+    if chunk_size < 1 or num_tasks % chunk_size:
+      raise ValueError(f"chunk_size={chunk_size} must be >= 1 and divide the {num_tasks} tasks")
+    task_keys = split_keys(key, num_tasks)
+    total = None
+    for start in range(0, num_tasks, chunk_size):
+      chunk = jax.tree_util.tree_map(lambda x: x[start:start + chunk_size], tasks)
+      result = chunk_gradient(state.meta_params, chunk, task_keys[start:start + chunk_size])
+      total = result if total is None else jax.tree_util.tree_map(jnp.add, total, result)
+    num_chunks = num_tasks // chunk_size
+    grads, metrics = jax.tree_util.tree_map(lambda t: t / num_chunks, total)
+    return finish(state, grads, metrics)
+
+  return meta_step
+
+
+
+
+def step_keys(key: jax.Array, step: jax.Array, num_tasks: int) -> tuple[jax.Array, jax.Array]:
+  """The keys of meta-step `step`: `(task_keys, adapt_keys)`, each `[num_tasks]`.
+
+  Task i of the step is drawn with `task_keys[i]` and adapted with
+  `adapt_keys[i]`; both depend only on `key` and `step`.
+  """
+  task_key, adapt_key = jax.random.split(jax.random.fold_in(key, step))
+  return jax.random.split(task_key, num_tasks), jax.random.split(adapt_key, num_tasks)
+
+
+def _stack_one(metrics: dict) -> dict:
+  return {name: value[None] for name, value in metrics.items()}
+
+
+def make_train_step(learner: MetaLearner, optimizer: optax.GradientTransformation,
+                    sample_tasks: TaskSampler, *, tasks_per_step: int, steps_per_call: int = 1,
+                    task_batching: batching.Batching = "vmap", chunk_size: int = 1,
+                    metrics_fn: Optional[MetricsFn] = None, mesh: Optional[Mesh] = None):
+  """Builds `train_step(state, data, key) -> (state, metrics)`: `steps_per_call` meta-steps.
+
+  Each meta-step samples its `tasks_per_step` tasks with
+  `sample_tasks(data, task_keys)` inside the step (`step_keys(key,
+  state.step, ...)`), so no tasks cross between host and device. Wrap it in
+  `jax.jit(..., donate_argnums=0)`: the old state's buffers are then reused
+  for the new one.
+
+  Args:
+    learner, optimizer: as in `make_meta_step`.
+    sample_tasks: `sample_tasks(data, task_keys) -> Task`, jittable.
+    tasks_per_step: T.
+    steps_per_call: meta-steps per call, run with `lax.scan`.
+    task_batching, chunk_size, metrics_fn, mesh: as in `make_meta_gradient`.
+
+  Returns:
+    A pure function; `metrics` holds `[steps_per_call]` arrays (loss,
+    grad_norm and `metrics_fn`'s values, per step).
+  """
+  if steps_per_call < 1:
+    raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
+  meta_gradient = make_meta_gradient(learner, task_batching=task_batching, chunk_size=chunk_size,
+                                     metrics_fn=metrics_fn, mesh=mesh)
+
+  def one_step(state: MetaState, data: PyTree, key: jax.Array):
+    task_keys, adapt_keys = step_keys(key, state.step, tasks_per_step)
+    if mesh is not None:  # each device draws the tasks it adapts to
+      task_keys, adapt_keys = jax.lax.with_sharding_constraint(
+          (task_keys, adapt_keys), sharding.task_sharding(mesh))
+    tasks = sample_tasks(data, task_keys)
+    grads, metrics = meta_gradient(state.meta_params, tasks, adapt_keys)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    return apply_meta_gradient(optimizer, state, grads), metrics
+
+  def train_step(state: MetaState, data: PyTree, key: jax.Array):
+    if steps_per_call == 1:
+      state, metrics = one_step(state, data, key)
+      return state, _stack_one(metrics)
+    return jax.lax.scan(lambda s, _: one_step(s, data, key), state, None, length=steps_per_call)
+
+  return train_step
+
+
+def make_host_chunked_train_step(learner: MetaLearner, optimizer: optax.GradientTransformation,
+                                 sample_tasks: TaskSampler, *, tasks_per_step: int,
+                                 chunk_size: int, metrics_fn: Optional[MetricsFn] = None):
+  """`make_train_step` for CPUs: `train_step(state, data, key)`, one meta-step per call.
+
+  Each chunk of `chunk_size` tasks is sampled, adapted and differentiated in
+  one jitted, unrolled program that adds its gradient to a running sum (see
+  `make_host_chunked_meta_step`). The result equals `make_train_step`'s for
+  the same key, up to float rounding. Do not wrap it in `jax.jit`.
+  """
+  if chunk_size < 1 or tasks_per_step % chunk_size:
+    raise ValueError(f"chunk_size={chunk_size} must be >= 1 and divide the {tasks_per_step} tasks")
+  gradient = make_meta_gradient(learner, task_batching="unroll", metrics_fn=metrics_fn)
+  num_chunks = tasks_per_step // chunk_size
+
+  def chunk_result(meta_params, data, task_keys, adapt_keys):
+    return gradient(meta_params, sample_tasks(data, task_keys), adapt_keys)
+
+  @jax.jit
+  def zero_total(meta_params, data, task_keys, adapt_keys):  # traced, never run, by eval_shape
+    shapes = jax.eval_shape(chunk_result, meta_params, data, task_keys, adapt_keys)
+    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  @functools.partial(jax.jit, donate_argnums=1)
+  def add_chunk(meta_params, total, data, task_keys, adapt_keys):
+    result = chunk_result(meta_params, data, task_keys, adapt_keys)
+    return jax.tree_util.tree_map(jnp.add, total, result)
+
+  @jax.jit
+  def keys_of(key, step):
+    keys = step_keys(key, step, tasks_per_step)
+    return jax.tree_util.tree_map(lambda k: k.reshape((num_chunks, chunk_size) + k.shape[1:]), keys)
+
+  @jax.jit
+  def finish(state, total):
+    grads, metrics = jax.tree_util.tree_map(lambda t: t / num_chunks, total)
+    metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+    return apply_meta_gradient(optimizer, state, grads), _stack_one(metrics)
+
+  def train_step(state: MetaState, data: PyTree, key: jax.Array):
+    task_keys, adapt_keys = keys_of(key, state.step)
+    total = zero_total(state.meta_params, data, task_keys[0], adapt_keys[0])
+    for chunk in range(num_chunks):
+      total = add_chunk(state.meta_params, total, data, task_keys[chunk], adapt_keys[chunk])
+    return finish(state, total)
+
+  return train_step

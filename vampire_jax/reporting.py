@@ -1,0 +1,136 @@
+"""What a training run writes and prints: metrics files and progress lines.
+
+`MetricWriter` appends every logged value to `metrics.jsonl` and, when
+tensorboardX is installed, to TensorBoard event files beside it (without
+it, the JSON lines alone; nothing else changes).
+
+`Progress` shows a progress bar on a terminal and, when the output goes to
+a file or pipe, one line per logging interval: a log stays short and every
+line in it is one a reader wants.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+
+class MetricWriter:
+  """Scalars to `workdir/metrics.jsonl` and, if tensorboardX imports, TensorBoard."""
+
+  def __init__(self, workdir: Path, *, enabled: bool = True):
+    self._enabled = enabled
+    self._jsonl = open(workdir / "metrics.jsonl", "a") if enabled else None
+    self._tensorboard = None
+    if enabled:
+      try:
+        from tensorboardX import SummaryWriter
+      except ImportError:
+        pass
+      else:
+        self._tensorboard = SummaryWriter(str(workdir))
+
+  def write(self, step: int, metrics: dict) -> None:
+    if not self._enabled:
+      return
+    values = {k: float(v) for k, v in metrics.items()}
+    self._jsonl.write(json.dumps({"step": step, **values}) + "\n")
+    self._jsonl.flush()
+    if self._tensorboard is not None:
+      for name, value in values.items():
+        self._tensorboard.add_scalar(name, value, step)
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+    if self._tensorboard is not None:
+      self._tensorboard.close()
+
+
+def read_metrics(workdir: Path) -> list[dict]:
+  """The rows of `workdir/metrics.jsonl` (empty if there is none)."""
+  path = Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def format_duration(seconds: float) -> str:
+  """`1:02:03` or `2:03`."""
+  seconds = int(round(max(seconds, 0.0)))
+  hours, rest = divmod(seconds, 3600)
+  minutes, seconds = divmod(rest, 60)
+  return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
+
+
+class Progress:
+  """Meta-training progress: a tqdm bar on a terminal, else a line per log interval.
+
+  Args:
+    total: the last step.
+    first: the step training starts (or resumes) from.
+    enabled: False prints nothing at all.
+    print_fn: where lines go.
+    interactive: draw a bar (default: when stdout is a terminal).
+  """
+
+  def __init__(self, total: int, first: int, *, enabled: bool = True,
+               print_fn: Callable[[str], None] = print, interactive: Optional[bool] = None):
+    self.total, self._step, self._enabled = total, first, enabled
+    self._print = print_fn
+    self._interactive = sys.stdout.isatty() if interactive is None else interactive
+    self._bar = None
+    self._rate_start: Optional[tuple[float, int]] = None  # (time, step) after the first call
+    self._excluded = 0.0  # seconds of evaluation and checkpointing, not training
+
+  def start_timing(self, step: int) -> None:
+    """Step rates count from here (after compilation)."""
+    self._rate_start = (time.perf_counter(), step)
+    if self._enabled and self._interactive and self._bar is None:
+      from tqdm import tqdm
+      self._bar = tqdm(total=self.total, initial=step, unit="step", dynamic_ncols=True,
+                       leave=False)
+
+  def advance(self, step: int) -> None:
+    if self._bar is not None:
+      self._bar.update(step - self._step)
+    self._step = step
+
+  def exclude(self, seconds: float) -> None:
+    """Leaves `seconds` (spent validating, saving) out of the step rate."""
+    self._excluded += seconds
+
+  def rate(self) -> Optional[float]:
+    """Meta-steps per second of training since `start_timing`, or None before any step."""
+    if self._rate_start is None or self._step <= self._rate_start[1]:
+      return None
+    seconds = time.perf_counter() - self._rate_start[0] - self._excluded
+    return (self._step - self._rate_start[1]) / max(seconds, 1e-9)
+
+  def log(self, step: int, metrics: dict) -> None:
+    """One line: the step, the metrics, the speed and the time left."""
+    if not self._enabled:
+      return
+    shown = "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())
+    rate = self.rate()
+    speed = "" if rate is None else (
+        f"  | {rate:.2f} steps/s, {format_duration((self.total - step) / rate)} left")
+    if self._bar is not None:
+      self._bar.set_postfix_str(shown)
+      return
+    self._print(f"step {step:>{len(str(self.total))}}/{self.total}  {shown}{speed}")
+
+  def message(self, text: str) -> None:
+    """A line that stays (above the bar, on a terminal)."""
+    if not self._enabled:
+      return
+    if self._bar is not None:
+      self._bar.write(text)
+    else:
+      self._print(text)
+
+  def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None

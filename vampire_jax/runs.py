@@ -1,0 +1,174 @@
+"""A trained run, loaded from its folder without its data set.
+
+    import vampire_jax as vj
+    run = vj.load_run("runs/omniglot_5way1shot_vampire_original_seed0")
+    run.config                                            # the config dataclass it trained with
+    probs = run.predict(support_x, support_y, query_x, key)   # [num_query, ways]
+
+The run folder's `run.json` names the network (class and fields), the input
+shape, the likelihood and the config; the meta-parameters come from `best/`
+(the best validation) or else the latest checkpoint. Nothing here reads the
+data set or imports TensorFlow.
+"""
+
+import dataclasses
+import functools
+import importlib
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vampire_jax import meta_step, models, training
+from vampire_jax.checkpoint import RunCheckpoints
+from vampire_jax.config import RunConfig
+from vampire_jax.errors import MissingDataError
+from vampire_jax.learners import MetaLearner
+
+PyTree = Any
+
+
+def config_from_record(record: dict):
+  """The run's config as the dataclass it was trained with.
+
+  The class is imported by the name recorded; if that fails (the code that
+  trained the run is not installed), a stand-in dataclass derived from
+  `RunConfig` with the recorded fields is returned, with a warning.
+  """
+  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in record["config"].items()}
+  module_name, _, class_name = record["config_class"].rpartition(".")
+  try:
+    cls = getattr(importlib.import_module(module_name), class_name)
+  except (ImportError, AttributeError) as error:
+    warnings.warn(f"cannot import the run's config class {record['config_class']} ({error}); "
+                  "using a stand-in dataclass with the same fields")
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    extra = [(name, type(value), dataclasses.field(default=value))
+             for name, value in fields.items() if name not in known]
+    cls = dataclasses.make_dataclass(class_name, extra, bases=(RunConfig,))
+  names = {f.name for f in dataclasses.fields(cls)}
+  return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+class Run:
+  """A trained meta-learner: its config, network and meta-parameters.
+
+  Attributes:
+    workdir: the run folder.
+    config: the config dataclass it was trained with.
+    model: the flax module.
+    kind: 'classification' or 'regression'.
+    input_shape: one example's shape.
+    noise_std: the regression likelihood's noise (None for classification).
+    meta_params: the meta-parameters (the best validated, else the latest).
+    learner: the test-time learner (`num_mc_test` draws).
+  """
+
+  def __init__(self, workdir: Path, record: dict, config, meta_params: PyTree,
+               learner: MetaLearner):
+    self.workdir = workdir
+    self.record = record
+    self.config = config
+    self.model = models.module_from_spec(record["model"])
+    self.kind = record["kind"]
+    self.input_shape = tuple(record["input_shape"])
+    self.noise_std = record["noise_std"]
+    self.meta_params = meta_params
+    self.learner = learner
+    self._predict = jax.jit(self._predict_one)
+
+  def _predict_one(self, meta_params, support_x, support_y, query_x, key):
+    adapt_key, predict_key = jax.random.split(key)  # as the evaluator splits a task's key
+    task_params = self.learner.adapt(meta_params, support_x, support_y, adapt_key)
+    outputs = self.learner.predict(task_params, query_x, predict_key)
+    if self.kind == "classification":
+      return jnp.mean(jax.nn.softmax(outputs, axis=-1), axis=0)
+    return outputs
+
+  def _check_inputs(self, support_x, support_y, query_x) -> None:
+    for name, x in (("support_x", support_x), ("query_x", query_x)):
+      if tuple(np.shape(x)[1:]) != self.input_shape:
+        raise ValueError(f"{name} must be [n, {', '.join(map(str, self.input_shape))}] "
+                         f"(preprocessed as in training), got shape {np.shape(x)}")
+    if np.shape(support_y)[:1] != np.shape(support_x)[:1]:
+      raise ValueError(f"support_y must have one entry per support example; got shapes "
+                       f"{np.shape(support_y)} and {np.shape(support_x)}")
+    if self.kind == "classification":
+      labels = np.asarray(support_y)
+      ways = self.num_outputs
+      if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or \
+         labels.min() < 0 or labels.max() >= ways:
+        raise ValueError(f"support_y must be [n] integer labels in [0, {ways}), got "
+                         f"{labels.dtype}{labels.shape}")
+
+  @property
+  def num_outputs(self) -> int:
+    """The network's output size (the number of ways, for a classifier)."""
+    x = jnp.zeros((1,) + self.input_shape)
+    shape = jax.eval_shape(lambda: self.model.apply(self.model.init(jax.random.key(0), x), x))
+    return int(shape.shape[-1])
+
+  def predict(self, support_x, support_y, query_x, key: jax.Array) -> jax.Array:
+    """Adapts to the support set with the run's test settings and predicts the queries.
+
+    Args:
+      support_x: `[num_support, *input_shape]`, preprocessed as in training
+        (e.g. `vj.data.preprocess_omniglot`).
+      support_y: `[num_support]` integer labels (classification) or
+        `[num_support, 1]` targets (regression).
+      query_x: `[num_query, *input_shape]`.
+      key: PRNG key of the adaptation and prediction draws.
+
+    Returns:
+      Classification: `[num_query, ways]`, the softmax averaged over the
+      run's `num_mc_test` weight draws (rows sum to 1). Regression:
+      `[num_mc_test, num_query, 1]`, the predictive samples.
+    """
+    self._check_inputs(support_x, support_y, query_x)
+    return self._predict(self.meta_params, jnp.asarray(support_x), jnp.asarray(support_y),
+                         jnp.asarray(query_x), key)
+
+
+def load_run(workdir: str | os.PathLike) -> Run:
+  """Loads a run folder written by `train_and_evaluate` (any experiment).
+
+  Args:
+    workdir: the run folder.
+
+  Returns:
+    A `Run`: `.config`, `.predict(support_x, support_y, query_x, key)`, ...
+
+  Raises:
+    FileNotFoundError: the folder has no `run.json` or no checkpoint.
+  """
+  workdir = Path(workdir)
+  record = training.read_run_record(workdir)
+  if record is None:
+    raise MissingDataError(f"{workdir} has no {training.RUN_RECORD}: not a run folder written by "
+                           "vampire_jax.train_and_evaluate (or written before runs were recorded)")
+  config = config_from_record(record)
+  model = models.module_from_spec(record["model"])
+  test_learner = training.make_learner(model, record["kind"], record["noise_std"], config,
+                                       num_mc_train=config.num_mc_test,
+                                       num_mc_query=config.num_mc_test)
+  template = _template_state(model, tuple(record["input_shape"]), record["kind"],
+                             record["noise_std"], config)
+  meta_params = RunCheckpoints(workdir, create=False).restore_meta_params(template)
+  return Run(workdir, record, config, meta_params, test_learner)
+
+
+def _template_state(model, input_shape, kind: str, noise_std: Optional[float], config):
+  """A `MetaState` of the run's structure, to restore checkpoints into."""
+  learner = training.make_learner(model, kind, noise_std, config,
+                                  num_mc_train=config.num_mc_train,
+                                  num_mc_query=config.num_mc_query)
+  optimizer = meta_step.meta_optimizer(config.meta_lr, tasks_per_step=config.tasks_per_step,
+                                       decay_rate=config.meta_lr_decay,
+                                       clip_norm=config.meta_grad_clip_norm)
+  params = models.init_params(model, jax.random.key(0), (1,) + input_shape)
+  return jax.eval_shape(functools.partial(meta_step.init_meta_state, learner, optimizer),
+                        params, jax.random.key(1))
