@@ -1,79 +1,92 @@
-"""Times one meta-step in the paper's Omniglot 5-way 1-shot setting.
+"""Times one training step in the paper's Omniglot 5-way 1-shot setting.
 
     python -m benchmarks.meta_step                       # MAML and VAMPIRE, backend default batching
-    python -m benchmarks.meta_step --strategies vmap,host_chunked:4 --tasks 32
+    python -m benchmarks.meta_step --strategies vmap,host_chunked:4 --tasks 32 --json steps.json
 
 Setting: Conv4-64 on 28x28x1, T tasks (default 32), 5 inner steps, L_t =
-L_v = 1, second order, float32, random inputs. For each algorithm and task
-batching strategy it prints compile time (first call), seconds per step,
-tasks per second and the process's peak resident memory (CPU) or the
-device's peak memory (GPU), then a summary table.
+L_v = 1, second order, float32. The timed step is the training step: each
+call draws its T tasks inside the step from per-task keys, out of random
+uint8 class images (`make_train_step`, jitted with the state donated;
+`make_host_chunked_train_step` for `host_chunked`). A chunk that does not
+divide T becomes the largest divisor of T below it
+(`vampire_jax.training.choose_batching`), so `--tasks 2` runs
+`host_chunked:4` as `host_chunked:2`. The defaults are the library's: the
+backend's task batching (`map` on a CPU, `vmap` elsewhere), the inner loop in
+`lax.scan` (`--unroll-inner-steps` unrolls it) and `--conv-impl auto`
+(`vampire_jax.models.auto_conv_impl`: `loop_safe` on a CPU unless nothing is
+in a loop).
+
+For each algorithm and task batching strategy it prints compile time (first
+call), seconds per step, tasks per second and the process's peak resident
+memory (CPU) or the device's peak memory (GPU; "n/a" if unknown), then a
+summary table; `--json PATH` also writes the rows there.
 """
 
 import argparse
-import resource
-import time
+import dataclasses
+import json
+from typing import Optional
 
 import jax
-import jax.numpy as jnp
 
 import vampire_jax as vj
+from benchmarks import suite
+from vampire_jax import models, training
+
+SETTING = suite.SETTINGS["omniglot_5w1s"]
 
 
-def _random_tasks(key, num_tasks, ways=5, shots=1, query=15):
-  k = jax.random.split(key, 4)
-  return vj.Task(
-      jax.random.uniform(k[0], (num_tasks, ways * shots, 28, 28, 1)),
-      jax.random.randint(k[1], (num_tasks, ways * shots), 0, ways),
-      jax.random.uniform(k[2], (num_tasks, ways * query, 28, 28, 1)),
-      jax.random.randint(k[3], (num_tasks, ways * query), 0, ways))
+def resolve_strategies(spec: Optional[str], num_tasks: int) -> list[tuple[str, int]]:
+  """`[(strategy, chunk)]` to time, each chunk fitted to `num_tasks`.
 
-
-def peak_memory_mb() -> float:
-  """Peak device memory (GPU) or the process's peak resident memory (CPU), in MB."""
-  stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
-  if stats and "peak_bytes_in_use" in stats:
-    return stats["peak_bytes_in_use"] / 2**20
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-def build_step(learner, optimizer, strategy: str, chunk: int):
-  if strategy == "host_chunked":
-    return vj.make_host_chunked_meta_step(learner, optimizer, chunk_size=chunk)
-  return jax.jit(vj.make_meta_step(learner, optimizer, task_batching=strategy, chunk_size=chunk))
+  Args:
+    spec: comma list of STRATEGY[:CHUNK] (chunk 1 if not given), or None
+      for the backend's choice (`map` on a CPU, `vmap` otherwise).
+    num_tasks: T; every chunk becomes the largest divisor of T that is at
+      most the one asked for.
+  """
+  if spec is None:
+    return [training.choose_batching("auto", 0, num_tasks)]
+  resolved = []
+  for item in spec.split(","):
+    name, _, chunk = item.strip().partition(":")
+    resolved.append(training.choose_batching(name, int(chunk or 1), num_tasks))
+  return resolved
 
 
 def time_step(algorithm: str, strategy: str, chunk: int, num_tasks: int, repeats: int,
-              unroll_steps: bool, conv_impl: str) -> dict:
-  model = vj.Conv4(num_classes=5, num_filters=64, conv_impl=conv_impl)
-  apply_fn = vj.pure_apply(model)
-  params = vj.init_params(model, jax.random.key(0), (1, 28, 28, 1))
-  if algorithm == "maml":
-    learner = vj.maml(apply_fn, vj.categorical_nll, num_inner_steps=5, inner_lr=0.1,
-                      unroll_steps=unroll_steps)
-  else:
-    learner = vj.vampire(apply_fn, vj.categorical_nll, num_inner_steps=5, inner_lr=0.1,
-                         kl_weight=0.1, num_mc_train=1, num_mc_query=1, unroll_steps=unroll_steps)
+              unroll_steps: bool, conv_impl: str, second_order_steps: Optional[int] = None) -> dict:
+  """Compiles and times the training step of one algorithm and task batching."""
+  if conv_impl == "auto":
+    conv_impl = models.auto_conv_impl(tasks_unrolled=strategy in ("host_chunked", "unroll"),
+                                      inner_steps_unrolled=unroll_steps, draws_mapped=False)
+  setting = dataclasses.replace(SETTING, tasks=num_tasks, conv_impl=conv_impl)
+  apply_fn, params, nll = suite.network(setting)
+  learner = suite.make_learner(setting, algorithm, apply_fn, nll, unroll_steps=unroll_steps,
+                               remat=False, second_order_steps=second_order_steps)
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
-  tasks = _random_tasks(jax.random.key(2), num_tasks)
-  step = build_step(learner, optimizer, strategy, chunk)
-
-  start = time.perf_counter()
-  state, metrics = step(state, tasks, jax.random.key(3))
-  jax.block_until_ready((state, metrics))
-  compile_s = time.perf_counter() - start
-  start = time.perf_counter()
-  for i in range(repeats):
-    state, metrics = step(state, tasks, jax.random.key(4 + i))
-  jax.block_until_ready((state, metrics))
-  step_s = (time.perf_counter() - start) / repeats
+  data = suite.random_data(setting, jax.random.key(2))
+  step = suite.build_train_step(learner, optimizer, suite.task_sampler(setting),
+                                num_tasks=num_tasks, strategy=strategy, chunk=chunk)
+  _, _, compile_s, step_s = suite.time_calls(step, state, data, jax.random.key(3), repeats)
   return {"algorithm": algorithm, "strategy": f"{strategy}:{chunk}", "tasks": num_tasks,
+          "conv_impl": conv_impl, "inner_loop": "unrolled" if unroll_steps else "scan",
           "compile_s": compile_s, "step_s": step_s, "tasks_per_s": num_tasks / step_s,
-          "ms_per_task": 1000 * step_s / num_tasks, "peak_mb": peak_memory_mb()}
+          "ms_per_task": 1000 * step_s / num_tasks, "peak_mb": suite.peak_memory()[0]}
 
 
-def main(argv=None):
+def format_table(rows: list[dict]) -> str:
+  """The rows as a markdown table."""
+  lines = ["| algorithm | batching | compile (s) | s/step | tasks/s | ms/task | peak mem (MB) |",
+           "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['algorithm']} | {r['strategy']} | {r['compile_s']:.1f} | {r['step_s']:.3f} |"
+                 f" {r['tasks_per_s']:.1f} | {r['ms_per_task']:.1f} | {suite.fmt(r['peak_mb'], '.0f')} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--algorithms", default="maml,vampire")
   parser.add_argument("--strategies", default=None,
@@ -81,38 +94,37 @@ def main(argv=None):
                            f"{vj.BATCHING_STRATEGIES}; default: the backend's choice")
   parser.add_argument("--tasks", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--scan-inner-steps", action="store_true",
-                      help="lax.scan the inner loop instead of unrolling it")
-  parser.add_argument("--conv-impl", default="xla", choices=["xla", "patches"])
+  parser.add_argument("--unroll-inner-steps", action="store_true",
+                      help="unroll the inner loop instead of lax.scan")
+  parser.add_argument("--conv-impl", default="auto", choices=("auto",) + models.CONV_IMPLS,
+                      help="auto: the library's choice for each row's loop structure")
+  parser.add_argument("--second-order-steps", type=int, default=None,
+                      help="differentiate the likelihood's gradient in the first K inner steps "
+                           "only (1: the authors' code); default: all")
+  parser.add_argument("--json", default=None, help="also write the rows to this file")
   args = parser.parse_args(argv)
-  if args.strategies is None:
-    strategy, chunk = vj.default_task_batching()
-    strategies = [("host_chunked", chunk)] if jax.default_backend() == "cpu" else [(strategy, chunk)]
-  else:
-    strategies = []
-    for item in args.strategies.split(","):
-      name, _, chunk = item.partition(":")
-      strategies.append((name, int(chunk or 1)))
+  strategies = resolve_strategies(args.strategies, args.tasks)
 
   device = jax.devices()[0]
   print(f"backend {jax.default_backend()} ({getattr(device, 'device_kind', '')}), jax {jax.__version__},"
-        f" Omniglot 5-way 1-shot, T={args.tasks}, 5 inner steps, L=1, second order,"
-        f" inner loop {'scan' if args.scan_inner_steps else 'unrolled'}, conv {args.conv_impl}")
+        f" Omniglot 5-way 1-shot, T={args.tasks}, 5 inner steps, L=1, second order"
+        f" {'through all steps' if args.second_order_steps is None else f'through {args.second_order_steps} step(s)'},"
+        f" inner loop {'unrolled' if args.unroll_inner_steps else 'scan'}, conv {args.conv_impl},"
+        " tasks sampled inside the step")
   rows = []
   for algorithm in args.algorithms.split(","):
     for strategy, chunk in strategies:
       row = time_step(algorithm, strategy, chunk, args.tasks, args.repeats,
-                      not args.scan_inner_steps, args.conv_impl)
+                      args.unroll_inner_steps, args.conv_impl, args.second_order_steps)
       rows.append(row)
       print(f"  {algorithm:8s} {row['strategy']:18s} compile {row['compile_s']:7.1f} s"
             f"  {row['step_s']:7.3f} s/step  {row['tasks_per_s']:7.1f} tasks/s"
-            f"  {row['ms_per_task']:7.1f} ms/task  peak {row['peak_mb']:8.0f} MB", flush=True)
-
-  print("\n| algorithm | batching | compile (s) | s/step | tasks/s | ms/task | peak mem (MB) |")
-  print("|---|---|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['algorithm']} | {r['strategy']} | {r['compile_s']:.1f} | {r['step_s']:.3f} |"
-          f" {r['tasks_per_s']:.1f} | {r['ms_per_task']:.1f} | {r['peak_mb']:.0f} |")
+            f"  {row['ms_per_task']:7.1f} ms/task  peak {suite.fmt(row['peak_mb'], '8.0f')} MB",
+            flush=True)
+  print("\n" + format_table(rows))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=2)
   return rows
 
 

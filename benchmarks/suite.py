@@ -4,51 +4,65 @@
     python -m benchmarks.suite --quick         # the whole table in about 15 min on a 2-core CPU
     python -m benchmarks.suite --settings regression --algorithms vampire --repeats 10
 
-Settings (random inputs of the real shapes, second order, float32 unless
---compute-dtype bfloat16; MAML always uses one weight draw):
+Settings (second order, float32 unless --compute-dtype bfloat16; MAML always
+uses one weight draw):
   omniglot_5w1s       Conv4-64, 28x28x1, 5-way 1-shot, 15 queries per class, T=32, S=5, L=1
   omniglot_20w1s      Conv4-64, 28x28x1, 20-way 1-shot, 15 queries per class, T=16, S=5, L=1
   mini_imagenet_5w1s  Conv4-32 with max-pool, 84x84x3, 5-way 1-shot, 15 queries, T=2, S=5, L=10
   regression          MLP 1-100-100-100-1, sine/line tasks, 5 support, 10 query, T=10, S=5, L=128
 
+The timed step is the training step: each call draws its T tasks inside the
+step, from per-task keys (`make_train_step`, jitted with the state donated;
+`make_host_chunked_train_step` on the CPU path), out of random uint8 class
+images `[64, 20, H, W, C]` of the setting's shape (`data.tasks_from_keys`,
+no rotations) or as sine/line tasks (`sine_line.tasks_from_keys`).
+
 --quick keeps every shape and S as above but uses fewer tasks per step
 (Omniglot T=4; mini-ImageNet T=2 and regression T=10 as above), L=2 for
 mini-ImageNet VAMPIRE (L=10 needs about 11 GB of XLA temporaries per task on
-a CPU), one task per compiled chunk on a CPU (`host_chunked:1`), and 2 timed
-steps after the first: the same per-task work with much shorter compiles.
+a CPU), and 2 timed steps after the first: the same per-task work with much
+shorter compiles.
 
 Task batching: with more than one device the tasks are sharded over all of
-them (`vmap` on each); on one CPU the runner's choice (`host_chunked`, inner
-loop unrolled; `vmap` for the regression MLP as in experiments.regression);
-on one GPU `vmap` with the inner loop in `lax.scan`.
+them (`vmap` on each); on one CPU the library's choice (tasks in `lax.map`,
+`loop_safe` convolutions; `vmap` for the regression MLP as in
+experiments.regression); on one GPU `vmap`. The inner loop is a `lax.scan`
+unless `--unroll-inner-steps`; `--batching` picks another task batching.
 
 Each row runs in a fresh process and reports:
   compile (s)     the first call: compilation plus one step
   s/step, steps/s, tasks/s   over --repeats further steps
   GFLOP/step      XLA's cost analysis (`lower(...).cost_analysis()`) of the HLO
                   before optimisation, of a loop-free twin of the step
-                  (inner steps unrolled, tasks vmapped): every operation
-                  once, random-number generation included; summed over
-                  devices. Also `compile().cost_analysis()` of the step that
-                  ran ("compiled"): it counts loop bodies once and a fused
-                  producer once per consumer, which inflates VAMPIRE's count
-                  (its weight noise is drawn flat and sliced per leaf).
+                  (`make_meta_step` with inner steps unrolled and tasks
+                  vmapped, on one batch of tasks sampled beforehand): every
+                  operation once, weight noise included, task sampling not;
+                  summed over devices. Also `compile().cost_analysis()` of
+                  the step that ran, sampling included ("compiled"): it
+                  counts loop bodies once and a fused producer once per
+                  consumer, which inflates VAMPIRE's count (its weight noise
+                  is drawn flat and sliced per leaf).
   GFLOP/s, % peak the HLO FLOPs over the step time, and their share of the
                   device's peak (--peak-tflops; known GPUs and an estimate
                   for this CPU built in)
   XLA MB          argument + output + temporary bytes of the compiled step
                   (`memory_analysis()`), per device
-  peak MB         the process's peak resident memory (CPU) or the device's
-                  `peak_bytes_in_use` (GPU)
-then one markdown table.
+  peak MB         the device's `memory_stats()['peak_bytes_in_use']` (GPU)
+                  or the process's peak resident memory (CPU, or a device
+                  without memory statistics)
+then one markdown table. Cost and memory analyses are optional in JAX (the
+GPU backend may give none): a number a backend does not give is None in the
+row and "n/a" in the table.
 """
 
 import argparse
 import concurrent.futures
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
+import resource
 import tempfile
 import time
 from typing import Optional
@@ -69,6 +83,7 @@ class Setting:
   max_pool: bool = False
   inner_steps: int = 5               # S
   inner_lr: float = 0.1
+  conv_impl: str = "auto"            # Conv4's: "xla", "patches", "loop_safe"; auto: the library's
 
 
 SETTINGS = {
@@ -83,6 +98,9 @@ SETTINGS = {
 # 11 GB of XLA temporaries per task on a CPU (benchmarks/memory.py).
 QUICK = {"omniglot_5w1s": {"tasks": 4}, "omniglot_20w1s": {"tasks": 4},
          "mini_imagenet_5w1s": {"tasks": 2, "mc_samples": 2}, "regression": {"tasks": 10}}
+
+# The random class images tasks are drawn from: [classes, examples, H, W, C].
+RANDOM_CLASSES, RANDOM_EXAMPLES = 64, 20
 
 # Dense peak TFLOP/s (float32 without tensor cores, bfloat16 with), by device name.
 PEAK_TFLOPS = {"H100 PCIe": (51.2, 756.0), "H100": (66.9, 989.4), "H200": (66.9, 989.4),
@@ -108,20 +126,57 @@ def peak_flops(compute_dtype: str, override_tflops: Optional[float]) -> tuple[fl
   return float("nan"), f"unknown device {device.device_kind!r}: pass --peak-tflops"
 
 
-def random_tasks(setting: Setting, key, num_tasks: int):
-  """Tasks of the setting's shapes: random images and labels, or sine/line tasks."""
+def peak_memory() -> tuple[Optional[float], Optional[str]]:
+  """`(MB, source)`: the device's peak memory in use, else the process's peak RSS.
+
+  source is 'device' (`memory_stats()['peak_bytes_in_use']`, accelerators
+  that report it), 'rss' (the process's peak resident memory: CPUs, and
+  devices without memory statistics) or None with MB None if neither is known.
+  """
   import jax
-  import vampire_jax as vj
+  if jax.default_backend() != "cpu":
+    try:
+      stats = jax.devices()[0].memory_stats()
+    except (NotImplementedError, RuntimeError):
+      stats = None
+    if stats and "peak_bytes_in_use" in stats:
+      return stats["peak_bytes_in_use"] / 2**20, "device"
+  max_rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
+  return (max_rss_kib / 1024, "rss") if max_rss_kib > 0 else (None, None)
+
+
+def random_data(setting: Setting, key):
+  """What the setting's tasks are drawn from.
+
+  Random uint8 class images `[64, 20, H, W, C]` (at least `ways` classes)
+  for classification; None for regression, whose tasks are generated.
+  """
+  import jax
+  import jax.numpy as jnp
   if setting.kind == "regression":
-    from vampire_jax.data import sine_line
-    return sine_line.sample_tasks(key, num_tasks, num_support=setting.shots,
-                                  num_query=setting.query)
-  keys = jax.random.split(key, 4)
-  support, query = setting.ways * setting.shots, setting.ways * setting.query
-  return vj.Task(jax.random.uniform(keys[0], (num_tasks, support) + setting.image),
-                 jax.random.randint(keys[1], (num_tasks, support), 0, setting.ways),
-                 jax.random.uniform(keys[2], (num_tasks, query) + setting.image),
-                 jax.random.randint(keys[3], (num_tasks, query), 0, setting.ways))
+    return None
+  shape = (max(RANDOM_CLASSES, setting.ways), RANDOM_EXAMPLES) + tuple(setting.image)
+  return jax.random.randint(key, shape, 0, 256, jnp.int32).astype(jnp.uint8)
+
+
+def task_sampler(setting: Setting):
+  """`sample_tasks(data, task_keys [n]) -> Task` for the setting, jittable; task i from key i."""
+  import vampire_jax as vj
+  from vampire_jax.data import sine_line
+  if setting.kind == "regression":
+    return lambda data, task_keys: sine_line.tasks_from_keys(
+        task_keys, num_support=setting.shots, num_query=setting.query)
+  return lambda images, task_keys: vj.data.tasks_from_keys(
+      task_keys, images, ways=setting.ways, shots=setting.shots, query=setting.query,
+      rotate=False)
+
+
+def random_tasks(setting: Setting, key, num_tasks: int):
+  """`num_tasks` tasks of the setting's shapes, sampled from `random_data`."""
+  import jax
+  data_key, task_key = jax.random.split(key)
+  return task_sampler(setting)(random_data(setting, data_key),
+                               jax.random.split(task_key, num_tasks))
 
 
 def network(setting: Setting):
@@ -132,68 +187,183 @@ def network(setting: Setting):
     model = vj.MLP((100, 100, 100), 1)
     return vj.pure_apply(model), vj.init_params(model, jax.random.key(0), (1, 1)), vj.gaussian_nll(0.3)
   model = vj.Conv4(num_classes=setting.ways, num_filters=setting.num_filters,
-                   max_pool=setting.max_pool)
+                   max_pool=setting.max_pool, conv_impl=setting.conv_impl)
   params = vj.init_params(model, jax.random.key(0), (1,) + setting.image)
   return vj.pure_apply(model), params, vj.categorical_nll
 
 
 def make_learner(setting: Setting, algorithm: str, apply_fn, nll, *, unroll_steps: bool,
-                 remat: bool):
+                 remat: bool, second_order_steps: Optional[int] = None):
+  """MAML or VAMPIRE in the setting; `second_order_steps=1` is the authors' code's meta-gradient."""
+  import jax
   import vampire_jax as vj
+  options = dict(num_inner_steps=setting.inner_steps, inner_lr=setting.inner_lr,
+                 unroll_steps=unroll_steps, remat=remat, second_order_steps=second_order_steps)
   if algorithm == "maml":
-    return vj.maml(apply_fn, nll, num_inner_steps=setting.inner_steps, inner_lr=setting.inner_lr,
-                   unroll_steps=unroll_steps, remat=remat)
-  return vj.vampire(apply_fn, nll, num_inner_steps=setting.inner_steps, inner_lr=setting.inner_lr,
-                    kl_weight=0.1, num_mc_train=setting.mc_samples,
-                    num_mc_query=setting.mc_samples, unroll_steps=unroll_steps, remat=remat)
+    return vj.maml(apply_fn, nll, **options)
+  # Draws as the experiments batch them: lax.map for a ConvNet on a CPU, else vmap.
+  cpu_convnet = setting.kind == "classification" and jax.default_backend() == "cpu"
+  return vj.vampire(apply_fn, nll, kl_weight=0.1, num_mc_train=setting.mc_samples,
+                    num_mc_query=setting.mc_samples,
+                    sample_batching="map" if cpu_convnet else "vmap", **options)
 
 
-def choose_batching(setting: Setting, requested: Optional[str], quick: bool) -> tuple[str, int]:
+def choose_batching(setting: Setting, requested: Optional[str]) -> tuple[str, int]:
   import jax
   if requested:
     name, _, chunk = requested.partition(":")
     return name, int(chunk or 1)
   if jax.device_count() > 1 or jax.default_backend() != "cpu" or setting.kind == "regression":
     return "vmap", 1
-  return "host_chunked", 1 if quick else 4
+  return "map", 1
+
+
+def build_train_step(learner, optimizer, sample_tasks, *, num_tasks: int, strategy: str,
+                     chunk: int, mesh=None, steps_per_call: int = 1, donate: bool = True):
+  """`step(state, data, key) -> (state, metrics)`: the training step, tasks sampled inside.
+
+  `host_chunked`: `make_host_chunked_train_step` (one step per call);
+  otherwise `make_train_step` with `strategy`, jitted, the state donated
+  unless `donate` is False.
+  """
+  import jax
+  import vampire_jax as vj
+  if strategy == "host_chunked":
+    return vj.make_host_chunked_train_step(learner, optimizer, sample_tasks,
+                                           tasks_per_step=num_tasks, chunk_size=chunk)
+  step = vj.make_train_step(learner, optimizer, sample_tasks, tasks_per_step=num_tasks,
+                            steps_per_call=steps_per_call, task_batching=strategy,
+                            chunk_size=chunk, mesh=mesh)
+  return jax.jit(step, donate_argnums=0 if donate else ())
+
+
+def time_calls(step, state, data, key, calls: int):
+  """Calls `step(state, data, key)` once, then `calls` more times, each on the last state.
+
+  Returns:
+    `(state, metrics, first_s, call_s)`: the last call's state and metrics,
+    the first call's seconds (compilation included) and the mean seconds of
+    the others. Every call starts from the state the previous one returned,
+    so a donated state is never reused.
+  """
+  import jax
+  start = time.perf_counter()
+  state, metrics = step(state, data, key)
+  jax.block_until_ready((state, metrics))
+  first_s = time.perf_counter() - start
+  start = time.perf_counter()
+  for _ in range(calls):
+    state, metrics = step(state, data, key)
+  jax.block_until_ready((state, metrics))
+  return state, metrics, first_s, (time.perf_counter() - start) / calls
 
 
 RANDOM_OPS = ("threefry", "_uniform", "_normal", "random_bits")  # names of the RNG's loops
 
 
-def _xla_costs(compiled) -> tuple[float, float, bool]:
+def _analysis(method):
+  """`method()` (a cost or memory analysis), or None where the backend gives none."""
+  try:
+    result = method()
+  except (NotImplementedError, RuntimeError):
+    return None
+  if isinstance(result, (list, tuple)):  # older JAX: one analysis per program
+    result = result[0] if result else None
+  return result
+
+
+def _flops(cost_analysis) -> Optional[float]:
+  """The 'flops' entry of a cost analysis, or None if it has none."""
+  if not cost_analysis or "flops" not in cost_analysis:
+    return None
+  return float(cost_analysis["flops"])
+
+
+def _xla_costs(compiled) -> tuple[Optional[float], Optional[float], Optional[bool]]:
   """FLOPs and memory (MB) of a compiled executable, and whether it loops over work.
 
   XLA counts a loop body once. The random-number generator's own loops
   (threefry rounds on CPU) do not count here; loops over inner steps or
-  tasks do.
+  tasks do. A number the backend does not give is None.
   """
-  memory = compiled.memory_analysis()
-  megabytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes
-               + memory.temp_size_in_bytes) / 2**20
-  has_loops = any(" while(" in line and not any(tag in line for tag in RANDOM_OPS)
-                  for line in compiled.as_text().splitlines())
-  return float(compiled.cost_analysis()["flops"]), megabytes, has_loops
+  memory = _analysis(compiled.memory_analysis)
+  sizes = [getattr(memory, name, None) for name in
+           ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")]
+  megabytes = None if None in sizes else sum(sizes) / 2**20
+  text = compiled.as_text()
+  has_loops = None if not text else any(
+      " while(" in line and not any(tag in line for tag in RANDOM_OPS)
+      for line in text.splitlines())
+  return _flops(_analysis(compiled.cost_analysis)), megabytes, has_loops
 
 
-def run_row(name: str, algorithm: str, options: dict) -> dict:
-  """Times one setting and algorithm; run it in a fresh process."""
+def _times(value: Optional[float], factor: float) -> Optional[float]:
+  return None if value is None else value * factor
+
+
+def _compiled_costs(step, strategy: str, learner, sample_tasks, state, data, key, chunk: int,
+                    num_tasks: int):
+  """`_xla_costs` of the step that ran, over all its tasks (sampling included).
+
+  host_chunked: one chunk's program (sampling and gradient, unrolled),
+  compiled again, times the number of chunks. Otherwise the jitted step.
+  """
   import jax
+  import vampire_jax as vj
+  if strategy != "host_chunked":
+    return _xla_costs(step.lower(state, data, key).compile())
+  gradient = vj.make_meta_gradient(learner, task_batching="unroll")
+  chunk_program = jax.jit(lambda params, data, task_keys, adapt_keys: gradient(
+      params, sample_tasks(data, task_keys), adapt_keys))
+  keys = jax.random.split(key, chunk)
+  flops, megabytes, has_loops = _xla_costs(
+      chunk_program.lower(state.meta_params, data, keys, keys).compile())
+  return _times(flops, num_tasks // chunk), megabytes, has_loops
+
+
+def _twin_flops(twin_learner, optimizer, state, tasks, mesh) -> Optional[float]:
+  """XLA's FLOPs, before optimisation, of `make_meta_step` (tasks vmapped) on `tasks`."""
+  import jax
+  import vampire_jax as vj
+  if mesh is not None:
+    tasks = vj.shard_tasks(tasks, mesh)
+  twin_step = jax.jit(vj.make_meta_step(twin_learner, optimizer, task_batching="vmap", mesh=mesh))
+  return _flops(_analysis(twin_step.lower(state, tasks, jax.random.key(3)).cost_analysis))
+
+
+def _fresh_compilation_cache() -> None:
   # An empty persistent cache per row: compile time is measured cold, and
   # recompiling the same step for its cost analysis is a cache hit.
+  import jax
   jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="vj_bench_cache_"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  import vampire_jax as vj
-  from benchmarks.meta_step import peak_memory_mb
 
+
+def _row_setting(name: str, options: dict) -> Setting:
   setting = SETTINGS[name]
   if options["quick"]:
     setting = dataclasses.replace(setting, **QUICK[name])
-  num_tasks = options["tasks"] or setting.tasks
-  strategy, chunk = choose_batching(setting, options["batching"], options["quick"])
-  chunk = max(n for n in range(1, min(chunk, num_tasks) + 1) if num_tasks % n == 0)
-  unroll_steps = jax.default_backend() == "cpu" and not options["scan_inner_steps"]
+  return dataclasses.replace(setting, tasks=options["tasks"] or setting.tasks)
+
+
+def run_row(name: str, algorithm: str, options: dict) -> dict:
+  """Times one setting and algorithm's training step; run it in a fresh process."""
+  _fresh_compilation_cache()
+  import jax
+  import numpy as np
+  import vampire_jax as vj
+  from vampire_jax import training
+
+  setting = _row_setting(name, options)
+  num_tasks = setting.tasks
+  strategy, chunk = choose_batching(setting, options["batching"])
+  strategy, chunk = training.choose_batching(strategy, chunk, num_tasks)
+  unroll_steps = options["unroll_inner_steps"]
+  if setting.conv_impl == "auto":
+    setting = dataclasses.replace(setting, conv_impl=vj.models.auto_conv_impl(
+        tasks_unrolled=strategy in ("host_chunked", "unroll"), inner_steps_unrolled=unroll_steps,
+        draws_mapped=setting.mc_samples > 1))
   apply_fn, params, nll = network(setting)
   if options["compute_dtype"] == "bfloat16":
     apply_fn = vj.mixed_precision(apply_fn)
@@ -201,62 +371,43 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
                          remat=options["remat"])
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
-  tasks = random_tasks(setting, jax.random.key(2), num_tasks)
-  mesh = vj.task_mesh() if jax.device_count() > 1 else None
+  data, sample_tasks = random_data(setting, jax.random.key(2)), task_sampler(setting)
+  mesh = vj.task_mesh() if jax.device_count() > 1 and strategy != "host_chunked" else None
   if mesh is not None:
-    state, tasks = vj.replicate(state, mesh), vj.shard_tasks(tasks, mesh)
-  if strategy == "host_chunked":
-    step = vj.make_host_chunked_meta_step(learner, optimizer, chunk_size=chunk)
-  else:
-    step = jax.jit(vj.make_meta_step(learner, optimizer, task_batching=strategy,
-                                     chunk_size=chunk, mesh=mesh))
+    state, data = vj.replicate(state, mesh), vj.replicate(data, mesh)
+  step = build_train_step(learner, optimizer, sample_tasks, num_tasks=num_tasks,
+                          strategy=strategy, chunk=chunk, mesh=mesh)
+  state, metrics, compile_s, step_s = time_calls(step, state, data, jax.random.key(3),
+                                                 options["repeats"])
 
-  start = time.perf_counter()
-  new_state, metrics = step(state, tasks, jax.random.key(3))
-  jax.block_until_ready((new_state, metrics))
-  compile_s = time.perf_counter() - start
-  start = time.perf_counter()
-  for i in range(options["repeats"]):
-    new_state, metrics = step(new_state, tasks, jax.random.key(4 + i))
-  jax.block_until_ready((new_state, metrics))
-  step_s = (time.perf_counter() - start) / options["repeats"]
-
-  # FLOPs, two ways. `compiled`: XLA's cost analysis of what ran (the jitted
-  # step, or host_chunked's chunk gradient, recompiled from the cache, once
-  # per chunk). It counts a loop body once, and a fused producer once per
-  # consumer: VAMPIRE's weight noise, drawn flat and sliced into leaves, is
+  # FLOPs, two ways. `compiled`: XLA's cost analysis of what ran (see
+  # `_compiled_costs`). It counts a loop body once, and a fused producer once
+  # per consumer: VAMPIRE's weight noise, drawn flat and sliced into leaves, is
   # counted again for every leaf. `hlo`: XLA's cost analysis of the HLO
   # before optimisation (no fusion) of a loop-free twin of the step (inner
-  # steps unrolled, tasks vmapped): each operation once; FLOP/s use it.
-  # With a mesh both are per device.
-  if strategy == "host_chunked":
-    chunk_gradient = jax.jit(vj.make_meta_gradient(learner, task_batching="unroll"))
-    chunk_tasks = jax.tree_util.tree_map(lambda x: x[:chunk], tasks)
-    compiled = chunk_gradient.lower(state.meta_params, chunk_tasks,
-                                    jax.random.split(jax.random.key(0), chunk)).compile()
-    compiled_flops, xla_mb, has_loops = _xla_costs(compiled)
-    compiled_flops *= num_tasks // chunk
-  else:
-    compiled_flops, xla_mb, has_loops = _xla_costs(
-        step.lower(state, tasks, jax.random.key(3)).compile())
+  # steps unrolled, tasks vmapped, on one batch of tasks sampled beforehand):
+  # each operation once; FLOP/s use it. With a mesh both are per device.
+  compiled_flops, xla_mb, has_loops = _compiled_costs(
+      step, strategy, learner, sample_tasks, state, data, jax.random.key(3), chunk, num_tasks)
   twin = make_learner(setting, algorithm, apply_fn, nll, unroll_steps=True, remat=options["remat"])
-  twin_step = jax.jit(vj.make_meta_step(twin, optimizer, task_batching="vmap", mesh=mesh))
-  hlo_flops = float(twin_step.lower(state, tasks, jax.random.key(3)).cost_analysis()["flops"])
+  tasks = sample_tasks(data, jax.random.split(jax.random.key(4), num_tasks))
+  hlo_flops = _twin_flops(twin, optimizer, state, tasks, mesh)
   devices = 1 if mesh is None else mesh.size
-  compiled_flops, hlo_flops = compiled_flops * devices, hlo_flops * devices
+  compiled_flops, hlo_flops = _times(compiled_flops, devices), _times(hlo_flops, devices)
   peak, peak_source = peak_flops(options["compute_dtype"], options["peak_tflops"])
-  loss = float(metrics["loss"])
+  losses = np.asarray(metrics["loss"], np.float64)
   return {"setting": name, "algorithm": algorithm, "tasks": num_tasks,
           "mc_samples": setting.mc_samples if algorithm == "vampire" else 1,
           "batching": f"{strategy}:{chunk}" + (f" x{mesh.size} devices" if mesh else ""),
           "inner_loop": "unrolled" if unroll_steps else "scan", "remat": options["remat"],
           "compute_dtype": options["compute_dtype"], "compile_s": compile_s, "step_s": step_s,
           "steps_per_s": 1 / step_s, "tasks_per_s": num_tasks / step_s,
-          "gflop_per_step": hlo_flops / 1e9, "compiled_gflop_per_step": compiled_flops / 1e9,
-          "compiled_has_loops": has_loops, "gflop_per_s": hlo_flops / step_s / 1e9,
-          "peak_fraction": hlo_flops / step_s / peak, "peak_source": peak_source,
-          "xla_mb": xla_mb, "peak_mb": peak_memory_mb(),
-          "loss_finite": bool(loss == loss and abs(loss) != float("inf"))}
+          "gflop_per_step": _times(hlo_flops, 1e-9),
+          "compiled_gflop_per_step": _times(compiled_flops, 1e-9),
+          "compiled_has_loops": has_loops, "gflop_per_s": _times(hlo_flops, 1e-9 / step_s),
+          "peak_fraction": _times(hlo_flops, 1 / step_s / peak), "peak_source": peak_source,
+          "xla_mb": xla_mb, "peak_mb": peak_memory()[0], "loss": float(losses[-1]),
+          "loss_finite": bool(np.all(np.isfinite(losses)))}
 
 
 def _in_fresh_process(name: str, algorithm: str, options: dict) -> dict:
@@ -265,32 +416,57 @@ def _in_fresh_process(name: str, algorithm: str, options: dict) -> dict:
     return pool.submit(run_row, name, algorithm, options).result()
 
 
+def fmt(value, spec: str) -> str:
+  """`format(value, spec)`, or "n/a" for a number that is missing (None) or NaN."""
+  if value is None or (isinstance(value, float) and math.isnan(value)):
+    return "n/a"
+  return format(value, spec)
+
+
+def _percent(fraction: Optional[float]) -> Optional[float]:
+  return None if fraction is None else 100 * fraction
+
+
 def format_table(rows: list[dict]) -> str:
+  """The rows as one markdown table; "n/a" where a backend gave no number."""
   lines = ["| setting | algorithm | T | L | batching | compile (s) | s/step | steps/s | tasks/s |"
            " GFLOP/step (HLO) | GFLOP/step (compiled) | GFLOP/s | % peak | XLA MB | peak MB |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
-    compiled = f"{r['compiled_gflop_per_step']:.2f}" + (" (loops once)" if r["compiled_has_loops"] else "")
+    compiled = fmt(r["compiled_gflop_per_step"], ".2f") + (
+        " (loops once)" if r["compiled_has_loops"] else "")
     lines.append(
         f"| {r['setting']} | {r['algorithm']} | {r['tasks']} | {r['mc_samples']} | {r['batching']} |"
         f" {r['compile_s']:.1f} | {r['step_s']:.3f} | {r['steps_per_s']:.2f} |"
-        f" {r['tasks_per_s']:.1f} | {r['gflop_per_step']:.2f} | {compiled} | {r['gflop_per_s']:.1f} |"
-        f" {100 * r['peak_fraction']:.1f} | {r['xla_mb']:.0f} | {r['peak_mb']:.0f} |")
+        f" {r['tasks_per_s']:.1f} | {fmt(r['gflop_per_step'], '.2f')} | {compiled} |"
+        f" {fmt(r['gflop_per_s'], '.1f')} | {fmt(_percent(r['peak_fraction']), '.1f')} |"
+        f" {fmt(r['xla_mb'], '.0f')} | {fmt(r['peak_mb'], '.0f')} |")
   return "\n".join(lines)
+
+
+def _row_line(row: dict) -> str:
+  """One row as the progress line printed while the suite runs."""
+  return (f"  {row['setting']:19s} {row['algorithm']:8s} T={row['tasks']:<3d} L={row['mc_samples']:<4d}"
+          f" {row['batching']:16s} compile {row['compile_s']:6.1f} s  {row['step_s']:7.3f} s/step"
+          f"  {row['tasks_per_s']:7.1f} tasks/s  {fmt(row['gflop_per_step'], '8.2f')} GFLOP/step"
+          f" (compiled count {fmt(row['compiled_gflop_per_step'], '.2f')})"
+          f"  {fmt(row['gflop_per_s'], '7.1f')} GFLOP/s"
+          f" ({fmt(_percent(row['peak_fraction']), '.1f')}% of peak)"
+          f"  XLA {fmt(row['xla_mb'], '6.0f')} MB  peak {fmt(row['peak_mb'], '6.0f')} MB")
 
 
 def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--quick", action="store_true", help="fewer tasks, chunks of one, 2 steps")
+  parser.add_argument("--quick", action="store_true", help="fewer tasks, 2 timed steps")
   parser.add_argument("--settings", default=",".join(SETTINGS), help=SETTINGS_HELP)
   parser.add_argument("--algorithms", default="maml,vampire")
   parser.add_argument("--tasks", type=int, default=0, help="T for every setting (0: its own)")
   parser.add_argument("--repeats", type=int, default=None, help="timed steps (default 5, quick 2)")
   parser.add_argument("--batching", default=None,
                       help="STRATEGY[:CHUNK] for every row (default: see above)")
-  parser.add_argument("--scan-inner-steps", action="store_true",
-                      help="lax.scan the inner loop on a CPU too")
+  parser.add_argument("--unroll-inner-steps", action="store_true",
+                      help="unroll the inner loop instead of lax.scan")
   parser.add_argument("--remat", action="store_true", help="jax.checkpoint every inner step")
   parser.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument("--peak-tflops", type=float, default=None,
@@ -301,7 +477,7 @@ def main(argv=None) -> list[dict]:
   args = parser.parse_args(argv)
   options = {"quick": args.quick, "tasks": args.tasks,
              "repeats": args.repeats or (2 if args.quick else 5), "batching": args.batching,
-             "scan_inner_steps": args.scan_inner_steps, "remat": args.remat,
+             "unroll_inner_steps": args.unroll_inner_steps, "remat": args.remat,
              "compute_dtype": args.compute_dtype, "peak_tflops": args.peak_tflops}
   names = [n.strip() for n in args.settings.split(",") if n.strip()]
   unknown = set(names) - set(SETTINGS)
@@ -317,14 +493,8 @@ def main(argv=None) -> list[dict]:
   for name in names:
     for algorithm in args.algorithms.split(","):
       run = run_row if args.same_process else _in_fresh_process
-      row = run(name, algorithm, options)
-      rows.append(row)
-      print(f"  {name:19s} {algorithm:8s} T={row['tasks']:<3d} L={row['mc_samples']:<4d}"
-            f" {row['batching']:16s} compile {row['compile_s']:6.1f} s  {row['step_s']:7.3f} s/step"
-            f"  {row['tasks_per_s']:7.1f} tasks/s  {row['gflop_per_step']:8.2f} GFLOP/step"
-            f" (compiled count {row['compiled_gflop_per_step']:.2f})"
-            f"  {row['gflop_per_s']:7.1f} GFLOP/s ({100 * row['peak_fraction']:.1f}% of peak)"
-            f"  XLA {row['xla_mb']:6.0f} MB  peak {row['peak_mb']:6.0f} MB", flush=True)
+      rows.append(run(name, algorithm, options))
+      print(_row_line(rows[-1]), flush=True)
   print(f"\npeak FLOP/s: {rows[0]['peak_source'] if rows else ''}; inner loop"
         f" {rows[0]['inner_loop'] if rows else ''}; total wall time {time.time() - start:.0f} s\n")
   print(format_table(rows))

@@ -23,6 +23,20 @@ from vampire_jax.config import RunConfig, setting
 from vampire_jax.data import episodes
 from vampire_jax.errors import ConfigError
 
+
+@dataclasses.dataclass
+class ConvNetConfig(RunConfig):
+  """Fields of the Conv4 experiments (Omniglot, mini-ImageNet)."""
+  batch_norm_affine: bool = setting(True, "batch norm with scale and offset (the authors' has none)")
+  conv_impl: str = setting("auto", "convolution: xla, patches (im2col), loop_safe (fast "
+                           "gradients inside loops on a CPU) or auto (loop_safe on a CPU where "
+                           "gradients run in loops, else xla)", resumable=True,
+                           choices=("auto", "xla", "patches", "loop_safe"))
+  sample_batching: str = setting("auto", "how Monte-Carlo draws are batched (auto: lax.map on a "
+                                 "CPU, vmap elsewhere)", resumable=True,
+                                 choices=("auto", "vmap", "map", "unroll"))
+
+
 # -- Omniglot --------------------------------------------------------------------
 
 # Characters per split part, with the default validation sizes (data.split_indices).
@@ -32,7 +46,7 @@ OMNIGLOT_DRAWINGS = 20
 
 
 @dataclasses.dataclass
-class OmniglotConfig(RunConfig):
+class OmniglotConfig(ConvNetConfig):
   ways: int = setting(5, "N, classes per task")
   shots: int = setting(1, "k, support examples per class")
   query: int = setting(15, "query examples per class")
@@ -43,12 +57,6 @@ class OmniglotConfig(RunConfig):
                                 "characters, each at a random rotation) or 'class' (distinct "
                                 "(character, rotation) pairs)", choices=episodes.CLASS_SAMPLING)
   num_filters: int = setting(64, "Conv4 filters per layer")
-  batch_norm_affine: bool = setting(True, "batch norm with scale and offset (the authors' has none)")
-  conv_impl: str = setting("xla", "convolution: xla or patches (im2col)", resumable=True,
-                           choices=("xla", "patches"))
-  sample_batching: str = setting("auto", "how Monte-Carlo draws are batched (auto: lax.map on a "
-                                 "CPU, vmap elsewhere)", resumable=True,
-                                 choices=("auto", "vmap", "map", "unroll"))
   data_dir: Optional[str] = setting(None, "folder with the Omniglot zips (default: $OMNIGLOT_DIR; "
                                     "none: TFDS downloads)", resumable=True)
   data_source: str = setting("auto", "auto (zips if a folder is given, else TFDS), zip, tfds, "
@@ -84,8 +92,7 @@ def omniglot_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Om
     config = OmniglotConfig(ways=5, shots=1, tasks_per_step=8, num_meta_steps=200,
                             num_filters=16, num_val_tasks=40, num_test_tasks=200,
                             eval_batch_tasks=20, eval_every=100, checkpoint_every=100,
-                            log_every=20, num_mc_test=4, chunk_size=1, inner_lr=0.1,
-                            kl_weight=0.001, unroll_inner_steps=False)
+                            log_every=20, num_mc_test=4, inner_lr=0.1, kl_weight=0.001)
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {OMNIGLOT_PRESETS}")
   config = algorithms.configure(config, algorithm)
@@ -101,17 +108,11 @@ MINI_IMAGENET_IMAGES = 600
 
 
 @dataclasses.dataclass
-class MiniImagenetConfig(RunConfig):
+class MiniImagenetConfig(ConvNetConfig):
   ways: int = setting(5, "N, classes per task")
   shots: int = setting(1, "k, support examples per class")
   query: int = setting(15, "query examples per class")
   num_filters: int = setting(32, "Conv4 filters per layer")
-  batch_norm_affine: bool = setting(True, "batch norm with scale and offset (the authors' has none)")
-  conv_impl: str = setting("xla", "convolution: xla or patches (im2col)", resumable=True,
-                           choices=("xla", "patches"))
-  sample_batching: str = setting("auto", "how Monte-Carlo draws are batched (auto: lax.map on a "
-                                 "CPU, vmap elsewhere)", resumable=True,
-                                 choices=("auto", "vmap", "map", "unroll"))
   image_size: int = setting(84, "image side (84 in the paper; smaller only for fast tests)")
   data_dir: Optional[str] = setting(None, "mini-ImageNet folder (default: $MINI_IMAGENET_DIR)",
                                     resumable=True)

@@ -72,7 +72,7 @@ def make_problem(config: MiniImagenetConfig, workdir: Optional[Path] = None,
                                 query=config.query, rotate=False)
 
   model = vj.Conv4(num_classes=config.ways, num_filters=config.num_filters, max_pool=True,
-                   conv_impl=config.conv_impl, batch_norm_affine=config.batch_norm_affine)
+                   conv_impl=vj.training.conv_impl(config), batch_norm_affine=config.batch_norm_affine)
   folder = config.data_dir or os.environ.get("MINI_IMAGENET_DIR")
   return vj.Problem(
       model=model, input_shape=(config.image_size, config.image_size, 3),

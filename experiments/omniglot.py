@@ -60,7 +60,7 @@ def make_problem(config: OmniglotConfig, workdir: Optional[Path] = None,
                                 class_sampling=config.class_sampling)
 
   model = vj.Conv4(num_classes=config.ways, num_filters=config.num_filters,
-                   conv_impl=config.conv_impl, batch_norm_affine=config.batch_norm_affine)
+                   conv_impl=vj.training.conv_impl(config), batch_norm_affine=config.batch_norm_affine)
   return vj.Problem(model=model, input_shape=INPUT_SHAPE,
                     splits={name: jax.device_put(images) for name, images in splits.items()},
                     sample_tasks=sample_tasks, kind="classification",

@@ -202,3 +202,59 @@ def test_bad_inputs_get_clear_errors():
     vj.predict(prior, x, key, apply_fn=apply_fn, num_mc_samples=0)
   with pytest.raises(TypeError, match="Gaussian"):
     vj.adapt((prior.mean, prior.log_std), x, y, key, loss_fn=loss_fn, num_steps=1, inner_lr=0.1)
+
+
+def test_second_order_steps_interpolates_between_first_and_full_second_order():
+  # MAML, 3 inner steps: k = 3 is full second order, k = 0 is first order; the
+  # authors' k = 1 differs from both. By hand for k = 1 and one more step: the
+  # second step's gradient is a constant, so d theta_2 / d theta = d theta_1 / d theta.
+  with jax.enable_x64(True):
+    params, _, loss_fn = _tiny_mlp(jnp.float64)
+    x, y, xq, yq = _sine_task(jax.random.key(4), dtype=jnp.float64)
+
+    def meta_gradient(num_steps, **kw):
+      return jax.grad(lambda p: loss_fn(vj.maml_adapt(p, x, y, loss_fn=loss_fn,
+                                                      num_steps=num_steps, inner_lr=0.1, **kw),
+                                        xq, yq))(params)
+
+    full, first = meta_gradient(3), meta_gradient(3, first_order=True)
+    chex.assert_trees_all_close(meta_gradient(3, second_order_steps=3), full, atol=1e-12)
+    chex.assert_trees_all_close(meta_gradient(3, second_order_steps=0), first, atol=1e-12)
+    authors = meta_gradient(3, second_order_steps=1)
+    flat = lambda t: jnp.concatenate([v.ravel() for v in jax.tree_util.tree_leaves(t)])  # noqa: E731
+    assert float(jnp.max(jnp.abs(flat(authors) - flat(full)))) > 1e-6
+    assert float(jnp.max(jnp.abs(flat(authors) - flat(first)))) > 1e-6
+    # Two steps, k = 1: J = d theta_1 / d theta, and the gradient is J^T grad L(theta_2).
+    theta_1 = vj.maml_adapt(params, x, y, loss_fn=loss_fn, num_steps=1, inner_lr=0.1)
+    theta_2 = vj.maml_adapt(theta_1, x, y, loss_fn=loss_fn, num_steps=1, inner_lr=0.1)
+    _, pullback = jax.vjp(lambda p: vj.maml_adapt(p, x, y, loss_fn=loss_fn, num_steps=1,
+                                                  inner_lr=0.1), params)
+    by_hand = pullback(jax.grad(loss_fn)(theta_2, xq, yq))[0]
+    chex.assert_trees_all_close(meta_gradient(2, second_order_steps=1), by_hand, atol=1e-10)
+
+
+def test_vampire_second_order_steps_keeps_the_kl_gradient():
+  # With the KL term off, k = 0 is first order; with it on, k = 0 still
+  # differentiates the KL's pull towards the prior, so it is not.
+  with jax.enable_x64(True):
+    params, apply_fn, loss_fn = _tiny_mlp(jnp.float64)
+    prior = vj.gaussian_from_params(params, jax.random.key(3), (-2.0, -1.0))
+    x, y, xq, yq = _sine_task(jax.random.key(4), dtype=jnp.float64)
+
+    def meta_gradient(kl_weight, **kw):
+      def loss(dist):
+        post = vj.adapt(dist, x, y, jax.random.key(7), loss_fn=loss_fn, num_steps=3,
+                        inner_lr=0.05, kl_weight=kl_weight, **kw)
+        return loss_fn(post.mean, xq, yq)
+      return jax.grad(loss)(prior)
+
+    chex.assert_trees_all_close(meta_gradient(0.0, second_order_steps=0),
+                                meta_gradient(0.0, first_order=True), atol=1e-12)
+    with_kl = meta_gradient(0.5, second_order_steps=0)
+    flat = lambda t: jnp.concatenate([v.ravel() for v in jax.tree_util.tree_leaves(t)])  # noqa: E731
+    assert float(jnp.max(jnp.abs(flat(with_kl) - flat(meta_gradient(0.5, first_order=True))))) > 1e-6
+    chex.assert_trees_all_close(meta_gradient(0.5, second_order_steps=3), meta_gradient(0.5),
+                                atol=1e-10)
+    with pytest.raises(ValueError, match="second_order_steps"):
+      vj.adapt(prior, x, y, jax.random.key(0), loss_fn=loss_fn, num_steps=1, inner_lr=0.1,
+               second_order_steps=-1)

@@ -1,19 +1,145 @@
-"""The benchmark suite runs and counts FLOPs that scale with the work."""
+"""The benchmarks run on any backend, count FLOPs that scale with the work, and time what training runs."""
 
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
 import pytest
 
-from benchmarks import suite
+from benchmarks import gpu_sweep, meta_step, suite
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+QUICK_OPTIONS = {"quick": True, "tasks": 2, "repeats": 1, "batching": None,
+                 "unroll_inner_steps": False, "remat": False, "compute_dtype": "float32",
+                 "peak_tflops": None}
+CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+                 "jax_persistent_cache_min_entry_size_bytes")
+
+
+@pytest.fixture
+def keep_cache_config():
+  """`suite.run_row` points JAX's persistent cache at a fresh folder: undo it after the test."""
+  saved = {name: getattr(jax.config, name) for name in CACHE_OPTIONS}
+  yield
+  for name, value in saved.items():
+    jax.config.update(name, value)
 
 
 @pytest.mark.slow
-def test_suite_row_counts_flops_in_proportion_to_tasks():
-  options = {"quick": True, "tasks": 2, "repeats": 1, "batching": None, "scan_inner_steps": False,
-             "remat": False, "compute_dtype": "float32", "peak_tflops": None}
-  two = suite.run_row("regression", "maml", options)
-  four = suite.run_row("regression", "maml", dict(options, tasks=4))
+def test_suite_row_counts_flops_in_proportion_to_tasks(keep_cache_config):
+  two = suite.run_row("regression", "maml", QUICK_OPTIONS)
+  four = suite.run_row("regression", "maml", dict(QUICK_OPTIONS, tasks=4))
   assert two["tasks"] == 2 and two["step_s"] > 0 and two["loss_finite"]
   # Twice the tasks, twice the work (up to the shared optimiser update).
   assert four["gflop_per_step"] == pytest.approx(2 * two["gflop_per_step"], rel=0.05)
   assert four["compiled_gflop_per_step"] == pytest.approx(2 * two["compiled_gflop_per_step"], rel=0.05)
   table = suite.format_table([two, four])
   assert table.count("\n") == 3 and "| regression | maml | 4 |" in table
+
+
+def test_suite_row_without_cost_or_memory_analysis(monkeypatch, keep_cache_config):
+  # The GPU backend of jax 0.11 returns None from these; the row must still be made.
+  monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: None)
+  monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: None)
+  monkeypatch.setattr(jax.stages.Compiled, "memory_analysis", lambda self: None)
+  row = suite.run_row("regression", "maml", QUICK_OPTIONS)
+  for name in ("gflop_per_step", "compiled_gflop_per_step", "gflop_per_s", "peak_fraction",
+               "xla_mb"):
+    assert row[name] is None, name
+  assert math.isfinite(row["step_s"]) and row["step_s"] > 0 and row["steps_per_s"] > 0
+  assert math.isfinite(row["loss"]) and row["loss_finite"]
+  table = suite.format_table([row])
+  data_line = table.splitlines()[2]
+  assert data_line.startswith("| regression | maml | 2 |")
+  assert data_line.count("n/a") == 5  # HLO and compiled GFLOP, GFLOP/s, % peak, XLA MB
+
+
+def test_suite_number_formatting():
+  assert suite.fmt(None, ".1f") == "n/a" and suite.fmt(float("nan"), ".1f") == "n/a"
+  assert suite.fmt(2.345, ".1f") == "2.3"
+
+
+def test_suite_samples_tasks_of_the_setting_shapes():
+  setting = suite.SETTINGS["omniglot_20w1s"]
+  tasks = suite.random_tasks(setting, jax.random.key(0), 3)
+  assert tasks.support_x.shape == (3, 20, 28, 28, 1) and tasks.query_x.shape == (3, 300, 28, 28, 1)
+  # Each task's support holds one image per class, labelled 0..19 in order.
+  assert (tasks.support_y == jax.numpy.arange(20)).all()
+  assert 0.0 <= float(tasks.support_x.min()) and float(tasks.support_x.max()) <= 1.0
+  regression = suite.random_tasks(suite.SETTINGS["regression"], jax.random.key(0), 3)
+  assert regression.support_x.shape == (3, 5, 1) and regression.query_y.shape == (3, 10, 1)
+
+
+def test_meta_step_fits_the_chunk_to_the_tasks():
+  # A chunk of 4 stopped `--tasks 2` with an error; it becomes the largest divisor of T.
+  backend_default = ("map", 1) if jax.default_backend() == "cpu" else ("vmap", 1)
+  assert meta_step.resolve_strategies(None, 2) == [backend_default]
+  assert meta_step.resolve_strategies("host_chunked:4", 2) == [("host_chunked", 2)]
+  assert meta_step.resolve_strategies("host_chunked:4,chunked_unroll:4,vmap", 6) == [
+      ("host_chunked", 3), ("chunked_unroll", 3), ("vmap", 1)]
+  assert meta_step.resolve_strategies("chunked_vmap:8", 4) == [("chunked_vmap", 4)]
+
+
+def test_gpu_sweep_quick_rows(tmp_path):
+  out = tmp_path / "sweep.json"
+  done = subprocess.run(
+      [sys.executable, "-m", "benchmarks.gpu_sweep", "--quick", "--json", str(out),
+       "--configs", "baseline,autotune_0,no_command_buffers"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  rows = {row["config"]: row for row in json.loads(out.read_text())}
+  assert list(rows) == ["baseline", "autotune_0", "no_command_buffers"]
+  base = rows["baseline"]
+  assert base["status"] == "ok" and base["loss_finite"] is True
+  assert base["steps_per_s"] > 0 and base["compile_s"] > 0 and base["tasks"] == 2
+  assert base["tasks_per_s"] == pytest.approx(2 * base["steps_per_s"])
+  assert base["timed_steps"] == 2 and base["vs_baseline"] == pytest.approx(1.0)
+  for name in ("autotune_0", "no_command_buffers"):
+    if base["backend"] == "gpu":
+      assert rows[name]["status"] == "ok" and rows[name]["loss_finite"] is True
+    else:
+      assert rows[name]["status"] == "skipped" and "GPU only" in rows[name]["note"]
+      assert rows[name]["steps_per_s"] is None
+  assert "| baseline |" in done.stdout and "GPU only" in done.stdout
+
+
+def test_gpu_sweep_lever_rows_and_budget():
+  names = [lever.name for lever in gpu_sweep.LEVERS]
+  assert names[0] == "baseline" and len(set(names)) == len(names) == 12
+  # Each lever changes the baseline in one field (maml: the algorithm).
+  for lever in gpu_sweep.LEVERS[1:]:
+    changed = [field for field in ("algorithm", "sampling_inside", "donate", "steps_per_call",
+                                   "unroll_steps", "conv_impl", "remat", "compute_dtype",
+                                   "xla_flags")
+               if getattr(lever, field) != getattr(gpu_sweep.BASELINE, field)]
+    assert len(changed) == 1, (lever.name, changed)
+  # No budget left: every row is skipped with the reason, no child is started.
+  rows = gpu_sweep.sweep(gpu_sweep.LEVERS[:2], quick=True, backend="cpu", child_timeout_s=10,
+                         budget_s=0, print_fn=lambda line: None)
+  assert [row["status"] for row in rows] == ["skipped", "skipped"]
+  assert "budget" in rows[0]["note"] and rows[0]["vs_baseline"] is None
+  assert "n/a" in gpu_sweep.format_table(rows)
+
+
+def test_gpu_sweep_child_timeout_and_failure_become_rows():
+  slow = gpu_sweep.run_child(gpu_sweep.BASELINE, quick=True, timeout_s=0.5)
+  assert slow["status"] == "timeout" and "0.5 s limit" in slow["note"] and slow["steps_per_s"] is None
+  # XLA aborts on an unknown flag: the row says so and the sweep goes on.
+  bad_flag = dataclasses.replace(gpu_sweep.BASELINE, xla_flags="--xla_no_such_flag=1")
+  failed = gpu_sweep.run_child(bad_flag, quick=True, timeout_s=120)
+  assert failed["status"] == "error" and "xla_no_such_flag" in failed["note"]
+
+
+def test_benchmarks_import_no_tensorflow_distrax_or_tensorboard():
+  # The GPU machine has only jax, flax, optax, orbax and numpy.
+  code = ("import sys, vampire_jax, benchmarks.gpu_sweep, benchmarks.suite, benchmarks.meta_step; "
+          "print([m for m in ('tensorflow', 'tensorflow_datasets', 'distrax', 'tensorboardX') "
+          "if m in sys.modules])")
+  done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip().splitlines()[-1] == "[]"

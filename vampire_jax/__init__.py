@@ -5,7 +5,7 @@ Pure functions over parameter pytrees. A distribution over weights is a
 few gradient steps on the variational free energy.
 
 Layers, from the leaves up (each imports only those below it):
-  gaussian, losses, tasks, batching, models, sharding, errors, config
+  gaussian, losses, tasks, batching, convolution, models, sharding, errors, config
   adaptation                      adapt / maml_adapt / predict
   learners, baselines             MetaLearner factories: vampire, maml, platipus, bmaml, abml
   algorithms                      the registry: a RunConfig -> its MetaLearner

@@ -4,13 +4,16 @@ Both run `num_steps` plain gradient steps from the meta-parameters with
 `lax.scan`, and both are differentiable with respect to the meta-parameters
 through every step (second order) unless `first_order=True`, in which case
 each inner gradient is treated as a constant (d task_params / d meta = I).
+`second_order_steps=k` is the authors' code's middle way: the likelihood's
+gradient is differentiated in the first k steps only and is a constant in
+the later ones; the KL term's gradient (VAMPIRE) stays differentiable.
 
 `remat=True` wraps each inner step in `jax.checkpoint`: the meta-gradient's
 backward pass stores only the parameters between steps and recomputes each
 step's activations, trading compute for memory.
 """
 
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +53,20 @@ def _sgd_step(params: PyTree, grads: PyTree, inner_lr: float, first_order: bool)
   if first_order:
     grads = jax.lax.stop_gradient(grads)
   return jax.tree_util.tree_map(lambda p, g: p - inner_lr * g, params, grads)
+
+
+def _check_second_order_steps(second_order_steps: Optional[int]) -> None:
+  if second_order_steps is not None and (int(second_order_steps) != second_order_steps
+                                         or second_order_steps < 0):
+    raise ValueError(f"second_order_steps must be None or an integer >= 0, got {second_order_steps}")
+
+
+def _constant_after(grads: PyTree, index: jax.Array, second_order_steps: Optional[int]) -> PyTree:
+  """`grads`, as a constant of the meta-parameters from step `second_order_steps` on."""
+  if second_order_steps is None:
+    return grads
+  return jax.tree_util.tree_map(
+      lambda g: jnp.where(index < second_order_steps, g, jax.lax.stop_gradient(g)), grads)
 
 
 def expected_nll(dist: Gaussian, x: jax.Array, y: jax.Array, key: jax.Array, *,
@@ -92,7 +109,8 @@ def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
           num_mc_samples: int = 1, kl_weight: float = 1.0,
           first_order: bool = False,
           sample_batching: batching.Batching = "vmap",
-          unroll_steps: bool = False, remat: bool = False) -> Gaussian:
+          unroll_steps: bool = False, remat: bool = False,
+          second_order_steps: Optional[int] = None) -> Gaussian:
   """VAMPIRE's task adaptation (Alg. 1, lines 5-7).
 
   Starting from q = prior, each step draws `num_mc_samples` weights from q
@@ -114,6 +132,10 @@ def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
       longer compile).
     remat: recompute each step in the backward pass (`jax.checkpoint`)
       instead of storing its activations.
+    second_order_steps: None differentiates every step at second order
+      (Alg. 1); k treats the likelihood's gradient as a constant after the
+      first k steps, as the authors' code does with k = 1 (the KL's
+      gradient stays differentiable).
 
   Returns:
     The task posterior q(w; lambda), a `Gaussian` with the prior's structure.
@@ -122,25 +144,35 @@ def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
   _check_support(support_x, support_y)
   _check_steps(num_steps)
   _check_num_samples(num_mc_samples)
+  _check_second_order_steps(second_order_steps)
 
   vfe_grad = jax.grad(variational_free_energy)
+  nll_grad = jax.grad(expected_nll)
+  kl_grad = jax.grad(kl_divergence)
 
-  def step(posterior, step_key):
-    grads = vfe_grad(posterior, prior, support_x, support_y, step_key,
-                     loss_fn=loss_fn, num_mc_samples=num_mc_samples,
-                     kl_weight=kl_weight, sample_batching=sample_batching)
-    return _sgd_step(posterior, grads, inner_lr, first_order), None
+  def gradient(posterior, step_key, index):
+    mc = dict(loss_fn=loss_fn, num_mc_samples=num_mc_samples, sample_batching=sample_batching)
+    if second_order_steps is None:
+      return vfe_grad(posterior, prior, support_x, support_y, step_key, kl_weight=kl_weight, **mc)
+    nll = _constant_after(nll_grad(posterior, support_x, support_y, step_key, **mc), index,
+                          second_order_steps)
+    return jax.tree_util.tree_map(lambda g, k: g + kl_weight * k, nll,
+                                  kl_grad(posterior, prior))
+
+  def step(posterior, xs):
+    step_key, index = xs
+    return _sgd_step(posterior, gradient(posterior, step_key, index), inner_lr, first_order), None
 
   if num_steps == 0:
     return prior
-  return _scan_steps(step, prior, jax.random.split(key, num_steps), num_steps,
-                     unroll_steps, remat)
+  return _scan_steps(step, prior, (jax.random.split(key, num_steps), jnp.arange(num_steps)),
+                     num_steps, unroll_steps, remat)
 
 
 def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
                loss_fn: LossFn, num_steps: int, inner_lr: float,
                first_order: bool = False, unroll_steps: bool = False,
-               remat: bool = False) -> PyTree:
+               remat: bool = False, second_order_steps: Optional[int] = None) -> PyTree:
   """MAML's task adaptation: `num_steps` SGD steps on the support loss.
 
   Args:
@@ -153,21 +185,25 @@ def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
     first_order: drop the second-order terms (FOMAML).
     unroll_steps: unroll the scan over steps.
     remat: recompute each step in the backward pass (`jax.checkpoint`).
+    second_order_steps: None differentiates every step at second order; k
+      treats the gradient as a constant after the first k steps.
 
   Returns:
     The adapted weights, a tree like `params`.
   """
   _check_support(support_x, support_y)
   _check_steps(num_steps)
+  _check_second_order_steps(second_order_steps)
   loss_grad = jax.grad(loss_fn)
 
-  def step(task_params, _):
-    grads = loss_grad(task_params, support_x, support_y)
+  def step(task_params, index):
+    grads = _constant_after(loss_grad(task_params, support_x, support_y), index,
+                            second_order_steps)
     return _sgd_step(task_params, grads, inner_lr, first_order), None
 
   if num_steps == 0:
     return params
-  return _scan_steps(step, params, None, num_steps, unroll_steps, remat)
+  return _scan_steps(step, params, jnp.arange(num_steps), num_steps, unroll_steps, remat)
 
 
 def predict(posterior: Gaussian, x: jax.Array, key: jax.Array, *,

@@ -57,7 +57,8 @@ def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
       apply_fn, nll, num_inner_steps=config.num_inner_steps, inner_lr=config.inner_lr,
       kl_weight=config.kl_weight, num_mc_train=num_mc_train, num_mc_query=num_mc_query,
       first_order=config.first_order, log_std_init=tuple(config.log_std_init),
-      sample_batching=sample_batching(config), unroll_steps=unroll, remat=config.remat)
+      sample_batching=sample_batching(config), unroll_steps=unroll, remat=config.remat,
+      second_order_steps=config.second_order_steps)
 
 
 def _maml(first_order: bool):
@@ -65,7 +66,8 @@ def _maml(first_order: bool):
     del num_mc_train, num_mc_query  # a point estimate: one prediction
     return learners.maml(apply_fn, nll, num_inner_steps=config.num_inner_steps,
                          inner_lr=config.inner_lr, first_order=config.first_order or first_order,
-                         unroll_steps=unroll, remat=config.remat)
+                         unroll_steps=unroll, remat=config.remat,
+                         second_order_steps=config.second_order_steps)
   return build
 
 

@@ -27,7 +27,7 @@ def default_task_batching() -> tuple[Batching, int]:
     `(strategy, chunk_size)`; see BUILD_NOTES.md for the measurements.
   """
   if jax.default_backend() == "cpu":
-    return "chunked_unroll", 4
+    return "map", 1
   return "vmap", 1
 
 

@@ -48,6 +48,9 @@ class RunConfig:
   num_mc_query: int = setting(1, "L_v, weight draws on the query set in training")
   num_mc_test: int = setting(10, "L_t = L_v at validation and test time", resumable=True)
   first_order: bool = setting(False, "stop gradients through the inner updates")
+  second_order_steps: Optional[int] = setting(
+      None, "inner steps whose likelihood gradient is differentiated (none: all, Alg. 1; "
+      "1: the authors' code)")
   log_std_init: tuple[float, float] = setting((-4.0, -3.0), "range of the initial prior log-stds")
   # Options of single algorithms (used only by the algorithm named).
   num_particles: int = setting(8, "BMAML: number of particles M")
@@ -77,8 +80,8 @@ class RunConfig:
   eval_chunk_size: int = setting(0, "tasks per evaluation chunk (0: default)", resumable=True)
   steps_per_call: int = setting(0, "meta-steps per jitted call, in lax.scan (0: the backend's "
                                 "default)", resumable=True)
-  unroll_inner_steps: Optional[bool] = setting(None, "unroll the inner loop (default: on CPU)",
-                                               resumable=True)
+  unroll_inner_steps: bool = setting(False, "unroll the inner loop instead of lax.scan (longer "
+                                     "compile)", resumable=True)
   sample_batching: str = setting("vmap", "how Monte-Carlo draws are batched: vmap, map, unroll, "
                                  "or auto (map on a CPU, where vmapped convolutions are slow; "
                                  "else vmap)", resumable=True,
@@ -155,6 +158,11 @@ def validate(config) -> None:
     _check_number(name, getattr(config, name), positive=False)
   if not 0.0 < config.meta_lr_decay <= 1.0:
     raise ConfigError(f"{_flag('meta_lr_decay')} must be in (0, 1], got {config.meta_lr_decay!r}")
+  if config.second_order_steps is not None and (
+      isinstance(config.second_order_steps, bool) or not isinstance(config.second_order_steps, int)
+      or config.second_order_steps < 0):
+    raise ConfigError(f"{_flag('second_order_steps')} must be an integer >= 0, got "
+                      f"{config.second_order_steps!r}")
   if config.meta_grad_clip_norm is not None:
     _check_number("meta_grad_clip_norm", config.meta_grad_clip_norm, positive=True)
   low, high = config.log_std_init

@@ -81,14 +81,21 @@ def point_mass(params: PyTree, log_std: float = -30.0) -> Gaussian:
 def _normal_like(key: jax.Array, tree: PyTree, num_samples: int) -> PyTree:
   """Standard normal noise with a leading [num_samples] axis on every leaf.
 
-  One draw for the whole tree, sliced into leaves: a single random-bit
-  generator per call keeps compile times short when adaptation steps are
-  unrolled (one generator per leaf multiplied them).
+  One draw for the whole tree, sliced into leaves. The draw runs in a loop
+  of two halves on purpose: XLA fuses a random-number generator into every
+  operation that reads its output, so inside a meta-gradient (where the noise
+  is read by each leaf's forward, backward and second-order terms) one
+  generator became about 160 copies, tripling compile time and costing 40 %
+  of a CPU step (BUILD_NOTES.md, "Speed"). A loop's output is a buffer that
+  cannot be fused into its readers, and a loop of one trip would be removed.
   """
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   sizes = [int(np.prod(jnp.shape(leaf))) for leaf in leaves]
   dtype = jnp.result_type(*leaves) if leaves else jnp.float32
-  flat = jax.random.normal(key, (num_samples, max(sum(sizes), 1)), dtype)
+  total = num_samples * max(sum(sizes), 1)
+  half = -(-total // 2)
+  flat = jax.lax.map(lambda k: jax.random.normal(k, (half,), dtype), jax.random.split(key, 2))
+  flat = flat.reshape(-1)[:total].reshape(num_samples, -1)
   offsets = np.cumsum([0] + sizes)
   noise = [flat[:, start:stop].reshape((num_samples,) + jnp.shape(leaf)).astype(jnp.result_type(leaf))
            for leaf, start, stop in zip(leaves, offsets[:-1], offsets[1:])]

@@ -55,7 +55,8 @@ def vampire(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
             num_mc_query: int = 1, first_order: bool = False,
             log_std_init: tuple[float, float] = (-4.0, -3.0),
             sample_batching: batching.Batching = "vmap",
-            unroll_steps: bool = False, remat: bool = False) -> MetaLearner:
+            unroll_steps: bool = False, remat: bool = False,
+            second_order_steps: Optional[int] = None) -> MetaLearner:
   """VAMPIRE (Nguyen et al. 2020, Alg. 1): Gaussian prior, VI inner loop.
 
   Args:
@@ -73,6 +74,8 @@ def vampire(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
     unroll_steps: unroll the inner loop.
     remat: recompute each inner step in the backward pass instead of storing
       its activations (`jax.checkpoint`): less memory, more compute.
+    second_order_steps: None (Alg. 1) differentiates every inner step at
+      second order; 1 is the authors' code (see `adaptation.adapt`).
   """
   loss_fn = losses.loss_from_apply(apply_fn, nll)
 
@@ -85,7 +88,7 @@ def vampire(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
         num_steps=num_inner_steps, inner_lr=inner_lr,
         num_mc_samples=num_mc_train, kl_weight=kl_weight,
         first_order=first_order, sample_batching=sample_batching,
-        unroll_steps=unroll_steps, remat=remat)
+        unroll_steps=unroll_steps, remat=remat, second_order_steps=second_order_steps)
 
   def predict(posterior, x, key):
     return adaptation.predict(posterior, x, key, apply_fn=apply_fn,
@@ -98,8 +101,8 @@ def vampire(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
 def maml(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
          num_inner_steps: int = 5, inner_lr: float = 0.1,
          first_order: bool = False, unroll_steps: bool = False,
-         remat: bool = False) -> MetaLearner:
-  """MAML (Finn et al. 2017): the point-estimate special case; `remat` as in `vampire`."""
+         remat: bool = False, second_order_steps: Optional[int] = None) -> MetaLearner:
+  """MAML (Finn et al. 2017): the point-estimate special case; options as in `vampire`."""
   loss_fn = losses.loss_from_apply(apply_fn, nll)
 
   def init(params, key):
@@ -110,8 +113,8 @@ def maml(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
     del key
     return adaptation.maml_adapt(
         params, support_x, support_y, loss_fn=loss_fn,
-        num_steps=num_inner_steps, inner_lr=inner_lr,
-        first_order=first_order, unroll_steps=unroll_steps, remat=remat)
+        num_steps=num_inner_steps, inner_lr=inner_lr, first_order=first_order,
+        unroll_steps=unroll_steps, remat=remat, second_order_steps=second_order_steps)
 
   def predict(params, x, key):
     del key

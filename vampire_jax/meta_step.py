@@ -8,9 +8,11 @@ dispatch overhead vanish between steps. Step n always draws its tasks and
 Monte-Carlo noise from `fold_in(key, n)`: the result is the same whatever
 `steps_per_call`, and a resumed run continues the same stream.
 
-`make_host_chunked_train_step` is the CPU variant: XLA:CPU runs convolutions
-inside loops and grouped (vmapped) convolutions slowly, so it jits one
-unrolled chunk of tasks and loops over the chunks in Python (BUILD_NOTES.md).
+`make_host_chunked_train_step` jits one unrolled chunk of tasks and loops over
+the chunks in Python: a loop-free program, for XLA:CPU's slow convolution
+gradients inside loops with XLA's own convolution. With `loop_safe`
+convolutions (the CPU default) `make_train_step` with tasks in `lax.map` is
+faster and compiles sooner (BUILD_NOTES.md, "Speed").
 """
 
 import functools

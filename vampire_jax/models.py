@@ -28,6 +28,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vampire_jax import convolution
+
 # Means are initialised as in the authors' code: Xavier-normal with gain
 # sqrt(2) (variance 4 / (fan_in + fan_out)) for kernels, zeros for biases.
 kernel_init = nn.initializers.variance_scaling(2.0, "fan_avg", "normal")
@@ -83,6 +85,45 @@ class PatchConv(nn.Module):
     return jnp.einsum("bhwk,ko->bhwo", patches, matrix) + bias
 
 
+class LoopSafeConv(nn.Module):
+  """`nn.Conv` ('SAME', a stride) whose gradients run fast inside loops on a CPU.
+
+  Same parameters ('kernel' `[kh, kw, in, out]`, 'bias') and outputs as
+  `nn.Conv`; the convolution is `convolution.conv2d`, whose gradients are
+  forward convolutions and matrix products (see that module).
+  """
+  features: int
+  kernel_size: tuple[int, int] = (3, 3)
+  strides: int = 1
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param("kernel", kernel_init, self.kernel_size + (x.shape[-1], self.features))
+    bias = self.param("bias", nn.initializers.zeros, (self.features,))
+    padding = convolution.same_padding(x.shape[1], x.shape[2], self.kernel_size, self.strides)
+    y = convolution.conv2d(x, kernel.astype(x.dtype), self.strides, padding)
+    return y + bias.astype(y.dtype)
+
+
+CONV_IMPLS = ("xla", "patches", "loop_safe")
+
+
+def auto_conv_impl(*, tasks_unrolled: bool, inner_steps_unrolled: bool,
+                   draws_mapped: bool) -> str:
+  """The fastest measured convolution for a meta-step's loop structure on this backend.
+
+  On a CPU 'loop_safe', unless the program has no loop around a convolution
+  gradient (tasks and inner steps unrolled, draws not in `lax.map`):
+  XLA:CPU runs convolution gradients 40-270x slower inside a loop, and its
+  own convolution is faster only in a loop-free program (BUILD_NOTES.md,
+  "Speed"). Elsewhere XLA's.
+  """
+  if jax.default_backend() != "cpu":
+    return "xla"
+  loop_free = tasks_unrolled and inner_steps_unrolled and not draws_mapped
+  return "xla" if loop_free else "loop_safe"
+
+
 class Conv4(nn.Module):
   """Four [conv 3x3 -> batch norm -> ReLU] blocks and a dense head.
 
@@ -96,7 +137,7 @@ class Conv4(nn.Module):
   num_classes: int
   num_filters: int = 64
   max_pool: bool = False
-  conv_impl: str = "xla"  # "xla" (nn.Conv) or "patches" (PatchConv)
+  conv_impl: str = "xla"  # "xla" (nn.Conv), "patches" (PatchConv) or "loop_safe" (LoopSafeConv)
   batch_norm_affine: bool = True
 
   @nn.compact
@@ -105,11 +146,13 @@ class Conv4(nn.Module):
       stride = 1 if self.max_pool else 2
       if self.conv_impl == "patches":
         x = PatchConv(self.num_filters, (3, 3), strides=stride, name=f"conv{block}")(x)
+      elif self.conv_impl == "loop_safe":
+        x = LoopSafeConv(self.num_filters, (3, 3), strides=stride, name=f"conv{block}")(x)
       elif self.conv_impl == "xla":
         x = nn.Conv(self.num_filters, (3, 3), strides=stride, padding="SAME",
                     kernel_init=kernel_init, name=f"conv{block}")(x)
       else:
-        raise ValueError(f"conv_impl must be 'xla' or 'patches', got {self.conv_impl!r}")
+        raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.conv_impl!r}")
       x = BatchStatNorm(use_scale_offset=self.batch_norm_affine, name=f"norm{block}")(x)
       x = nn.relu(x)
       if self.max_pool:

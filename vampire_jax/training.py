@@ -13,8 +13,8 @@ meta-parameters, tests them, and writes `results.json`.
 The path of a meta-step's data: `problem.splits['train']` (device arrays,
 put there once) -> the jitted train step, which draws `tasks_per_step` task
 keys from (seed, step), samples the tasks from the split inside the same
-program, adapts to each task (`learner.adapt`, vmapped, or host-looped
-chunks on a CPU), averages the query losses' gradients and applies Adam.
+program, adapts to each task (`learner.adapt`, vmapped, or in `lax.map`
+on a CPU), averages the query losses' gradients and applies Adam.
 Nothing but the state and a few scalars crosses between host and device.
 
 What a run leaves in `workdir`: `run.json` (the config, network and data it
@@ -102,10 +102,20 @@ def likelihood(kind: str, noise_std: Optional[float]) -> losses.Likelihood:
 
 
 def unroll_inner_steps(config) -> bool:
-  """Unroll the inner loop: the config's choice, else on a CPU (faster there)."""
-  if config.unroll_inner_steps is None:
-    return jax.default_backend() == "cpu"
+  """Unroll the inner loop: the config's choice; by default no (a scan compiles faster)."""
   return bool(config.unroll_inner_steps)
+
+
+def conv_impl(config) -> str:
+  """The config's convolution, 'auto' resolved (`models.auto_conv_impl`)."""
+  if config.conv_impl != "auto":
+    return config.conv_impl
+  strategy, _ = choose_batching(config.task_batching, config.chunk_size, config.tasks_per_step)
+  mapped_draws = (algorithms.sample_batching(config) == "map"
+                  and max(config.num_mc_train, config.num_mc_query) > 1)
+  return models.auto_conv_impl(tasks_unrolled=strategy in ("host_chunked", "unroll"),
+                               inner_steps_unrolled=unroll_inner_steps(config),
+                               draws_mapped=mapped_draws)
 
 
 def make_learner(model: nn.Module, kind: str, noise_std: Optional[float], config, *,
@@ -156,8 +166,7 @@ def choose_batching(strategy: str, chunk_size: int, num_tasks: int,
   """`(strategy, chunk)`: 'auto' resolved for the backend, the chunk fitted to `num_tasks`."""
   default_strategy, default_chunk = batching.default_task_batching()
   if strategy == "auto":
-    cpu = jax.default_backend() == "cpu"
-    strategy = "vmap" if sharded else ("host_chunked" if cpu else default_strategy)
+    strategy = "vmap" if sharded else default_strategy
   chunk_size = max(1, min(chunk_size or default_chunk, num_tasks))
   while num_tasks % chunk_size:
     chunk_size -= 1
