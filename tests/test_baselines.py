@@ -108,54 +108,35 @@ def test_median_bandwidth_equals_a_hand_computation():
   np.testing.assert_allclose(baselines.median_bandwidth(jnp.zeros((1, 1))), 1.0)
 
 
-def _random_particles(key, num_particles, dtype=jnp.float64):
-  k1, k2 = jax.random.split(key)
-  return {"a": jax.random.normal(k1, (num_particles, 2, 3), dtype),
-          "b": {"c": jax.random.normal(k2, (num_particles, 4), dtype)}}
+def test_kernel_and_its_gradient_on_three_particles_by_hand():
+  # 1-D particles 0, 1, 3: D = [[0, 1, 9], [1, 0, 4], [9, 4, 0]], median 1, so h = 1 / log 3
+  # and k_ij = exp(-D_ij log 3) = 3^(-D_ij).
+  particles = {"w": jnp.array([[0.0], [1.0], [3.0]])}
+  kernel, bandwidth = jax.jit(baselines.rbf_kernel)(particles)
+  np.testing.assert_allclose(bandwidth, 1 / math.log(3), rtol=1e-6)
+  np.testing.assert_allclose(kernel, [[1, 1 / 3, 3.0**-9], [1 / 3, 1, 1 / 81], [3.0**-9, 1 / 81, 1]],
+                             rtol=1e-5)
+  # Σ_j ∇_{θ_j} k(θ_j, θ_i) = (2 / h) Σ_j k_ij (θ_i − θ_j) = 2 log 3 · Σ_j 3^(-D_ij) (θ_i − θ_j):
+  # θ_0: (1/3)(0 − 1) + 3^-9 (0 − 3); θ_1: (1/3)(1 − 0) + (1/81)(1 − 3); θ_2: 3^-9 · 3 + (1/81) · 2.
+  expected = 2 * math.log(3) * np.array([-1 / 3 - 3 * 3.0**-9, 1 / 3 - 2 / 81, 3 * 3.0**-9 + 2 / 81])
+  gradient = jax.jit(baselines.kernel_gradient)(particles, kernel, bandwidth)
+  np.testing.assert_allclose(gradient["w"][:, 0], expected, rtol=1e-5)
 
 
-def _flat(particles):
-  return jnp.concatenate([leaf.reshape(leaf.shape[0], -1) for leaf in jax.tree_util.tree_leaves(particles)], 1)
-
-
-def test_kernel_and_its_gradient_match_autodiff_of_the_same_squared_distance():
-  with jax.enable_x64(True):
-    @jax.jit
-    def kernels(particles):
-      kernel, bandwidth = baselines.rbf_kernel(particles)
-      flat = _flat(particles)
-      k = lambda a, b: jnp.exp(-jnp.sum(jnp.square(a - b)) / bandwidth)  # noqa: E731  the RBF kernel
-      expected_kernel = jax.vmap(lambda b: jax.vmap(lambda a: k(a, b))(flat))(flat)
-      # Σ_j ∇_{θ_j} k(θ_j, θ_i) by autodiff.
-      expected_gradient = jax.vmap(lambda b: jnp.sum(jax.vmap(jax.grad(k), (0, None))(flat, b), 0))(flat)
-      gradient = _flat(baselines.kernel_gradient(particles, kernel, bandwidth))
-      return kernel, expected_kernel, gradient, expected_gradient
-
-    kernel, expected_kernel, gradient, expected_gradient = kernels(_random_particles(jax.random.key(0), 5))
-    np.testing.assert_allclose(kernel, expected_kernel, rtol=1e-10)
-    np.testing.assert_allclose(gradient, expected_gradient, rtol=1e-9, atol=1e-12)
-    assert float(jnp.max(jnp.abs(expected_gradient))) > 1e-2
-
-
-def test_svgd_direction_matches_the_formula_particle_by_particle():
-  with jax.enable_x64(True):
-    log_p = lambda v: -0.5 * jnp.sum(jnp.square(v - 1.0) * jnp.arange(1.0, v.size + 1))  # noqa: E731
-
-    @jax.jit
-    def directions(particles):
-      flat = _flat(particles)
-      _, bandwidth = baselines.rbf_kernel(particles)
-      k = lambda a, b: jnp.exp(-jnp.sum(jnp.square(a - b)) / bandwidth)  # noqa: E731
-      # φ(θ_i) = (1/M) Σ_j [k(θ_j, θ_i) ∇ log p(θ_j) + ∇_{θ_j} k(θ_j, θ_i)], term by term.
-      expected = jnp.stack([
-          sum(k(flat[j], flat[i]) * jax.grad(log_p)(flat[j]) + jax.grad(k)(flat[j], flat[i]) for j in range(3)) / 3
-          for i in range(3)])
-      log_prob_grads = jax.vmap(jax.grad(lambda p: log_p(_flat(jax.tree_util.tree_map(lambda x: x[None], p))[0])))(
-          particles)
-      return _flat(baselines.svgd_direction(particles, log_prob_grads)), expected
-
-    direction, expected = directions(_random_particles(jax.random.key(1), 3))
-    np.testing.assert_allclose(direction, expected, rtol=1e-9, atol=1e-12)
+def test_svgd_direction_of_two_particles_by_hand():
+  # θ_1 = (0, 0) and θ_2 = (3, 4), one coordinate per leaf: D_12 = 25, the median of
+  # {0, 0, 25, 25} is 12.5, h = 12.5 / log 2, so k_12 = exp(-25 log 2 / 12.5) = 1/4 and
+  # 2 / h = 4 log 2 / 25. With ∇ log p(θ_1) = (1, 0) and ∇ log p(θ_2) = (0, 2):
+  #   φ(θ_1) = ½ [(1, 0) + ¼ (0, 2) + ¼ (4 log 2 / 25) (θ_1 − θ_2)]
+  #          = (½ − 1.5 log 2 / 25, ¼ − 2 log 2 / 25)
+  #   φ(θ_2) = ½ [¼ (1, 0) + (0, 2) + ¼ (4 log 2 / 25) (θ_2 − θ_1)]
+  #          = (⅛ + 1.5 log 2 / 25, 1 + 2 log 2 / 25)
+  particles = {"a": jnp.array([[0.0], [3.0]]), "b": jnp.array([[0.0], [4.0]])}
+  log_prob_grads = {"a": jnp.array([[1.0], [0.0]]), "b": jnp.array([[0.0], [2.0]])}
+  direction = jax.jit(baselines.svgd_direction)(particles, log_prob_grads)
+  c = math.log(2) / 25
+  np.testing.assert_allclose(direction["a"][:, 0], [0.5 - 1.5 * c, 0.125 + 1.5 * c], rtol=1e-5)
+  np.testing.assert_allclose(direction["b"][:, 0], [0.25 - 2 * c, 1 + 2 * c], rtol=1e-5)
 
 
 def test_svgd_with_one_particle_is_gradient_descent():
@@ -216,6 +197,16 @@ def test_bfa_loss_is_the_log_mean_task_likelihood():
   bfa, one_member, member_nll = loss(outputs)
   np.testing.assert_allclose(bfa, expected, rtol=1e-5)
   np.testing.assert_allclose(one_member, member_nll, rtol=1e-6)
+
+
+def test_bfa_loss_of_literal_member_nlls():
+  # A likelihood whose mean NLL is the mean of the outputs: members with mean NLL 1 and 2
+  # on N = 2 examples give −½ log[(e^{−2·1} + e^{−2·2}) / 2] = 1 − ½ log((1 + e^{−2}) / 2),
+  # between the best member's NLL (1) and the members' mean (1.5).
+  nll = lambda outputs, y: jnp.mean(outputs)  # noqa: E731
+  outputs = jnp.array([[0.5, 1.5], [2.0, 2.0]])  # [M=2, N=2]
+  loss = jax.jit(lambda o: baselines.ensemble_nll(nll, o, jnp.zeros(2)))(outputs)
+  np.testing.assert_allclose(loss, 1 - 0.5 * math.log((1 + math.exp(-2)) / 2), rtol=1e-6)
 
 
 def test_init_particles_permutes_every_leaf():

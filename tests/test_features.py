@@ -151,7 +151,18 @@ def test_tiny_vampire_run(leo_root, tmp_path):
       tasks_per_step=2, num_meta_steps=4, eval_every=4, checkpoint_every=4, log_every=2,
       num_val_tasks=4, num_test_tasks=4, eval_batch_tasks=4, num_mc_test=2)
   results = tiered_imagenet.train_and_evaluate(config, tmp_path, progress=False)
-  losses = [json.loads(line)["train/loss"] for line in
-            (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/loss" in line]
-  assert len(losses) == 2 and np.all(np.isfinite(losses))
-  assert results["config"]["algorithm"] == "vampire"
+  logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [m["step"] for m in logged if "train/loss" in m] == [2, 4]
+  assert results["config"]["algorithm"] == "vampire" and results["best_validation"]["step"] == 4
+  # The summary is the per-task file's, and each task's numbers follow from its predictions.
+  per_task = np.load(tmp_path / "test_per_task.npz")
+  test = json.loads((tmp_path / "results.json").read_text())["test"]
+  probabilities, targets = per_task["probabilities"], per_task["targets"]  # [4, 5 * 15, 5], [4, 75]
+  assert test["num_tasks"] == len(probabilities) == 4
+  np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(per_task["accuracy"], np.mean(probabilities.argmax(-1) == targets, 1))
+  target_probabilities = np.take_along_axis(probabilities, targets[..., None], -1)[..., 0]
+  np.testing.assert_allclose(per_task["nll"], -np.mean(np.log(target_probabilities), 1), rtol=1e-4)
+  np.testing.assert_allclose(test["accuracy"], per_task["accuracy"].mean(), rtol=1e-6)
+  np.testing.assert_allclose(test["accuracy_ci95"], 1.959964 * per_task["accuracy"].std() / 2,
+                             rtol=1e-5)
