@@ -61,12 +61,30 @@ def _check_second_order_steps(second_order_steps: Optional[int]) -> None:
     raise ValueError(f"second_order_steps must be None or an integer >= 0, got {second_order_steps}")
 
 
-def _constant_after(grads: PyTree, index: jax.Array, second_order_steps: Optional[int]) -> PyTree:
-  """`grads`, as a constant of the meta-parameters from step `second_order_steps` on."""
+def _split_steps(num_steps: int, second_order_steps: Optional[int]) -> tuple[int, int]:
+  """`(differentiated, constant)`: steps whose likelihood gradient is differentiated, then not."""
   if second_order_steps is None:
-    return grads
-  return jax.tree_util.tree_map(
-      lambda g: jnp.where(index < second_order_steps, g, jax.lax.stop_gradient(g)), grads)
+    return num_steps, 0
+  differentiated = min(int(second_order_steps), num_steps)
+  return differentiated, num_steps - differentiated
+
+
+def _two_phase_scan(make_step: Callable[[bool], Callable], init: PyTree, xs, num_steps: int,
+                    second_order_steps: Optional[int], unroll_steps: bool, remat: bool) -> PyTree:
+  """The first steps with `make_step(True)`, the rest with `make_step(False)`, as two loops.
+
+  Two loops rather than one with a switch: a constant gradient then costs no
+  second-order work at all (a `where` inside one loop would still compute it).
+  """
+  first, rest = _split_steps(num_steps, second_order_steps)
+  carry = init
+  if first:
+    head = jax.tree_util.tree_map(lambda x: x[:first], xs)
+    carry = _scan_steps(make_step(True), carry, head, first, unroll_steps, remat)
+  if rest:
+    tail = jax.tree_util.tree_map(lambda x: x[first:], xs)
+    carry = _scan_steps(make_step(False), carry, tail, rest, unroll_steps, remat)
+  return carry
 
 
 def expected_nll(dist: Gaussian, x: jax.Array, y: jax.Array, key: jax.Array, *,
@@ -146,27 +164,24 @@ def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
   _check_num_samples(num_mc_samples)
   _check_second_order_steps(second_order_steps)
 
-  vfe_grad = jax.grad(variational_free_energy)
   nll_grad = jax.grad(expected_nll)
   kl_grad = jax.grad(kl_divergence)
 
-  def gradient(posterior, step_key, index):
-    mc = dict(loss_fn=loss_fn, num_mc_samples=num_mc_samples, sample_batching=sample_batching)
-    if second_order_steps is None:
-      return vfe_grad(posterior, prior, support_x, support_y, step_key, kl_weight=kl_weight, **mc)
-    nll = _constant_after(nll_grad(posterior, support_x, support_y, step_key, **mc), index,
-                          second_order_steps)
-    return jax.tree_util.tree_map(lambda g, k: g + kl_weight * k, nll,
-                                  kl_grad(posterior, prior))
-
-  def step(posterior, xs):
-    step_key, index = xs
-    return _sgd_step(posterior, gradient(posterior, step_key, index), inner_lr, first_order), None
+  def make_step(differentiated: bool):
+    def step(posterior, step_key):
+      nll = nll_grad(posterior, support_x, support_y, step_key, loss_fn=loss_fn,
+                     num_mc_samples=num_mc_samples, sample_batching=sample_batching)
+      if not differentiated:  # the authors' steps 2..S: the likelihood's gradient is a constant
+        nll = jax.lax.stop_gradient(nll)
+      grads = jax.tree_util.tree_map(lambda g, k: g + kl_weight * k, nll,
+                                     kl_grad(posterior, prior))
+      return _sgd_step(posterior, grads, inner_lr, first_order), None
+    return step
 
   if num_steps == 0:
     return prior
-  return _scan_steps(step, prior, (jax.random.split(key, num_steps), jnp.arange(num_steps)),
-                     num_steps, unroll_steps, remat)
+  return _two_phase_scan(make_step, prior, jax.random.split(key, num_steps), num_steps,
+                         second_order_steps, unroll_steps, remat)
 
 
 def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
@@ -196,14 +211,18 @@ def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
   _check_second_order_steps(second_order_steps)
   loss_grad = jax.grad(loss_fn)
 
-  def step(task_params, index):
-    grads = _constant_after(loss_grad(task_params, support_x, support_y), index,
-                            second_order_steps)
-    return _sgd_step(task_params, grads, inner_lr, first_order), None
+  def make_step(differentiated: bool):
+    def step(task_params, _):
+      grads = loss_grad(task_params, support_x, support_y)
+      if not differentiated:
+        grads = jax.lax.stop_gradient(grads)
+      return _sgd_step(task_params, grads, inner_lr, first_order), None
+    return step
 
   if num_steps == 0:
     return params
-  return _scan_steps(step, params, jnp.arange(num_steps), num_steps, unroll_steps, remat)
+  return _two_phase_scan(make_step, params, jnp.zeros((num_steps,)), num_steps,
+                         second_order_steps, unroll_steps, remat)
 
 
 def predict(posterior: Gaussian, x: jax.Array, key: jax.Array, *,

@@ -457,7 +457,7 @@ def _train(session: Session, state, earlier_seconds: float):
   config, progress = session.config, session.progress
   start, loop = time.perf_counter(), LoopState([], False, False)
   with _interrupt_requests() as received:
-    step = int(state.step)
+    step = first_step = int(state.step)
     while step < config.num_meta_steps:
       compiling = not loop.compiled
       if compiling:
@@ -470,14 +470,18 @@ def _train(session: Session, state, earlier_seconds: float):
                          f"{format_duration(time.perf_counter() - start)}")
         progress.start_timing(step)
       progress.advance(step)
-      loop = _after_call(session, state, step, loop, earlier_seconds + time.perf_counter() - start)
+      # The training time up to this step, as checkpointed: a resumed run reports the same.
+      train_seconds = earlier_seconds + time.perf_counter() - start
+      loop = _after_call(session, state, step, loop, train_seconds)
       if received:
         session.checkpoints.save(step, state, earlier_seconds + time.perf_counter() - start,
                                  write_files=session.is_main)
         session.checkpoints.wait()
         raise TrainingInterrupted(step, received[0], session.workdir)
   session.checkpoints.wait()
-  return state, earlier_seconds + time.perf_counter() - start
+  if step > first_step:
+    return state, train_seconds
+  return state, earlier_seconds
 
 
 def _test(session: Session, meta_params) -> tuple[evaluation.Summary, dict]:
