@@ -143,3 +143,12 @@ def test_benchmarks_import_no_tensorflow_distrax_or_tensorboard():
                         text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_conv_gradients_benchmark_rows():
+  from benchmarks import conv_gradients
+  rows = conv_gradients.measure((2, 6, 6, 2), features=3, repeats=1)
+  assert [row["operation"] for row in rows] == [
+      "xla conv, input gradient", "xla conv, filter gradient", "loop_safe conv, input gradient",
+      "loop_safe conv, filter gradient", "2x2 max-pool gradient"]
+  assert all(row["top_ms"] > 0 and row["loop_ms"] > 0 for row in rows)

@@ -114,7 +114,7 @@ def auto_conv_impl(*, tasks_unrolled: bool, inner_steps_unrolled: bool,
 
   On a CPU 'loop_safe', unless the program has no loop around a convolution
   gradient (tasks and inner steps unrolled, draws not in `lax.map`):
-  XLA:CPU runs convolution gradients 40-270x slower inside a loop, and its
+  XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its
   own convolution is faster only in a loop-free program (BUILD_NOTES.md,
   "Speed"). Elsewhere XLA's.
   """
