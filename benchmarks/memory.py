@@ -29,7 +29,15 @@ def _hlo_gflop(setting, algorithm, apply_fn, nll, remat, optimizer, state, tasks
   from benchmarks import suite
   learner = suite.make_learner(setting, algorithm, apply_fn, nll, unroll_steps=True, remat=remat)
   step = jax.jit(vj.make_meta_step(learner, optimizer, task_batching="vmap"))
-  return float(step.lower(state, tasks, jax.random.key(3)).cost_analysis()["flops"]) / 1e9
+  lowered = step.lower(state, tasks, jax.random.key(3))
+  flops = suite._flops(suite._analysis(lowered.cost_analysis))
+  return None if flops is None else flops / 1e9
+
+
+def _megabytes(memory, name: str):
+  """A field of a memory analysis in MiB, or None where the backend gives no analysis."""
+  value = getattr(memory, name, None) if memory is not None else None
+  return None if value is None else value / 2**20
 
 
 def measure(algorithm: str, shots: int, remat: bool, run: bool, unroll_steps: bool,
@@ -51,12 +59,12 @@ def measure(algorithm: str, shots: int, remat: bool, run: bool, unroll_steps: bo
   start = time.perf_counter()
   compiled = step.lower(state, tasks, jax.random.key(3)).compile()
   compile_s = time.perf_counter() - start
-  memory = compiled.memory_analysis()
+  memory = suite._analysis(compiled.memory_analysis)
   row = {"algorithm": algorithm, "shots": shots, "remat": remat,
          "L": setting.mc_samples if algorithm == "vampire" else 1, "compile_s": compile_s,
-         "temp_mb": memory.temp_size_in_bytes / 2**20,
-         "argument_mb": memory.argument_size_in_bytes / 2**20,
-         "output_mb": memory.output_size_in_bytes / 2**20,
+         "temp_mb": _megabytes(memory, "temp_size_in_bytes"),
+         "argument_mb": _megabytes(memory, "argument_size_in_bytes"),
+         "output_mb": _megabytes(memory, "output_size_in_bytes"),
          "hlo_gflop": _hlo_gflop(setting, algorithm, apply_fn, nll, remat, optimizer, state, tasks)}
   if run:
     jax.block_until_ready(compiled(state, tasks, jax.random.key(3)))  # warm-up
@@ -90,9 +98,11 @@ def main(argv=None) -> list[dict]:
           row = pool.submit(measure, algorithm, shots, remat, not args.no_run,
                             args.unroll_inner_steps, args.mc_samples).result()
         rows.append(row)
-        print(f"  {algorithm:8s} {shots}-shot remat {str(remat):5s}  temp {row['temp_mb']:8.1f} MB"
-              f"  args {row['argument_mb']:6.1f} MB  out {row['output_mb']:6.1f} MB"
-              f"  {row['hlo_gflop']:7.1f} GFLOP  compile {row['compile_s']:6.1f} s"
+        print(f"  {algorithm:8s} {shots}-shot remat {str(remat):5s}"
+              f"  temp {suite.fmt(row['temp_mb'], '8.1f')} MB"
+              f"  args {suite.fmt(row['argument_mb'], '6.1f')} MB"
+              f"  out {suite.fmt(row['output_mb'], '6.1f')} MB"
+              f"  {suite.fmt(row['hlo_gflop'], '7.1f')} GFLOP  compile {row['compile_s']:6.1f} s"
               + (f"  step {row['step_s']:6.2f} s  peak RSS {row['peak_rss_mb']:7.0f} MB"
                  if "step_s" in row else ""), flush=True)
 
@@ -100,9 +110,12 @@ def main(argv=None) -> list[dict]:
         " step (s) | peak RSS MB |")
   print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:
+    inputs_outputs = (None if r["argument_mb"] is None or r["output_mb"] is None
+                      else r["argument_mb"] + r["output_mb"])
     print(f"| {r['algorithm']} | {r['shots']} | {r['L']} | {'on' if r['remat'] else 'off'} |"
-          f" {r['temp_mb']:.1f} | {r['argument_mb'] + r['output_mb']:.1f} | {r['hlo_gflop']:.1f} |"
-          f" {r.get('step_s', float('nan')):.2f} | {r.get('peak_rss_mb', float('nan')):.0f} |")
+          f" {suite.fmt(r['temp_mb'], '.1f')} | {suite.fmt(inputs_outputs, '.1f')} |"
+          f" {suite.fmt(r['hlo_gflop'], '.1f')} | {suite.fmt(r.get('step_s'), '.2f')} |"
+          f" {suite.fmt(r.get('peak_rss_mb'), '.0f')} |")
   return rows
 
 

@@ -186,8 +186,12 @@ def network(setting: Setting):
   if setting.kind == "regression":
     model = vj.MLP((100, 100, 100), 1)
     return vj.pure_apply(model), vj.init_params(model, jax.random.key(0), (1, 1)), vj.gaussian_nll(0.3)
+  conv_impl = setting.conv_impl
+  if conv_impl == "auto":  # callers that know their loops resolve it first (run_row)
+    conv_impl = vj.models.auto_conv_impl(tasks_unrolled=False, inner_steps_unrolled=False,
+                                         draws_mapped=True)
   model = vj.Conv4(num_classes=setting.ways, num_filters=setting.num_filters,
-                   max_pool=setting.max_pool, conv_impl=setting.conv_impl)
+                   max_pool=setting.max_pool, conv_impl=conv_impl)
   params = vj.init_params(model, jax.random.key(0), (1,) + setting.image)
   return vj.pure_apply(model), params, vj.categorical_nll
 
