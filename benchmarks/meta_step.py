@@ -58,7 +58,7 @@ def time_step(algorithm: str, strategy: str, chunk: int, num_tasks: int, repeats
               unroll_steps: bool, conv_impl: str, second_order_steps: Optional[int] = None) -> dict:
   """Compiles and times the training step of one algorithm and task batching."""
   if conv_impl == "auto":
-    conv_impl = models.auto_conv_impl(tasks_unrolled=strategy in ("host_chunked", "unroll"),
+    conv_impl = models.auto_conv_impl(task_batching=strategy,
                                       inner_steps_unrolled=unroll_steps, draws_mapped=False)
   setting = dataclasses.replace(SETTING, tasks=num_tasks, conv_impl=conv_impl)
   apply_fn, params, nll = suite.network(setting)

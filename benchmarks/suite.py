@@ -188,7 +188,7 @@ def network(setting: Setting):
     return vj.pure_apply(model), vj.init_params(model, jax.random.key(0), (1, 1)), vj.gaussian_nll(0.3)
   conv_impl = setting.conv_impl
   if conv_impl == "auto":  # callers that know their loops resolve it first (run_row)
-    conv_impl = vj.models.auto_conv_impl(tasks_unrolled=False, inner_steps_unrolled=False,
+    conv_impl = vj.models.auto_conv_impl(task_batching="map", inner_steps_unrolled=False,
                                          draws_mapped=True)
   model = vj.Conv4(num_classes=setting.ways, num_filters=setting.num_filters,
                    max_pool=setting.max_pool, conv_impl=conv_impl)
@@ -366,7 +366,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   unroll_steps = options["unroll_inner_steps"]
   if setting.conv_impl == "auto":
     setting = dataclasses.replace(setting, conv_impl=vj.models.auto_conv_impl(
-        tasks_unrolled=strategy in ("host_chunked", "unroll"), inner_steps_unrolled=unroll_steps,
+        task_batching=strategy, inner_steps_unrolled=unroll_steps,
         draws_mapped=setting.mc_samples > 1))
   apply_fn, params, nll = network(setting)
   if options["compute_dtype"] == "bfloat16":

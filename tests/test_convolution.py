@@ -98,14 +98,14 @@ def test_auto_conv_impl_uses_loop_safe_where_gradients_run_in_loops():
   from experiments import configs
   from vampire_jax import training
   if jax.default_backend() != "cpu":
-    assert models.auto_conv_impl(tasks_unrolled=False, inner_steps_unrolled=False,
+    assert models.auto_conv_impl(task_batching="map", inner_steps_unrolled=False,
                                  draws_mapped=True) == "xla"
     return
-  assert models.auto_conv_impl(tasks_unrolled=True, inner_steps_unrolled=True,
+  assert models.auto_conv_impl(task_batching="host_chunked", inner_steps_unrolled=True,
                                draws_mapped=False) == "xla"
-  for loops in [dict(tasks_unrolled=False, inner_steps_unrolled=True, draws_mapped=False),
-                dict(tasks_unrolled=True, inner_steps_unrolled=False, draws_mapped=False),
-                dict(tasks_unrolled=True, inner_steps_unrolled=True, draws_mapped=True)]:
+  for loops in [dict(task_batching="map", inner_steps_unrolled=True, draws_mapped=False),
+                dict(task_batching="host_chunked", inner_steps_unrolled=False, draws_mapped=False),
+                dict(task_batching="host_chunked", inner_steps_unrolled=True, draws_mapped=True)]:
     assert models.auto_conv_impl(**loops) == "loop_safe", loops
   quick = configs.omniglot_config("quick")
   assert training.conv_impl(quick) == "loop_safe"

@@ -221,7 +221,7 @@ def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
 
   if num_steps == 0:
     return params
-  return _two_phase_scan(make_step, params, jnp.zeros((num_steps,)), num_steps,
+  return _two_phase_scan(make_step, params, None, num_steps,
                          second_order_steps, unroll_steps, remat)
 
 

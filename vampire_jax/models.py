@@ -121,18 +121,20 @@ def max_pool_2x2(x: jax.Array) -> jax.Array:
   return x.reshape(n, height // 2, 2, width // 2, 2, channels).max(axis=(2, 4))
 
 
-def auto_conv_impl(*, tasks_unrolled: bool, inner_steps_unrolled: bool,
+def auto_conv_impl(*, task_batching: str, inner_steps_unrolled: bool,
                    draws_mapped: bool) -> str:
   """The fastest measured convolution for a meta-step's loop structure on this backend.
 
   On a CPU 'loop_safe', unless the program has no loop around a convolution
-  gradient (tasks and inner steps unrolled, draws not in `lax.map`):
+  gradient (tasks unrolled by `task_batching` 'host_chunked' or 'unroll',
+  inner steps unrolled, draws not in `lax.map`):
   XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its
   own convolution is faster only in a loop-free program (BUILD_NOTES.md,
   "Speed"). Elsewhere XLA's.
   """
   if jax.default_backend() != "cpu":
     return "xla"
+  tasks_unrolled = task_batching in ("host_chunked", "unroll")
   loop_free = tasks_unrolled and inner_steps_unrolled and not draws_mapped
   return "xla" if loop_free else "loop_safe"
 

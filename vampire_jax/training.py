@@ -113,7 +113,7 @@ def conv_impl(config) -> str:
   strategy, _ = choose_batching(config.task_batching, config.chunk_size, config.tasks_per_step)
   mapped_draws = (algorithms.sample_batching(config) == "map"
                   and max(config.num_mc_train, config.num_mc_query) > 1)
-  return models.auto_conv_impl(tasks_unrolled=strategy in ("host_chunked", "unroll"),
+  return models.auto_conv_impl(task_batching=strategy,
                                inner_steps_unrolled=unroll_inner_steps(config),
                                draws_mapped=mapped_draws)
 
@@ -457,7 +457,8 @@ def _train(session: Session, state, earlier_seconds: float):
   config, progress = session.config, session.progress
   start, loop = time.perf_counter(), LoopState([], False, False)
   with _interrupt_requests() as received:
-    step = first_step = int(state.step)
+    step = int(state.step)
+    train_seconds = earlier_seconds
     while step < config.num_meta_steps:
       compiling = not loop.compiled
       if compiling:
@@ -479,9 +480,7 @@ def _train(session: Session, state, earlier_seconds: float):
         session.checkpoints.wait()
         raise TrainingInterrupted(step, received[0], session.workdir)
   session.checkpoints.wait()
-  if step > first_step:
-    return state, train_seconds
-  return state, earlier_seconds
+  return state, train_seconds
 
 
 def _test(session: Session, meta_params) -> tuple[evaluation.Summary, dict]:
