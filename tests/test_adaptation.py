@@ -187,7 +187,7 @@ def test_bad_inputs_get_clear_errors():
   prior = vj.gaussian_from_params(params, jax.random.key(0))
   x, y, _, _ = _sine_task(jax.random.key(1))
   key = jax.random.key(0)
-  with pytest.raises(ValueError, match="same leading"):
+  with pytest.raises(ValueError, match=r"adapt: support_y must be \[10, ...\]"):
     vj.adapt(prior, x, y[:3], key, loss_fn=loss_fn, num_steps=1, inner_lr=0.1)
   with pytest.raises(ValueError, match="num_steps"):
     vj.adapt(prior, x, y, key, loss_fn=loss_fn, num_steps=-1, inner_lr=0.1)

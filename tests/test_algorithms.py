@@ -21,8 +21,10 @@ def test_factory_defaults_keep_the_kl_step_factor_below_2(factory):
   learner = factory(vj.pure_apply(model), vj.categorical_nll)
   prior = learner.init(vj.init_params(model, jax.random.key(0), (1, 28, 28, 1)),
                        jax.random.key(1))
-  factor = float(vj.kl_step_factor(prior, _default(factory, "inner_lr"),
-                                   _default(factory, "kl_weight")))
+  settings = learner.settings
+  assert (settings.inner_lr, settings.kl_weight) == (learners.DEFAULT_INNER_LR,
+                                                      _default(factory, "kl_weight"))
+  factor = float(vj.kl_step_factor(prior, settings.inner_lr, settings.kl_weight))
   # At most e^8 * inner_lr * kl_weight with log-stds in [-4, -3]: 0.6 at the defaults.
   assert 0.3 < factor < 2.0, factor
 

@@ -5,9 +5,10 @@ Pure functions over parameter pytrees. A distribution over weights is a
 few gradient steps on the variational free energy.
 
 Layers, from the leaves up (each imports only those below it):
-  gaussian, losses, tasks, batching, convolution, models, sharding, errors, config
+  errors, checks, gaussian, losses, tasks, batching, convolution, models, sharding, config
   adaptation                      adapt / maml_adapt / predict
   learners, baselines             MetaLearner factories: vampire, maml, platipus, bmaml, abml
+  diagnostics                     check_inner_loop, debug_nonfinite
   algorithms                      the registry: a RunConfig -> its MetaLearner
   meta_step, evaluation           the meta-step and evaluator builders
   calibration, checkpoint, reporting
@@ -25,14 +26,15 @@ from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, RiskC
                                      regression_quantile_calibration, risk_coverage)
 from vampire_jax.checkpoint import RunCheckpoints
 from vampire_jax.config import RunConfig
-from vampire_jax.errors import ConfigError, DataError, MissingDataError, UserError
+from vampire_jax.diagnostics import InnerLoopReport, check_inner_loop, debug_nonfinite
+from vampire_jax.errors import ConfigError, DataError, InputError, MissingDataError, UserError
 from vampire_jax.evaluation import (ClassificationEval, RegressionEval, evaluate_split,
                                     make_classification_evaluator, make_regression_evaluator,
                                     make_split_evaluator, summarise)
 from vampire_jax.gaussian import (Gaussian, check_gaussian, gaussian_from_params, kl_divergence,
                                   kl_step_factor, point_mass, sample)
-from vampire_jax.learners import MetaLearner, maml, query_loss, vampire
-from vampire_jax.losses import categorical_nll, gaussian_nll, loss_from_apply
+from vampire_jax.learners import InnerLoopSettings, MetaLearner, maml, query_loss, vampire
+from vampire_jax.losses import categorical_nll, distribution_nll, gaussian_nll, loss_from_apply
 from vampire_jax.meta_step import (MetaState, apply_meta_gradient, classification_metrics,
                                    init_meta_state, make_host_chunked_meta_step,
                                    make_host_chunked_train_step, make_meta_gradient,

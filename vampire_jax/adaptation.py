@@ -18,17 +18,22 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from vampire_jax import batching
+from vampire_jax import batching, checks
 from vampire_jax.gaussian import Gaussian, check_gaussian, kl_divergence, sample
 from vampire_jax.losses import ApplyFn, LossFn, PyTree
 
 
-def _check_support(support_x, support_y) -> None:
-  x_len, y_len = jnp.shape(support_x)[:1], jnp.shape(support_y)[:1]
-  if not x_len or not y_len or x_len != y_len:
-    raise ValueError(
-        "support_x and support_y must have the same leading (example) axis;"
-        f" got shapes {jnp.shape(support_x)} and {jnp.shape(support_y)}")
+def _check_support(where: str, loss_fn: LossFn, params: PyTree, support_x, support_y) -> None:
+  """Trace-time checks of a support set: examples match, and the loss takes them."""
+  checks.examples(where, ("support_x", "support_y"), support_x, support_y)
+  checks.loss_fits(where, ("support_x", "support_y"), loss_fn, params, support_x, support_y)
+
+
+def check_inputs(where: str, x) -> None:
+  """Refuses an input batch `x` without a leading axis of at least one example."""
+  if jnp.ndim(x) < 1 or jnp.shape(x)[0] < 1:
+    raise checks.fail(where, "x", "an array of at least one example [batch, ...]",
+                      checks.describe(x))
 
 
 def _check_steps(num_steps: int) -> None:
@@ -159,7 +164,7 @@ def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
     The task posterior q(w; lambda), a `Gaussian` with the prior's structure.
   """
   check_gaussian(prior)
-  _check_support(support_x, support_y)
+  _check_support("adapt", loss_fn, prior.mean, support_x, support_y)
   _check_steps(num_steps)
   _check_num_samples(num_mc_samples)
   _check_second_order_steps(second_order_steps)
@@ -206,7 +211,7 @@ def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
   Returns:
     The adapted weights, a tree like `params`.
   """
-  _check_support(support_x, support_y)
+  _check_support("maml_adapt", loss_fn, params, support_x, support_y)
   _check_steps(num_steps)
   _check_second_order_steps(second_order_steps)
   loss_grad = jax.grad(loss_fn)
@@ -243,6 +248,7 @@ def predict(posterior: Gaussian, x: jax.Array, key: jax.Array, *,
     a classifier; average the softmax over axis 0 for the prediction).
   """
   check_gaussian(posterior)
+  check_inputs("predict", x)
   _check_num_samples(num_mc_samples)
   weights = sample(posterior, key, num_mc_samples)
   if num_mc_samples == 1:  # as in expected_nll: no vmap, so convolutions stay ungrouped

@@ -92,6 +92,8 @@ class RunConfig:
                         resumable=True)
   compute_dtype: str = setting("float32", "dtype of the network's matmuls and convolutions",
                                resumable=True, choices=("float32", "bfloat16"))
+  debug_nans: bool = setting(False, "debugging: check every operation of the meta-step and name "
+                             "the first that makes a NaN (slow)", resumable=True)
 
   def validate(self) -> None:
     """Raises ConfigError for an impossible setting; subclasses add their own checks."""

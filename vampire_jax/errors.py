@@ -21,3 +21,10 @@ class DataError(UserError, ValueError):
 
 class MissingDataError(UserError, FileNotFoundError):
   """A data folder or file is missing; the message says how to get it."""
+
+
+class InputError(UserError, ValueError):
+  """An argument's shape, dtype or values cannot be what the function needs.
+
+  The message names the function and the argument, what it wants and what it got.
+  """

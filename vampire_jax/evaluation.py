@@ -56,7 +56,7 @@ def per_task_keys(key: jax.Array, num_tasks: int) -> jax.Array:
 
 
 def _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_size, mesh):
-  num_tasks = check_task_batch(tasks)
+  num_tasks = check_task_batch(tasks, "evaluate")
 
   def one_task(meta_params, task, task_key):
     adapt_key, predict_key = jax.random.split(task_key)

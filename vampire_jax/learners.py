@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from vampire_jax import adaptation, batching, losses
+from vampire_jax.errors import InputError
 from vampire_jax.gaussian import gaussian_from_params
 from vampire_jax.tasks import Task
 
@@ -27,6 +28,18 @@ PyTree = Any
 # VAMPIRE's stable defaults (see the module docstring).
 DEFAULT_INNER_LR = 0.01
 DEFAULT_KL_WEIGHT = 0.02
+
+
+def default_inner_lr(nll: losses.Likelihood, algorithm_default: float) -> float:
+  """The inner learning rate a factory uses when given none.
+
+  The algorithm's own default, lowered to the likelihood's
+  `default_inner_lr` where it has one: a Gaussian likelihood's curvature
+  grows as 1 / noise_std^2, and at the categorical defaults the inner loop of
+  a regression network with noise_std 0.3 goes non-finite at initialisation
+  (BUILD_NOTES.md, "Defaults that hold").
+  """
+  return min(algorithm_default, getattr(nll, "default_inner_lr", algorithm_default))
 
 
 class MetaLearner(NamedTuple):
@@ -41,16 +54,34 @@ class MetaLearner(NamedTuple):
       one task's meta-training loss, for algorithms whose meta-objective is not
       "adapt on support, NLL on query" (e.g. PLATIPUS, ABML). `None` means
       `query_loss`'s default.
+    settings: optional `InnerLoopSettings` (the loss and step sizes of the
+      inner loop), read by `vj.check_inner_loop` to say which value to change.
   """
   init: Callable[[PyTree, jax.Array], PyTree]
   adapt: Callable[[PyTree, jax.Array, jax.Array, jax.Array], PyTree]
   predict: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
   nll: losses.Likelihood
   meta_loss: Optional[Callable[[PyTree, Task, jax.Array], tuple[jax.Array, jax.Array]]] = None
+  settings: Optional["InnerLoopSettings"] = None
+
+
+class InnerLoopSettings(NamedTuple):
+  """What a learner's inner loop does, for diagnostics (`vj.check_inner_loop`).
+
+  Attributes:
+    loss_fn: `loss_fn(weights, x, y)`, the support loss under one weight tree.
+    inner_lr: the inner learning rate.
+    kl_weight: the KL term's weight (0 for point estimates).
+    num_inner_steps: the number of inner steps.
+  """
+  loss_fn: losses.LossFn
+  inner_lr: float
+  kl_weight: float
+  num_inner_steps: int
 
 
 def vampire(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
-            num_inner_steps: int = 5, inner_lr: float = DEFAULT_INNER_LR,
+            num_inner_steps: int = 5, inner_lr: Optional[float] = None,
             kl_weight: float = DEFAULT_KL_WEIGHT, num_mc_train: int = 1,
             num_mc_query: int = 1, first_order: bool = False,
             log_std_init: tuple[float, float] = (-4.0, -3.0),
@@ -63,8 +94,9 @@ def vampire(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
     apply_fn: the network, `apply_fn(params, x)`.
     nll: likelihood on outputs, e.g. `losses.categorical_nll`.
     num_inner_steps: S.
-    inner_lr: alpha. The paper's 0.1 with kl_weight 0.1 diverges at the
-      initial prior (kl_step_factor 11-30); see the module docstring.
+    inner_lr: alpha; None: 0.01, or the likelihood's lower `default_inner_lr`
+      (`default_inner_lr`). The paper's 0.1 with kl_weight 0.1 diverges at
+      the initial prior (kl_step_factor 11-30); see the module docstring.
     kl_weight: beta, the KL weight in the VFE, against the mean NLL.
     num_mc_train: L_t, weight draws per inner step.
     num_mc_query: L_v, weight draws on the query set (and for prediction).
@@ -78,6 +110,7 @@ def vampire(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
       second order; 1 is the authors' code (see `adaptation.adapt`).
   """
   loss_fn = losses.loss_from_apply(apply_fn, nll)
+  inner_lr = default_inner_lr(nll, DEFAULT_INNER_LR) if inner_lr is None else inner_lr
 
   def init(params, key):
     return gaussian_from_params(params, key, log_std_init)
@@ -95,15 +128,20 @@ def vampire(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
                               num_mc_samples=num_mc_query,
                               sample_batching=sample_batching)
 
-  return MetaLearner(init, adapt, predict, nll)
+  return MetaLearner(init, adapt, predict, nll, settings=InnerLoopSettings(
+      loss_fn, inner_lr, kl_weight, num_inner_steps))
 
 
 def maml(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
-         num_inner_steps: int = 5, inner_lr: float = 0.1,
+         num_inner_steps: int = 5, inner_lr: Optional[float] = None,
          first_order: bool = False, unroll_steps: bool = False,
          remat: bool = False, second_order_steps: Optional[int] = None) -> MetaLearner:
-  """MAML (Finn et al. 2017): the point-estimate special case; options as in `vampire`."""
+  """MAML (Finn et al. 2017): the point-estimate special case; options as in `vampire`.
+
+  `inner_lr` None: 0.1, or the likelihood's lower `default_inner_lr`.
+  """
   loss_fn = losses.loss_from_apply(apply_fn, nll)
+  inner_lr = default_inner_lr(nll, 0.1) if inner_lr is None else inner_lr
 
   def init(params, key):
     del key
@@ -118,9 +156,11 @@ def maml(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
 
   def predict(params, x, key):
     del key
+    adaptation.check_inputs("maml.predict", x)
     return apply_fn(params, x)[None]
 
-  return MetaLearner(init, adapt, predict, nll)
+  return MetaLearner(init, adapt, predict, nll,
+                     settings=InnerLoopSettings(loss_fn, inner_lr, 0.0, num_inner_steps))
 
 
 def query_loss(learner: MetaLearner, meta_params: PyTree, task: Task,
@@ -143,6 +183,18 @@ def query_loss(learner: MetaLearner, meta_params: PyTree, task: Task,
   adapt_key, query_key = jax.random.split(key)
   task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
   outputs = learner.predict(task_params, task.query_x, query_key)
-  loss = jnp.mean(jax.vmap(learner.nll, in_axes=(0, None))(outputs, task.query_y))
-  return loss, outputs
+  return query_nll(learner.nll, outputs, task.query_y), outputs
+
+
+def query_nll(nll: losses.Likelihood, outputs: jax.Array, query_y: jax.Array) -> jax.Array:
+  """The likelihood averaged over draws: outputs `[samples, num_query, ...]`.
+
+  Raises:
+    InputError: `query_y` does not fit the outputs (named as such).
+  """
+  try:
+    per_draw = jax.vmap(nll, in_axes=(0, None))(outputs, query_y)
+  except InputError as error:
+    raise InputError(f"query_y does not fit the network's outputs on query_x: {error}") from None
+  return jnp.mean(per_draw)
 

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from vampire_jax import checks
+
 PyTree = Any
 # `apply_fn(params, x) -> outputs`: a network applied with one weight tree.
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
@@ -22,20 +24,83 @@ LossFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]
 Likelihood = Callable[[jax.Array, jax.Array], jax.Array]
 
 
+def _with_default_inner_lr(nll: Likelihood, inner_lr: float) -> Likelihood:
+  nll.default_inner_lr = inner_lr
+  return nll
+
+
 def categorical_nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Mean softmax cross-entropy; logits `[batch, classes]`, labels `[batch]` ints."""
+  """Mean softmax cross-entropy; logits `[batch, classes]`, labels `[batch]` ints.
+
+  Raises:
+    InputError: labels that are not integers shaped like `logits[..., 0]`.
+  """
+  if jnp.ndim(logits) < 1:
+    raise checks.fail("categorical_nll", "logits", "[batch, classes]", checks.describe(logits))
+  if not jnp.issubdtype(jnp.result_type(labels), jnp.integer):
+    raise checks.fail("categorical_nll", "labels", "integer class indices",
+                      checks.describe(labels))
+  if jnp.shape(labels) != jnp.shape(logits)[:-1]:
+    raise checks.fail("categorical_nll", "labels",
+                      f"shaped {list(jnp.shape(logits)[:-1])} for logits {checks.describe(logits)}",
+                      checks.describe(labels))
   return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
 
 
+# The learners' default inner learning rate for this likelihood (see `gaussian_nll`).
+categorical_nll = _with_default_inner_lr(categorical_nll, 0.1)
+
+
+def _check_targets(where: str, outputs: jax.Array, targets: jax.Array) -> None:
+  checks.floating(where, "targets", targets)
+  if jnp.shape(targets) != jnp.shape(outputs):
+    raise checks.fail(where, "targets", f"shaped like the outputs {checks.describe(outputs)}"
+                      " (no broadcasting)", checks.describe(targets))
+
+
 def gaussian_nll(noise_std: float) -> Likelihood:
-  """Mean NLL of targets under N(outputs, noise_std^2); both `[batch, 1]`."""
-  if noise_std <= 0:
+  """Mean NLL of targets under N(outputs, noise_std^2); both `[batch, 1]`.
+
+  The returned function refuses targets of another shape than the outputs
+  (a `[K]` target against `[K, 1]` outputs would broadcast to `[K, K]`).
+
+  Its `default_inner_lr` attribute, `min(0.1, 0.005 * noise_std^2)`, is the
+  inner learning rate the learners use unless given one: the NLL's curvature
+  is 1 / noise_std^2, so a gradient step stays stable only below a rate
+  proportional to noise_std^2 (measured for the regression MLP in BUILD_NOTES.md,
+  "Defaults that hold").
+  """
+  if not noise_std > 0:
     raise ValueError(f"noise_std must be > 0, got {noise_std}")
   log_norm = math.log(noise_std) + 0.5 * math.log(2.0 * math.pi)
 
   def nll(means, targets):
+    _check_targets("gaussian_nll", means, targets)
     residual = (means - targets) / noise_std
     return jnp.mean(jnp.sum(0.5 * jnp.square(residual) + log_norm, axis=-1))
+  nll.noise_std = noise_std
+  return _with_default_inner_lr(nll, min(0.1, 0.005 * noise_std ** 2))
+
+
+def distribution_nll(make_distribution: Callable[[jax.Array], Any]) -> Likelihood:
+  """The likelihood of any distribution of the network's output, e.g. a distrax one.
+
+      nll = vj.distribution_nll(lambda out: distrax.Laplace(out, 0.3))
+
+  `make_distribution(outputs)` must return an object with `log_prob(targets)`
+  (distrax, TFP, or your own) whose batch shape is the outputs' shape: the
+  NLL sums `-log_prob` over all but the leading axis and averages over it.
+  Targets must be shaped like the outputs. It has no `default_inner_lr`:
+  give the learners an `inner_lr`, and check it with `vj.check_inner_loop`.
+  """
+  def nll(outputs, targets):
+    _check_targets("distribution_nll", outputs, targets)
+    log_prob = make_distribution(outputs).log_prob(targets)
+    if jnp.shape(log_prob) != jnp.shape(outputs):
+      raise checks.fail("distribution_nll", "make_distribution(outputs).log_prob(targets)",
+                        f"shaped like the outputs {checks.describe(outputs)}",
+                        checks.describe(log_prob))
+    return -jnp.mean(jnp.sum(log_prob.reshape(log_prob.shape[0], -1), axis=-1))
   return nll
 
 

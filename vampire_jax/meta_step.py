@@ -24,13 +24,15 @@ import optax
 from jax.sharding import Mesh
 
 from vampire_jax import batching, sharding
+from vampire_jax.errors import InputError
 from vampire_jax.learners import MetaLearner, query_loss
 from vampire_jax.tasks import Task, check_task_batch
 
 PyTree = Any
-# `sample_tasks(data, task_keys [n]) -> Task` with a leading [n] axis: task i from key i
-# alone. `data` (e.g. a split's images) is an argument, not a closure: jit would embed
-# a closed-over array in the program as a constant.
+# The one task-sampler convention (make_train_step, the training loop, the notebooks):
+# `sample_tasks(data, task_keys [n]) -> Task` with a leading [n] axis, task i from key i
+# alone. `data` (e.g. a split's images; None for generated tasks) is an argument, not a
+# closure: jit would embed a closed-over array in the program as a constant.
 TaskSampler = Callable[[PyTree, jax.Array], Task]
 
 class MetaState(NamedTuple):
@@ -78,6 +80,17 @@ def init_meta_state(learner: MetaLearner, optimizer: optax.GradientTransformatio
 
 
 MetricsFn = Callable[[jax.Array, jax.Array], dict]
+
+
+def with_health(metrics: dict, grads: PyTree) -> dict:
+  """`metrics` with the meta-gradient's norm and `finite`: loss and gradient both finite.
+
+  A user's loop checks `metrics["finite"]` (an array of bools, one per step)
+  and stops before a NaN reaches the meta-parameters' next use.
+  """
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+  return dict(metrics, grad_norm=grad_norm, finite=finite)
 
 
 def classification_metrics(outputs: jax.Array, labels: jax.Array) -> dict:
@@ -129,7 +142,7 @@ def make_meta_gradient(learner: MetaLearner, *,
     return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), (grads, metrics))
 
   def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
-    num_tasks = check_task_batch(tasks)
+    num_tasks = check_task_batch(tasks, "meta_gradient")
     if mesh is None:
       return mean_over_tasks(meta_params, tasks, task_keys)
     sharding.check_divisible(num_tasks, mesh)
@@ -162,9 +175,9 @@ def make_meta_step(learner: MetaLearner, optimizer: optax.GradientTransformation
                                      mesh=mesh)
 
   def meta_step(state: MetaState, tasks: Task, key: jax.Array):
-    task_keys = jax.random.split(key, check_task_batch(tasks))
+    task_keys = jax.random.split(key, check_task_batch(tasks, "meta_step"))
     grads, metrics = meta_gradient(state.meta_params, tasks, task_keys)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics = with_health(metrics, grads)
     return apply_meta_gradient(optimizer, state, grads), metrics
 
   return meta_step
@@ -192,11 +205,11 @@ def make_host_chunked_meta_step(learner: MetaLearner,
 
   @jax.jit
   def finish(state, grads, metrics):
-    metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+    metrics = with_health(metrics, grads)
     return apply_meta_gradient(optimizer, state, grads), metrics
 
   def meta_step(state: MetaState, tasks: Task, key: jax.Array):
-    num_tasks = check_task_batch(tasks)
+    num_tasks = check_task_batch(tasks, "meta_step")
     if chunk_size < 1 or num_tasks % chunk_size:
       raise ValueError(f"chunk_size={chunk_size} must be >= 1 and divide the {num_tasks} tasks")
     task_keys = split_keys(key, num_tasks)
@@ -222,6 +235,27 @@ def step_keys(key: jax.Array, step: jax.Array, num_tasks: int) -> tuple[jax.Arra
   """
   task_key, adapt_key = jax.random.split(jax.random.fold_in(key, step))
   return jax.random.split(task_key, num_tasks), jax.random.split(adapt_key, num_tasks)
+
+
+def draw_tasks(sample_tasks: TaskSampler, data: PyTree, task_keys: jax.Array) -> Task:
+  """`sample_tasks(data, task_keys)`, checked at trace time against the convention.
+
+  Raises:
+    InputError: the sampler does not take `(data, task_keys)` or does not
+      return a `Task` of `len(task_keys)` tasks.
+  """
+  convention = ("the train step calls sample_tasks(data, task_keys) with task_keys [n] and "
+                "wants a vj.Task with a leading [n] axis, task i drawn from task_keys[i] alone")
+  try:
+    tasks = sample_tasks(data, task_keys)
+  except (TypeError, ValueError, IndexError) as error:
+    raise InputError(f"make_train_step: sample_tasks failed ({type(error).__name__}: {error}); "
+                     f"{convention}") from error
+  num_tasks = check_task_batch(tasks, "make_train_step: sample_tasks(data, task_keys)")
+  if num_tasks != task_keys.shape[0]:
+    raise InputError(f"make_train_step: sample_tasks(data, task_keys) returned {num_tasks} tasks "
+                     f"for {task_keys.shape[0]} keys; {convention}")
+  return tasks
 
 
 def _stack_one(metrics: dict) -> dict:
@@ -261,9 +295,9 @@ def make_train_step(learner: MetaLearner, optimizer: optax.GradientTransformatio
     if mesh is not None:  # each device draws the tasks it adapts to
       task_keys, adapt_keys = jax.lax.with_sharding_constraint(
           (task_keys, adapt_keys), sharding.task_sharding(mesh))
-    tasks = sample_tasks(data, task_keys)
+    tasks = draw_tasks(sample_tasks, data, task_keys)
     grads, metrics = meta_gradient(state.meta_params, tasks, adapt_keys)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics = with_health(metrics, grads)
     return apply_meta_gradient(optimizer, state, grads), metrics
 
   def train_step(state: MetaState, data: PyTree, key: jax.Array):
@@ -291,7 +325,7 @@ def make_host_chunked_train_step(learner: MetaLearner, optimizer: optax.Gradient
   num_chunks = tasks_per_step // chunk_size
 
   def chunk_result(meta_params, data, task_keys, adapt_keys):
-    return gradient(meta_params, sample_tasks(data, task_keys), adapt_keys)
+    return gradient(meta_params, draw_tasks(sample_tasks, data, task_keys), adapt_keys)
 
   @jax.jit
   def zero_total(meta_params, data, task_keys, adapt_keys):  # traced, never run, by eval_shape
@@ -311,7 +345,7 @@ def make_host_chunked_train_step(learner: MetaLearner, optimizer: optax.Gradient
   @jax.jit
   def finish(state, total):
     grads, metrics = jax.tree_util.tree_map(lambda t: t / num_chunks, total)
-    metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+    metrics = with_health(metrics, grads)
     return apply_meta_gradient(optimizer, state, grads), _stack_one(metrics)
 
   def train_step(state: MetaState, data: PyTree, key: jax.Array):

@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vampire_jax import convolution
+from vampire_jax import checks, convolution
 
 # Means are initialised as in the authors' code: Xavier-normal with gain
 # sqrt(2) (variance 4 / (fan_in + fan_out)) for kernels, zeros for biases.
@@ -157,6 +157,9 @@ class Conv4(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    checks.floating("Conv4", "x", x, checks.IMAGE_HINT)
+    if x.ndim != 4:
+      raise checks.fail("Conv4", "x", "[batch, height, width, channels]", checks.describe(x))
     for block in range(4):
       stride = 1 if self.max_pool else 2
       if self.conv_impl == "patches":
@@ -187,6 +190,7 @@ class MLP(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    checks.floating("MLP", "x", x)
     for width in self.hidden_sizes:
       x = nn.relu(nn.Dense(width, kernel_init=kernel_init)(x))
     return nn.Dense(self.num_outputs, kernel_init=kernel_init)(x)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vampire_jax import meta_step, models, training
+from vampire_jax import checks, meta_step, models, training
 from vampire_jax.checkpoint import RunCheckpoints
 from vampire_jax.config import RunConfig
 from vampire_jax.errors import MissingDataError
@@ -90,20 +90,33 @@ class Run:
     return outputs
 
   def _check_inputs(self, support_x, support_y, query_x) -> None:
+    """Host-side checks of `predict`'s arguments: shapes, dtypes, finite values, labels."""
+    where = "Run.predict"
+    wanted = f"[n, {', '.join(map(str, self.input_shape))}]"
     for name, x in (("support_x", support_x), ("query_x", query_x)):
-      if tuple(np.shape(x)[1:]) != self.input_shape:
-        raise ValueError(f"{name} must be [n, {', '.join(map(str, self.input_shape))}] "
-                         f"(preprocessed as in training), got shape {np.shape(x)}")
-    if np.shape(support_y)[:1] != np.shape(support_x)[:1]:
-      raise ValueError(f"support_y must have one entry per support example; got shapes "
-                       f"{np.shape(support_y)} and {np.shape(support_x)}")
+      if tuple(np.shape(x)[1:]) != self.input_shape or np.shape(x)[0] < 1:
+        raise checks.fail(where, name, f"{wanted} with n >= 1, preprocessed as in training",
+                          checks.describe(x))
+      checks.floating(where, name, x, checks.IMAGE_HINT)
+    num_support = checks.examples(where, ("support_x", "support_y"), support_x, support_y)
     if self.kind == "classification":
       labels = np.asarray(support_y)
       ways = self.num_outputs
-      if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or \
-         labels.min() < 0 or labels.max() >= ways:
-        raise ValueError(f"support_y must be [n] integer labels in [0, {ways}), got "
-                         f"{labels.dtype}{labels.shape}")
+      if labels.shape != (num_support,) or not np.issubdtype(labels.dtype, np.integer):
+        raise checks.fail(where, "support_y", f"[{num_support}] integer labels",
+                          checks.describe(labels))
+      missing = sorted(set(range(ways)) - set(labels.tolist()))
+      if labels.min() < 0 or labels.max() >= ways or missing:
+        raise checks.fail(where, "support_y", f"labels covering every class 0..{ways - 1} of the "
+                          f"run's {ways} ways", f"labels {sorted(set(labels.tolist()))}")
+    else:
+      wanted_y = (num_support, self.num_outputs)
+      if np.shape(support_y) != wanted_y:
+        raise checks.fail(where, "support_y", f"[{num_support}, {self.num_outputs}] targets "
+                          "(one row per support example)", checks.describe(support_y))
+      checks.floating(where, "support_y", support_y)
+    checks.check_finite(where, {"support_x": support_x, "support_y": support_y,
+                                "query_x": query_x})
 
   @property
   def num_outputs(self) -> int:

@@ -5,6 +5,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from vampire_jax import checks
+
 
 class Task(NamedTuple):
   """One few-shot task (or a batch of them, with a leading task axis).
@@ -24,13 +26,33 @@ class Task(NamedTuple):
   query_y: jax.Array
 
 
-def check_task_batch(tasks: Task) -> int:
-  """Raises ValueError unless every field shares a leading task axis; returns it."""
-  sizes = {name: jnp.shape(value)[0] if jnp.ndim(value) else None
-           for name, value in tasks._asdict().items()}
-  if len(set(sizes.values())) != 1 or None in sizes.values():
-    raise ValueError(f"all Task fields need the same leading [tasks] axis; got {sizes}")
-  shapes = {k: jnp.shape(v) for k, v in tasks._asdict().items()}
-  if shapes["support_x"][1] != shapes["support_y"][1] or shapes["query_x"][1] != shapes["query_y"][1]:
-    raise ValueError(f"x and y must have the same number of examples per task; got {shapes}")
-  return sizes["support_x"]
+def check_task_batch(tasks: Task, where: str = "tasks") -> int:
+  """Checks a batch of tasks at trace time; returns the number of tasks.
+
+  Every field needs the same leading `[tasks]` axis, at least one support
+  and one query example per task, and x and y the same number of examples.
+
+  Raises:
+    InputError: naming the field, what it wants and what it got.
+  """
+  if not isinstance(tasks, Task):
+    raise checks.fail(where, "tasks", "a vampire_jax.Task(support_x, support_y, query_x, query_y)",
+                      type(tasks).__name__)
+  for name, value in tasks._asdict().items():
+    if jnp.ndim(value) < 2:
+      raise checks.fail(where, f"tasks.{name}", "[tasks, examples, ...] (a leading task axis)",
+                        checks.describe(value))
+  num_tasks = jnp.shape(tasks.support_x)[0]
+  for name, value in tasks._asdict().items():
+    if jnp.shape(value)[0] != num_tasks:
+      raise checks.fail(where, f"tasks.{name}", f"{num_tasks} tasks, as tasks.support_x",
+                        checks.describe(value))
+  for x_name, y_name in (("support_x", "support_y"), ("query_x", "query_y")):
+    x, y = getattr(tasks, x_name), getattr(tasks, y_name)
+    if jnp.shape(x)[1] < 1:
+      raise checks.fail(where, f"tasks.{x_name}", "at least one example per task",
+                        checks.describe(x))
+    if jnp.shape(y)[1] != jnp.shape(x)[1]:
+      raise checks.fail(where, f"tasks.{y_name}", f"[tasks, {jnp.shape(x)[1]}, ...], one entry "
+                        f"per example of tasks.{x_name}", checks.describe(y))
+  return num_tasks

@@ -41,7 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vampire_jax import algorithms, batching, calibration, config as config_lib, evaluation
+from vampire_jax import algorithms, batching, calibration, config as config_lib, diagnostics
+from vampire_jax import evaluation
 from vampire_jax import losses, meta_step, models, sharding
 from vampire_jax.checkpoint import RunCheckpoints
 from vampire_jax.errors import ConfigError
@@ -192,6 +193,13 @@ def build_train_step(problem: Problem, config, learner: MetaLearner, optimizer,
   strategy, chunk = choose_batching(config.task_batching, config.chunk_size, num_local_tasks,
                                     sharded=mesh is not None)
   data = problem.splits["train"]
+  if config.debug_nans:  # one checked program (vj.debug_nonfinite) names the first NaN
+    strategy = "map" if strategy == "host_chunked" else strategy
+    step = diagnostics.debug_nonfinite(meta_step.make_train_step(
+        learner, optimizer, problem.sample_tasks, tasks_per_step=config.tasks_per_step,
+        steps_per_call=num_steps, task_batching=strategy, chunk_size=chunk,
+        metrics_fn=metrics_fn, mesh=mesh))
+    return lambda state, key: step(state, data, key)
   if strategy == "host_chunked":
     if mesh is not None:
       raise ConfigError("--task-batching host_chunked runs tasks from Python on one device; "
@@ -377,12 +385,23 @@ def _initial_state(problem: Problem, config, learner: MetaLearner, optimizer, ke
   return state if mesh is None else sharding.replicate(state, mesh)
 
 
-def _warn_if_unstable(config, state, print_fn) -> None:
-  factor = algorithms.stability_factor(config, state.meta_params)
-  if factor is not None and factor >= 2.0:
-    print_fn(f"warning: inner_lr * kl_weight / sigma_p^2 reaches {factor:.1f} at the initial "
-             f"prior: {config.algorithm}'s KL term can make the inner loop oscillate (stable "
-             "below 2; see vj.kl_step_factor and BUILD_NOTES.md)")
+def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key,
+                      print_fn) -> None:
+  """One inner loop on a real training task before the meta-step compiles (`check_inner_loop`).
+
+  Raises:
+    ConfigError: the support loss goes non-finite at initialisation, with the
+      knob to turn and a value that works.
+  """
+  task = jax.tree_util.tree_map(lambda x: x[0], draw_tasks(problem, "train", key, 1))
+  report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
+  if report.ok:
+    return
+  message = (f"{config.algorithm}'s inner loop at initialisation, on a training task: "
+             f"{report.advice} (--inner-lr, --kl-weight; see vj.check_inner_loop)")
+  if not math.isfinite(report.loss_after):
+    raise ConfigError(message)
+  print_fn(f"warning: {message}")
 
 
 def _mean_metrics(window: list[dict]) -> dict:
@@ -508,7 +527,8 @@ def _setup(problem: Problem, config, workdir: Path, progress: bool,
       config.meta_lr, tasks_per_step=config.tasks_per_step, decay_rate=config.meta_lr_decay,
       clip_norm=config.meta_grad_clip_norm)
   state = _initial_state(problem, config, train_learner, optimizer, init_key, mesh)
-  _warn_if_unstable(config, state, print_fn)
+  _check_inner_loop(problem, config, train_learner, state, jax.random.fold_in(init_key, 1),
+                    print_fn)
   checkpoints = RunCheckpoints(workdir)
   earlier_seconds = 0.0
   if checkpoints.latest_step() is not None:

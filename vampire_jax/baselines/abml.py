@@ -18,7 +18,7 @@ with p(θ) = Π N(μ; 0, mean_prior_std²) · Gamma(τ; a, b) over every weight,
 log σ parameterisation). Prediction draws from q(φ; λ_S), as VAMPIRE.
 """
 
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,8 @@ from jax.scipy import stats
 from vampire_jax import adaptation, batching, losses
 from vampire_jax.baselines import _ensemble
 from vampire_jax.gaussian import Gaussian, kl_divergence
-from vampire_jax.learners import DEFAULT_INNER_LR, DEFAULT_KL_WEIGHT, MetaLearner, vampire
+from vampire_jax.learners import (DEFAULT_INNER_LR, DEFAULT_KL_WEIGHT, MetaLearner, default_inner_lr,
+                                  vampire)
 from vampire_jax.tasks import Task
 
 PyTree = Any
@@ -61,7 +62,7 @@ def hyper_prior_nll(prior: Gaussian, *, mean_prior_std: float = 1.0,
 
 
 def abml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
-         num_inner_steps: int = 5, inner_lr: float = DEFAULT_INNER_LR,
+         num_inner_steps: int = 5, inner_lr: Optional[float] = None,
          kl_weight: float = DEFAULT_KL_WEIGHT, num_mc_train: int = 1, num_mc_query: int = 1,
          hyper_prior_weight: float = 1e-4, mean_prior_std: float = 1.0,
          precision_prior: tuple[float, float] = (1.0, 0.01),
@@ -95,6 +96,7 @@ def abml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
     sample_batching: how Monte-Carlo forward passes are batched.
     unroll_steps: unroll the inner loop.
   """
+  inner_lr = default_inner_lr(nll, DEFAULT_INNER_LR) if inner_lr is None else inner_lr
   base = vampire(apply_fn, nll, num_inner_steps=num_inner_steps, inner_lr=inner_lr,
                  kl_weight=kl_weight, num_mc_train=num_mc_train, num_mc_query=num_mc_query,
                  first_order=first_order, log_std_init=log_std_init,

@@ -28,14 +28,14 @@ SVGD steps on D_tr ∪ D_te from the follower Θ_n, and the loss is
 """
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 import jax
 import jax.numpy as jnp
 
 from vampire_jax import adaptation, batching, losses
 from vampire_jax.baselines import _ensemble
-from vampire_jax.learners import MetaLearner
+from vampire_jax.learners import MetaLearner, default_inner_lr
 from vampire_jax.tasks import Task
 
 PyTree = Any
@@ -185,7 +185,7 @@ def init_particles(params: PyTree, key: jax.Array, num_particles: int) -> PyTree
 
 
 def bmaml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
-          num_particles: int = 10, num_inner_steps: int = 5, inner_lr: float = 0.1,
+          num_particles: int = 10, num_inner_steps: int = 5, inner_lr: Optional[float] = None,
           meta_objective: Literal["bfa", "mean_nll", "chaser"] = "bfa",
           num_leader_steps: int = 1,
           first_order: bool = False,
@@ -211,6 +211,7 @@ def bmaml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
       batched.
     unroll_steps: unroll the SVGD steps.
   """
+  inner_lr = default_inner_lr(nll, 0.1) if inner_lr is None else inner_lr
   if meta_objective not in ("bfa", "mean_nll", "chaser"):
     raise ValueError(f"meta_objective must be 'bfa', 'mean_nll' or 'chaser', got {meta_objective!r}")
   loss_fn = losses.loss_from_apply(apply_fn, nll)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from vampire_jax import adaptation, batching, losses
 from vampire_jax.baselines import _ensemble
 from vampire_jax.gaussian import Gaussian, gaussian_from_params, kl_divergence, sample
-from vampire_jax.learners import MetaLearner
+from vampire_jax.learners import InnerLoopSettings, MetaLearner, default_inner_lr
 from vampire_jax.tasks import Task
 
 PyTree = Any
@@ -57,7 +57,7 @@ def _exp(tree: PyTree) -> PyTree:
 
 
 def platipus(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
-             num_inner_steps: int = 5, inner_lr: float = 0.1,
+             num_inner_steps: int = 5, inner_lr: Optional[float] = None,
              kl_weight: float = 1.0, num_mc_train: int = 1, num_mc_query: int = 1,
              first_order: bool = False,
              log_std_init: tuple[float, float] = (-4.0, -3.0),
@@ -89,6 +89,7 @@ def platipus(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
     sample_batching: how the weight draws are batched.
     unroll_steps: unroll MAML's inner loop.
   """
+  inner_lr = default_inner_lr(nll, 0.1) if inner_lr is None else inner_lr
   if inference_data not in ("support_and_query", "query"):
     raise ValueError(f"inference_data must be 'support_and_query' or 'query', got {inference_data!r}")
   loss_fn = losses.loss_from_apply(apply_fn, nll)
@@ -141,4 +142,6 @@ def platipus(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
     kl = kl_divergence(q, prior(meta, task.support_x, task.support_y))
     return query_nll + kl_weight * kl, outputs
 
-  return MetaLearner(init, adapt, predict, nll, meta_loss)
+  # The inner loop is MAML's: its KL term is in the meta-loss (kl_weight 0 here).
+  return MetaLearner(init, adapt, predict, nll, meta_loss,
+                     settings=InnerLoopSettings(loss_fn, inner_lr, 0.0, num_inner_steps))

@@ -1,0 +1,188 @@
+"""Diagnostics: does the inner loop work on real data, and where does a NaN come from?
+
+`check_inner_loop(learner, meta_params, task, key)` runs the learner's
+inner loop once on a real support set and reports whether the support loss
+falls and stays finite. If it does not, it measures the support loss's
+curvature (the largest eigenvalue of its Hessian in the weights, by power
+iteration on Hessian-vector products) and says which knob to turn and a
+value that works: plain gradient steps on a loss of curvature lambda are
+stable only for inner_lr < 2 / lambda. Beside the data term it reports the
+KL term's step factor (`gaussian.kl_step_factor`), whose limit is also 2.
+
+`debug_nonfinite(fn)` runs `fn` under `jax.experimental.checkify` and
+raises `FloatingPointError` naming the first operation that made a NaN or
+divided by zero: an opt-in debug mode, slower than `fn`.
+"""
+
+import math
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+from vampire_jax.gaussian import Gaussian, kl_step_factor
+from vampire_jax.learners import MetaLearner
+from vampire_jax.tasks import Task
+
+PyTree = Any
+
+
+class InnerLoopReport(NamedTuple):
+  """What one inner loop on a real support set did.
+
+  Attributes:
+    loss_before: the support NLL at the meta-parameters (at their means,
+      for a distribution; over the particles, for BMAML).
+    loss_after: the support NLL after the learner's inner loop.
+    curvature: the largest Hessian eigenvalue of the support loss at the
+      meta-parameters' means; measured only when the loop failed.
+    stable_inner_lr: 2 / curvature, the largest stable step (when measured).
+    kl_factor: inner_lr * kl_weight / sigma_p^2 at the prior (VAMPIRE-like
+      learners), stable below 2.
+    advice: empty when the loop works; else what to change, with a value.
+  """
+  loss_before: float
+  loss_after: float
+  curvature: Optional[float]
+  stable_inner_lr: Optional[float]
+  kl_factor: Optional[float]
+  advice: str
+
+  @property
+  def ok(self) -> bool:
+    return not self.advice
+
+
+def _support_nll(learner: MetaLearner, params: PyTree, task: Task, key: jax.Array) -> jax.Array:
+  outputs = learner.predict(params, task.support_x, key)
+  return jnp.mean(jax.vmap(learner.nll, in_axes=(0, None))(outputs, task.support_y))
+
+
+def _central_weights(meta_params: PyTree) -> PyTree:
+  """The point weights of meta-parameters: a Gaussian's (or PLATIPUS's) means, else themselves."""
+  return getattr(meta_params, "mean", meta_params)
+
+
+def _losses(learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array):
+  adapt_key, predict_key = jax.random.split(key)
+  if learner.settings is not None:
+    before = learner.settings.loss_fn(_central_weights(meta_params), task.support_x,
+                                      task.support_y)
+  else:  # e.g. BMAML: the meta-parameters are the particles predict takes
+    before = _support_nll(learner, meta_params, task, predict_key)
+  task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
+  return before, _support_nll(learner, task_params, task, predict_key)
+
+
+def largest_curvature(loss_fn: Callable, weights: PyTree, x: jax.Array, y: jax.Array,
+                      key: jax.Array, num_iterations: int = 20) -> jax.Array:
+  """The largest eigenvalue of the Hessian of `loss_fn(weights, x, y)` in `weights`.
+
+  Power iteration on Hessian-vector products (reverse over reverse, so it
+  works with custom-gradient convolutions too).
+  """
+  grad = jax.grad(loss_fn)
+
+  def hvp(v):
+    return jax.grad(lambda w: _dot(grad(w, x, y), v))(weights)
+
+  leaves, treedef = jax.tree_util.tree_flatten(weights)
+  keys = jax.random.split(key, len(leaves))
+  v0 = jax.tree_util.tree_unflatten(
+      treedef, [jax.random.normal(k, jnp.shape(w), jnp.result_type(w)) for k, w in zip(keys, leaves)])
+
+  def step(_, state):
+    v, _ = state
+    v = _scale(v, 1.0 / jnp.sqrt(_dot(v, v)))
+    hv = hvp(v)
+    return hv, _dot(v, hv)
+
+  _, eigenvalue = jax.lax.fori_loop(0, num_iterations, step, (v0, jnp.zeros(())))
+  return eigenvalue
+
+
+def _dot(a: PyTree, b: PyTree) -> jax.Array:
+  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree_util.tree_leaves(a),
+                                            jax.tree_util.tree_leaves(b)))
+
+
+def _scale(tree: PyTree, factor: jax.Array) -> PyTree:
+  return jax.tree_util.tree_map(lambda x: x * factor, tree)
+
+
+def _round_down(value: float) -> float:
+  """`value` rounded down to one significant digit (0.00374 -> 0.003)."""
+  exponent = math.floor(math.log10(value))
+  return math.floor(value / 10 ** exponent) * 10 ** exponent
+
+
+def check_inner_loop(learner: MetaLearner, meta_params: PyTree, task: Task,
+                     key: jax.Array) -> InnerLoopReport:
+  """Runs the learner's inner loop once on `task`'s support set and reports.
+
+  Args:
+    learner: the algorithm (`vj.vampire(...)`, `vj.maml(...)`, ...).
+    meta_params: its meta-parameters (e.g. at initialisation).
+    task: one task, no leading task axis.
+    key: PRNG key of the draws.
+
+  Returns:
+    An `InnerLoopReport`; `.ok` is True when the support loss stayed finite
+    and fell, and the KL step factor (if any) is below 2. Otherwise
+    `.advice` names the knob and a value that works.
+  """
+  before, after = (float(v) for v in jax.jit(
+      lambda p, t, k: _losses(learner, p, t, k))(meta_params, task, key))
+  settings = learner.settings
+  kl_factor = None
+  if settings is not None and settings.kl_weight and isinstance(meta_params, Gaussian):
+    kl_factor = float(kl_step_factor(meta_params, settings.inner_lr, settings.kl_weight))
+  finite, fell = math.isfinite(after), math.isfinite(after) and after < before
+  if finite and fell and (kl_factor is None or kl_factor < 2):
+    return InnerLoopReport(before, after, None, None, kl_factor, "")
+
+  what = ("went non-finite" if not finite else "did not fall") + \
+      f" ({before:.4g} -> {after:.4g})"
+  curvature = stable = None
+  advice = [f"the support loss {what} in the inner loop"]
+  if settings is not None:
+    curvature = float(jax.jit(largest_curvature, static_argnums=0)(
+        settings.loss_fn, _central_weights(meta_params), task.support_x, task.support_y, key))
+    if curvature > 0 and math.isfinite(curvature):
+      stable = 2.0 / curvature
+      if settings.inner_lr >= stable or not (finite and fell):
+        advice.append(f"the loss's curvature is {curvature:.4g}, so gradient steps are stable "
+                      f"only below inner_lr {stable:.3g}: use inner_lr "
+                      f"{_round_down(stable / 2):g} (now {settings.inner_lr:g})")
+  if kl_factor is not None and kl_factor >= 2:
+    advice.append(f"the KL term's step factor inner_lr * kl_weight / sigma_p^2 is "
+                  f"{kl_factor:.3g} (stable below 2): use kl_weight "
+                  f"{_round_down(settings.kl_weight / kl_factor):g} or lower inner_lr")
+  if len(advice) == 1:
+    advice.append("lower inner_lr (e.g. tenfold)")
+  if finite and fell:  # only the KL factor is off
+    advice = advice[1:]
+  return InnerLoopReport(before, after, curvature, stable, kl_factor, "; ".join(advice))
+
+
+def debug_nonfinite(fn: Callable) -> Callable:
+  """`fn`, jitted and checked: raises FloatingPointError at the first NaN or division by zero.
+
+      train_step = vj.debug_nonfinite(vj.make_train_step(learner, optimizer, sample_tasks, ...))
+
+  The message names the operation (e.g. `nan generated by primitive:
+  dot_general`) and where it was called. For debugging: checks make the
+  program slower. Do not wrap a function that is already jitted with
+  donated arguments.
+  """
+  checked = jax.jit(checkify.checkify(fn, errors=checkify.float_checks))
+
+  def run(*args, **kwargs):
+    error, out = checked(*args, **kwargs)
+    message = error.get()
+    if message:
+      raise FloatingPointError(message)
+    return out
+
+  return run
