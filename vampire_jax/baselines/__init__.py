@@ -19,4 +19,8 @@ from vampire_jax.baselines.bmaml import (bmaml, ensemble_nll, init_particles, ke
                                          pairwise_squared_distances, rbf_kernel, svgd_adapt, svgd_direction)
 from vampire_jax.baselines.platipus import PlatipusParams, platipus, shifted_mean
 
+__all__ = ("LEARNERS", "PlatipusParams", "abml", "bmaml", "ensemble_nll", "hyper_prior_nll",
+           "init_particles", "kernel_gradient", "median_bandwidth", "pairwise_squared_distances",
+           "platipus", "rbf_kernel", "shifted_mean", "svgd_adapt", "svgd_direction")
+
 LEARNERS = {"platipus": platipus, "bmaml": bmaml, "abml": abml}
