@@ -114,6 +114,8 @@ def test_the_wheel_holds_the_library_only_with_its_version_and_py_typed():
   assert all(p.split(".")[0] == "vampire_jax" for p in packages), packages
   assert project["project"]["dynamic"] == ["version"]
   assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "vampire_jax.__version__"}
+  citation = (REPO / "CITATION.cff").read_text()
+  assert f"\nversion: {vj.__version__}\n" in citation  # the software's version, once
   assert "py.typed" in project["tool"]["setuptools"]["package-data"]["vampire_jax"]
   assert (REPO / "vampire_jax" / "py.typed").is_file()
   # The core dependencies are what `import vampire_jax` imports: no extra's package.
