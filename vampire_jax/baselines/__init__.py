@@ -2,7 +2,8 @@
 
 Each factory returns a `vampire_jax.MetaLearner` that works with
 `make_meta_step`, `make_host_chunked_meta_step` and the evaluators as they
-are. First-order MAML is `vampire_jax.maml(..., first_order=True)`.
+are. First-order MAML is `vampire_jax.maml(..., first_order=True)`. The
+baselines::
 
   platipus  Finn, Xu, Levine 2018: learned Gaussian over the initial
             weights, mean-only adaptation, KL between inference and prior.

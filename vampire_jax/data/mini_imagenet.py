@@ -1,7 +1,7 @@
 """mini-ImageNet (Ravi & Larochelle split) as uint8 arrays, from user data.
 
 mini-ImageNet cannot be downloaded freely, so `load_mini_imagenet` reads a
-copy the user supplies, in one of the layouts that circulate:
+copy the user supplies, in one of the layouts that circulate::
 
   Ravi & Larochelle's layout (their `split/*.csv`, one flat image folder):
     <root>/images/<filename>            e.g. images/n0153282900000005.jpg
@@ -362,7 +362,8 @@ def mini_imagenet_builder_class():
   and 'existing_files' (rows without an image file are skipped, for partial
   copies). Examples: 'image' uint8 84x84x3 (stored as PNG, lossless), 'wnid'
   text, 'index' the row in the split's CSV (or the index in the pickle's
-  image_data). TFDS shuffles records; sort by 'index' for file order.
+  image_data). TFDS shuffles records; sort by 'index' for file order. To
+  build it::
 
     builder = mini_imagenet_builder_class()(config='full', data_dir=tfds_dir)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
