@@ -86,6 +86,8 @@ def main(argv=None) -> list[dict]:
                       help="unroll the inner loop (the CPU path) instead of lax.scan")
   args = parser.parse_args(argv)
   import jax
+
+  from benchmarks import suite
   print(f"backend {jax.default_backend()}, jax {jax.__version__}; Conv4-32, 84x84x3, 5-way,"
         f" T=2, S=5, L={args.mc_samples} (VAMPIRE), inner loop"
         f" {'unrolled' if args.unroll_inner_steps else 'scan'}", flush=True)

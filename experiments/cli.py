@@ -21,6 +21,36 @@ from typing import Callable, Optional, Sequence, Union
 from vampire_jax import algorithms
 from vampire_jax.errors import ConfigError, UserError
 
+# `--help`'s groups, in order, and the config fields each shows. A new config
+# field goes in one of them (tests/test_cli.py checks that every field has one).
+GROUPS = {
+    "run": ("num_meta_steps", "tasks_per_step", "meta_lr", "meta_lr_decay",
+            "meta_grad_clip_norm", "checkpoint_every", "log_every", "seed"),
+    "algorithm": ("num_inner_steps", "inner_lr", "kl_weight", "num_mc_train", "num_mc_query",
+                  "first_order", "second_order_steps", "log_std_init", "num_particles",
+                  "bmaml_meta_objective", "bmaml_leader_steps", "platipus_inference_data",
+                  "abml_hyper_prior_weight"),
+    "task": ("ways", "shots", "query", "num_support", "num_query", "noise_std",
+             "class_sampling", "num_filters", "hidden_sizes", "batch_norm_affine"),
+    "data": ("dataset", "crop", "l2_normalize", "split", "split_seed", "image_size", "data_dir",
+             "data_source", "source", "cache_dir", "existing_only"),
+    "speed": ("task_batching", "chunk_size", "eval_task_batching", "eval_chunk_size",
+              "eval_batch_tasks", "steps_per_call", "unroll_inner_steps", "sample_batching",
+              "conv_impl", "shard_tasks", "remat", "compute_dtype"),
+    "evaluation": ("num_mc_test", "num_val_tasks", "num_test_tasks", "eval_every", "num_bins",
+                   "num_plot_tasks"),
+}
+_GROUP_TITLES = {
+    "run": "run: the folder, the schedule, the meta-optimiser",
+    "algorithm": "algorithm: adaptation and the algorithm's own options",
+    "task": "task: the tasks and the network",
+    "data": "data: where the data set is read from, and its split",
+    "speed": "speed: none of these changes a result beyond float rounding",
+    "evaluation": "evaluation: validation, test and calibration",
+}
+_GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
+
+
 def _flag(name: str) -> str:
   return "--" + name.replace("_", "-")
 
@@ -36,8 +66,28 @@ def _field_type(field: dataclasses.Field):
   return hint
 
 
+def _help(help_text: str, value) -> str:
+  """The help text with the default, unless the text already says what the default means."""
+  if "default:" in help_text or (value is None and "none:" in help_text):
+    return help_text
+  return f"{help_text} (default: {value!r})" if help_text else f"(default: {value!r})"
+
+
+def _groups(parser: argparse.ArgumentParser) -> dict:
+  """`--help`'s argument groups of `parser`, by name (made once)."""
+  groups = getattr(parser, "_vampire_jax_groups", None)
+  if groups is None:
+    groups = {name: parser.add_argument_group(_GROUP_TITLES[name]) for name in GROUPS}
+    parser._vampire_jax_groups = groups
+  return groups
+
+
 def add_config_flags(parser: argparse.ArgumentParser, config) -> None:
-  """Adds `--field-name` for each field of `config`, with its help and current value as default."""
+  """Adds `--field-name` for each field of `config`, with its help and current value as default.
+
+  The flags go in `--help`'s groups (`GROUPS`); a field in none of them goes in "run".
+  """
+  groups = _groups(parser)
   for field in dataclasses.fields(config):
     if field.name == "algorithm":
       continue
@@ -45,18 +95,17 @@ def add_config_flags(parser: argparse.ArgumentParser, config) -> None:
     kind = _field_type(field)
     help_text = field.metadata.get("help", "")
     choices = field.metadata.get("choices")
-    shown = f"{help_text} (default: {value!r})" if help_text else f"(default: {value!r})"
+    shown = _help(help_text, value)
+    group = groups[_GROUP_OF.get(field.name, "run")]
     if typing.get_origin(kind) is tuple:
       item = typing.get_args(kind)[0]
-      parser.add_argument(_flag(field.name), type=item, nargs=len(typing.get_args(kind)),
-                          default=None, metavar=item.__name__.upper(), help=shown)
+      group.add_argument(_flag(field.name), type=item, nargs=len(typing.get_args(kind)),
+                         default=None, metavar=item.__name__.upper(), help=shown)
     elif kind is bool:
-      parser.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, default=None,
+      group.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, default=None,
                           help=shown)
     else:
-      if field.name == "meta_grad_clip_norm":
-        shown += "; 0 turns it off"
-      parser.add_argument(_flag(field.name), type=kind, default=None, choices=choices,
+      group.add_argument(_flag(field.name), type=kind, default=None, choices=choices,
                           metavar=None if choices else kind.__name__.upper(), help=shown)
 
 
@@ -113,19 +162,24 @@ def parse(argv: Optional[Sequence[str]], description: str, presets: Sequence[str
   known, _ = first.parse_known_args(argv)
   config = get_config(known.preset, getattr(known, "algorithm", "vampire"))
 
-  parser = argparse.ArgumentParser(description=description,
+  usage = "%(prog)s [-h] [--preset PRESET]" + (" [--algorithm ALGORITHM]" if algorithm_flag
+                                                 else "") + " [--workdir WORKDIR] [--FLAG ...]"
+  parser = argparse.ArgumentParser(description=description, usage=usage,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--preset", default=default_preset, choices=list(presets),
-                      help=f"settings to start from (default: {default_preset}); the other "
-                           "flags' defaults below are this preset's")
+  groups = _groups(parser)
+  groups["run"].add_argument("--preset", default=default_preset, choices=list(presets),
+                             help=f"settings to start from (default: {default_preset}); the "
+                                  "other flags' defaults below are this preset's")
+  groups["run"].add_argument("--workdir", type=Path, default=None,
+                             help="run folder (checkpoints, logs, results); run again to resume")
+  groups["run"].add_argument("--no-progress", action="store_true", help="print no progress")
+  groups["run"].add_argument("--no-compilation-cache", action="store_true",
+                             help="compile afresh instead of reusing compiled steps from the "
+                                  "cache")
   if algorithm_flag:
-    parser.add_argument("--algorithm", default="vampire", choices=list(algorithms.ALGORITHMS),
-                        help="meta-learning algorithm (default: vampire)")
-  parser.add_argument("--workdir", type=Path, default=None,
-                      help="run folder (checkpoints, logs, results); run again to resume")
-  parser.add_argument("--no-progress", action="store_true", help="print no progress")
-  parser.add_argument("--no-compilation-cache", action="store_true",
-                      help="compile afresh instead of reusing compiled steps from the cache")
+    groups["algorithm"].add_argument("--algorithm", default="vampire",
+                                     choices=list(algorithms.ALGORITHMS),
+                                     help="meta-learning algorithm (default: vampire)")
   if add_flags is not None:
     add_flags(parser)
   add_config_flags(parser, config)

@@ -2,6 +2,7 @@
 code 2 and no traceback; `--help` gives every flag a description and the preset's default."""
 
 import dataclasses
+import re
 import shutil
 import time
 
@@ -103,3 +104,35 @@ def test_help_describes_every_flag_with_the_presets_default(capsys):
   assert "N, classes per task (default: 20)" in text
   assert "T, tasks per meta-update (default: 16)" in text
   assert "against the mean NLL (default: 0.0)" in text  # MAML: no KL term
+
+
+def test_help_groups_every_flag_and_says_each_default_once(capsys):
+  from vampire_jax import configs
+  for config_class in (configs.OmniglotConfig, configs.MiniImagenetConfig,
+                       configs.FeaturesConfig, configs.RegressionConfig):
+    unplaced = [f.name for f in dataclasses.fields(config_class)
+                if f.name != "algorithm" and not any(f.name in g for g in cli.GROUPS.values())]
+    assert unplaced == [], f"{config_class.__name__}: give these fields a --help group"
+  with pytest.raises(SystemExit):
+    omniglot.main(["--help"])
+  out = capsys.readouterr().out
+  # The groups, in order, each with its own flags.
+  titles = [line for line in out.splitlines() if line and not line.startswith(" ")
+            and line.endswith(":") and line.split(":")[0] in cli.GROUPS]
+  assert [t.split(":")[0] for t in titles] == list(cli.GROUPS)
+  sections = dict(zip(cli.GROUPS, out.split("\n\n")[-len(cli.GROUPS):]))
+  for group, flags in {"run": ["--preset", "--workdir", "--num-meta-steps", "--seed"],
+                       "algorithm": ["--algorithm", "--inner-lr", "--kl-weight"],
+                       "task": ["--ways", "--shots", "--num-filters"],
+                       "data": ["--data-dir", "--split", "--cache-dir"],
+                       "speed": ["--task-batching", "--remat", "--conv-impl"],
+                       "evaluation": ["--num-mc-test", "--num-test-tasks", "--num-bins"]}.items():
+    assert sections[group].startswith(group + ":"), sections[group][:40]
+    for flag in flags:
+      assert re.search(rf"^  {flag}\b", sections[group], re.MULTILINE), (group, flag)
+  # Each flag's help says its default once: no "(default: None)" after a text that
+  # explains the default, no "0: off" twice.
+  entries = " ".join(out.split()).split(" --")
+  assert [e for e in entries if e.count("default:") > 1] == []
+  assert [e for e in entries if "(default: None)" in e] == []
+  assert [e for e in entries if e.count("off") > 1] == []

@@ -14,7 +14,8 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 OMNIGLOT_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "omniglot"
 TIME_LIMIT_S = 600  # per notebook
 
@@ -25,6 +26,8 @@ def test_there_are_three_notebooks_with_a_colab_badge_and_no_outputs():
     notebook = nbformat.read(path, as_version=4)
     assert "colab.research.google.com" in notebook.cells[0].source, path
     assert "pip install" in notebook.cells[1].source, path
+    # Colab has its own TensorFlow: the install cell takes the experiments' extra, not data's.
+    assert "[experiments]" in notebook.cells[1].source and "[data]" not in notebook.cells[1].source
     for cell in notebook.cells:
       if cell.cell_type == "code":
         assert not cell.outputs and cell.execution_count is None, f"{path}: outputs not stripped"
@@ -35,6 +38,10 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
   if "omniglot" in path.stem and not (OMNIGLOT_DIR / "images_background.zip").exists() \
       and not os.environ.get("OMNIGLOT_DIR"):
     pytest.skip(f"Omniglot zips not found at {OMNIGLOT_DIR}; set OMNIGLOT_DIR")
+  # The notebooks import the experiments, which a clone has, not the wheel: the kernel
+  # runs in a temporary folder, so the repository goes on its path.
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+      [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
   monkeypatch.setenv("VAMPIRE_JAX_SMALL", "1")
   monkeypatch.setenv("MPLBACKEND", "Agg")
   monkeypatch.setenv("OMNIGLOT_DIR", os.environ.get("OMNIGLOT_DIR", str(OMNIGLOT_DIR)))

@@ -371,8 +371,8 @@ def regression_quantile_calibration(predicted_means: ArrayLike, targets: ArrayLi
     levels: `[num_levels]` quantile levels in (0, 1).
 
   Returns:
-    A `QuantileCalibration` with ECE = mean_p |observed_p - p| and
-    MCE = max_p |observed_p - p|.
+    A `QuantileCalibration` with ECE = `mean_p |observed_p - p|` and
+    MCE = `max_p |observed_p - p|`.
 
   Raises:
     ValueError: on shapes other than the above, `noise_std <= 0`, or levels
@@ -400,7 +400,7 @@ def paper_quantile_calibration(predictions: ArrayLike, truth: ArrayLike, noise_s
   no observation noise). Under the true data distribution N(y0(x),
   noise_std^2), a fraction Phi((q_p(x) - y0(x)) / noise_std) of the
   observations falls below it; `observed_p` is that fraction averaged over
-  all points. ECE = mean_p |observed_p - p|, MCE = max_p, over the 11
+  all points. ECE = `mean_p |observed_p - p|`, MCE = `max_p`, over the 11
   levels 0, 0.1, .., 1.
 
   A point estimate (one output, MAML) has the same quantile at every level,

@@ -26,7 +26,7 @@ class MetricWriter:
     if enabled:
       try:
         from tensorboardX import SummaryWriter
-      except ImportError:
+      except ImportError:  # optional (the experiments extra): metrics.jsonl only
         pass
       else:
         self._tensorboard = SummaryWriter(str(workdir))
@@ -65,7 +65,8 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-  """Meta-training progress: a tqdm bar on a terminal, else a line per log interval.
+  """Meta-training progress: a tqdm bar on a terminal (when tqdm is installed), else a line
+  per log interval.
 
   Args:
     total: the last step.
@@ -88,7 +89,11 @@ class Progress:
     """Step rates count from here (after compilation)."""
     self._rate_start = (time.perf_counter(), step)
     if self._enabled and self._interactive and self._bar is None:
-      from tqdm import tqdm
+      try:
+        from tqdm import tqdm  # optional (the experiments extra): else a line per interval
+      except ImportError:
+        self._interactive = False
+        return
       self._bar = tqdm(total=self.total, initial=step, unit="step", dynamic_ncols=True,
                        leave=False)
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vampire_jax import checks, meta_step, models, training
+from vampire_jax import checks, configs, meta_step, models, training
 from vampire_jax.checkpoint import RunCheckpoints
 from vampire_jax.config import RunConfig
 from vampire_jax.errors import MissingDataError
@@ -35,12 +35,23 @@ PyTree = Any
 def config_from_record(record: dict):
   """The run's config as the dataclass it was trained with.
 
-  The class is imported by the name recorded; if that fails (the code that
-  trained the run is not installed), a stand-in dataclass derived from
-  `RunConfig` with the recorded fields is returned, with a warning.
+  The class is imported by the name recorded. The experiments' configs live
+  in `vampire_jax.configs`; run folders written before they moved there name
+  `experiments.configs.<Class>`, which maps to the library's class of that
+  name (`configs.recorded_class_name`), so neither imports the experiments.
+  If the import fails (the code that trained the run is not installed), a
+  stand-in dataclass derived from `RunConfig` with the recorded fields is
+  returned, with a warning.
+
+  Args:
+    record: the run's `run.json`, as a dict.
+
+  Returns:
+    An instance of the recorded config class (or of the stand-in).
   """
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in record["config"].items()}
-  module_name, _, class_name = record["config_class"].rpartition(".")
+  class_path = configs.recorded_class_name(record["config_class"])
+  module_name, _, class_name = class_path.rpartition(".")
   try:
     cls = getattr(importlib.import_module(module_name), class_name)
   except (ImportError, AttributeError) as error:

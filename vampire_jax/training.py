@@ -41,9 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vampire_jax import algorithms, batching, calibration, config as config_lib, diagnostics
-from vampire_jax import evaluation
-from vampire_jax import losses, meta_step, models, sharding
+from vampire_jax import algorithms, batching, calibration, config as config_lib, configs
+from vampire_jax import diagnostics, evaluation, losses, meta_step, models, sharding
 from vampire_jax.checkpoint import RunCheckpoints
 from vampire_jax.errors import ConfigError
 from vampire_jax.learners import MetaLearner
@@ -282,7 +281,9 @@ def check_resumable(workdir: str | os.PathLike, config) -> None:
   if saved is None:
     return
   differences = config_lib.config_differences(saved["config"], config)
-  if saved["config_class"] != _config_class_name(config):
+  # Runs recorded before the experiments' configs moved into the library name
+  # experiments.configs.<Class>, the same class as vampire_jax.configs.<Class>.
+  if configs.recorded_class_name(saved["config_class"]) != _config_class_name(config):
     differences["config class"] = (saved["config_class"], _config_class_name(config))
   if differences:
     listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in differences.items())

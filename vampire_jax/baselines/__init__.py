@@ -2,7 +2,8 @@
 
 Each factory returns a `vampire_jax.MetaLearner` that works with
 `make_meta_step`, `make_host_chunked_meta_step` and the evaluators as they
-are. First-order MAML is `vampire_jax.maml(..., first_order=True)`.
+are. First-order MAML is `vampire_jax.maml(..., first_order=True)`. The
+baselines::
 
   platipus  Finn, Xu, Levine 2018: learned Gaussian over the initial
             weights, mean-only adaptation, KL between inference and prior.
@@ -18,5 +19,9 @@ from vampire_jax.baselines.abml import abml, hyper_prior_nll
 from vampire_jax.baselines.bmaml import (bmaml, ensemble_nll, init_particles, kernel_gradient, median_bandwidth,
                                          pairwise_squared_distances, rbf_kernel, svgd_adapt, svgd_direction)
 from vampire_jax.baselines.platipus import PlatipusParams, platipus, shifted_mean
+
+__all__ = ("LEARNERS", "PlatipusParams", "abml", "bmaml", "ensemble_nll", "hyper_prior_nll",
+           "init_particles", "kernel_gradient", "median_bandwidth", "pairwise_squared_distances",
+           "platipus", "rbf_kernel", "shifted_mean", "svgd_adapt", "svgd_direction")
 
 LEARNERS = {"platipus": platipus, "bmaml": bmaml, "abml": abml}

@@ -5,7 +5,7 @@ combination of mini-ImageNet's 20 test classes, C(20, 5) = 15 504 tasks.
 Combination i is the i-th of `itertools.combinations(range(20), 5)`;
 `combination_at` computes it without listing the others, so a random subset
 of a huge set of combinations is cheap too. The examples of each task are
-drawn by the task sampler's `episodes.tasks_for_classes`.
+drawn by the task sampler's `episodes.tasks_for_classes`. For example::
 
   ids = combination_ids(num_classes=20, ways=5)           # all 15 504, in order
   tasks = combination_tasks(key, test_images, ids[:20], num_classes=20,

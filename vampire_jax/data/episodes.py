@@ -3,6 +3,7 @@
 The whole stack `[C, E, ...]` (C classes, E examples each) lives on the
 accelerator; tasks are drawn with `jax.random` inside `jit`, each from its
 own key (vmap over tasks), so task i of a batch depends on its key alone.
+For example::
 
   train = jax.device_put(make_split(load_omniglot(), 'original')['train'])
   tasks = sample_tasks(key, train, num_tasks=32, ways=5, shots=1, query=15)
@@ -10,11 +11,13 @@ own key (vmap over tasks), so task i of a batch depends on its key alone.
 
 Rotations (Omniglot): turning a character by 90, 180 or 270 degrees makes
 a new class. `class_sampling` says how a task's classes are drawn:
-  'character' (MAML's protocol, the default): `ways` distinct characters,
-    each turned by its own random multiple of 90 degrees;
-  'class': `ways` distinct (character, turn) pairs out of `4 C`, so a task
-    may hold one character twice, in two rotations (about 16 % of 20-way
-    tasks on Omniglot's 813 training characters).
+
+- 'character' (MAML's protocol, the default): `ways` distinct characters,
+  each turned by its own random multiple of 90 degrees;
+- 'class': `ways` distinct (character, turn) pairs out of `4 C`, so a task
+  may hold one character twice, in two rotations (about 16 % of 20-way
+  tasks on Omniglot's 813 training characters).
+
 Classes of unequal size (tiered-ImageNet) are stored padded to the largest,
 with `class_counts`; examples are drawn among a class's own.
 `tasks_for_classes` draws the examples of given classes (the calibration

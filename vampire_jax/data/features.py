@@ -3,11 +3,12 @@
 The paper's tiered-ImageNet results (and its mini-ImageNet "features" ones)
 use the embeddings released with LEO (github.com/google-deepmind/leo:
 storage.googleapis.com/leo-embeddings/embeddings.zip), which its `data.py`
-reads from
+reads from::
 
   <root>/{miniImageNet,tieredImageNet}/{center,multiview}/{train,val,test}_embeddings.pkl
 
-(`multiview` exists for miniImageNet only). Each file is a pickled dict:
+(`multiview` exists for miniImageNet only). Each file is a pickled dict::
+
   'embeddings'  float32 `[N, 640]`
   'labels'      int `[N]` (not used by LEO; checked against the keys here)
   'keys'        `[N]` strings '<n>-<wnid>-<wnid>_<n>.JPEG'; the class is the

@@ -1,7 +1,7 @@
 """mini-ImageNet (Ravi & Larochelle split) as uint8 arrays, from user data.
 
 mini-ImageNet cannot be downloaded freely, so `load_mini_imagenet` reads a
-copy the user supplies, in one of the layouts that circulate:
+copy the user supplies, in one of the layouts that circulate::
 
   Ravi & Larochelle's layout (their `split/*.csv`, one flat image folder):
     <root>/images/<filename>            e.g. images/n0153282900000005.jpg
@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import NamedTuple, Optional, Union
 
 import numpy as np
-from PIL import Image
 
 from vampire_jax.data.omniglot import default_cache_dir, read_cache_or_none
-from vampire_jax.data.preprocessing import resize_to_84
+from vampire_jax.data.preprocessing import pil_image, resize_to_84
 
 PathLike = Union[str, os.PathLike]
 
@@ -220,7 +219,7 @@ def _image_rows(folder: Path, split: str, existing_only: bool
 
 
 def _decode(path: Path) -> np.ndarray:
-  with Image.open(path) as image:
+  with pil_image().open(path) as image:
     return resize_to_84(image)
 
 
@@ -265,7 +264,7 @@ def _read_pickle_split(folder: Path, split: str, existing_only: bool
     wnid = wnid.decode() if isinstance(wnid, bytes) else str(wnid)
     images = image_data[np.asarray(indices, np.int64)]
     if images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, 3):
-      images = [resize_to_84(Image.fromarray(np.asarray(i, np.uint8)))
+      images = [resize_to_84(pil_image().fromarray(np.asarray(i, np.uint8)))
                 for i in images]
     classes[wnid] = [np.asarray(i, np.uint8) for i in images]
   return classes
@@ -363,7 +362,8 @@ def mini_imagenet_builder_class():
   and 'existing_files' (rows without an image file are skipped, for partial
   copies). Examples: 'image' uint8 84x84x3 (stored as PNG, lossless), 'wnid'
   text, 'index' the row in the split's CSV (or the index in the pickle's
-  image_data). TFDS shuffles records; sort by 'index' for file order.
+  image_data). TFDS shuffles records; sort by 'index' for file order. To
+  build it::
 
     builder = mini_imagenet_builder_class()(config='full', data_dir=tfds_dir)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
@@ -414,7 +414,7 @@ def mini_imagenet_builder_class():
         for wnid, indices in content['class_dict'].items():
           wnid = wnid.decode() if isinstance(wnid, bytes) else str(wnid)
           for index in indices:
-            image = Image.fromarray(np.asarray(content['image_data'][index]))
+            image = pil_image().fromarray(np.asarray(content['image_data'][index]))
             yield int(index), {'image': resize_to_84(image), 'wnid': wnid,
                                'index': int(index)}
 

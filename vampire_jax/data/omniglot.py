@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Union
 
 import numpy as np
-from PIL import Image
 
-from vampire_jax.data.preprocessing import omniglot_drawing_to_28
+from vampire_jax.data.preprocessing import omniglot_drawing_to_28, pil_image
 from vampire_jax.errors import ConfigError, DataError, MissingDataError
 
 PathLike = Union[str, os.PathLike]
@@ -459,7 +458,7 @@ def _load_zips(folder: Optional[Path]) -> OmniglotArrays:
                    and n.count('/') == 3 and not n.startswith('__MACOSX'))
     for name in names:  # (a thread pool was slower: these small images hold the GIL)
       _, alphabet, character, _ = name.split('/')
-      image = omniglot_drawing_to_28(Image.open(io.BytesIO(files[name])))
+      image = omniglot_drawing_to_28(pil_image().open(io.BytesIO(files[name])))
       groups.setdefault((is_background, alphabet, int(character[len('character'):])),
                         []).append(image)
   return _assemble(groups)
@@ -538,7 +537,7 @@ def _load_tfds(folder: Optional[Path], cache_dir: Path) -> OmniglotArrays:
           batch['image'], batch['alphabet'], batch['alphabet_char_id']):
         # alphabet_char_id is the character folder's number minus one.
         key = (is_background, names[alphabet], int(character) + 1)
-        groups.setdefault(key, []).append(omniglot_drawing_to_28(Image.fromarray(image)))
+        groups.setdefault(key, []).append(omniglot_drawing_to_28(pil_image().fromarray(image)))
   return _assemble(groups)
 
 

@@ -8,16 +8,36 @@ build their caches, and the task sampler scales the cached uint8 arrays to
 [0, 1] as these functions do.
 """
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from PIL import Image
+
+if TYPE_CHECKING:
+  from PIL import Image
 
 OMNIGLOT_SIZE = 28
 OMNIGLOT_ORIGINAL_SIZE = 105
 MINI_IMAGENET_SIZE = 84
-_RESAMPLE = Image.Resampling.LANCZOS
 
 
-def omniglot_drawing_to_28(image: Image.Image) -> np.ndarray:
+def pil_image():
+  """PIL's `Image` module, imported when first needed.
+
+  Pillow is an optional dependency (the `experiments` extra): loading a
+  trained run and predicting need no image library.
+
+  Raises:
+    ImportError: Pillow is not installed; the message says what to install.
+  """
+  try:
+    from PIL import Image
+  except ImportError as error:
+    raise ImportError("reading and resizing images needs Pillow: pip install pillow "
+                      "(or the library's extra: pip install 'vampire-jax[experiments]')") from error
+  return Image
+
+
+def omniglot_drawing_to_28(image: 'Image.Image') -> np.ndarray:
   """One 105x105 drawing, strokes dark -> uint8 `[28, 28]`, strokes 255, background 0.
 
   Grey conversion, LANCZOS resize, then inversion (as MAML inverts; MAML
@@ -25,15 +45,17 @@ def omniglot_drawing_to_28(image: Image.Image) -> np.ndarray:
   """
   if image.size != (OMNIGLOT_ORIGINAL_SIZE, OMNIGLOT_ORIGINAL_SIZE):
     raise ValueError(f'Expected 105x105 Omniglot drawings, got {image.size[0]}x{image.size[1]}.')
-  small = image.convert('L').resize((OMNIGLOT_SIZE, OMNIGLOT_SIZE), _RESAMPLE)
+  small = image.convert('L').resize((OMNIGLOT_SIZE, OMNIGLOT_SIZE),
+                                   pil_image().Resampling.LANCZOS)
   return 255 - np.asarray(small, np.uint8)
 
 
-def resize_to_84(image: Image.Image) -> np.ndarray:
+def resize_to_84(image: 'Image.Image') -> np.ndarray:
   """PIL image -> uint8 `[84, 84, 3]` RGB (LANCZOS if not 84x84 already)."""
   image = image.convert('RGB')
   if image.size != (MINI_IMAGENET_SIZE, MINI_IMAGENET_SIZE):
-    image = image.resize((MINI_IMAGENET_SIZE, MINI_IMAGENET_SIZE), _RESAMPLE)
+    image = image.resize((MINI_IMAGENET_SIZE, MINI_IMAGENET_SIZE),
+                         pil_image().Resampling.LANCZOS)
   return np.asarray(image, np.uint8)
 
 
@@ -54,7 +76,7 @@ def preprocess_omniglot(images) -> np.ndarray:
     images = images.astype(np.uint8) * 255
   if images.dtype != np.uint8:
     raise ValueError(f'images must be uint8 (0 = ink, 255 = paper), got dtype {images.dtype}')
-  small = [omniglot_drawing_to_28(Image.fromarray(image)) for image in images]
+  small = [omniglot_drawing_to_28(pil_image().fromarray(image)) for image in images]
   return (np.stack(small).astype(np.float32) / 255.0)[..., None]
 
 
@@ -67,5 +89,5 @@ def preprocess_mini_imagenet(images) -> np.ndarray:
   images = np.asarray(images)
   if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
     raise ValueError(f'images must be uint8 [n, H, W, 3], got {images.dtype}{images.shape}')
-  resized = [resize_to_84(Image.fromarray(image)) for image in images]
+  resized = [resize_to_84(pil_image().fromarray(image)) for image in images]
   return np.stack(resized).astype(np.float32) / 255.0

@@ -1,0 +1,141 @@
+"""The library stands alone: the wheel holds `vampire_jax` only, a run folder loads and
+predicts without the experiments, and the public names are listed once.
+
+The full check (a wheel built from a clean clone, installed alone in a new venv) is in
+BUILD_NOTES.md, "Packaging"; the subprocess test below is its fast stand-in: it blocks
+the imports that only a clone with the extras has.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import jax
+import numpy as np
+import setuptools
+
+import vampire_jax as vj
+from experiments import regression
+
+REPO = Path(__file__).resolve().parents[1]
+# What the wheel alone does not have: the experiments and benchmarks (a clone's), and
+# the extras' packages (figures, TFDS, TensorFlow, images, logs, progress bars).
+NOT_IN_THE_WHEEL = ("experiments", "benchmarks", "tensorflow", "tensorflow_datasets",
+                    "matplotlib", "PIL", "tensorboardX", "tqdm")
+
+
+def _tiny_regression_run(workdir: Path):
+  config = dataclasses.replace(
+      regression.get_config("quick", "vampire"), hidden_sizes=(8, 8, 8), num_meta_steps=2,
+      num_inner_steps=1, tasks_per_step=2, num_mc_train=2, num_mc_query=2, num_mc_test=3,
+      num_val_tasks=2, num_test_tasks=2, eval_batch_tasks=2, eval_every=2, checkpoint_every=2,
+      log_every=2)
+  vj.train_and_evaluate(regression.make_problem(config), config, workdir, progress=False,
+                        print_fn=lambda message: None)
+  return config
+
+
+def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
+  run_dir = tmp_path / "run"
+  config = _tiny_regression_run(run_dir)
+  # The same run as a folder written before the configs moved into the library.
+  old_dir = tmp_path / "old_run"
+  shutil.copytree(run_dir, old_dir)
+  record = json.loads((old_dir / "run.json").read_text())
+  assert record["config_class"] == "vampire_jax.configs.RegressionConfig"
+  record["config_class"] = "experiments.configs.RegressionConfig"
+  (old_dir / "run.json").write_text(json.dumps(record))
+  vj.training.check_resumable(old_dir, config)  # the same config class: it may be resumed
+
+  x = np.linspace(-5, 5, 12, dtype=np.float32)[:, None]
+  y = np.sin(x)
+  expected = np.asarray(vj.load_run(run_dir).predict(x[:5], y[:5], x[5:], jax.random.key(3)))
+
+  script = textwrap.dedent(f"""
+      import dataclasses, json, sys, warnings
+      BLOCKED = {NOT_IN_THE_WHEEL!r}
+
+      class Hide:  # as if only the wheel were installed: these packages are not found
+        def __init__(self, finders):
+          self.finders = finders
+
+        def find_spec(self, name, path=None, target=None):
+          if name.split(".")[0] in BLOCKED:
+            return None
+          for finder in self.finders:
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+              return spec
+          return None
+
+      sys.meta_path[:] = [Hide(list(sys.meta_path))]
+      # load_run's warning when it falls back to a stand-in config class.
+      warnings.filterwarnings("error", message="cannot import the run's config class")
+      import jax, numpy as np
+      import vampire_jax as vj
+      x = np.linspace(-5, 5, 12, dtype=np.float32)[:, None]
+      out = {{}}
+      for name in ("run", "old_run"):
+        run = vj.load_run(name)
+        out[name] = {{"config": f"{{type(run.config).__module__}}.{{type(run.config).__name__}}",
+                     "fields": dataclasses.asdict(run.config),
+                     "predictions": np.asarray(run.predict(x[:5], np.sin(x[:5]), x[5:],
+                                                           jax.random.key(3))).tolist()}}
+      out["loaded"] = sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))
+      print(json.dumps(out))
+  """)
+  # From the folder that holds the runs, outside the repository, importing the
+  # vampire_jax under test (the blocker keeps the clone's other packages out).
+  env = {**os.environ, "PYTHONPATH": str(Path(vj.__file__).parents[1])}
+  done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  assert result["loaded"] == []
+  for name in ("run", "old_run"):
+    assert result[name]["config"] == "vampire_jax.configs.RegressionConfig", result[name]
+    assert result[name]["fields"] == json.loads(json.dumps(dataclasses.asdict(config)))
+    predictions = np.asarray(result[name]["predictions"])
+    assert predictions.shape == (config.num_mc_test, 7, 1)
+    np.testing.assert_allclose(predictions, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_wheel_holds_the_library_only_with_its_version_and_py_typed():
+  project = tomllib.loads((REPO / "pyproject.toml").read_text())
+  found = project["tool"]["setuptools"]["packages"]["find"]
+  packages = setuptools.find_packages(where=str(REPO), include=found["include"])
+  assert {"vampire_jax", "vampire_jax.baselines", "vampire_jax.data"} <= set(packages)
+  assert all(p.split(".")[0] == "vampire_jax" for p in packages), packages
+  assert project["project"]["dynamic"] == ["version"]
+  assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "vampire_jax.__version__"}
+  citation = (REPO / "CITATION.cff").read_text()
+  assert f"\nversion: {vj.__version__}\n" in citation  # the software's version, once
+  assert "py.typed" in project["tool"]["setuptools"]["package-data"]["vampire_jax"]
+  assert (REPO / "vampire_jax" / "py.typed").is_file()
+  # The core dependencies are what `import vampire_jax` imports: no extra's package.
+  core = " ".join(project["project"]["dependencies"]).lower()
+  for extra in ("tensorflow", "matplotlib", "tensorboardx", "tqdm", "pillow"):
+    assert extra not in core, extra
+
+
+def test_all_lists_every_public_name_once():
+  assert len(vj.__all__) == len(set(vj.__all__))
+  assert [n for n in vj.__all__ if not hasattr(vj, n)] == []
+  public = {n for n in vars(vj) if not n.startswith("_")}
+  assert sorted(public - set(vj.__all__)) == []
+
+
+def test_old_run_folders_name_the_library_configs():
+  for name in ("OmniglotConfig", "MiniImagenetConfig", "FeaturesConfig", "RegressionConfig"):
+    assert vj.configs.recorded_class_name(f"experiments.configs.{name}") == \
+        f"vampire_jax.configs.{name}"
+  # Other names, and the experiments' preset functions, are left as they are.
+  for name in ("experiments.configs.get_config", "my_project.MyConfig",
+               "vampire_jax.configs.OmniglotConfig"):
+    assert vj.configs.recorded_class_name(name) == name

@@ -1,0 +1,216 @@
+"""The config dataclass of each experiment: a `RunConfig` plus its data and network fields.
+
+A run folder's `run.json` names its config class, so `vampire_jax.load_run`
+rebuilds the config from this module, with the library alone installed.
+The presets (`get_config(experiment, preset, algorithm)`) and the commands
+that run them are the experiments' (`experiments/configs.py`, in the
+repository), which re-exports these classes. Nothing here loads data.
+
+Runs recorded before these classes moved here name them
+`experiments.configs.<Class>`; `recorded_class_name` maps such a name to
+this module's.
+"""
+
+import dataclasses
+from typing import Optional
+
+from vampire_jax.config import RunConfig, setting
+from vampire_jax.data import episodes
+from vampire_jax.errors import ConfigError
+
+__all__ = ("ConvNetConfig", "OmniglotConfig", "MiniImagenetConfig", "FeaturesConfig",
+           "RegressionConfig", "check_episodes", "recorded_class_name")
+
+# The config classes, by name (the names run folders record).
+_CLASSES = ("ConvNetConfig", "OmniglotConfig", "MiniImagenetConfig", "FeaturesConfig",
+            "RegressionConfig")
+
+
+@dataclasses.dataclass
+class ConvNetConfig(RunConfig):
+  """Fields of the Conv4 experiments (Omniglot, mini-ImageNet)."""
+  batch_norm_affine: bool = setting(True, "batch norm with scale and offset (the authors' has none)")
+  conv_impl: str = setting("auto", "convolution: xla, patches (im2col), loop_safe (fast "
+                           "gradients inside loops on a CPU) or auto (loop_safe on a CPU where "
+                           "gradients run in loops, else xla)", resumable=True,
+                           choices=("auto", "xla", "patches", "loop_safe"))
+  sample_batching: str = setting("auto", "how Monte-Carlo draws are batched (auto: lax.map on a "
+                                 "CPU, vmap elsewhere)", resumable=True,
+                                 choices=("auto", "vmap", "map", "unroll"))
+
+
+# -- Omniglot --------------------------------------------------------------------
+
+# Characters per split part, with the default validation sizes (data.split_indices).
+OMNIGLOT_SPLIT_CHARACTERS = {"original": {"train": 813, "val": 151, "test": 659},
+                             "random": {"train": 1100, "val": 100, "test": 423}}
+OMNIGLOT_DRAWINGS = 20
+
+
+@dataclasses.dataclass
+class OmniglotConfig(ConvNetConfig):
+  """Omniglot N-way k-shot classification with a Conv4 (paper Sec. 4.2, Table 1)."""
+  ways: int = setting(5, "N, classes per task")
+  shots: int = setting(1, "k, support examples per class")
+  query: int = setting(15, "query examples per class")
+  split: str = setting("original", "character split: original (background/evaluation) or random",
+                       choices=("original", "random"))
+  split_seed: int = setting(0, "seed of the random split")
+  class_sampling: str = setting("character", "a task's classes: 'character' (MAML's: distinct "
+                                "characters, each at a random rotation) or 'class' (distinct "
+                                "(character, rotation) pairs)", choices=episodes.CLASS_SAMPLING)
+  num_filters: int = setting(64, "Conv4 filters per layer")
+  data_dir: Optional[str] = setting(None, "folder with the Omniglot zips (default: $OMNIGLOT_DIR; "
+                                    "none: TFDS downloads)", resumable=True)
+  data_source: str = setting("auto", "auto (zips if a folder is given, else TFDS), zip, tfds, "
+                             "cache", resumable=True, choices=("auto", "zip", "tfds", "cache"))
+  cache_dir: Optional[str] = setting(None, "cache folder (default: $VAMPIRE_JAX_CACHE or "
+                                     "~/.cache/vampire_jax)", resumable=True)
+
+  def validate(self) -> None:
+    super().validate()
+    check_episodes(self.ways, self.shots, self.query, OMNIGLOT_DRAWINGS,
+                   {part: episodes.num_classes_available(count, rotate=True,
+                                                         class_sampling=self.class_sampling)
+                    for part, count in OMNIGLOT_SPLIT_CHARACTERS[self.split].items()},
+                   what=f"the {self.split} split's")
+
+
+# -- mini-ImageNet ---------------------------------------------------------------
+
+MINI_IMAGENET_CLASSES = {"train": 64, "val": 16, "test": 20}
+MINI_IMAGENET_IMAGES = 600
+
+
+@dataclasses.dataclass
+class MiniImagenetConfig(ConvNetConfig):
+  """mini-ImageNet N-way k-shot classification with a Conv4 (paper Sec. 4.2, Table 3)."""
+  ways: int = setting(5, "N, classes per task")
+  shots: int = setting(1, "k, support examples per class")
+  query: int = setting(15, "query examples per class")
+  num_filters: int = setting(32, "Conv4 filters per layer")
+  image_size: int = setting(84, "image side (84 in the paper; smaller only for fast tests)")
+  data_dir: Optional[str] = setting(None, "mini-ImageNet folder (default: $MINI_IMAGENET_DIR)",
+                                    resumable=True)
+  cache_dir: Optional[str] = setting(None, "cache folder (default: $VAMPIRE_JAX_CACHE or "
+                                     "~/.cache/vampire_jax)", resumable=True)
+  source: str = setting("auto", "auto, folder, pickle, tfds or cache", resumable=True,
+                        choices=("auto", "folder", "pickle", "tfds", "cache"))
+  existing_only: bool = setting(False, "use only the images present (partial copies)")
+
+  def validate(self) -> None:
+    super().validate()
+    if self.image_size < 8:
+      raise ConfigError(f"--image-size must be at least 8, got {self.image_size}")
+    images = None if self.existing_only else MINI_IMAGENET_IMAGES  # else checked on loading
+    check_episodes(self.ways, self.shots, self.query, images, MINI_IMAGENET_CLASSES,
+                   what="mini-ImageNet's")
+
+
+# -- LEO features (tiered- or mini-ImageNet) -------------------------------------
+
+FEATURE_CLASSES = {"tiered": {"train": 351, "val": 97, "test": 160},
+                   "mini": {"train": 64, "val": 16, "test": 20}}
+
+
+@dataclasses.dataclass
+class FeaturesConfig(RunConfig):
+  """N-way k-shot classification of LEO's image embeddings with an MLP (tiered-ImageNet)."""
+  dataset: str = setting("tiered", "LEO features of tiered- or mini-ImageNet",
+                         choices=("tiered", "mini"))
+  crop: str = setting("center", "LEO's crop: center, or multiview (mini only)",
+                      choices=("center", "multiview"))
+  l2_normalize: bool = setting(True, "scale each embedding to unit norm, as LEO")
+  ways: int = setting(5, "N, classes per task")
+  shots: int = setting(1, "k, support examples per class")
+  query: int = setting(15, "query examples per class")
+  hidden_sizes: tuple[int, int] = setting((128, 32), "MLP hidden widths")
+  data_dir: Optional[str] = setting(None, "LEO embeddings folder (default: $LEO_EMBEDDINGS_DIR)",
+                                    resumable=True)
+  # vmap over tasks: per-task MLP weights become batched matmuls, fast on a CPU too.
+  task_batching: str = setting("vmap", "how tasks are batched", resumable=True)
+  eval_task_batching: str = setting("vmap", "task batching at evaluation", resumable=True)
+
+  def validate(self) -> None:
+    super().validate()
+    check_episodes(self.ways, self.shots, self.query, None, FEATURE_CLASSES[self.dataset],
+                   what=f"{self.dataset}-ImageNet's")
+
+
+# -- Sine/line regression ---------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RegressionConfig(RunConfig):
+  """The paper's regression settings (App. A, Table 6); the rest from RunConfig."""
+  tasks_per_step: int = setting(10, "T, tasks per meta-update")
+  num_meta_steps: int = setting(10_000, "meta-updates to train for", resumable=True)
+  inner_lr: float = setting(0.001, "alpha, the task-adaptation learning rate")
+  kl_weight: float = setting(1.0, "beta, weight of the KL term (1: the plain VFE)")
+  num_mc_train: int = setting(128, "L_t, weight draws per inner step")
+  num_mc_query: int = setting(128, "L_v, weight draws on the query set")
+  num_mc_test: int = setting(128, "draws at validation and test", resumable=True)
+  task_batching: str = setting("vmap", "how tasks are batched (vmap: fastest for an MLP)",
+                               resumable=True)
+  eval_task_batching: str = setting("vmap", "task batching at evaluation", resumable=True)
+  eval_batch_tasks: int = setting(10, "tasks per evaluation call (x 128 draws: ~3 GB)",
+                                  resumable=True)
+  eval_every: int = setting(1000, "meta-steps between validations", resumable=True)
+  checkpoint_every: int = setting(1000, "meta-steps between checkpoints", resumable=True)
+  log_every: int = setting(100, "meta-steps between logged metrics", resumable=True)
+  num_support: int = setting(5, "support points per task (k-shot)")
+  num_query: int = setting(10, "query points per task (not given in the paper)")
+  noise_std: float = setting(0.3, "the targets' noise standard deviation")
+  hidden_sizes: tuple[int, int, int] = setting((100, 100, 100), "MLP hidden widths")
+  num_plot_tasks: int = setting(4, "test tasks drawn in tasks.png", resumable=True)
+
+  def validate(self) -> None:
+    super().validate()
+    for name in ("num_support", "num_query"):
+      if getattr(self, name) < 1:
+        raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+    if not self.noise_std > 0:
+      raise ConfigError(f"--noise-std must be > 0, got {self.noise_std}")
+
+
+# -- Shared ---------------------------------------------------------------------------
+
+
+def check_episodes(ways: int, shots: int, query: int, examples: Optional[int],
+                   classes: dict[str, int], *, what: str) -> None:
+  """Raises ConfigError unless every split part can give the tasks asked for."""
+  for name, value in (("ways", ways), ("shots", shots), ("query", query)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ConfigError(f"--{name} must be an integer >= 1, got {value!r}")
+  part, fewest = min(classes.items(), key=lambda item: item[1])
+  if ways > fewest:
+    raise ConfigError(f"--ways {ways}: a {ways}-way task needs {ways} distinct classes, but "
+                      f"{what} {part} part has only {fewest}")
+  if examples is not None and shots + query > examples:
+    raise ConfigError(f"--shots {shots} --query {query}: each class needs shots + query = "
+                      f"{shots + query} distinct examples, but has only {examples}")
+
+
+# -- Run folders written before the classes moved here ------------------------------
+
+_LEGACY_MODULE = "experiments.configs"
+
+
+def recorded_class_name(name: str) -> str:
+  """The importable name of a config class as a run folder records it.
+
+  Run folders written before the experiments' configs moved into the
+  library name them `experiments.configs.<Class>`; those map to this
+  module's class of the same name, so that loading them does not import
+  the experiments. Any other name is returned as it is.
+
+  Args:
+    name: `run.json`'s `config_class`, e.g. `experiments.configs.OmniglotConfig`.
+
+  Returns:
+    e.g. `vampire_jax.configs.OmniglotConfig`.
+  """
+  module_name, _, class_name = name.rpartition(".")
+  if module_name == _LEGACY_MODULE and class_name in _CLASSES:
+    return f"{__name__}.{class_name}"
+  return name
