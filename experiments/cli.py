@@ -25,7 +25,7 @@ from vampire_jax.errors import ConfigError, UserError
 # field goes in one of them (tests/test_cli.py checks that every field has one).
 GROUPS = {
     "run": ("num_meta_steps", "tasks_per_step", "meta_lr", "meta_lr_decay",
-            "meta_grad_clip_norm", "checkpoint_every", "log_every", "seed"),
+            "meta_grad_clip_norm", "checkpoint_every", "log_every", "seed", "debug_nans"),
     "algorithm": ("num_inner_steps", "inner_lr", "kl_weight", "num_mc_train", "num_mc_query",
                   "first_order", "second_order_steps", "log_std_init", "num_particles",
                   "bmaml_meta_objective", "bmaml_leader_steps", "platipus_inference_data",
