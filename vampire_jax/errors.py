@@ -21,3 +21,17 @@ class DataError(UserError, ValueError):
 
 class MissingDataError(UserError, FileNotFoundError):
   """A data folder or file is missing; the message says how to get it."""
+
+
+class RunFolderError(UserError):
+  """A run folder cannot be used: another process holds it, or nothing in it restores."""
+
+
+class StorageError(UserError, OSError):
+  """A file cannot be written: a full disk, a read-only folder, a file where a folder should be.
+
+  `StorageError(errno, message)`; `str()` is the one-line message.
+  """
+
+  def __str__(self) -> str:
+    return self.strerror or super().__str__()
