@@ -5,18 +5,20 @@ Pure functions over parameter pytrees. A distribution over weights is a
 few gradient steps on the variational free energy.
 
 Layers, from the leaves up (each imports only those below it):
-  gaussian, losses, tasks, batching, convolution, models, sharding, errors, config
+  gaussian, losses, tasks, backend_defaults, errors
+  batching, convolution, models, sharding, config
   adaptation                      adapt / maml_adapt / predict
   learners, baselines             MetaLearner factories: vampire, maml, platipus, bmaml, abml
-  algorithms                      the registry: a RunConfig -> its MetaLearner
+  algorithms                      the registry: a RunConfig -> its MetaLearner; make_learner
   meta_step, evaluation           the meta-step and evaluator builders
-  calibration, checkpoint, reporting
+  calibration, run_folder         run_folder: records, lock, checkpoints, logs, results
+  checkpoint, reporting
   training                        train_and_evaluate(problem, config, workdir)
-  runs                            load_run(workdir) -> Run
+  runs                            load_run(workdir) -> Run (uses run_folder, not training)
   data                            Omniglot, mini-ImageNet, LEO features, sine/line; task sampler
 """
 
-from vampire_jax import algorithms, baselines, data, sharding
+from vampire_jax import algorithms, backend_defaults, baselines, data, run_folder, sharding
 from vampire_jax.adaptation import adapt, expected_nll, maml_adapt, predict, variational_free_energy
 from vampire_jax.batching import BATCHING_STRATEGIES, batched_map, default_task_batching
 from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, RiskCoverage,
@@ -25,7 +27,8 @@ from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, RiskC
                                      regression_quantile_calibration, risk_coverage)
 from vampire_jax.checkpoint import RunCheckpoints
 from vampire_jax.config import RunConfig
-from vampire_jax.errors import ConfigError, DataError, MissingDataError, UserError
+from vampire_jax.errors import (ConfigError, DataError, MissingDataError, RunFolderError,
+                                StorageError, UserError)
 from vampire_jax.evaluation import (ClassificationEval, RegressionEval, evaluate_split,
                                     make_classification_evaluator, make_regression_evaluator,
                                     make_split_evaluator, summarise)

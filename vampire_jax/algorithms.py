@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vampire_jax import baselines, learners, losses, models
+from vampire_jax import backend_defaults, baselines, learners, losses, models
 from vampire_jax.errors import ConfigError
 from vampire_jax.gaussian import kl_step_factor
 from vampire_jax.learners import MetaLearner
@@ -31,10 +31,8 @@ Builder = Callable[[Any, losses.ApplyFn, losses.Likelihood, int, int, bool], Met
 
 
 def sample_batching(config) -> str:
-  """The config's Monte-Carlo batching, 'auto' resolved: lax.map on a CPU, else vmap."""
-  if config.sample_batching != "auto":
-    return config.sample_batching
-  return "map" if jax.default_backend() == "cpu" else "vmap"
+  """The config's Monte-Carlo batching, 'auto' resolved by `backend_defaults`."""
+  return backend_defaults.sample_batching(config.sample_batching)
 
 
 class Algorithm(NamedTuple):

@@ -26,7 +26,6 @@ SIGTERM saves a checkpoint before the run stops; running again resumes.
 import contextlib
 import dataclasses
 import functools
-import math
 import os
 import signal
 import subprocess
@@ -40,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vampire_jax import algorithms, batching, calibration, config as config_lib, evaluation
+from vampire_jax import algorithms, backend_defaults, calibration, config as config_lib, evaluation
 from vampire_jax import losses, meta_step, models, run_folder, sharding
 from vampire_jax.run_folder import RunCheckpoints
 from vampire_jax.errors import ConfigError
@@ -88,16 +87,10 @@ unroll_inner_steps = algorithms.unroll_inner_steps
 make_learner = algorithms.make_learner
 
 
-def conv_impl(config) -> str:
-  """The config's convolution, 'auto' resolved (`models.auto_conv_impl`)."""
-  if config.conv_impl != "auto":
-    return config.conv_impl
-  strategy, _ = choose_batching(config.task_batching, config.chunk_size, config.tasks_per_step)
-  mapped_draws = (algorithms.sample_batching(config) == "map"
-                  and max(config.num_mc_train, config.num_mc_query) > 1)
-  return models.auto_conv_impl(task_batching=strategy,
-                               inner_steps_unrolled=unroll_inner_steps(config),
-                               draws_mapped=mapped_draws)
+# The backend's "auto" choices are decided in `backend_defaults`; these names are kept.
+conv_impl = backend_defaults.config_conv_impl
+choose_batching = backend_defaults.task_batching
+steps_per_call = backend_defaults.steps_per_call
 
 
 def check_config(config) -> None:
@@ -132,29 +125,6 @@ def task_mesh_for(config, num_tasks: int) -> Optional[Mesh]:
 
 def _mesh_size(mesh: Optional[Mesh]) -> int:
   return 1 if mesh is None else mesh.size
-
-
-def choose_batching(strategy: str, chunk_size: int, num_tasks: int,
-                    sharded: bool = False) -> tuple[str, int]:
-  """`(strategy, chunk)`: 'auto' resolved for the backend, the chunk fitted to `num_tasks`."""
-  default_strategy, default_chunk = batching.default_task_batching()
-  if strategy == "auto":
-    strategy = "vmap" if sharded else default_strategy
-  chunk_size = max(1, min(chunk_size or default_chunk, num_tasks))
-  while num_tasks % chunk_size:
-    chunk_size -= 1
-  return strategy, chunk_size
-
-
-def steps_per_call(config, first_step: int) -> int:
-  """Meta-steps per jitted call: the config's (default 1), made to divide every boundary.
-
-  Logging, validation and checkpoints happen between calls, so the count
-  divides their intervals, the run's length and the step it resumes from.
-  """
-  requested = config.steps_per_call or 1
-  return math.gcd(requested, config.log_every, config.eval_every, config.checkpoint_every,
-                  config.num_meta_steps, first_step or requested)
 
 
 def build_train_step(problem: Problem, config, learner: MetaLearner, optimizer,
