@@ -493,6 +493,8 @@ class _FailedSave(contextlib.AbstractContextManager):
       return False
     if storage_errno(error) is None:
       return False
+    with contextlib.suppress(Exception):  # let the saves still in flight finish (or fail)
+      self._checkpoints._latest.wait_until_finished()
     folder = self._checkpoints.workdir / "checkpoints"
     unfinished = sorted(int(p.name.split(".")[0]) for p in folder.glob("*.orbax-checkpoint-tmp*")
                         if p.name.split(".")[0].isdigit())
