@@ -19,8 +19,10 @@ Nothing but the state and a few scalars crosses between host and device.
 
 What a run leaves in `workdir`: `run.json` (the config, network and data it
 was trained with), `config.json`, `checkpoints/`, `best/`, `metrics.jsonl`
-(and TensorBoard files), `results.json`, `test_per_task.npz`. Ctrl-C or
-SIGTERM saves a checkpoint before the run stops; running again resumes.
+(and TensorBoard files), `results.json`, `test_per_task.npz`; `run_folder`
+owns them (atomic writes, the folder's lock, checkpoints that fall back to an
+older one). Ctrl-C or SIGTERM saves a checkpoint before the run stops;
+running again resumes.
 """
 
 import contextlib
