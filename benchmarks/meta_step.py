@@ -9,11 +9,11 @@ call draws its T tasks inside the step from per-task keys, out of random
 uint8 class images (`make_train_step`, jitted with the state donated;
 `make_host_chunked_train_step` for `host_chunked`). A chunk that does not
 divide T becomes the largest divisor of T below it
-(`vampire_jax.training.choose_batching`), so `--tasks 2` runs
+(`vampire_jax.backend_defaults.task_batching`), so `--tasks 2` runs
 `host_chunked:4` as `host_chunked:2`. The defaults are the library's: the
 backend's task batching (`map` on a CPU, `vmap` elsewhere), the inner loop in
 `lax.scan` (`--unroll-inner-steps` unrolls it) and `--conv-impl auto`
-(`vampire_jax.models.auto_conv_impl`: `loop_safe` on a CPU unless nothing is
+(`vampire_jax.backend_defaults.conv_impl`: `loop_safe` on a CPU unless nothing is
 in a loop).
 
 For each algorithm and task batching strategy it prints compile time (first
@@ -31,7 +31,7 @@ import jax
 
 import vampire_jax as vj
 from benchmarks import suite
-from vampire_jax import models, training
+from vampire_jax import backend_defaults, models
 
 SETTING = suite.SETTINGS["omniglot_5w1s"]
 
@@ -46,11 +46,11 @@ def resolve_strategies(spec: Optional[str], num_tasks: int) -> list[tuple[str, i
       most the one asked for.
   """
   if spec is None:
-    return [training.choose_batching("auto", 0, num_tasks)]
+    return [backend_defaults.task_batching("auto", 0, num_tasks)]
   resolved = []
   for item in spec.split(","):
     name, _, chunk = item.strip().partition(":")
-    resolved.append(training.choose_batching(name, int(chunk or 1), num_tasks))
+    resolved.append(backend_defaults.task_batching(name, int(chunk or 1), num_tasks))
   return resolved
 
 
@@ -58,7 +58,7 @@ def time_step(algorithm: str, strategy: str, chunk: int, num_tasks: int, repeats
               unroll_steps: bool, conv_impl: str, second_order_steps: Optional[int] = None) -> dict:
   """Compiles and times the training step of one algorithm and task batching."""
   if conv_impl == "auto":
-    conv_impl = models.auto_conv_impl(task_batching=strategy,
+    conv_impl = backend_defaults.conv_impl(task_batching=strategy,
                                       inner_steps_unrolled=unroll_steps, draws_mapped=False)
   setting = dataclasses.replace(SETTING, tasks=num_tasks, conv_impl=conv_impl)
   apply_fn, params, nll = suite.network(setting)

@@ -183,13 +183,14 @@ def network(setting: Setting):
   """`(apply_fn, params, nll)` of the setting's network."""
   import jax
   import vampire_jax as vj
+  from vampire_jax import backend_defaults
   if setting.kind == "regression":
     model = vj.MLP((100, 100, 100), 1)
     return vj.pure_apply(model), vj.init_params(model, jax.random.key(0), (1, 1)), vj.gaussian_nll(0.3)
   conv_impl = setting.conv_impl
   if conv_impl == "auto":  # callers that know their loops resolve it first (run_row)
-    conv_impl = vj.models.auto_conv_impl(task_batching="map", inner_steps_unrolled=False,
-                                         draws_mapped=True)
+    conv_impl = backend_defaults.conv_impl(task_batching="map", inner_steps_unrolled=False,
+                                           draws_mapped=True)
   model = vj.Conv4(num_classes=setting.ways, num_filters=setting.num_filters,
                    max_pool=setting.max_pool, conv_impl=conv_impl)
   params = vj.init_params(model, jax.random.key(0), (1,) + setting.image)
@@ -199,27 +200,28 @@ def network(setting: Setting):
 def make_learner(setting: Setting, algorithm: str, apply_fn, nll, *, unroll_steps: bool,
                  remat: bool, second_order_steps: Optional[int] = None):
   """MAML or VAMPIRE in the setting; `second_order_steps=1` is the authors' code's meta-gradient."""
-  import jax
   import vampire_jax as vj
+  from vampire_jax import backend_defaults
   options = dict(num_inner_steps=setting.inner_steps, inner_lr=setting.inner_lr,
                  unroll_steps=unroll_steps, remat=remat, second_order_steps=second_order_steps)
   if algorithm == "maml":
     return vj.maml(apply_fn, nll, **options)
-  # Draws as the experiments batch them: lax.map for a ConvNet on a CPU, else vmap.
-  cpu_convnet = setting.kind == "classification" and jax.default_backend() == "cpu"
+  # Draws batched as `backend_defaults` decides for the network (the MLP has no convolution).
+  draws = backend_defaults.sample_batching(dense_only=setting.kind == "regression")
   return vj.vampire(apply_fn, nll, kl_weight=0.1, num_mc_train=setting.mc_samples,
-                    num_mc_query=setting.mc_samples,
-                    sample_batching="map" if cpu_convnet else "vmap", **options)
+                    num_mc_query=setting.mc_samples, sample_batching=draws, **options)
 
 
 def choose_batching(setting: Setting, requested: Optional[str]) -> tuple[str, int]:
+  """`requested` (STRATEGY[:CHUNK]), else what `backend_defaults` picks for the setting."""
   import jax
+  from vampire_jax import backend_defaults
   if requested:
     name, _, chunk = requested.partition(":")
     return name, int(chunk or 1)
-  if jax.device_count() > 1 or jax.default_backend() != "cpu" or setting.kind == "regression":
-    return "vmap", 1
-  return "map", 1
+  return backend_defaults.task_batching("auto", 0, setting.tasks,
+                                        sharded=jax.device_count() > 1,
+                                        dense_only=setting.kind == "regression")
 
 
 def build_train_step(learner, optimizer, sample_tasks, *, num_tasks: int, strategy: str,
@@ -357,15 +359,15 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   import jax
   import numpy as np
   import vampire_jax as vj
-  from vampire_jax import training
+  from vampire_jax import backend_defaults
 
   setting = _row_setting(name, options)
   num_tasks = setting.tasks
   strategy, chunk = choose_batching(setting, options["batching"])
-  strategy, chunk = training.choose_batching(strategy, chunk, num_tasks)
+  strategy, chunk = backend_defaults.task_batching(strategy, chunk, num_tasks)
   unroll_steps = options["unroll_inner_steps"]
   if setting.conv_impl == "auto":
-    setting = dataclasses.replace(setting, conv_impl=vj.models.auto_conv_impl(
+    setting = dataclasses.replace(setting, conv_impl=backend_defaults.conv_impl(
         task_batching=strategy, inner_steps_unrolled=unroll_steps,
         draws_mapped=setting.mc_samples > 1))
   apply_fn, params, nll = network(setting)

@@ -5,23 +5,25 @@ Pure functions over parameter pytrees. A distribution over weights is a
 few gradient steps on the variational free energy.
 
 Layers, from the leaves up (each imports only those below it):
-  errors, checks, gaussian, losses, tasks, batching, convolution, models, sharding, config
+  errors, checks, gaussian, losses, tasks, backend_defaults
+  batching, convolution, models, sharding, config
   adaptation                      adapt / maml_adapt / predict
   learners, baselines             MetaLearner factories: vampire, maml, platipus, bmaml, abml
   diagnostics                     check_inner_loop, debug_nonfinite
-  algorithms                      the registry: a RunConfig -> its MetaLearner
+  algorithms                      the registry: a RunConfig -> its MetaLearner; make_learner
   meta_step, evaluation           the meta-step and evaluator builders
-  calibration, checkpoint, reporting
+  calibration, run_folder         run_folder: records, lock, checkpoints, logs, results
+  checkpoint, reporting
   training                        train_and_evaluate(problem, config, workdir)
-  runs                            load_run(workdir) -> Run
+  runs                            load_run(workdir) -> Run (uses run_folder, not training)
   configs                         each experiment's config dataclass (what run folders name)
   data                            Omniglot, mini-ImageNet, LEO features, sine/line; task sampler
 """
 
-from vampire_jax import (adaptation, algorithms, baselines, batching, calibration, checkpoint,
-                         checks, config, configs, convolution, data, diagnostics, errors,
-                         evaluation, gaussian, learners, losses, meta_step, models, reporting,
-                         runs, sharding, tasks, training)
+from vampire_jax import (adaptation, algorithms, backend_defaults, baselines, batching,
+                         calibration, checkpoint, checks, config, configs, convolution, data,
+                         diagnostics, errors, evaluation, gaussian, learners, losses, meta_step,
+                         models, reporting, run_folder, runs, sharding, tasks, training)
 from vampire_jax.adaptation import adapt, expected_nll, maml_adapt, predict, variational_free_energy
 from vampire_jax.batching import BATCHING_STRATEGIES, batched_map, default_task_batching
 from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, RiskCoverage,
@@ -31,7 +33,8 @@ from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, RiskC
 from vampire_jax.checkpoint import RunCheckpoints
 from vampire_jax.config import RunConfig
 from vampire_jax.diagnostics import InnerLoopReport, check_inner_loop, debug_nonfinite
-from vampire_jax.errors import ConfigError, DataError, InputError, MissingDataError, UserError
+from vampire_jax.errors import (ConfigError, DataError, InputError, MissingDataError,
+                                RunFolderError, StorageError, UserError)
 from vampire_jax.evaluation import (ClassificationEval, RegressionEval, evaluate_split,
                                     make_classification_evaluator, make_regression_evaluator,
                                     make_split_evaluator, summarise)
@@ -56,10 +59,11 @@ __version__ = "0.2.0"
 
 __all__ = (
     # Modules.
-    "adaptation", "algorithms", "baselines", "batching", "calibration", "checkpoint", "checks",
+    "adaptation", "algorithms", "backend_defaults", "baselines", "batching", "calibration",
+    "checkpoint", "checks",
     "config", "configs", "convolution", "data", "diagnostics", "errors", "evaluation", "gaussian",
     "learners", "losses",
-    "meta_step", "models", "reporting", "runs", "sharding", "tasks", "training",
+    "meta_step", "models", "reporting", "run_folder", "runs", "sharding", "tasks", "training",
     # Distributions over weights.
     "Gaussian", "check_gaussian", "gaussian_from_params", "kl_divergence", "kl_step_factor",
     "point_mass", "sample",
@@ -88,5 +92,6 @@ __all__ = (
     # Several devices.
     "replicate", "shard_tasks", "task_mesh",
     # Errors.
-    "UserError", "ConfigError", "DataError", "InputError", "MissingDataError",
+    "UserError", "ConfigError", "DataError", "InputError", "MissingDataError", "RunFolderError",
+    "StorageError",
 )

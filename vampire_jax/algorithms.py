@@ -16,9 +16,11 @@ Each `Algorithm` says, in one place:
 import dataclasses
 from typing import Any, Callable, NamedTuple, Optional
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
-from vampire_jax import baselines, learners, losses
+from vampire_jax import backend_defaults, baselines, learners, losses, models
 from vampire_jax.errors import ConfigError
 from vampire_jax.gaussian import kl_step_factor
 from vampire_jax.learners import MetaLearner
@@ -29,10 +31,8 @@ Builder = Callable[[Any, losses.ApplyFn, losses.Likelihood, int, int, bool], Met
 
 
 def sample_batching(config) -> str:
-  """The config's Monte-Carlo batching, 'auto' resolved: lax.map on a CPU, else vmap."""
-  if config.sample_batching != "auto":
-    return config.sample_batching
-  return "map" if jax.default_backend() == "cpu" else "vmap"
+  """The config's Monte-Carlo batching, 'auto' resolved by `backend_defaults`."""
+  return backend_defaults.sample_batching(config.sample_batching)
 
 
 class Algorithm(NamedTuple):
@@ -146,3 +146,40 @@ def stability_factor(config, meta_params: PyTree) -> Optional[float]:
   if not get(config.algorithm).inner_kl or config.kl_weight == 0:
     return None
   return float(jax.jit(kl_step_factor)(meta_params, config.inner_lr, config.kl_weight))
+
+
+# -- Building a learner for a network and a likelihood (moved here from `training`) -----
+
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def network(model: nn.Module, compute_dtype: str = "float32") -> losses.ApplyFn:
+  """`apply_fn(params, x)` of `model`, in bfloat16 mixed precision if asked."""
+  apply_fn = models.pure_apply(model)
+  if compute_dtype == "float32":
+    return apply_fn
+  return models.mixed_precision(apply_fn, COMPUTE_DTYPES[compute_dtype])
+
+
+def likelihood(kind: str, noise_std: Optional[float]) -> losses.Likelihood:
+  """Categorical for classification, Gaussian with `noise_std` for regression."""
+  if kind == "classification":
+    return losses.categorical_nll
+  if kind == "regression":
+    return losses.gaussian_nll(noise_std)
+  raise ValueError(f"kind must be 'classification' or 'regression', got {kind!r}")
+
+
+def unroll_inner_steps(config) -> bool:
+  """Unroll the inner loop: the config's choice; by default no (a scan compiles faster)."""
+  return bool(config.unroll_inner_steps)
+
+
+def make_learner(model: nn.Module, kind: str, noise_std: Optional[float], config, *,
+                 num_mc_train: int, num_mc_query: int) -> MetaLearner:
+  """The configured algorithm on `model`, with the given Monte-Carlo sample counts."""
+  return learner_from_config(
+      config, network(model, config.compute_dtype), likelihood(kind, noise_std),
+      num_mc_train=num_mc_train, num_mc_query=num_mc_query,
+      unroll_steps=unroll_inner_steps(config))

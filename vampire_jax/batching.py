@@ -5,14 +5,16 @@ convolution, which XLA runs well on GPUs and slowly on CPUs; `lax.map` runs
 one item at a time with a loop; unrolling gives the fastest CPU code but the
 compile time grows with the number of items. The chunked strategies bound
 the compile time: `lax.map` over chunks, each chunk unrolled (or vmapped).
-`benchmarks/meta_step.py` measures them; `default_task_batching()` picks the
-measured best per backend.
+`benchmarks/meta_step.py` measures them; `default_task_batching()` gives the
+measured best per backend, as `backend_defaults` decides it.
 """
 
 from typing import Callable, Literal, TypeVar
 
 import jax
 import jax.numpy as jnp
+
+from vampire_jax import backend_defaults
 
 Batching = Literal["vmap", "map", "unroll", "chunked_unroll", "chunked_vmap"]
 BATCHING_STRATEGIES = ("vmap", "map", "unroll", "chunked_unroll", "chunked_vmap")
@@ -21,14 +23,12 @@ T = TypeVar("T")
 
 
 def default_task_batching() -> tuple[Batching, int]:
-  """The fastest task batching measured on the default backend.
+  """The fastest task batching measured on the default backend (`backend_defaults` decides).
 
   Returns:
     `(strategy, chunk_size)`; see BUILD_NOTES.md for the measurements.
   """
-  if jax.default_backend() == "cpu":
-    return "map", 1
-  return "vmap", 1
+  return backend_defaults.default_task_batching()
 
 
 def _unrolled(fn: Callable, xs, size: int):

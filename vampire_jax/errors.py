@@ -28,3 +28,17 @@ class InputError(UserError, ValueError):
 
   The message names the function and the argument, what it wants and what it got.
   """
+
+
+class RunFolderError(UserError):
+  """A run folder cannot be used: another process holds it, or nothing in it restores."""
+
+
+class StorageError(UserError, OSError):
+  """A file cannot be written: a full disk, a read-only folder, a file where a folder should be.
+
+  `StorageError(errno, message)`; `str()` is the one-line message.
+  """
+
+  def __str__(self) -> str:
+    return self.strerror or super().__str__()

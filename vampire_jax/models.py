@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vampire_jax import checks, convolution
+from vampire_jax import backend_defaults, checks, convolution
 
 # Means are initialised as in the authors' code: Xavier-normal with gain
 # sqrt(2) (variance 4 / (fan_in + fan_out)) for kernels, zeros for biases.
@@ -125,18 +125,12 @@ def auto_conv_impl(*, task_batching: str, inner_steps_unrolled: bool,
                    draws_mapped: bool) -> str:
   """The fastest measured convolution for a meta-step's loop structure on this backend.
 
-  On a CPU 'loop_safe', unless the program has no loop around a convolution
-  gradient (tasks unrolled by `task_batching` 'host_chunked' or 'unroll',
-  inner steps unrolled, draws not in `lax.map`):
-  XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its
-  own convolution is faster only in a loop-free program (BUILD_NOTES.md,
-  "Speed"). Elsewhere XLA's.
+  `backend_defaults.conv_impl` decides: on a CPU 'loop_safe', unless the
+  program has no loop around a convolution gradient; elsewhere XLA's.
   """
-  if jax.default_backend() != "cpu":
-    return "xla"
-  tasks_unrolled = task_batching in ("host_chunked", "unroll")
-  loop_free = tasks_unrolled and inner_steps_unrolled and not draws_mapped
-  return "xla" if loop_free else "loop_safe"
+  return backend_defaults.conv_impl(task_batching=task_batching,
+                                    inner_steps_unrolled=inner_steps_unrolled,
+                                    draws_mapped=draws_mapped)
 
 
 class Conv4(nn.Module):

@@ -1,6 +1,7 @@
 """What a training run writes and prints: metrics files and progress lines.
 
-`MetricWriter` appends every logged value to `metrics.jsonl` and, when
+`MetricWriter` appends every logged value to `metrics.jsonl` (a torn last
+line from a kill is cut off first; `run_folder` owns the file) and, when
 tensorboardX is installed, to TensorBoard event files beside it (without
 it, the JSON lines alone; nothing else changes).
 
@@ -9,11 +10,14 @@ a file or pipe, one line per logging interval: a log stays short and every
 line in it is one a reader wants.
 """
 
-import json
+import contextlib
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional
+
+from vampire_jax import run_folder
+from vampire_jax.run_folder import read_metrics  # noqa: F401  (kept here: public before)
 
 
 class MetricWriter:
@@ -21,7 +25,8 @@ class MetricWriter:
 
   def __init__(self, workdir: Path, *, enabled: bool = True):
     self._enabled = enabled
-    self._jsonl = open(workdir / "metrics.jsonl", "a") if enabled else None
+    self._path = Path(workdir) / run_folder.METRICS_FILE
+    self._jsonl = run_folder.open_log(self._path) if enabled else None
     self._tensorboard = None
     if enabled:
       try:
@@ -35,25 +40,18 @@ class MetricWriter:
     if not self._enabled:
       return
     values = {k: float(v) for k, v in metrics.items()}
-    self._jsonl.write(json.dumps({"step": step, **values}) + "\n")
-    self._jsonl.flush()
+    run_folder.append_line(self._jsonl, self._path, {"step": step, **values})
     if self._tensorboard is not None:
       for name, value in values.items():
         self._tensorboard.add_scalar(name, value, step)
 
   def close(self) -> None:
-    if self._jsonl is not None:
-      self._jsonl.close()
     if self._tensorboard is not None:
-      self._tensorboard.close()
-
-
-def read_metrics(workdir: Path) -> list[dict]:
-  """The rows of `workdir/metrics.jsonl` (empty if there is none)."""
-  path = Path(workdir) / "metrics.jsonl"
-  if not path.exists():
-    return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+      with contextlib.suppress(OSError):  # the events are a view; metrics.jsonl is the record
+        self._tensorboard.close()
+    if self._jsonl is not None:
+      with run_folder.writing(self._path):
+        self._jsonl.close()
 
 
 def format_duration(seconds: float) -> str:

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vampire_jax import checks, configs, meta_step, models, training
-from vampire_jax.checkpoint import RunCheckpoints
+from vampire_jax import algorithms, checks, configs, meta_step, models, run_folder
+from vampire_jax.run_folder import RunCheckpoints
 from vampire_jax.config import RunConfig
 from vampire_jax.errors import MissingDataError
 from vampire_jax.learners import MetaLearner
@@ -166,33 +166,47 @@ def load_run(workdir: str | os.PathLike) -> Run:
   Returns:
     A `Run`: `.config`, `.predict(support_x, support_y, query_x, key)`, ...
 
+  The record comes from `run.json`, else (lost or damaged) from the newest
+  checkpoint; the meta-parameters from `best/`, else (none, or damaged: a
+  warning says so) the newest checkpoint that restores.
+
   Raises:
-    FileNotFoundError: the folder has no `run.json` or no checkpoint.
+    MissingDataError: the folder has no run record (`run.json` nor a checkpoint).
+    RunFolderError: no checkpoint restores.
   """
   workdir = Path(workdir)
-  record = training.read_run_record(workdir)
+  record = run_folder.read_run_record(workdir, print_fn=_warn)
   if record is None:
-    raise MissingDataError(f"{workdir} has no {training.RUN_RECORD}: not a run folder written by "
-                           "vampire_jax.train_and_evaluate (or written before runs were recorded)")
+    raise MissingDataError(f"{workdir} has no {run_folder.RUN_RECORD}: not a run folder written "
+                           "by vampire_jax.train_and_evaluate (or written before runs were "
+                           "recorded)")
   config = config_from_record(record)
   model = models.module_from_spec(record["model"])
-  test_learner = training.make_learner(model, record["kind"], record["noise_std"], config,
-                                       num_mc_train=config.num_mc_test,
-                                       num_mc_query=config.num_mc_test)
+  test_learner = algorithms.make_learner(model, record["kind"], record["noise_std"], config,
+                                         num_mc_train=config.num_mc_test,
+                                         num_mc_query=config.num_mc_test)
   template = _template_state(model, tuple(record["input_shape"]), record["kind"],
                              record["noise_std"], config)
-  meta_params = RunCheckpoints(workdir, create=False).restore_meta_params(template)
+  checkpoints = RunCheckpoints(workdir, create=False, print_fn=_warn)
+  try:
+    meta_params = checkpoints.restore_meta_params(template)
+  finally:
+    checkpoints.close()
   return Run(workdir, record, config, meta_params, test_learner)
 
 
 def _template_state(model, input_shape, kind: str, noise_std: Optional[float], config):
   """A `MetaState` of the run's structure, to restore checkpoints into."""
-  learner = training.make_learner(model, kind, noise_std, config,
-                                  num_mc_train=config.num_mc_train,
-                                  num_mc_query=config.num_mc_query)
+  learner = algorithms.make_learner(model, kind, noise_std, config,
+                                    num_mc_train=config.num_mc_train,
+                                    num_mc_query=config.num_mc_query)
   optimizer = meta_step.meta_optimizer(config.meta_lr, tasks_per_step=config.tasks_per_step,
                                        decay_rate=config.meta_lr_decay,
                                        clip_norm=config.meta_grad_clip_norm)
   params = models.init_params(model, jax.random.key(0), (1,) + input_shape)
   return jax.eval_shape(functools.partial(meta_step.init_meta_state, learner, optimizer),
                         params, jax.random.key(1))
+
+
+def _warn(message: str) -> None:
+  warnings.warn(message, stacklevel=3)

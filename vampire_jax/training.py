@@ -19,14 +19,15 @@ Nothing but the state and a few scalars crosses between host and device.
 
 What a run leaves in `workdir`: `run.json` (the config, network and data it
 was trained with), `config.json`, `checkpoints/`, `best/`, `metrics.jsonl`
-(and TensorBoard files), `results.json`, `test_per_task.npz`. Ctrl-C or
-SIGTERM saves a checkpoint before the run stops; running again resumes.
+(and TensorBoard files), `results.json`, `test_per_task.npz`; `run_folder`
+owns them (atomic writes, the folder's lock, checkpoints that fall back to an
+older one). Ctrl-C or SIGTERM saves a checkpoint before the run stops;
+running again resumes.
 """
 
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import os
 import signal
@@ -37,13 +38,12 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vampire_jax import algorithms, batching, calibration, config as config_lib, configs
-from vampire_jax import diagnostics, evaluation, losses, meta_step, models, sharding
-from vampire_jax.checkpoint import RunCheckpoints
+from vampire_jax import algorithms, backend_defaults, calibration, config as config_lib
+from vampire_jax import diagnostics, evaluation, meta_step, models, run_folder, sharding
+from vampire_jax.run_folder import RunCheckpoints
 from vampire_jax.errors import ConfigError
 from vampire_jax.learners import MetaLearner
 from vampire_jax.reporting import MetricWriter, Progress, format_duration
@@ -81,50 +81,18 @@ class Problem(NamedTuple):
   data_info: dict = {}
 
 
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# Learner building lives beside the registry (`algorithms`); these names are kept.
+COMPUTE_DTYPES = algorithms.COMPUTE_DTYPES
+network = algorithms.network
+likelihood = algorithms.likelihood
+unroll_inner_steps = algorithms.unroll_inner_steps
+make_learner = algorithms.make_learner
 
 
-def network(model: nn.Module, compute_dtype: str = "float32") -> losses.ApplyFn:
-  """`apply_fn(params, x)` of `model`, in bfloat16 mixed precision if asked."""
-  apply_fn = models.pure_apply(model)
-  if compute_dtype == "float32":
-    return apply_fn
-  return models.mixed_precision(apply_fn, COMPUTE_DTYPES[compute_dtype])
-
-
-def likelihood(kind: str, noise_std: Optional[float]) -> losses.Likelihood:
-  """Categorical for classification, Gaussian with `noise_std` for regression."""
-  if kind == "classification":
-    return losses.categorical_nll
-  if kind == "regression":
-    return losses.gaussian_nll(noise_std)
-  raise ValueError(f"kind must be 'classification' or 'regression', got {kind!r}")
-
-
-def unroll_inner_steps(config) -> bool:
-  """Unroll the inner loop: the config's choice; by default no (a scan compiles faster)."""
-  return bool(config.unroll_inner_steps)
-
-
-def conv_impl(config) -> str:
-  """The config's convolution, 'auto' resolved (`models.auto_conv_impl`)."""
-  if config.conv_impl != "auto":
-    return config.conv_impl
-  strategy, _ = choose_batching(config.task_batching, config.chunk_size, config.tasks_per_step)
-  mapped_draws = (algorithms.sample_batching(config) == "map"
-                  and max(config.num_mc_train, config.num_mc_query) > 1)
-  return models.auto_conv_impl(task_batching=strategy,
-                               inner_steps_unrolled=unroll_inner_steps(config),
-                               draws_mapped=mapped_draws)
-
-
-def make_learner(model: nn.Module, kind: str, noise_std: Optional[float], config, *,
-                 num_mc_train: int, num_mc_query: int) -> MetaLearner:
-  """The configured algorithm on `model`, with the given Monte-Carlo sample counts."""
-  return algorithms.learner_from_config(
-      config, network(model, config.compute_dtype), likelihood(kind, noise_std),
-      num_mc_train=num_mc_train, num_mc_query=num_mc_query,
-      unroll_steps=unroll_inner_steps(config))
+# The backend's "auto" choices are decided in `backend_defaults`; these names are kept.
+conv_impl = backend_defaults.config_conv_impl
+choose_batching = backend_defaults.task_batching
+steps_per_call = backend_defaults.steps_per_call
 
 
 def check_config(config) -> None:
@@ -159,29 +127,6 @@ def task_mesh_for(config, num_tasks: int) -> Optional[Mesh]:
 
 def _mesh_size(mesh: Optional[Mesh]) -> int:
   return 1 if mesh is None else mesh.size
-
-
-def choose_batching(strategy: str, chunk_size: int, num_tasks: int,
-                    sharded: bool = False) -> tuple[str, int]:
-  """`(strategy, chunk)`: 'auto' resolved for the backend, the chunk fitted to `num_tasks`."""
-  default_strategy, default_chunk = batching.default_task_batching()
-  if strategy == "auto":
-    strategy = "vmap" if sharded else default_strategy
-  chunk_size = max(1, min(chunk_size or default_chunk, num_tasks))
-  while num_tasks % chunk_size:
-    chunk_size -= 1
-  return strategy, chunk_size
-
-
-def steps_per_call(config, first_step: int) -> int:
-  """Meta-steps per jitted call: the config's (default 1), made to divide every boundary.
-
-  Logging, validation and checkpoints happen between calls, so the count
-  divides their intervals, the run's length and the step it resumes from.
-  """
-  requested = config.steps_per_call or 1
-  return math.gcd(requested, config.log_every, config.eval_every, config.checkpoint_every,
-                  config.num_meta_steps, first_step or requested)
 
 
 def build_train_step(problem: Problem, config, learner: MetaLearner, optimizer,
@@ -249,69 +194,28 @@ def draw_tasks(problem: Problem, split: str, key: jax.Array, num_tasks: int) -> 
   return jax.jit(problem.sample_tasks)(problem.splits[split], jax.random.split(key, num_tasks))
 
 
-# -- The run folder -------------------------------------------------------------
+# -- The run folder (owned by `run_folder`; these names are kept for callers) --------------
+
+RUN_RECORD = run_folder.RUN_RECORD
+RUN_RECORD_FORMAT = run_folder.RUN_RECORD_FORMAT
+run_record = run_folder.run_record
+read_run_record = run_folder.read_run_record
+check_resumable = run_folder.check_resumable
 
 
-def _config_class_name(config) -> str:
-  cls = type(config)
-  return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def run_record(problem: Problem, config) -> dict:
-  """What `run.json` holds: enough to rebuild the trained model without the data."""
-  return {"format": RUN_RECORD_FORMAT, "config_class": _config_class_name(config),
-          "config": dataclasses.asdict(config), "model": models.module_spec(problem.model),
-          "input_shape": list(problem.input_shape), "kind": problem.kind,
-          "noise_std": problem.noise_std, "data": problem.data_info}
-
-
-def read_run_record(workdir: str | os.PathLike) -> Optional[dict]:
-  """The `run.json` of a run folder, or None if it has none."""
-  path = Path(workdir) / RUN_RECORD
-  return json.loads(path.read_text()) if path.exists() else None
-
-
-def check_resumable(workdir: str | os.PathLike, config) -> None:
-  """Raises ConfigError if `workdir` holds a run of another config.
-
-  Schedule, evaluation and speed settings may change on a resume (e.g. a
-  longer `num_meta_steps`); the message names any other field that differs.
-  """
-  saved = read_run_record(workdir)
-  if saved is None:
-    return
-  differences = config_lib.config_differences(saved["config"], config)
-  # Runs recorded before the experiments' configs moved into the library name
-  # experiments.configs.<Class>, the same class as vampire_jax.configs.<Class>.
-  if configs.recorded_class_name(saved["config_class"]) != _config_class_name(config):
-    differences["config class"] = (saved["config_class"], _config_class_name(config))
-  if differences:
-    listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in differences.items())
-    raise ConfigError(f"{workdir} holds a run with another config ({listed}). Use another "
-                      "--workdir, or the same settings to resume it.")
-
-
-def prepare_workdir(workdir: Path, problem: Problem, config, *, is_main: bool) -> None:
-  """Creates the run folder and records the run, or checks that a resumed run matches.
+def prepare_workdir(workdir: Path, problem: Problem, config, *, is_main: bool,
+                    print_fn: Optional[Callable[[str], None]] = None) -> None:
+  """Checks that a resumed run matches, creates the run folder and records the run.
 
   Raises:
     ConfigError: the folder holds a run of another config (`check_resumable`).
+    StorageError: the folder cannot be made or written.
   """
-  check_resumable(workdir, config)
+  check_resumable(workdir, config, print_fn=print_fn)
   if not is_main:
     return
-  workdir.mkdir(parents=True, exist_ok=True)
-  record = run_record(problem, config)
-  (workdir / RUN_RECORD).write_text(json.dumps(record, indent=2, default=_jsonable))
-  (workdir / "config.json").write_text(json.dumps(record["config"], indent=2, default=_jsonable))
-
-
-def _jsonable(value):
-  if isinstance(value, (np.floating, np.integer)):
-    return value.item()
-  if isinstance(value, np.ndarray):
-    return value.tolist()
-  return str(value)
+  run_folder.make_folder(workdir)
+  run_folder.write_run_record(workdir, run_record(problem, config))
 
 
 # -- Interruption -----------------------------------------------------------------
@@ -515,7 +419,7 @@ def _test(session: Session, meta_params) -> tuple[evaluation.Summary, dict]:
 
 
 def _setup(problem: Problem, config, workdir: Path, progress: bool,
-           print_fn: Callable[[str], None]) -> tuple[Session, Any, float]:
+           print_fn: Callable[[str], None], record: dict) -> tuple[Session, Any, float]:
   """Builds the session and the state to start from (fresh, or the latest checkpoint)."""
   is_main = jax.process_index() == 0
   mesh = task_mesh_for(config, config.tasks_per_step)
@@ -530,12 +434,17 @@ def _setup(problem: Problem, config, workdir: Path, progress: bool,
   state = _initial_state(problem, config, train_learner, optimizer, init_key, mesh)
   _check_inner_loop(problem, config, train_learner, state, jax.random.fold_in(init_key, 1),
                     print_fn)
-  checkpoints = RunCheckpoints(workdir)
+  checkpoints = RunCheckpoints(workdir, record=record, print_fn=print_fn)
   earlier_seconds = 0.0
   if checkpoints.latest_step() is not None:
-    state = checkpoints.restore_latest(state)
+    state = checkpoints.restore_latest(state)  # the newest that restores
     earlier_seconds = checkpoints.train_seconds(int(state.step))
     print_fn(f"resuming from step {int(state.step)} in {workdir}")
+    if int(state.step) > config.num_meta_steps:
+      checkpoints.close()
+      raise ConfigError(f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run "
+                        f"trained to step {int(state.step)}; pass --num-meta-steps "
+                        f"{int(state.step)} (or more) to test or continue it")
   num_steps = steps_per_call(config, int(state.step))
   evaluate = build_evaluator(problem.kind, problem.noise_std, config, test_learner, mesh)
   session = Session(
@@ -566,7 +475,10 @@ def train_and_evaluate(problem: Problem, config, workdir: str | os.PathLike, *,
     metrics, calibration records, best validation, timings, device.
 
   Raises:
-    ConfigError: an impossible setting, or a run of another config in `workdir`.
+    ConfigError: an impossible setting, a run of another config in `workdir`,
+      or one already trained past `num_meta_steps`.
+    RunFolderError: another process holds `workdir`, or none of its checkpoints restores.
+    StorageError: `workdir` cannot be written (a file, read-only, a full disk).
     TrainingInterrupted: SIGINT/SIGTERM; a checkpoint was saved first.
     FloatingPointError: the training loss became non-finite.
   """
@@ -574,42 +486,48 @@ def train_and_evaluate(problem: Problem, config, workdir: str | os.PathLike, *,
   check_config(config)
   workdir = Path(workdir)
   is_main = jax.process_index() == 0
-  prepare_workdir(workdir, problem, config, is_main=is_main)
-  session, state, earlier_seconds = _setup(problem, config, workdir, progress, print_fn)
-  first_step = int(state.step)
-  try:
-    state, train_seconds = _train(session, state, earlier_seconds)
-    session.progress.close()
-    meta_params = session.checkpoints.restore_best(state.meta_params)
-    test_start = time.time()
-    summary, per_task = _test(session, state.meta_params if meta_params is None else meta_params)
-  finally:
-    session.progress.close()
-    session.writer.close()
-    session.checkpoints.close()
-  results = {
-      "config": dataclasses.asdict(config),
-      "test": summary.metrics,
-      "calibration": {name: calibration.to_record(curve)
-                      for name, curve in summary.calibration.items()},
-      "best_validation": session.checkpoints.best_record(),
-      "meta_steps": config.num_meta_steps, "resumed_from_step": first_step,
-      "wall_time_s": {"total": time.time() - start, "train": train_seconds,
-                      "test": time.time() - test_start},
-      "data": problem.data_info, "git_commit": _git_commit(), "device": device_description(),
-      "task_mesh_devices": _mesh_size(session.mesh), "jax_version": jax.__version__,
-  }
   if is_main:
-    write_results(workdir, results)
-    np.savez_compressed(workdir / "test_per_task.npz",
-                        **{k: v for k, v in per_task.items() if k != "predictions"})
+    run_folder.check_writable(workdir)
+  check_resumable(workdir, config)  # before the folder is made: a refused run writes nothing
+  if is_main:
+    run_folder.make_folder(workdir)
+  with run_folder.lock(workdir, is_main=is_main, print_fn=print_fn):
+    prepare_workdir(workdir, problem, config, is_main=is_main, print_fn=print_fn)
+    record = run_record(problem, config)
+    session, state, earlier_seconds = _setup(problem, config, workdir, progress, print_fn, record)
+    first_step = int(state.step)
+    try:
+      state, train_seconds = _train(session, state, earlier_seconds)
+      session.progress.close()
+      meta_params = session.checkpoints.restore_best(state.meta_params)
+      test_start = time.time()
+      summary, per_task = _test(session, state.meta_params if meta_params is None else meta_params)
+    finally:
+      session.progress.close()
+      session.writer.close()
+      session.checkpoints.close()
+    results = {
+        "config": dataclasses.asdict(config),
+        "test": summary.metrics,
+        "calibration": {name: calibration.to_record(curve)
+                        for name, curve in summary.calibration.items()},
+        "best_validation": session.checkpoints.best_record(),
+        "meta_steps": int(state.step), "resumed_from_step": first_step,
+        "wall_time_s": {"total": time.time() - start, "train": train_seconds,
+                        "test": time.time() - test_start},
+        "data": problem.data_info, "git_commit": _git_commit(), "device": device_description(),
+        "task_mesh_devices": _mesh_size(session.mesh), "jax_version": jax.__version__,
+    }
+    if is_main:
+      write_results(workdir, results)
+      run_folder.save_per_task(workdir, per_task)
   return results
 
 
 def write_results(workdir: str | os.PathLike, results: dict) -> None:
-  """Writes `results` to `workdir/results.json` (on the first process only)."""
+  """Writes `results` to `workdir/results.json` atomically (on the first process only)."""
   if jax.process_index() == 0:
-    (Path(workdir) / "results.json").write_text(json.dumps(results, indent=2, default=_jsonable))
+    run_folder.write_results(workdir, results)
 
 
 def _git_commit() -> str:

@@ -33,6 +33,8 @@ import pickle
 import sys
 import tempfile
 import time
+import zipfile
+import zlib
 from pathlib import Path
 from typing import NamedTuple, Optional, Union
 
@@ -40,6 +42,7 @@ import numpy as np
 
 from vampire_jax.data.omniglot import default_cache_dir, read_cache_or_none
 from vampire_jax.data.preprocessing import pil_image, resize_to_84
+from vampire_jax.errors import DataError, MissingDataError
 
 PathLike = Union[str, os.PathLike]
 
@@ -210,7 +213,7 @@ def _image_rows(folder: Path, split: str, existing_only: bool
     else:
       missing.append(filename)
   if missing and not existing_only:
-    raise FileNotFoundError(
+    raise MissingDataError(
         f'{len(missing)} of the {len(missing) + len(rows)} images listed in '
         f'{csvs[split]} are not in {image_dir} (first: {missing[:3]}). For a '
         f'partial copy pass existing_only=True (--existing-only) to use the '
@@ -219,8 +222,13 @@ def _image_rows(folder: Path, split: str, existing_only: bool
 
 
 def _decode(path: Path) -> np.ndarray:
-  with pil_image().open(path) as image:
-    return resize_to_84(image)
+  """One image at 84x84; a DataError naming the file if it does not decode."""
+  try:
+    with pil_image().open(path) as image:
+      return resize_to_84(image)
+  except (OSError, SyntaxError, ValueError) as error:  # PIL's UnidentifiedImageError is an OSError
+    raise DataError(f'{path} is not a readable image ({type(error).__name__}: {error}); '
+                    'replace or remove it') from error
 
 
 def _read_folder_split(folder: Path, split: str, existing_only: bool
@@ -326,12 +334,15 @@ def _cache_name(folder: Optional[Path], existing_only: bool) -> str:
 
 def _read_cache(path: Path, existing_only: bool
                 ) -> dict[str, MiniImagenetSplit]:
-  with np.load(path, allow_pickle=False) as f:
-    if int(f['format']) != _CACHE_FORMAT:
-      raise ValueError(f'{path} has format {int(f["format"])}, expected '
-                       f'{_CACHE_FORMAT}')
-    splits = {s: MiniImagenetSplit(f[f'{s}_images'], f[f'{s}_wnids'])
-              for s in SPLITS}
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      if int(f['format']) != _CACHE_FORMAT:
+        raise ValueError(f'{path} has format {int(f["format"])}, expected '
+                         f'{_CACHE_FORMAT}')
+      splits = {s: MiniImagenetSplit(f[f'{s}_images'], f[f'{s}_wnids'])
+                for s in SPLITS}
+  except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, OSError) as error:
+    raise ValueError(f'{path} is damaged ({type(error).__name__}: {error})') from error
   _validate(splits, existing_only)
   return splits
 

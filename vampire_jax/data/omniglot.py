@@ -577,12 +577,16 @@ def _validate(arrays: OmniglotArrays) -> None:
 
 
 def _read_cache(path: Path) -> OmniglotArrays:
-  with np.load(path, allow_pickle=False) as f:
-    if int(f['format']) != _CACHE_FORMAT:
-      raise ValueError(f'{path} has format {int(f["format"])}, expected '
-                       f'{_CACHE_FORMAT}')
-    arrays = OmniglotArrays(f['images'], f['alphabet'], f['is_background'],
-                            json.loads(str(f['provenance'])))
+  """The cached arrays; a ValueError if the file is damaged (truncated, not an npz)."""
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      if int(f['format']) != _CACHE_FORMAT:
+        raise ValueError(f'{path} has format {int(f["format"])}, expected '
+                         f'{_CACHE_FORMAT}')
+      arrays = OmniglotArrays(f['images'], f['alphabet'], f['is_background'],
+                              json.loads(str(f['provenance'])))
+  except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, OSError) as error:
+    raise ValueError(f'{path} is damaged ({type(error).__name__}: {error})') from error
   _validate(arrays)
   return arrays
 

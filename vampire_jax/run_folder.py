@@ -1,0 +1,687 @@
+"""The run folder, a small database with one owner: records, lock, checkpoints, logs, results.
+
+    workdir/
+      .lock              pid and host of the process that owns the folder (`fcntl.flock`)
+      run.json           the run record: config, network, input shape, kind, data
+      config.json        the config alone, for people
+      checkpoints/<n>/   orbax: the full `MetaState` of the last two saves; each step
+                         also carries the run record and the training seconds up to it
+      best/<n>/          the meta-parameters with the best validation score, carrying
+                         that score's record
+      best_score.json    {"step", "score", "metric"} of `best/` (a copy of what it carries)
+      train_time.json    training seconds up to each saved step (a copy, too)
+      metrics.jsonl      one JSON line per logged step, append-only
+      results.json, test_per_task.npz
+
+What survives what (BUILD_NOTES.md, "Run folder guarantees"):
+  - Every JSON and npz file is written whole or not at all: a temporary file
+    in the same folder, fsync, `os.replace`. Orbax does the same for
+    checkpoint folders. A full disk or a kill leaves the previous version.
+  - `metrics.jsonl` is append-only; a torn last line is dropped by the reader
+    and cut off before the next append.
+  - A checkpoint that does not restore is reported in one line and the next
+    older one is tried (a damaged newer one is moved to `damaged/` once an
+    older one restores, so training can save that step again); a damaged
+    `best/` gives way to the latest checkpoint. Only when nothing restores is
+    it an error (`RunFolderError`, naming the folder).
+  - `run.json`, `best_score.json` and `train_time.json` can be lost or damaged:
+    the checkpoints carry what they hold, and `run.json` is rebuilt from the
+    newest checkpoint, never from the new command line.
+  - One process per folder: the first process of a job holds an exclusive
+    `flock` on `.lock`; a second is refused at once, naming the holder. The
+    operating system drops the lock when its holder dies, so a stale lock is
+    simply taken over. The other processes of a multi-host job share the
+    folder without taking it.
+  - An environment problem (a file where the folder should be, a read-only
+    folder, a full disk) is a `StorageError`: one line naming the path.
+"""
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+import orbax.checkpoint as ocp
+
+from vampire_jax import config as config_lib
+from vampire_jax import configs
+from vampire_jax import models
+from vampire_jax.errors import ConfigError, RunFolderError, StorageError
+
+PyTree = Any
+RUN_RECORD = "run.json"
+RUN_RECORD_FORMAT = 1
+CONFIG_FILE = "config.json"
+LOCK_FILE = ".lock"
+METRICS_FILE = "metrics.jsonl"
+RESULTS_FILE = "results.json"
+PER_TASK_FILE = "test_per_task.npz"
+BEST_SCORE_FILE = "best_score.json"
+TRAIN_TIME_FILE = "train_time.json"
+DAMAGED_FOLDER = "damaged"
+
+# -- Errors of the environment ----------------------------------------------------
+
+_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                   errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                   errno.EPERM: "operation not permitted", errno.ENOTDIR: "not a folder",
+                   errno.EEXIST: "a file is in the way", errno.EISDIR: "a folder is in the way"}
+# What tensorstore (orbax's writer) says for the same errors; it raises plain exceptions.
+_STORAGE_TEXTS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+                  "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
+
+
+def storage_errno(error: BaseException) -> Optional[int]:
+  """The errno of an environment error (full disk, read-only, ...), from any layer; else None."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in _STORAGE_ERRNOS:
+      return error.errno
+    text = str(error)
+    for marker, number in _STORAGE_TEXTS.items():
+      if marker in text:
+        return number
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def storage_error(error: BaseException, path: os.PathLike | str, hint: str = "") -> StorageError:
+  """A one-line `StorageError`: what went wrong writing `path`, and `hint` (e.g. what is intact)."""
+  number = storage_errno(error)
+  cause = _STORAGE_ERRNOS.get(number) or getattr(error, "strerror", None) or type(error).__name__
+  message = f"{cause} writing {path}"
+  if hint:
+    message += f" ({hint})"
+  return StorageError(number or 0, message)
+
+
+@contextlib.contextmanager
+def writing(path: os.PathLike | str, hint: str = "") -> Iterator[None]:
+  """Turns an environment error while writing `path` into a one-line `StorageError`."""
+  try:
+    yield
+  except StorageError:
+    raise
+  except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
+    if storage_errno(error) is None:
+      raise
+    raise storage_error(error, path, hint) from error
+
+
+def check_writable(workdir: os.PathLike | str) -> None:
+  """Raises StorageError if `workdir` cannot be a run folder: it is a file, is under a file,
+  or its nearest existing folder cannot be written (read-only, no permission).
+
+  Creates nothing; cheap enough to call before loading data or compiling.
+  """
+  path = Path(workdir)
+  if path.exists() and not path.is_dir():
+    raise StorageError(errno.EEXIST, f"run folder {path} is a file, not a folder")
+  existing = path
+  while not existing.exists() and existing != existing.parent:
+    existing = existing.parent
+  if not existing.is_dir():
+    raise StorageError(errno.ENOTDIR, f"run folder {path} cannot be made: {existing} is a file")
+  try:
+    fd, probe = tempfile.mkstemp(dir=existing, prefix=".write-test-")
+    os.close(fd)
+    os.unlink(probe)
+  except OSError as error:
+    raise StorageError(error.errno or 0, f"run folder {path} cannot be written: {existing}: "
+                       f"{error.strerror or error}") from error
+
+
+# -- Whole-or-nothing files ----------------------------------------------------------
+
+
+def write_atomic(path: os.PathLike | str, write: Callable[[Any], None], *, hint: str = "") -> None:
+  """Writes `path` whole or not at all: `write(file)` to a temporary file beside it, fsync, rename.
+
+  Raises:
+    StorageError: the disk is full, the folder read-only, ... (the old file is kept).
+  """
+  path = Path(path)
+  temporary = None
+  with writing(path, hint):
+    try:
+      with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                       delete=False) as f:
+        temporary = f.name
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+      os.chmod(temporary, 0o644)  # not the temporary file's 0o600
+      os.replace(temporary, path)
+      temporary = None
+    finally:
+      if temporary is not None:
+        with contextlib.suppress(OSError):
+          os.unlink(temporary)
+
+
+def _jsonable(value):
+  if isinstance(value, (np.floating, np.integer)):
+    return value.item()
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  return str(value)
+
+
+def write_json(path: os.PathLike | str, value: Any, *, hint: str = "") -> None:
+  """`value` as indented JSON in `path`, atomically (`write_atomic`)."""
+  text = json.dumps(value, indent=2, default=_jsonable).encode()
+  write_atomic(path, lambda f: f.write(text), hint=hint)
+
+
+def save_npz(path: os.PathLike | str, **arrays) -> None:
+  """`np.savez_compressed(path, **arrays)`, atomically."""
+  write_atomic(path, lambda f: np.savez_compressed(f, **arrays))
+
+
+def read_json(path: os.PathLike | str, *, print_fn: Optional[Callable[[str], None]] = None,
+              default: Any = None) -> Any:
+  """The JSON in `path`; `default` if it is missing or damaged (said in a line to `print_fn`)."""
+  path = Path(path)
+  try:
+    return json.loads(path.read_text())
+  except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+    return default
+  except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+    if print_fn is not None:
+      print_fn(f"warning: {path} is damaged ({type(error).__name__}: {error}); ignoring it")
+    return default
+
+
+# -- The append-only log ---------------------------------------------------------------
+
+
+def open_log(path: os.PathLike | str):
+  """`path` opened for appending lines, a torn last line (a write cut short) cut off first."""
+  path = Path(path)
+  with writing(path):
+    if path.exists():
+      with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+          f.truncate(data.rfind(b"\n") + 1)
+    return open(path, "a")
+
+
+def append_line(log, path: os.PathLike | str, row: dict) -> None:
+  """One JSON line to the open `log` of `path`, flushed."""
+  with writing(path):
+    log.write(json.dumps(row) + "\n")
+    log.flush()
+
+
+def read_log(path: os.PathLike | str) -> list[dict]:
+  """The rows of a JSON-lines file (empty if there is none); a torn line is skipped."""
+  path = Path(path)
+  if not path.exists():
+    return []
+  rows = []
+  for line in path.read_text(errors="replace").splitlines():
+    try:
+      rows.append(json.loads(line))
+    except ValueError:
+      continue  # a line cut short by a kill or a full disk
+  return rows
+
+
+def read_metrics(workdir: os.PathLike | str) -> list[dict]:
+  """The rows of `workdir/metrics.jsonl` (empty if there is none; a torn line is skipped)."""
+  return read_log(Path(workdir) / METRICS_FILE)
+
+
+# -- One process per folder ----------------------------------------------------------------
+
+_HELD: dict[str, list] = {}  # resolved lock path -> [file descriptor, nesting count]
+
+
+def _holder(fd: int) -> str:
+  os.lseek(fd, 0, os.SEEK_SET)
+  return os.read(fd, 200).decode(errors="replace").strip()
+
+
+def _describe_holder(text: str) -> str:
+  parts = text.split()
+  return f"process {parts[0]} on host {parts[1]}" if len(parts) >= 2 else "another process"
+
+
+@contextlib.contextmanager
+def lock(workdir: os.PathLike | str, *, is_main: bool = True,
+         print_fn: Callable[[str], None] = print) -> Iterator[None]:
+  """Holds the run folder's lock (`workdir/.lock`) while the block runs.
+
+  Only the first process of a job (`is_main`) takes it; the others share the
+  folder. A second holder is refused at once; a lock whose holder died is free
+  (the operating system drops an `flock` with its process) and is taken over.
+  The same process may nest it.
+
+  Raises:
+    RunFolderError: another process holds the folder (naming its pid and host).
+    StorageError: the lock file cannot be written.
+  """
+  if not is_main:
+    yield
+    return
+  path = Path(workdir) / LOCK_FILE
+  key = str(path.resolve())
+  if key in _HELD:
+    _HELD[key][1] += 1
+    try:
+      yield
+    finally:
+      _HELD[key][1] -= 1
+    return
+  with writing(path):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    holder = _holder(fd)
+    os.close(fd)
+    raise RunFolderError(f"{workdir} is in use by {_describe_holder(holder)} (lock {path}); one "
+                         "process per run folder: wait for it, stop it, or use another --workdir")
+  try:
+    left = _holder(fd)
+    if left:
+      print_fn(f"taking over {path} from {_describe_holder(left)}, which stopped without "
+               "releasing it")
+    with contextlib.suppress(OSError):  # the holder's name is a courtesy (a full disk...)
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+      os.fsync(fd)
+  except BaseException:
+    os.close(fd)
+    raise
+  _HELD[key] = [fd, 1]
+  try:
+    yield
+  finally:
+    del _HELD[key]
+    with contextlib.suppress(OSError):
+      os.ftruncate(fd, 0)  # empty: released cleanly
+    os.close(fd)  # closing drops the flock
+
+
+def check_not_in_use(workdir: os.PathLike | str) -> None:
+  """Raises RunFolderError if another process holds `workdir`'s lock; takes nothing, creates nothing."""
+  path = Path(workdir) / LOCK_FILE
+  if not path.exists() or str(path.resolve()) in _HELD:
+    return
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+  except BlockingIOError:
+    raise RunFolderError(f"{workdir} is in use by {_describe_holder(_holder(fd))} (lock {path}); "
+                         "one process per run folder: wait for it, stop it, or use another "
+                         "--workdir") from None
+  finally:
+    os.close(fd)
+
+
+# -- The run record ------------------------------------------------------------------------
+
+
+def config_class_name(config) -> str:
+  cls = type(config)
+  return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def run_record(problem, config) -> dict:
+  """What `run.json` holds: enough to rebuild the trained model without the data."""
+  return {"format": RUN_RECORD_FORMAT, "config_class": config_class_name(config),
+          "config": dataclasses.asdict(config), "model": models.module_spec(problem.model),
+          "input_shape": list(problem.input_shape), "kind": problem.kind,
+          "noise_std": problem.noise_std, "data": problem.data_info}
+
+
+def _step_folders(folder: Path) -> list[int]:
+  """The steps of the orbax checkpoints in `folder`, newest first."""
+  if not folder.is_dir():
+    return []
+  return sorted((int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()),
+                reverse=True)
+
+
+def _step_metadata(folder: Path, step: int) -> dict:
+  """The custom metadata saved with an orbax step (`{}` if none or unreadable)."""
+  # Orbax keeps a step's metadata, ours included, in `<step>/_CHECKPOINT_METADATA`.
+  metadata = read_json(folder / str(step) / "_CHECKPOINT_METADATA", default={})
+  custom = metadata.get("custom_metadata") if isinstance(metadata, dict) else None
+  return custom if isinstance(custom, dict) else {}
+
+
+def checkpointed_record(workdir: os.PathLike | str) -> Optional[dict]:
+  """The run record carried by the newest checkpoint that has one, or None."""
+  folder = Path(workdir) / "checkpoints"
+  for step in _step_folders(folder):
+    record = _step_metadata(folder, step).get("record")
+    if record:
+      return record
+  return None
+
+
+def latest_checkpoint_step(workdir: os.PathLike | str) -> Optional[int]:
+  """The newest checkpoint step in `workdir`, or None (read from the folder names)."""
+  steps = _step_folders(Path(workdir) / "checkpoints")
+  return steps[0] if steps else None
+
+
+def read_run_record(workdir: os.PathLike | str, *,
+                    print_fn: Optional[Callable[[str], None]] = None) -> Optional[dict]:
+  """The run record: `run.json`, else (missing or damaged) the one the newest checkpoint carries.
+
+  Returns None when the folder has neither.
+  """
+  path = Path(workdir) / RUN_RECORD
+  record = read_json(path, print_fn=print_fn)
+  if isinstance(record, dict) and "config" in record:
+    return record
+  record = checkpointed_record(workdir)
+  if record is not None and print_fn is not None:
+    print_fn(f"{path} is {'damaged' if path.exists() else 'missing'}; using the run record "
+             "its checkpoints carry")
+  return record
+
+
+def check_resumable(workdir: os.PathLike | str, config, *,
+                    print_fn: Optional[Callable[[str], None]] = None) -> None:
+  """Raises ConfigError if `workdir` holds a run that `config` may not resume.
+
+  Schedule, evaluation and speed settings may change on a resume (e.g. a
+  longer `num_meta_steps`); the message names any other field that differs.
+  The saved config comes from `run.json` or, if it is lost, from the
+  checkpoints. A run trained past `num_meta_steps` is refused too: its record
+  would claim fewer steps than it was trained for.
+
+  Raises:
+    ConfigError: another config, or fewer meta-steps than already trained.
+    RunFolderError: checkpoints with no record of their config to check against.
+  """
+  saved = read_run_record(workdir, print_fn=print_fn)
+  latest = latest_checkpoint_step(workdir)
+  if saved is None:
+    if latest is not None:
+      raise RunFolderError(f"{workdir} holds checkpoints but no run record ({RUN_RECORD} is "
+                           "missing and the checkpoints carry none), so they cannot be checked "
+                           "against this config; use another --workdir")
+    return
+  differences = config_lib.config_differences(saved["config"], config)
+  # Runs recorded before the experiments' configs moved into the library name
+  # experiments.configs.<Class>, the same class as vampire_jax.configs.<Class>.
+  if configs.recorded_class_name(saved["config_class"]) != config_class_name(config):
+    differences["config class"] = (saved["config_class"], config_class_name(config))
+  if differences:
+    listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in differences.items())
+    raise ConfigError(f"{workdir} holds a run with another config ({listed}). Use another "
+                      "--workdir, or the same settings to resume it.")
+  if latest is not None and latest > config.num_meta_steps:
+    raise ConfigError(f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run trained "
+                      f"to step {latest}; pass --num-meta-steps {latest} (or more) to test or "
+                      "continue it, or use another --workdir")
+
+
+def write_run_record(workdir: Path, record: dict) -> None:
+  """`run.json` and `config.json`, atomically (left alone if they already say the same)."""
+  for name, value in ((RUN_RECORD, record), (CONFIG_FILE, record["config"])):
+    text = json.dumps(value, indent=2, default=_jsonable)
+    if read_json(workdir / name) != json.loads(text):
+      write_json(workdir / name, value)
+
+
+def make_folder(workdir: Path) -> None:
+  """Creates the run folder (and its parents); a StorageError names the path if it cannot."""
+  check_writable(workdir)
+  with writing(workdir):
+    try:
+      workdir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as error:
+      raise StorageError(error.errno, f"run folder {workdir} cannot be made: {error}") from error
+
+
+def write_results(workdir: os.PathLike | str, results: dict) -> None:
+  """`results` to `workdir/results.json`, atomically."""
+  write_json(Path(workdir) / RESULTS_FILE, results)
+
+
+def save_per_task(workdir: os.PathLike | str, per_task: dict) -> None:
+  """The test's per-task arrays (but the predictions) to `workdir/test_per_task.npz`."""
+  save_npz(Path(workdir) / PER_TASK_FILE, **{k: v for k, v in per_task.items()
+                                             if k != "predictions"})
+
+
+# -- Checkpoints ----------------------------------------------------------------------------
+
+
+def _manager(folder: Path, max_to_keep: int, create: bool) -> ocp.CheckpointManager:
+  return ocp.CheckpointManager(folder.absolute(), options=ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=create, cleanup_tmp_directories=create))
+
+
+def _first_line(error: BaseException, limit: int = 160) -> str:
+  text = (str(error).strip().splitlines() or [""])[0]
+  text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class _FailedSave(contextlib.AbstractContextManager):
+  """A save that failed for want of space (or permission) as a one-line StorageError.
+
+  Orbax saves in the background, so an error shows when a later call waits:
+  the failed step is the one left as a temporary folder (else the last
+  handed over), and the intact one is the newest finished step before it.
+  """
+
+  def __init__(self, checkpoints: "RunCheckpoints"):
+    self._checkpoints = checkpoints
+
+  def __exit__(self, kind, error, traceback):
+    if error is None or not isinstance(error, Exception) or isinstance(error, StorageError):
+      return False
+    if storage_errno(error) is None:
+      return False
+    with contextlib.suppress(Exception):  # let the saves still in flight finish (or fail)
+      self._checkpoints._latest.wait_until_finished()
+    folder = self._checkpoints.workdir / "checkpoints"
+    unfinished = sorted(int(p.name.split(".")[0]) for p in folder.glob("*.orbax-checkpoint-tmp*")
+                        if p.name.split(".")[0].isdigit())
+    failed = unfinished[-1] if unfinished else self._checkpoints._saving
+    intact = [step for step in _step_folders(folder) if failed is None or step < failed]
+    hint = (f"checkpoint {intact[0]} is intact" if intact else "no checkpoint was complete yet")
+    target = folder / str(failed) if failed is not None else folder
+    raise storage_error(error, target, f"{hint}; free space and run again") from error
+
+
+def _quiet_stderr_print(message: str) -> None:
+  warnings.warn(message, stacklevel=3)
+
+
+class RunCheckpoints:
+  """The checkpoints of one run folder: the latest training states and the best meta-parameters.
+
+  Orbax writes each checkpoint to a temporary folder and renames it when
+  complete, so a run killed at any moment resumes from its last whole save.
+
+  Args:
+    workdir: the run folder.
+    create: create the folders (training); False only reads (loading a run).
+    record: the run record each checkpoint carries (training).
+    print_fn: where one-line notes go (a checkpoint skipped, a damaged file);
+      default: a warning.
+  """
+
+  def __init__(self, workdir: str | os.PathLike, *, create: bool = True,
+               record: Optional[dict] = None,
+               print_fn: Optional[Callable[[str], None]] = None):
+    self.workdir = Path(workdir)
+    self._create = create
+    self._record = record
+    self._print = print_fn or _quiet_stderr_print
+    with writing(self.workdir / "checkpoints"):
+      self._latest = _manager(self.workdir / "checkpoints", 2, create)
+      self._best = _manager(self.workdir / "best", 1, create)
+    self._best_path = self.workdir / BEST_SCORE_FILE
+    self._time_path = self.workdir / TRAIN_TIME_FILE
+    times = read_json(self._time_path, print_fn=self._print, default={})
+    self._train_seconds = times if isinstance(times, dict) else {}
+    self._saving: Optional[int] = None  # the step last handed to orbax
+
+  def latest_step(self) -> Optional[int]:
+    """The step of the newest training-state checkpoint, or None."""
+    return self._latest.latest_step()
+
+  def _guard(self):
+    """Turns a failed save into a StorageError naming the step and the newest intact one."""
+    return _FailedSave(self)
+
+  def restore_latest(self, template: PyTree) -> PyTree:
+    """The newest checkpoint that restores, with `template`'s structure, shapes and shardings.
+
+    A checkpoint that fails is reported in one line and the next older one
+    is tried; once one restores, the newer damaged ones are moved to
+    `workdir/damaged/` (when training), so that their steps can be saved again.
+
+    Raises:
+      RunFolderError: no checkpoint restores (or there is none).
+    """
+    failed = []
+    for step in self._latest.all_steps()[::-1]:
+      try:
+        state = self._latest.restore(step, args=ocp.args.StandardRestore(template))
+      except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
+        failed.append(step)
+        self._print(f"checkpoint {step} in {self.workdir / 'checkpoints'} does not restore "
+                    f"({_first_line(error)}); trying the next older one")
+        continue
+      if failed and self._create:
+        self._move_aside(failed)
+      return state
+    tried = f" (tried steps {', '.join(map(str, failed))})" if failed else ""
+    raise RunFolderError(f"no checkpoint in {self.workdir / 'checkpoints'} restores{tried}; the "
+                         f"run folder {self.workdir} cannot be resumed or loaded: use another "
+                         "--workdir (or remove this one)")
+
+  def _move_aside(self, steps: list[int]) -> None:
+    aside = self.workdir / DAMAGED_FOLDER
+    with writing(aside):
+      aside.mkdir(exist_ok=True)
+      for step in steps:
+        target = aside / f"checkpoint_{step}_{int(time.time())}"
+        shutil.move(str(self.workdir / "checkpoints" / str(step)), str(target))
+        self._print(f"moved the damaged checkpoint {step} to {target}")
+    self._latest.reload()
+
+  def save(self, step: int, state: PyTree, train_seconds: float, *, write_files: bool) -> None:
+    """Saves the training state of `step`, and the training time up to it.
+
+    Raises:
+      StorageError: the disk is full (or the folder unwritable); the message
+        names the checkpoint that is intact.
+    """
+    with self._guard():
+      self._latest.check_for_errors()  # an earlier save that failed in the background
+      self._saving = step
+      self._latest.save(step, args=ocp.args.StandardSave(state), force=True,
+                        custom_metadata={"record": self._record, "train_seconds": train_seconds})
+    self._train_seconds[str(step)] = train_seconds
+    if write_files:
+      write_json(self._time_path, self._train_seconds)
+
+  def train_seconds(self, step: int) -> float:
+    """Training seconds up to the checkpoint of `step`: what it carries, else
+    `train_time.json`, else 0."""
+    seconds = _step_metadata(self.workdir / "checkpoints", step).get("train_seconds")
+    if seconds is None:
+      seconds = self._train_seconds.get(str(step), 0.0)
+    try:
+      return float(seconds)
+    except (TypeError, ValueError):
+      return 0.0
+
+  def best_record(self) -> Optional[dict]:
+    """`{"step", "score", "metric"}` of the best validation so far, or None.
+
+    From `best_score.json`, else (lost or damaged) from `best/` itself.
+    """
+    record = read_json(self._best_path, print_fn=self._print)
+    if isinstance(record, dict) and "score" in record:
+      return record
+    steps = _step_folders(self.workdir / "best")
+    carried = _step_metadata(self.workdir / "best", steps[0]) if steps else {}
+    return carried if "score" in carried else None
+
+  def save_best(self, meta_params: PyTree, record: dict, *, write_files: bool) -> None:
+    """Keeps `meta_params` as the best, with its validation record."""
+    target = self.workdir / "best" / str(record["step"])
+    with writing(target, "the previous best is intact; free space and run again"):
+      self._best.save(record["step"], args=ocp.args.StandardSave(meta_params), force=True,
+                      custom_metadata=dict(record))
+      self._best.wait_until_finished()
+    if write_files:
+      write_json(self._best_path, record)
+
+  def restore_best(self, template: PyTree) -> Optional[PyTree]:
+    """The best meta-parameters; None if no validation has saved any, or (said in a line)
+    if `best/` does not restore."""
+    step = self._best.latest_step()
+    if step is None:
+      return None
+    try:
+      return self._best.restore(step, args=ocp.args.StandardRestore(template))
+    except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
+      self._print(f"{self.workdir / 'best'} does not restore ({_first_line(error)}); using the "
+                  "latest checkpoint instead")
+      return None
+
+  def restore_meta_params(self, template_state: PyTree) -> PyTree:
+    """The best validated meta-parameters, else the latest state's that restores.
+
+    Args:
+      template_state: a `MetaState` of the run's structure.
+
+    Raises:
+      RunFolderError: nothing restores (or the folder holds no checkpoint).
+    """
+    best = self.restore_best(template_state.meta_params)
+    if best is not None:
+      return best
+    if self.latest_step() is None:
+      raise RunFolderError(f"no checkpoint in {self.workdir} (expected best/ or checkpoints/ "
+                           "from a training run)")
+    return self.restore_latest(template_state).meta_params
+
+  def wait(self) -> None:
+    """Blocks until every save in flight is written.
+
+    Raises:
+      StorageError: a save failed for want of space (or permission).
+    """
+    with self._guard():
+      self._latest.wait_until_finished()
+      self._latest.check_for_errors()
+    self._best.wait_until_finished()
+
+  def close(self) -> None:
+    try:
+      self.wait()
+    finally:
+      with contextlib.suppress(Exception):
+        self._latest.close()
+      with contextlib.suppress(Exception):
+        self._best.close()
