@@ -26,7 +26,7 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import plots
-from vampire_jax import calibration, data, evaluation, training
+from vampire_jax import calibration, data, kinds, training
 
 
 def evaluate_combinations(
@@ -79,7 +79,7 @@ def evaluate_combinations(
     outputs.append({k: np.asarray(v)[:len(chunk)]
                     for k, v in dict(result._asdict(), targets=tasks.query_y).items()})
   per_task = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
-  summary = evaluation.summarise("classification", per_task, num_bins=config.num_bins)
+  summary = kinds.summarise("classification", per_task, num_bins=config.num_bins)
   results = {
       **summary.metrics,
       "num_combinations": data.num_combinations(num_classes, config.ways),

@@ -31,7 +31,7 @@ import jax
 
 from experiments import cli, plots
 from vampire_jax import algorithms as algorithm_registry
-from vampire_jax import calibration, training
+from vampire_jax import calibration, kinds, training
 from vampire_jax.errors import ConfigError
 
 ALGORITHMS = ("maml", "fomaml", "platipus", "bmaml", "abml", "vampire")
@@ -80,18 +80,14 @@ def run_methods(experiment, algorithms, preset: str, workdir: Path, overrides,
       print(f"   {algorithm}: {error}")
       methods[algorithm] = {"diverged": str(error), "config": dataclasses.asdict(config)}
       continue
-    methods[algorithm] = dict(results["test"], wall_time_s=results["wall_time_s"],
+    methods[algorithm] = dict(results["test"], kind=kinds.of_results(results).name,
+                              wall_time_s=results["wall_time_s"],
                               calibration=results["calibration"], config=results["config"])
   return methods
 
 
 def _table(methods: dict, kind: str) -> str:
-  if kind == "regression":
-    columns = [("MSE", "mse", 1.0), ("NLL", "nll", None), ("ECE", "ece", None),
-               ("MCE", "mce", None)]
-  else:
-    columns = [("accuracy (%)", "accuracy", 100.0), ("NLL", "nll", None), ("ECE", "ece", None),
-               ("MCE", "mce", None), ("AURC", "aurc", None)]
+  columns = kinds.get(kind).columns
   lines = ["| method | " + " | ".join(c[0] for c in columns) + " | train time (s) |",
            "|---" * (len(columns) + 2) + "|"]
   for name, m in methods.items():
@@ -127,7 +123,7 @@ def write_comparison(methods: dict, kind: str, workdir: Path, title: str,
   curves = {name: {k: calibration.from_record(r) for k, r in m["calibration"].items()}
             for name, m in finished.items()}
   figures, joint = {}, Path(figure_name).stem
-  if kind == "regression":
+  if kind == kinds.REGRESSION.name:  # which figures draw a kind's calibration curves
     figures[joint] = plots.plot_quantile_calibration(
         {name.upper(): c.get("quantile_calibration", c.get("pit_calibration"))
          for name, c in curves.items()}, workdir / figure_name, title=title,
@@ -159,7 +155,7 @@ def run(benchmark: str, algorithms, preset: str, workdir: Path, overrides=None,
   finished = [m for m in methods.values() if "diverged" not in m]
   if not finished:
     raise FloatingPointError(f"every method diverged: {methods}")
-  kind = "regression" if benchmark == "regression" else "classification"
+  kind = finished[0]["kind"]
   title = f"{benchmark} ({preset}), {finished[0]['num_tasks']} test tasks"
   written = write_comparison(methods, kind, workdir, title)
   results = {"benchmark": benchmark, "preset": preset, "methods": methods, **written,

@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from vampire_jax import calibration, reporting
+from vampire_jax import calibration, kinds, reporting
 from vampire_jax.calibration import QuantileCalibration, ReliabilityBins, RiskCoverage
 
 PathLike = Union[str, os.PathLike]
@@ -334,7 +334,7 @@ def run_figures(workdir: PathLike, results: dict, label: str) -> dict[str, str]:
   train = [r for r in rows if "train/loss" in r]
   if train:
     names = [k for k in ("loss", "accuracy") if f"train/{k}" in train[0]]
-    score = "accuracy" if "reliability" in curves else "mse"
+    score = kinds.of_results(results).score
     val = [r for r in rows if f"val/{score}" in r]
     plots["training_curves"] = plot_training_curves(
         {k: [r[f"train/{k}"] for r in train] for k in names}, [r["step"] for r in train],

@@ -10,7 +10,7 @@ import pytest
 
 import vampire_jax as vj
 from experiments import regression
-from vampire_jax import calibration, evaluation
+from vampire_jax import calibration, kinds
 from vampire_jax.data import sine_line
 from vampire_jax.errors import ConfigError
 
@@ -79,14 +79,14 @@ def test_summary_of_a_perfectly_calibrated_regressor_is_the_diagonal():
   outputs = truth[:, None] + 0.3 * rng.normal(size=(400, 500, 10, 1))
   per_task = {"mse": np.zeros(400), "predictive_mean_mse": np.zeros(400), "nll": np.zeros(400),
               "predictions": outputs, "targets": np.asarray(tasks.query_y), "truth": truth}
-  summary = evaluation.summarise("regression", per_task, noise_std=0.3)
+  summary = kinds.summarise("regression", per_task, noise_std=0.3)
   paper = summary.calibration["quantile_calibration"]
   np.testing.assert_allclose(paper.levels, np.linspace(0, 1, 11))
   # Inner levels within 0.01; the ends (min and max of 500 draws) near 0 and 1.
   np.testing.assert_allclose(paper.observed[1:-1], paper.levels[1:-1], atol=0.01)
   assert paper.observed[0] < 0.01 and paper.observed[-1] > 0.99
   exact = dict(per_task, predictions=truth[:, None])
-  pit = evaluation.summarise("regression", exact, noise_std=0.3).calibration["pit_calibration"]
+  pit = kinds.summarise("regression", exact, noise_std=0.3).calibration["pit_calibration"]
   np.testing.assert_allclose(pit.observed, pit.levels, atol=0.025)  # 4000 points: 3 sigma
   record = json.loads(json.dumps(calibration.to_record(paper)))
   np.testing.assert_array_equal(calibration.from_record(record).observed, paper.observed)

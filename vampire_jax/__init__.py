@@ -6,13 +6,14 @@ few gradient steps on the variational free energy.
 
 Layers, from the leaves up (each imports only those below it):
   errors, checks, gaussian, losses, tasks, backend_defaults
-  batching, convolution, models, sharding, config
+  batching, convolution, models, sharding, config, calibration
   adaptation                      adapt / maml_adapt / predict
   learners, baselines             MetaLearner factories: vampire, maml, platipus, bmaml, abml
   diagnostics                     check_inner_loop, debug_nonfinite
-  algorithms                      the registry: a RunConfig -> its MetaLearner; make_learner
   meta_step, evaluation           the meta-step and evaluator builders
-  calibration, run_folder         run_folder: records, lock, checkpoints, logs, results
+  kinds                           one ProblemKind per kind: likelihood, metrics, summary, score
+  algorithms                      the registry: a RunConfig -> its MetaLearner; make_learner
+  run_folder                      records, lock, checkpoints, logs, results
   checkpoint, reporting
   training                        train_and_evaluate(problem, config, workdir)
   runs                            load_run(workdir) -> Run (uses run_folder, not training)
@@ -22,8 +23,8 @@ Layers, from the leaves up (each imports only those below it):
 
 from vampire_jax import (adaptation, algorithms, backend_defaults, baselines, batching,
                          calibration, checkpoint, checks, config, configs, convolution, data,
-                         diagnostics, errors, evaluation, gaussian, learners, losses, meta_step,
-                         models, reporting, run_folder, runs, sharding, tasks, training)
+                         diagnostics, errors, evaluation, gaussian, kinds, learners, losses,
+                         meta_step, models, reporting, run_folder, runs, sharding, tasks, training)
 from vampire_jax.adaptation import adapt, expected_nll, maml_adapt, predict, variational_free_energy
 from vampire_jax.batching import BATCHING_STRATEGIES, batched_map, default_task_batching
 from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, RiskCoverage,
@@ -37,7 +38,8 @@ from vampire_jax.errors import (ConfigError, DataError, InputError, MissingDataE
                                 RunFolderError, StorageError, UserError)
 from vampire_jax.evaluation import (ClassificationEval, RegressionEval, evaluate_split,
                                     make_classification_evaluator, make_regression_evaluator,
-                                    make_split_evaluator, summarise)
+                                    make_split_evaluator)
+from vampire_jax.kinds import ProblemKind, summarise
 from vampire_jax.gaussian import (Gaussian, check_gaussian, gaussian_from_params, kl_divergence,
                                   kl_step_factor, point_mass, sample)
 from vampire_jax.learners import InnerLoopSettings, MetaLearner, maml, query_loss, vampire
@@ -60,10 +62,9 @@ __version__ = "0.2.0"
 __all__ = (
     # Modules.
     "adaptation", "algorithms", "backend_defaults", "baselines", "batching", "calibration",
-    "checkpoint", "checks",
-    "config", "configs", "convolution", "data", "diagnostics", "errors", "evaluation", "gaussian",
-    "learners", "losses",
-    "meta_step", "models", "reporting", "run_folder", "runs", "sharding", "tasks", "training",
+    "checkpoint", "checks", "config", "configs", "convolution", "data", "diagnostics", "errors",
+    "evaluation", "gaussian", "kinds", "learners", "losses", "meta_step", "models", "reporting",
+    "run_folder", "runs", "sharding", "tasks", "training",
     # Distributions over weights.
     "Gaussian", "check_gaussian", "gaussian_from_params", "kl_divergence", "kl_step_factor",
     "point_mass", "sample",
@@ -82,7 +83,8 @@ __all__ = (
     "BATCHING_STRATEGIES", "batched_map", "default_task_batching",
     # Evaluation and calibration.
     "ClassificationEval", "RegressionEval", "evaluate_split", "make_classification_evaluator",
-    "make_regression_evaluator", "make_split_evaluator", "summarise", "QuantileCalibration",
+    "make_regression_evaluator", "make_split_evaluator", "summarise", "ProblemKind",
+    "QuantileCalibration",
     "ReliabilityBins", "RiskCoverage", "classification_calibration", "mean_confidence_interval",
     "mixture_cdf", "mixture_quantile", "paper_quantile_calibration",
     "regression_quantile_calibration", "risk_coverage",

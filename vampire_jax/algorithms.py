@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vampire_jax import backend_defaults, baselines, learners, losses, models
+from vampire_jax import backend_defaults, baselines, kinds, learners, losses, models
 from vampire_jax.errors import ConfigError
 from vampire_jax.gaussian import kl_step_factor
 from vampire_jax.learners import MetaLearner
@@ -163,12 +163,8 @@ def network(model: nn.Module, compute_dtype: str = "float32") -> losses.ApplyFn:
 
 
 def likelihood(kind: str, noise_std: Optional[float]) -> losses.Likelihood:
-  """Categorical for classification, Gaussian with `noise_std` for regression."""
-  if kind == "classification":
-    return losses.categorical_nll
-  if kind == "regression":
-    return losses.gaussian_nll(noise_std)
-  raise ValueError(f"kind must be 'classification' or 'regression', got {kind!r}")
+  """The likelihood of a `kind` problem (`kinds.get(kind).likelihood`)."""
+  return kinds.get(kind).likelihood(noise_std)
 
 
 def unroll_inner_steps(config) -> bool:

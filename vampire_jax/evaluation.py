@@ -9,7 +9,7 @@ adapted and predicted with keys made from the evaluation key and i alone,
 so a score does not depend on the batch size, the device count or any other
 speed setting.
 
-`summarise` turns per-task results into the reported numbers: mean +- 95%
+`kinds.summarise` turns per-task results into the reported numbers: mean +- 95%
 CI, NLL, and calibration (classification: ECE/MCE and the risk-coverage
 curve of selective prediction; regression: the paper's quantile
 calibration, plus the PIT calibration of the predictive mixture).
@@ -210,30 +210,15 @@ class Summary(NamedTuple):
   calibration: dict
 
 
-def summarise(kind: str, per_task: dict, *, num_bins: int = 15,
-              noise_std: Optional[float] = None) -> Summary:
-  """Mean +- 95% CI of the per-task scores, the NLL, and calibration.
-
-  Classification: accuracy, ECE/MCE of `num_bins` confidence bins (Guo et
-  al.), and selective prediction (the area under the risk-coverage curve,
-  and accuracy at 50/80/90% coverage). Regression: the paper's MSE (squared
-  error averaged over draws), the MSE of the predictive mean, the paper's
-  quantile calibration (needs `per_task['truth']`, the noiseless targets)
-  and the PIT calibration of the noisy predictive mixture (`pit_ece`,
-  `pit_mce`).
-  """
-  if kind == "classification":
-    metrics, curves = _classification_summary(per_task, num_bins)
-  elif kind == "regression":
-    metrics, curves = _regression_summary(per_task, noise_std)
-  else:
-    raise ValueError(f"kind must be 'classification' or 'regression', got {kind!r}")
+def with_nll(metrics: dict, curves: dict, per_task: dict) -> Summary:
+  """The summary of a split: `metrics` with the NLL's mean and CI and the task count."""
   nll_mean, nll_half = calibration.mean_confidence_interval(per_task["nll"])
   metrics.update(nll=nll_mean, nll_ci95=nll_half, num_tasks=int(len(per_task["nll"])))
   return Summary(metrics, curves)
 
 
-def _classification_summary(per_task: dict, num_bins: int):
+def classification_summary(per_task: dict, num_bins: int) -> tuple[dict, dict]:
+  """Accuracy with its CI, ECE/MCE, risk-coverage: `(metrics, curves)` (see `kinds.summarise`)."""
   mean, half = calibration.mean_confidence_interval(per_task["accuracy"])
   bins = calibration.classification_calibration(per_task["probabilities"], per_task["targets"],
                                                 num_bins=num_bins)
@@ -245,7 +230,8 @@ def _classification_summary(per_task: dict, num_bins: int):
   return metrics, {"reliability": bins, "risk_coverage": selective}
 
 
-def _regression_summary(per_task: dict, noise_std: Optional[float]):
+def regression_summary(per_task: dict, noise_std: Optional[float]) -> tuple[dict, dict]:
+  """The paper's MSE, the predictive mean's, quantile and PIT calibration (see `kinds.summarise`)."""
   if noise_std is None:
     raise ValueError("regression summaries need the likelihood's noise_std")
   metrics = {}

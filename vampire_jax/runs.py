@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vampire_jax import algorithms, checks, configs, meta_step, models, run_folder
+from vampire_jax import algorithms, checks, configs, kinds, meta_step, models, run_folder
 from vampire_jax.run_folder import RunCheckpoints
 from vampire_jax.config import RunConfig
 from vampire_jax.errors import MissingDataError
@@ -96,9 +96,7 @@ class Run:
     adapt_key, predict_key = jax.random.split(key)  # as the evaluator splits a task's key
     task_params = self.learner.adapt(meta_params, support_x, support_y, adapt_key)
     outputs = self.learner.predict(task_params, query_x, predict_key)
-    if self.kind == "classification":
-      return jnp.mean(jax.nn.softmax(outputs, axis=-1), axis=0)
-    return outputs
+    return kinds.get(self.kind).predictive(outputs)
 
   def _check_inputs(self, support_x, support_y, query_x) -> None:
     """Host-side checks of `predict`'s arguments: shapes, dtypes, finite values, labels."""
@@ -110,22 +108,7 @@ class Run:
                           checks.describe(x))
       checks.floating(where, name, x, checks.IMAGE_HINT)
     num_support = checks.examples(where, ("support_x", "support_y"), support_x, support_y)
-    if self.kind == "classification":
-      labels = np.asarray(support_y)
-      ways = self.num_outputs
-      if labels.shape != (num_support,) or not np.issubdtype(labels.dtype, np.integer):
-        raise checks.fail(where, "support_y", f"[{num_support}] integer labels",
-                          checks.describe(labels))
-      missing = sorted(set(range(ways)) - set(labels.tolist()))
-      if labels.min() < 0 or labels.max() >= ways or missing:
-        raise checks.fail(where, "support_y", f"labels covering every class 0..{ways - 1} of the "
-                          f"run's {ways} ways", f"labels {sorted(set(labels.tolist()))}")
-    else:
-      wanted_y = (num_support, self.num_outputs)
-      if np.shape(support_y) != wanted_y:
-        raise checks.fail(where, "support_y", f"[{num_support}, {self.num_outputs}] targets "
-                          "(one row per support example)", checks.describe(support_y))
-      checks.floating(where, "support_y", support_y)
+    kinds.get(self.kind).check_support_y(where, support_y, num_support, self.num_outputs)
     checks.check_finite(where, {"support_x": support_x, "support_y": support_y,
                                 "query_x": query_x})
 

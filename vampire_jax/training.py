@@ -42,11 +42,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from vampire_jax import algorithms, backend_defaults, calibration, config as config_lib
-from vampire_jax import diagnostics, evaluation, meta_step, models, run_folder, sharding
-from vampire_jax.run_folder import RunCheckpoints
+from vampire_jax import diagnostics, evaluation, kinds, meta_step, models, run_folder, sharding
 from vampire_jax.errors import ConfigError
 from vampire_jax.learners import MetaLearner
 from vampire_jax.reporting import MetricWriter, Progress, format_duration
+from vampire_jax.run_folder import RunCheckpoints
 from vampire_jax.tasks import Task
 
 PyTree = Any
@@ -65,7 +65,7 @@ class Problem(NamedTuple):
       (device arrays; for generated tasks, anything that tells splits apart).
     sample_tasks: `sample_tasks(split_data, task_keys [n]) -> Task` with a
       leading `[n]` axis, task i from key i alone; jittable.
-    kind: 'classification' or 'regression'.
+    kind: the name of its `kinds.ProblemKind`: 'classification' or 'regression'.
     noise_std: the regression likelihood's noise (regression only).
     query_truth: optional `query_truth(split_data, task_keys) -> [n, query, 1]`,
       the noiseless targets of the sampled tasks (regression calibration).
@@ -132,7 +132,7 @@ def _mesh_size(mesh: Optional[Mesh]) -> int:
 def build_train_step(problem: Problem, config, learner: MetaLearner, optimizer,
                      mesh: Optional[Mesh], num_steps: int) -> Callable:
   """`train_step(state, key) -> (state, metrics [num_steps])`, compiled on first call."""
-  metrics_fn = meta_step.classification_metrics if problem.kind == "classification" else None
+  metrics_fn = kinds.get(problem.kind).train_metrics
   num_local_tasks = config.tasks_per_step // _mesh_size(mesh)
   strategy, chunk = choose_batching(config.task_batching, config.chunk_size, num_local_tasks,
                                     sharded=mesh is not None)
@@ -173,12 +173,8 @@ def build_evaluator(kind: str, noise_std: Optional[float], config, learner: Meta
                                     num_local_tasks, sharded=mesh is not None)
   if strategy == "host_chunked":  # evaluation has no gradient to accumulate
     strategy = "chunked_unroll" if chunk < num_local_tasks else "unroll"
-  if kind == "classification":
-    evaluate = evaluation.make_classification_evaluator(
-        learner, task_batching=strategy, chunk_size=chunk, mesh=mesh)
-  else:
-    evaluate = evaluation.make_regression_evaluator(
-        learner, noise_std, task_batching=strategy, chunk_size=chunk, mesh=mesh)
+  evaluate = kinds.get(kind).make_evaluator(learner, noise_std, task_batching=strategy,
+                                            chunk_size=chunk, mesh=mesh)
   return jax.jit(evaluate)
 
 
@@ -330,11 +326,12 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
   per_task = evaluation.evaluate_split(
       session.evaluate_val, state.meta_params, session.val_key, config.num_val_tasks,
       eval_batch_size(config, session.mesh))
-  name = _score_name(session.problem.kind)
+  kind = kinds.get(session.problem.kind)
+  name = kind.score
   score = float(np.mean(per_task[name]))
   session.writer.write(step, {f"val/{name}": score, "val/nll": float(np.mean(per_task["nll"]))})
   best = session.checkpoints.best_record()
-  improved = best is None or (score > best["score"] if name == "accuracy" else score < best["score"])
+  improved = kind.better(score, None if best is None else best["score"])
   if improved:
     best = {"step": step, "score": score, "metric": name}
     session.checkpoints.save_best(state.meta_params, best, write_files=session.is_main)
@@ -342,10 +339,6 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
                            + (" (best so far)" if improved else
                               f" (best {best['score']:.4f} at step {best['step']})"))
   return score
-
-
-def _score_name(kind: str) -> str:
-  return "accuracy" if kind == "classification" else "mse"
 
 
 def _after_call(session: Session, state, step: int, loop: LoopState,
@@ -413,7 +406,7 @@ def _test(session: Session, meta_params) -> tuple[evaluation.Summary, dict]:
   per_task = evaluation.evaluate_split(
       session.evaluate_test, meta_params, session.test_key, config.num_test_tasks,
       eval_batch_size(config, session.mesh))
-  summary = evaluation.summarise(session.problem.kind, per_task, num_bins=config.num_bins,
+  summary = kinds.summarise(session.problem.kind, per_task, num_bins=config.num_bins,
                                  noise_std=session.problem.noise_std)
   return summary, per_task
 
@@ -507,7 +500,7 @@ def train_and_evaluate(problem: Problem, config, workdir: str | os.PathLike, *,
       session.writer.close()
       session.checkpoints.close()
     results = {
-        "config": dataclasses.asdict(config),
+        "config": dataclasses.asdict(config), "kind": problem.kind,
         "test": summary.metrics,
         "calibration": {name: calibration.to_record(curve)
                         for name, curve in summary.calibration.items()},
@@ -544,15 +537,9 @@ def device_description() -> str:
   return f"{device.platform}: {getattr(device, 'device_kind', '')} x{jax.device_count()}"
 
 
-def test_summary_line(test: dict) -> str:
-  """One line of a run's test metrics."""
-  if "accuracy" in test:
-    return (f"test accuracy {100 * test['accuracy']:.2f} +- {100 * test['accuracy_ci95']:.2f} %"
-            f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}"
-            f"  AURC {test['aurc']:.4f}  ({test['num_tasks']} tasks)")
-  calibration_part = (f"  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}" if "ece" in test else "")
-  return (f"test MSE {test['mse']:.3f} +- {test['mse_ci95']:.3f}  NLL {test['nll']:.3f}"
-          f"{calibration_part}  ({test['num_tasks']} tasks)")
+def test_summary_line(results: dict) -> str:
+  """One line of a run's test metrics, from its `results` (as `results.json` holds them)."""
+  return kinds.of_results(results).summary_line(results["test"])
 
 
 def enable_compilation_cache(cache_dir: str | os.PathLike) -> Path:

@@ -1,0 +1,159 @@
+"""What differs between kinds of problem, as one definition per kind.
+
+A `ProblemKind` holds everything the library does differently for
+classification and regression: the likelihood, the metrics of a training
+step, the evaluator, the summary of a split, the score that picks the best
+checkpoint and which way is better, what `Run.predict` returns and what
+support targets it accepts, and the line that reports a test. A `Problem`
+and a run folder name their kind; `get(name)` gives its definition. A new
+kind of problem is one more `ProblemKind` in `KINDS`.
+"""
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vampire_jax import checks, evaluation, losses, meta_step
+from vampire_jax.errors import ConfigError
+
+
+class ProblemKind(NamedTuple):
+  """How one kind of problem is learned, scored and reported.
+
+  Attributes:
+    name: 'classification', 'regression'.
+    likelihood: `likelihood(noise_std) -> nll` (`noise_std` None where unused).
+    train_metrics: `metrics_fn(query_outputs, query_y) -> dict` of a meta-step, or None.
+    make_evaluator: `make_evaluator(learner, noise_std, *, task_batching, chunk_size, mesh)
+      -> evaluate(meta_params, tasks, keys)`, per-task results.
+    summarise: `summarise(per_task, num_bins, noise_std) -> (metrics, curves)`.
+    score: the per-task result that picks the best checkpoint ('accuracy', 'mse').
+    higher_is_better: whether a larger `score` is better.
+    predictive: `predictive(outputs [draws, n, ...])`, what `Run.predict` returns.
+    check_support_y: `check_support_y(where, support_y, num_support, num_outputs)`,
+      host-side (raises InputError).
+    summary_line: `summary_line(test_metrics) -> str`, one line of a test.
+    columns: `(title, metric, scale)` of a results table; scale None: no CI.
+  """
+  name: str
+  likelihood: Callable[[Optional[float]], losses.Likelihood]
+  train_metrics: Optional[meta_step.MetricsFn]
+  make_evaluator: Callable[..., Callable]
+  summarise: Callable[[dict, int, Optional[float]], tuple[dict, dict]]
+  score: str
+  higher_is_better: bool
+  predictive: Callable[[jax.Array], jax.Array]
+  check_support_y: Callable[[str, object, int, int], None]
+  summary_line: Callable[[dict], str]
+  columns: tuple[tuple[str, str, Optional[float]], ...]
+
+  def better(self, score: float, best: Optional[float]) -> bool:
+    """Whether `score` beats `best` (None: nothing yet)."""
+    if best is None:
+      return True
+    return score > best if self.higher_is_better else score < best
+
+
+def _check_labels(where: str, support_y, num_support: int, ways: int) -> None:
+  labels = np.asarray(support_y)
+  if labels.shape != (num_support,) or not np.issubdtype(labels.dtype, np.integer):
+    raise checks.fail(where, "support_y", f"[{num_support}] integer labels",
+                      checks.describe(labels))
+  present = sorted(set(labels.tolist()))
+  if labels.min() < 0 or labels.max() >= ways or len(present) != ways:
+    raise checks.fail(where, "support_y", f"labels covering every class 0..{ways - 1} of the "
+                      f"run's {ways} ways", f"labels {present}")
+
+
+def _check_targets(where: str, support_y, num_support: int, num_outputs: int) -> None:
+  if np.shape(support_y) != (num_support, num_outputs):
+    raise checks.fail(where, "support_y", f"[{num_support}, {num_outputs}] targets (one row "
+                      "per support example)", checks.describe(support_y))
+  checks.floating(where, "support_y", support_y)
+
+
+def _classification_line(test: dict) -> str:
+  return (f"test accuracy {100 * test['accuracy']:.2f} +- {100 * test['accuracy_ci95']:.2f} %"
+          f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}"
+          f"  AURC {test['aurc']:.4f}  ({test['num_tasks']} tasks)")
+
+
+def _regression_line(test: dict) -> str:
+  calibration_part = f"  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}" if "ece" in test else ""
+  return (f"test MSE {test['mse']:.3f} +- {test['mse_ci95']:.3f}  NLL {test['nll']:.3f}"
+          f"{calibration_part}  ({test['num_tasks']} tasks)")
+
+
+def _regression_likelihood(noise_std: Optional[float]) -> losses.Likelihood:
+  if noise_std is None:
+    raise ConfigError("a regression problem needs the likelihood's noise_std")
+  return losses.gaussian_nll(noise_std)
+
+
+CLASSIFICATION = ProblemKind(
+    name="classification",
+    likelihood=lambda noise_std: losses.categorical_nll,
+    train_metrics=meta_step.classification_metrics,
+    make_evaluator=lambda learner, noise_std, **kw: evaluation.make_classification_evaluator(
+        learner, **kw),
+    summarise=lambda per_task, num_bins, noise_std: evaluation.classification_summary(
+        per_task, num_bins),
+    score="accuracy", higher_is_better=True,
+    predictive=lambda logits: jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0),
+    check_support_y=_check_labels,
+    summary_line=_classification_line,
+    columns=(("accuracy (%)", "accuracy", 100.0), ("NLL", "nll", None), ("ECE", "ece", None),
+             ("MCE", "mce", None), ("AURC", "aurc", None)),
+)
+
+REGRESSION = ProblemKind(
+    name="regression",
+    likelihood=_regression_likelihood,
+    train_metrics=None,
+    make_evaluator=evaluation.make_regression_evaluator,
+    summarise=lambda per_task, num_bins, noise_std: evaluation.regression_summary(
+        per_task, noise_std),
+    score="mse", higher_is_better=False,
+    predictive=lambda samples: samples,
+    check_support_y=_check_targets,
+    summary_line=_regression_line,
+    columns=(("MSE", "mse", 1.0), ("NLL", "nll", None), ("ECE", "ece", None),
+             ("MCE", "mce", None)),
+)
+
+KINDS: dict[str, ProblemKind] = {kind.name: kind for kind in (CLASSIFICATION, REGRESSION)}
+
+
+def get(name: str) -> ProblemKind:
+  """The kind called `name`; ConfigError naming the choices otherwise."""
+  if name not in KINDS:
+    raise ConfigError(f"problem kind {name!r} is unknown; choose one of {', '.join(KINDS)}")
+  return KINDS[name]
+
+
+def of_results(results: dict) -> ProblemKind:
+  """The kind of a run's `results` (`results.json`).
+
+  Results written before they named their kind are told apart by their score.
+  """
+  if "kind" in results:
+    return get(results["kind"])
+  return next(kind for kind in KINDS.values() if kind.score in results["test"])
+
+
+def summarise(kind: str, per_task: dict, *, num_bins: int = 15,
+              noise_std: Optional[float] = None) -> evaluation.Summary:
+  """Mean +- 95% CI of the per-task scores, the NLL, and calibration, for a `kind` problem.
+
+  Classification: accuracy, ECE/MCE of `num_bins` confidence bins (Guo et
+  al.), and selective prediction (the area under the risk-coverage curve,
+  and accuracy at 50/80/90% coverage). Regression: the paper's MSE (squared
+  error averaged over draws), the MSE of the predictive mean, the paper's
+  quantile calibration (needs `per_task['truth']`, the noiseless targets)
+  and the PIT calibration of the noisy predictive mixture (`pit_ece`,
+  `pit_mce`).
+  """
+  metrics, curves = get(kind).summarise(per_task, num_bins, noise_std)
+  return evaluation.with_nll(metrics, curves, per_task)
