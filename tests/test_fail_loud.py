@@ -73,24 +73,23 @@ def _categorical_wrong_label_shape():
   vj.categorical_nll(jnp.zeros((4, 3)), jnp.zeros((4, 1), jnp.int32))
 
 
-def _meta_step_flat_query_y():
+def _meta_step_on(change_tasks):
+  """One jitted MAML meta-step on two sine/line tasks altered by `change_tasks`."""
   apply_fn, params, _ = _regression_setup()
   learner = vj.maml(apply_fn, vj.gaussian_nll(0.3))
   optimizer = optax.adam(1e-3)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(0))
-  tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(1), 2))
-  tasks = tasks._replace(query_y=tasks.query_y[..., 0])
+  tasks = change_tasks(sine_line.tasks_from_keys(jax.random.split(jax.random.key(1), 2)))
   jax.jit(vj.make_meta_step(learner, optimizer))(state, tasks, jax.random.key(2))
+
+
+def _meta_step_flat_query_y():
+  _meta_step_on(lambda tasks: tasks._replace(query_y=tasks.query_y[..., 0]))
 
 
 def _meta_step_empty_query():
-  apply_fn, params, _ = _regression_setup()
-  learner = vj.maml(apply_fn, vj.gaussian_nll(0.3))
-  optimizer = optax.adam(1e-3)
-  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(0))
-  tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(1), 2))
-  tasks = tasks._replace(query_x=tasks.query_x[:, :0], query_y=tasks.query_y[:, :0])
-  jax.jit(vj.make_meta_step(learner, optimizer))(state, tasks, jax.random.key(2))
+  _meta_step_on(lambda tasks: tasks._replace(query_x=tasks.query_x[:, :0],
+                                             query_y=tasks.query_y[:, :0]))
 
 
 def _predict_empty_query():
