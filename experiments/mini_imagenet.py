@@ -116,7 +116,7 @@ def main(argv=None) -> dict:
   results = {}
   if not args.calibration_only:
     results = train_and_evaluate(config, workdir, progress=not args.no_progress, splits=splits)
-    print(vj.training.test_summary_line(results))
+    print(vj.training.test_summary_line(results["test"], results["kind"]))
   calibration = calibration_protocol.run_protocol(workdir, args,
                                                   jax.device_put(splits["test"].images))
   if calibration is not None:

@@ -90,7 +90,7 @@ def main(argv=None) -> dict:
   print(f"Omniglot {config.ways}-way {config.shots}-shot, {config.algorithm}, split "
         f"{config.split}; workdir {workdir}; backend {jax.default_backend()}")
   results = train_and_evaluate(config, workdir, progress=not args.no_progress)
-  print(vj.training.test_summary_line(results))
+  print(vj.training.test_summary_line(results["test"], results["kind"]))
   print(f"results: {workdir / 'results.json'}; figures: {', '.join(results['plots'].values())}")
   return results
 

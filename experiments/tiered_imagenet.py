@@ -94,7 +94,7 @@ def main(argv=None) -> dict:
   results = {}
   if not args.calibration_only:
     results = train_and_evaluate(config, workdir, progress=not args.no_progress, splits=splits)
-    print(vj.training.test_summary_line(results))
+    print(vj.training.test_summary_line(results["test"], results["kind"]))
   test = splits["test"]
   calibration = calibration_protocol.run_protocol(
       workdir, args, jax.device_put(test.features), jax.device_put(test.counts))

@@ -61,7 +61,7 @@ def test_a_new_kind_is_one_definition(tmp_path, monkeypatch):
   results = vj.train_and_evaluate(problem, config, tmp_path, progress=False,
                                   print_fn=lambda m: None)
   assert results["kind"] == "absolute_error" and results["best_validation"]["metric"] == "mae"
-  assert training.test_summary_line(results).startswith("test MAE ")
+  assert training.test_summary_line(results["test"], results["kind"]).startswith("test MAE ")
 
 
 def _with_mae(evaluate):

@@ -34,8 +34,8 @@ from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, RiskC
 from vampire_jax.checkpoint import RunCheckpoints
 from vampire_jax.config import RunConfig
 from vampire_jax.diagnostics import InnerLoopReport, check_inner_loop, debug_nonfinite
-from vampire_jax.errors import (ConfigError, DataError, InputError, MissingDataError,
-                                RunFolderError, StorageError, UserError)
+from vampire_jax.errors import (ConfigError, DataError, DivergenceError, InputError,
+                                MissingDataError, RunFolderError, StorageError, UserError)
 from vampire_jax.evaluation import (ClassificationEval, RegressionEval, evaluate_split,
                                     make_classification_evaluator, make_regression_evaluator,
                                     make_split_evaluator)
@@ -94,6 +94,6 @@ __all__ = (
     # Several devices.
     "replicate", "shard_tasks", "task_mesh",
     # Errors.
-    "UserError", "ConfigError", "DataError", "InputError", "MissingDataError", "RunFolderError",
+    "UserError", "ConfigError", "DataError", "DivergenceError", "InputError", "MissingDataError", "RunFolderError",
     "StorageError",
 )

@@ -19,6 +19,14 @@ class DataError(UserError, ValueError):
   """A data file is corrupt or incomplete, or does not match its cache."""
 
 
+class DivergenceError(ConfigError, FloatingPointError):
+  """The settings make training non-finite from the start (e.g. the inner loop at initialisation).
+
+  A `ConfigError` (the command lines print one line, exit 2) and a
+  `FloatingPointError` (a comparison records the method as diverged).
+  """
+
+
 class MissingDataError(UserError, FileNotFoundError):
   """A data folder or file is missing; the message says how to get it."""
 

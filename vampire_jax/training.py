@@ -43,7 +43,7 @@ from jax.sharding import Mesh
 
 from vampire_jax import algorithms, backend_defaults, calibration, config as config_lib
 from vampire_jax import diagnostics, evaluation, kinds, meta_step, models, run_folder, sharding
-from vampire_jax.errors import ConfigError
+from vampire_jax.errors import ConfigError, DivergenceError
 from vampire_jax.learners import MetaLearner
 from vampire_jax.reporting import MetricWriter, Progress, format_duration
 from vampire_jax.run_folder import RunCheckpoints
@@ -291,8 +291,8 @@ def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key
   """One inner loop on a real training task before the meta-step compiles (`check_inner_loop`).
 
   Raises:
-    ConfigError: the support loss goes non-finite at initialisation, with the
-      knob to turn and a value that works.
+    DivergenceError: (a ConfigError) the support loss goes non-finite at
+      initialisation; the message names the knob to turn and a value that works.
   """
   task = jax.tree_util.tree_map(lambda x: x[0], draw_tasks(problem, "train", key, 1))
   report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
@@ -301,7 +301,7 @@ def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key
   message = (f"{config.algorithm}'s inner loop at initialisation, on a training task: "
              f"{report.advice} (--inner-lr, --kl-weight; see vj.check_inner_loop)")
   if not math.isfinite(report.loss_after):
-    raise ConfigError(message)
+    raise DivergenceError(message)
   print_fn(f"warning: {message}")
 
 
@@ -537,9 +537,9 @@ def device_description() -> str:
   return f"{device.platform}: {getattr(device, 'device_kind', '')} x{jax.device_count()}"
 
 
-def test_summary_line(results: dict) -> str:
-  """One line of a run's test metrics, from its `results` (as `results.json` holds them)."""
-  return kinds.of_results(results).summary_line(results["test"])
+def test_summary_line(test: dict, kind: Optional[str] = None) -> str:
+  """One line of a run's test metrics (`results["test"]`), for its `kind` (default: by its score)."""
+  return kinds.of_results({"test": test, **({"kind": kind} if kind else {})}).summary_line(test)
 
 
 def enable_compilation_cache(cache_dir: str | os.PathLike) -> Path:
