@@ -3,6 +3,7 @@
     python -m benchmarks.profile_step                            # mini-ImageNet VAMPIRE, T=2, L=10
     python -m benchmarks.profile_step --tasks 1 --mc-samples 2   # the same step, ~10x less work
     python -m benchmarks.profile_step --settings omniglot_5w1s --tasks 4 --json profile.json
+    python -m benchmarks.profile_step --sample-batching vmap --conv-impl patches   # a lever
 
 Builds the training step of `benchmarks.suite` (tasks sampled inside the
 step, the library's batching and convolution for this backend), compiles it,
@@ -141,20 +142,28 @@ def summarise(times: dict[str, float], hlo: dict[str, dict], top: int) -> dict:
           "by_source": shares(by_source), "by_part": shares(by_part), "heaviest": heaviest}
 
 
-def profile(name: str, tasks: int, mc_samples: int, repeats: int, remat: bool, top: int) -> dict:
-  """Compiles, runs once, traces `repeats` steps of `suite`'s VAMPIRE step; returns `summarise`'s dict."""
+def profile(name: str, tasks: int, mc_samples: int, repeats: int, remat: bool, top: int,
+            conv_impl: str = "auto", sample_batching: str = "auto") -> dict:
+  """Compiles, runs once, traces `repeats` steps of `suite`'s VAMPIRE step; returns `summarise`'s dict.
+
+  `conv_impl` and `sample_batching` "auto": the library's choices (as `suite`).
+  """
   import jax
   import vampire_jax as vj
-  from vampire_jax import training
+  from vampire_jax import backend_defaults
 
-  setting = dataclasses.replace(suite.SETTINGS[name], tasks=tasks, mc_samples=mc_samples)
+  setting = dataclasses.replace(suite.SETTINGS[name], tasks=tasks, mc_samples=mc_samples,
+                                conv_impl=conv_impl)
+  draws = None if sample_batching == "auto" else sample_batching
   strategy, chunk = suite.choose_batching(setting, None)
-  strategy, chunk = training.choose_batching(strategy, chunk, tasks)
+  strategy, chunk = backend_defaults.task_batching(strategy, chunk, tasks)
   if setting.conv_impl == "auto":
-    setting = dataclasses.replace(setting, conv_impl=vj.models.auto_conv_impl(
-        task_batching=strategy, inner_steps_unrolled=False, draws_mapped=mc_samples > 1))
+    setting = dataclasses.replace(setting, conv_impl=backend_defaults.conv_impl(
+        task_batching=strategy, inner_steps_unrolled=False,
+        draws_mapped=mc_samples > 1 and draws != "vmap"))
   apply_fn, params, nll = suite.network(setting)
-  learner = suite.make_learner(setting, "vampire", apply_fn, nll, unroll_steps=False, remat=remat)
+  learner = suite.make_learner(setting, "vampire", apply_fn, nll, unroll_steps=False, remat=remat,
+                               sample_batching=draws)
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
   data = suite.random_data(setting, jax.random.key(2))
@@ -178,14 +187,17 @@ def profile(name: str, tasks: int, mc_samples: int, repeats: int, remat: bool, t
     json.dump(hlo, f)
   result = summarise(exclusive_times(read_trace(folder)), hlo, top)
   result.update(setting=name, tasks=tasks, mc_samples=mc_samples, remat=remat,
-                batching=f"{strategy}:{chunk}", conv_impl=setting.conv_impl,
+                sample_batching=sample_batching,
+                batching=f"{strategy}:{chunk}",
+                conv_impl=setting.conv_impl if setting.kind == "classification" else "none",
                 compile_s=compile_s, traced_step_s=step_s, repeats=repeats, trace_folder=folder)
   return result
 
 
 def format_report(result: dict, rows: int = 12) -> str:
   lines = [f"{result['setting']} VAMPIRE, T={result['tasks']}, L={result['mc_samples']},"
-           f" {result['batching']}, conv {result['conv_impl']}, remat {result['remat']}:"
+           f" tasks {result['batching']}, draws {result['sample_batching']},"
+           f" conv {result['conv_impl']}, remat {result['remat']}:"
            f" {result['repeats']} traced step(s); operations {result['traced_op_seconds']:.1f} s"
            f" of {result['traced_step_s'] * result['repeats']:.1f} s traced", ""]
   for title, key in (("by kind", "by_kind"), ("by source (JAX operation [pass])", "by_source"),
@@ -208,9 +220,14 @@ def main(argv=None) -> dict:
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--remat", action="store_true")
   parser.add_argument("--top", type=int, default=15, help="heaviest operations listed")
+  parser.add_argument("--conv-impl", default="auto", choices=("auto", "xla", "patches", "loop_safe"),
+                      help="Conv4's convolution (auto: the library's choice)")
+  parser.add_argument("--sample-batching", default="auto", choices=("auto", "map", "vmap"),
+                      help="how the L draws are batched (auto: lax.map for a ConvNet on a CPU)")
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)
-  result = profile(args.settings, args.tasks, args.mc_samples, args.repeats, args.remat, args.top)
+  result = profile(args.settings, args.tasks, args.mc_samples, args.repeats, args.remat, args.top,
+                   args.conv_impl, args.sample_batching)
   print(format_report(result))
   if args.json:
     with open(args.json, "w") as f:

@@ -208,8 +208,12 @@ def network(setting: Setting):
 
 
 def make_learner(setting: Setting, algorithm: str, apply_fn, nll, *, unroll_steps: bool,
-                 remat: bool, second_order_steps: Optional[int] = None):
-  """MAML or VAMPIRE in the setting; `second_order_steps=1` is the authors' code's meta-gradient."""
+                 remat: bool, second_order_steps: Optional[int] = None,
+                 sample_batching: Optional[str] = None):
+  """MAML or VAMPIRE in the setting; `second_order_steps=1` is the authors' code's meta-gradient.
+
+  `sample_batching` None: the draws as `backend_defaults` batches them (below).
+  """
   import vampire_jax as vj
   from vampire_jax import backend_defaults
   options = dict(num_inner_steps=setting.inner_steps, inner_lr=setting.inner_lr,
@@ -219,7 +223,8 @@ def make_learner(setting: Setting, algorithm: str, apply_fn, nll, *, unroll_step
   # Draws batched as `backend_defaults` decides for the network (the MLP has no convolution).
   draws = backend_defaults.sample_batching(dense_only=setting.kind == "regression")
   return vj.vampire(apply_fn, nll, kl_weight=0.1, num_mc_train=setting.mc_samples,
-                    num_mc_query=setting.mc_samples, sample_batching=draws, **options)
+                    num_mc_query=setting.mc_samples, sample_batching=sample_batching or draws,
+                    **options)
 
 
 def choose_batching(setting: Setting, requested: Optional[str]) -> tuple[str, int]:
@@ -438,7 +443,7 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
   import jax
   import numpy as np
   import vampire_jax as vj
-  from vampire_jax import training
+  from vampire_jax import backend_defaults
 
   setting = dataclasses.replace(SETTINGS[name], tasks=num_tasks)
   if options.get("mc_samples"):
@@ -447,9 +452,9 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
   if strategy == "host_chunked":
     raise ValueError("--batching host_chunked is for training steps; an episode row needs one of"
                      f" {vj.BATCHING_STRATEGIES}")
-  strategy, chunk = training.choose_batching(strategy, chunk, num_tasks)
+  strategy, chunk = backend_defaults.task_batching(strategy, chunk, num_tasks)
   if setting.conv_impl == "auto":
-    setting = dataclasses.replace(setting, conv_impl=vj.models.auto_conv_impl(
+    setting = dataclasses.replace(setting, conv_impl=backend_defaults.conv_impl(
         task_batching=strategy, inner_steps_unrolled=options["unroll_inner_steps"],
         draws_mapped=setting.mc_samples > 1))
   apply_fn, params, nll = network(setting)

@@ -188,3 +188,13 @@ def test_profile_charges_each_operation_its_exclusive_time():
   summary = profile_step.summarise(times, hlo, top=3)
   assert sum(row["share"] for row in summary["by_kind"]) == pytest.approx(1.0)
   assert len(summary["heaviest"]) == 3
+
+
+def test_profile_of_a_small_step(capsys):
+  from benchmarks import profile_step
+  result = profile_step.main(["--settings", "regression", "--tasks", "2", "--mc-samples", "2",
+                              "--top", "3"])
+  assert result["traced_op_seconds"] > 0 and len(result["heaviest"]) == 3
+  for grouping in ("by_kind", "by_source", "by_part"):
+    assert sum(row["share"] for row in result[grouping]) == pytest.approx(1.0)
+  assert "| by network part | share |" in capsys.readouterr().out
