@@ -100,17 +100,15 @@ def exclusive_times(events: list[dict]) -> dict[str, float]:
     by_thread[(event.get("pid"), event.get("tid"))].append(event)
   for thread_events in by_thread.values():
     thread_events.sort(key=lambda e: (e["ts"], -e["dur"]))
-    stack = []  # [end, name, child time]
-    def close(until):
-      while stack and stack[-1][0] <= until:
-        end, name, children, dur = stack.pop()
-        totals[name] += dur - children
+    stack = []  # open events: [end, name, time of the events nested in it, duration]
+    for event in thread_events + [{"ts": float("inf"), "dur": 0.0, "name": None}]:
+      while stack and stack[-1][0] <= event["ts"]:
+        _, name, nested, duration = stack.pop()
+        totals[name] += duration - nested
         if stack:
-          stack[-1][2] += dur
-    for event in thread_events:
-      close(event["ts"])
-      stack.append([event["ts"] + event["dur"], event["name"], 0.0, event["dur"]])
-    close(float("inf"))
+          stack[-1][2] += duration
+      if event["name"] is not None:
+        stack.append([event["ts"] + event["dur"], event["name"], 0.0, event["dur"]])
   return totals
 
 
@@ -195,11 +193,12 @@ def profile(name: str, tasks: int, mc_samples: int, repeats: int, remat: bool, t
 
 
 def format_report(result: dict, rows: int = 12) -> str:
-  lines = [f"{result['setting']} VAMPIRE, T={result['tasks']}, L={result['mc_samples']},"
-           f" tasks {result['batching']}, draws {result['sample_batching']},"
-           f" conv {result['conv_impl']}, remat {result['remat']}:"
-           f" {result['repeats']} traced step(s); operations {result['traced_op_seconds']:.1f} s"
-           f" of {result['traced_step_s'] * result['repeats']:.1f} s traced", ""]
+  header = (f"{result['setting']} VAMPIRE, T={result['tasks']}, L={result['mc_samples']},"
+            f" tasks {result['batching']}, draws {result['sample_batching']},"
+            f" conv {result['conv_impl']}, remat {result['remat']}:"
+            f" {result['repeats']} traced step(s); operations {result['traced_op_seconds']:.1f} s"
+            f" of {result['traced_step_s'] * result['repeats']:.1f} s traced")
+  lines = [header, ""]
   for title, key in (("by kind", "by_kind"), ("by source (JAX operation [pass])", "by_source"),
                      ("by network part", "by_part")):
     lines += [f"| {title} | share |", "|---|---|"]

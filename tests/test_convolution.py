@@ -98,7 +98,7 @@ def test_value_and_gradients_match_xla(case):
 
   weights = jax.random.normal(key, theirs.shape, jnp.float64)  # a generic scalar readout
   def gradients(conv):
-    loss = lambda x, kernel: jnp.sum(weights * jnp.tanh(conv(x, kernel, stride, padding)))  # noqa: E731
+    loss = lambda x, kernel: jnp.sum(weights * jnp.tanh(conv(x, kernel, stride, padding)))
     return jax.jit(jax.grad(loss, argnums=(0, 1)))(x, kernel)
   _assert_trees_close(gradients(convolution.conv2d), gradients(xla_conv), 1e-10)
 
@@ -132,7 +132,7 @@ def test_third_order_matches_xla(case):
     def loss(x, kernel):
       return jnp.sum(weights * jnp.tanh(conv(x, kernel, stride, padding)))
     def second(x, kernel):  # v' H u, H the Hessian in the kernel
-      first = lambda x, kernel: jnp.vdot(jax.grad(loss, argnums=1)(x, kernel), u)  # noqa: E731
+      first = lambda x, kernel: jnp.vdot(jax.grad(loss, argnums=1)(x, kernel), u)
       return jnp.vdot(jax.grad(first, argnums=1)(x, kernel), v)
     return jax.jit(jax.grad(second, argnums=(0, 1)))(x, kernel)
 

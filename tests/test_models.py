@@ -61,7 +61,7 @@ def _pool_chain(pool, x):
 
 
 def test_max_pool_2x2_equals_flax_max_pool_at_odd_sizes():
-  flax_pool = lambda x: flax.linen.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")  # noqa: E731
+  flax_pool = lambda x: flax.linen.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
   x = jax.random.normal(jax.random.key(0), (2, 84, 84, 3))  # continuous: no tied maxima
   ours, theirs = _pool_chain(vj.models.max_pool_2x2, x), _pool_chain(flax_pool, x)
   assert [o.shape[1:3] for o in ours] == [(42, 42), (21, 21), (10, 10), (5, 5)]

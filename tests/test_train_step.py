@@ -52,7 +52,7 @@ def _hand_query_loss(algorithm, apply_fn, meta_params, task, key):
   (VAMPIRE: on the VFE, with fresh draws of the weight noise at every step, key
   path as documented in `query_loss` and `adapt`), then the mean NLL on the query set."""
   def mean_nll(weights, x, y):  # weights: a tree with a leading [draws] axis
-    return jnp.mean(jnp.stack([_hand_nll(apply_fn(jax.tree_util.tree_map(lambda w: w[i], weights), x), y)
+    return jnp.mean(jnp.stack([_hand_nll(apply_fn(jax.tree_util.tree_map(lambda w, i=i: w[i], weights), x), y)
                                for i in range(DRAWS)]))
   def sgd(params, grads):
     return jax.tree_util.tree_map(lambda p, g: p - INNER_LR * g, params, grads)
@@ -72,6 +72,19 @@ def _hand_query_loss(algorithm, apply_fn, meta_params, task, key):
   return mean_nll(vj.sample(q, query_key, DRAWS), task.query_x, task.query_y)
 
 
+def _adam_by_hand(params, mu, nu, grads, t):
+  """Adam's step t (from 1): lr 1e-3, b1 0.9, b2 0.999, eps 1e-8; mu, nu None before step 1."""
+  tree_map = jax.tree_util.tree_map
+  mu = tree_map(lambda g: 0.1 * g, grads) if mu is None else tree_map(
+      lambda g, m: 0.1 * g + 0.9 * m, grads, mu)
+  nu = tree_map(lambda g: 0.001 * g ** 2, grads) if nu is None else tree_map(
+      lambda g, v: 0.001 * g ** 2 + 0.999 * v, grads, nu)
+  mu_scale, nu_scale = 1 / (1 - 0.9 ** t), 1 / (1 - 0.999 ** t)  # bias correction
+  params = tree_map(lambda p, m, v: p - 1e-3 * (m * mu_scale) / (jnp.sqrt(v * nu_scale) + 1e-8),
+                    params, mu, nu)
+  return params, mu, nu
+
+
 @pytest.mark.parametrize("algorithm", ["maml", "vampire"])
 def test_train_step_is_the_meta_step_on_the_tasks_it_draws(algorithm):
   """Two steps of `make_train_step` against the algorithm written out by hand: each
@@ -89,17 +102,11 @@ def test_train_step_is_the_meta_step_on_the_tasks_it_draws(algorithm):
     state, metrics = step(state, None, key)
     task_keys, adapt_keys = vj.meta_step.step_keys(key, t - 1, 4)
     tasks = _sampler(None, task_keys)
-    per_task = [loss_and_grad(params, jax.tree_util.tree_map(lambda a: a[i], tasks), adapt_keys[i])
+    per_task = [loss_and_grad(params, jax.tree_util.tree_map(lambda a, i=i: a[i], tasks), adapt_keys[i])
                 for i in range(4)]
     loss = sum(l for l, _ in per_task) / 4
     grads = jax.tree_util.tree_map(lambda *g: sum(g) / 4, *(g for _, g in per_task))
-    mu = jax.tree_util.tree_map(lambda g, m: 0.1 * g + (0.9 * m if t > 1 else 0), grads,
-                                grads if mu is None else mu)
-    nu = jax.tree_util.tree_map(lambda g, v: 0.001 * g ** 2 + (0.999 * v if t > 1 else 0), grads,
-                                grads if nu is None else nu)
-    params = jax.tree_util.tree_map(
-        lambda p, m, v: p - 1e-3 * (m / (1 - 0.9 ** t)) / (jnp.sqrt(v / (1 - 0.999 ** t)) + 1e-8),
-        params, mu, nu)
+    params, mu, nu = _adam_by_hand(params, mu, nu, grads, t)
     grad_norm = jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree_util.tree_leaves(grads)))
 
     assert int(state.step) == t
