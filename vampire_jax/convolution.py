@@ -28,7 +28,7 @@ differentiate forward, so `jax.jvp`, `jax.jacfwd`, `jax.hessian` and
 `jax.linearize` of anything that runs it raise "TypeError: can't apply
 forward-mode autodiff (jvp) to a custom_vjp function". It runs in
 `Conv4(conv_impl="loop_safe")`, what the experiments' `conv_impl="auto"`
-picks on a CPU (`models.auto_conv_impl`). Use
+picks on a CPU (`backend_defaults.conv_impl`). Use
 `conv_impl="xla"` for forward mode, or differentiate in reverse twice:
 `jax.jacrev(jax.jacrev(f))` is a Hessian. (A forward-mode rule would need a
 `custom_jvp`, and JAX would then transpose its tangent map with XLA's own
