@@ -53,6 +53,16 @@ Each row runs in a fresh process and reports:
 then one markdown table. Cost and memory analyses are optional in JAX (the
 GPU backend may give none): a number a backend does not give is None in the
 row and "n/a" in the table.
+
+Test episodes (`--episodes`): VAMPIRE adapting to a task's support set and
+predicting its queries, S inner steps with L = --episode-mc-samples (default
+10) draws in both, for --episode-tasks tasks at once (default 1 and 32); the
+tasks are sampled beforehand, one jitted evaluator call
+(`vj.make_classification_evaluator` / `make_regression_evaluator`, the
+batching above) scores them all. Each row reports the compile time
+(`lower().compile()`) apart from the mean seconds of --repeats calls:
+
+    python -m benchmarks.suite --episodes --settings mini_imagenet_5w1s,omniglot_5w1s
 """
 
 import argparse
@@ -198,8 +208,12 @@ def network(setting: Setting):
 
 
 def make_learner(setting: Setting, algorithm: str, apply_fn, nll, *, unroll_steps: bool,
-                 remat: bool, second_order_steps: Optional[int] = None):
-  """MAML or VAMPIRE in the setting; `second_order_steps=1` is the authors' code's meta-gradient."""
+                 remat: bool, second_order_steps: Optional[int] = None,
+                 sample_batching: Optional[str] = None):
+  """MAML or VAMPIRE in the setting; `second_order_steps=1` is the authors' code's meta-gradient.
+
+  `sample_batching` None: the draws as `backend_defaults` batches them (below).
+  """
   import vampire_jax as vj
   from vampire_jax import backend_defaults
   options = dict(num_inner_steps=setting.inner_steps, inner_lr=setting.inner_lr,
@@ -209,7 +223,8 @@ def make_learner(setting: Setting, algorithm: str, apply_fn, nll, *, unroll_step
   # Draws batched as `backend_defaults` decides for the network (the MLP has no convolution).
   draws = backend_defaults.sample_batching(dense_only=setting.kind == "regression")
   return vj.vampire(apply_fn, nll, kl_weight=0.1, num_mc_train=setting.mc_samples,
-                    num_mc_query=setting.mc_samples, sample_batching=draws, **options)
+                    num_mc_query=setting.mc_samples, sample_batching=sample_batching or draws,
+                    **options)
 
 
 def choose_batching(setting: Setting, requested: Optional[str]) -> tuple[str, int]:
@@ -416,10 +431,74 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
           "loss_finite": bool(np.all(np.isfinite(losses)))}
 
 
-def _in_fresh_process(name: str, algorithm: str, options: dict) -> dict:
+def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
+  """Times VAMPIRE test episodes: adapt and predict `num_tasks` tasks in one jitted call.
+
+  `options` as `run_row`'s, with "mc_samples" (L for adaptation and
+  prediction, the setting's own if 0 or missing). The compile time is
+  `lower(...).compile()` alone; `episode_s` is the mean of "repeats" calls
+  after one untimed call.
+  """
+  _fresh_compilation_cache()
+  import jax
+  import numpy as np
+  import vampire_jax as vj
+  from vampire_jax import backend_defaults
+
+  setting = dataclasses.replace(SETTINGS[name], tasks=num_tasks)
+  if options.get("mc_samples"):
+    setting = dataclasses.replace(setting, mc_samples=options["mc_samples"])
+  strategy, chunk = choose_batching(setting, options["batching"])
+  if strategy == "host_chunked":
+    raise ValueError("--batching host_chunked is for training steps; an episode row needs one of"
+                     f" {vj.BATCHING_STRATEGIES}")
+  strategy, chunk = backend_defaults.task_batching(strategy, chunk, num_tasks)
+  if setting.conv_impl == "auto":
+    setting = dataclasses.replace(setting, conv_impl=backend_defaults.conv_impl(
+        task_batching=strategy, inner_steps_unrolled=options["unroll_inner_steps"],
+        draws_mapped=setting.mc_samples > 1))
+  apply_fn, params, nll = network(setting)
+  learner = make_learner(setting, "vampire", apply_fn, nll,
+                         unroll_steps=options["unroll_inner_steps"], remat=False)
+  meta_params = learner.init(params, jax.random.key(1))
+  tasks = random_tasks(setting, jax.random.key(2), num_tasks)
+  if setting.kind == "regression":
+    evaluator = vj.make_regression_evaluator(learner, 0.3, task_batching=strategy, chunk_size=chunk)
+  else:
+    evaluator = vj.make_classification_evaluator(learner, task_batching=strategy, chunk_size=chunk)
+  key = jax.random.key(3)
+  start = time.perf_counter()
+  episode = jax.jit(evaluator).lower(meta_params, tasks, key).compile()
+  compile_s = time.perf_counter() - start
+  jax.block_until_ready(episode(meta_params, tasks, key))
+  start = time.perf_counter()
+  for _ in range(options["repeats"]):
+    result = jax.block_until_ready(episode(meta_params, tasks, key))
+  episode_s = (time.perf_counter() - start) / options["repeats"]
+  score = result.accuracy if setting.kind == "classification" else result.mse
+  return {"setting": name, "algorithm": "vampire", "tasks": num_tasks,
+          "mc_samples": setting.mc_samples, "inner_steps": setting.inner_steps,
+          "batching": f"{strategy}:{chunk}", "conv_impl": setting.conv_impl,
+          "compile_s": compile_s, "episode_s": episode_s, "ms_per_task": 1000 * episode_s / num_tasks,
+          "tasks_per_s": num_tasks / episode_s, "peak_mb": peak_memory()[0],
+          "score_finite": bool(np.all(np.isfinite(np.asarray(score))))}
+
+
+def format_episode_table(rows: list[dict]) -> str:
+  """Episode rows as one markdown table."""
+  lines = ["| setting | T | L | S | batching | conv | compile (s) | s/call | ms/task | tasks/s |"
+           " peak MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['setting']} | {r['tasks']} | {r['mc_samples']} | {r['inner_steps']} |"
+                 f" {r['batching']} | {r['conv_impl']} | {r['compile_s']:.1f} | {r['episode_s']:.3f} |"
+                 f" {r['ms_per_task']:.1f} | {r['tasks_per_s']:.1f} | {fmt(r['peak_mb'], '.0f')} |")
+  return "\n".join(lines)
+
+
+def _in_fresh_process(name: str, algorithm: str, options: dict, row_fn=None) -> dict:
   context = multiprocessing.get_context("spawn")
   with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-    return pool.submit(run_row, name, algorithm, options).result()
+    return pool.submit(row_fn or run_row, name, algorithm, options).result()
 
 
 def fmt(value, spec: str) -> str:
@@ -480,6 +559,12 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--json", default=None, help="also write the rows to this file")
   parser.add_argument("--same-process", action="store_true",
                       help="run every row in this process (peak memory then accumulates)")
+  parser.add_argument("--episodes", action="store_true",
+                      help="time VAMPIRE test episodes (adapt + predict) instead of training steps")
+  parser.add_argument("--episode-tasks", default="1,32",
+                      help="comma list of task counts per episode call (with --episodes)")
+  parser.add_argument("--episode-mc-samples", type=int, default=10,
+                      help="L, weight draws to adapt and to predict (with --episodes)")
   args = parser.parse_args(argv)
   options = {"quick": args.quick, "tasks": args.tasks,
              "repeats": args.repeats or (2 if args.quick else 5), "batching": args.batching,
@@ -490,6 +575,8 @@ def main(argv=None) -> list[dict]:
   if unknown:
     parser.error(f"unknown settings {sorted(unknown)}; choose from {SETTINGS_HELP}")
 
+  if args.episodes:
+    return _episodes(names, args, options)
   import jax
   device = jax.devices()[0]
   print(f"backend {jax.default_backend()} ({getattr(device, 'device_kind', '')}) x{jax.device_count()},"
@@ -504,6 +591,29 @@ def main(argv=None) -> list[dict]:
   print(f"\npeak FLOP/s: {rows[0]['peak_source'] if rows else ''}; inner loop"
         f" {rows[0]['inner_loop'] if rows else ''}; total wall time {time.time() - start:.0f} s\n")
   print(format_table(rows))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=2)
+  return rows
+
+
+def _episodes(names: list[str], args, options: dict) -> list[dict]:
+  import jax
+  counts = [int(n) for n in args.episode_tasks.split(",") if n.strip()]
+  options = dict(options, mc_samples=args.episode_mc_samples)
+  print(f"backend {jax.default_backend()}, jax {jax.__version__}; VAMPIRE test episodes,"
+        f" L={args.episode_mc_samples}, {options['repeats']} timed calls", flush=True)
+  rows = []
+  for name in names:
+    for count in counts:
+      if args.same_process:
+        rows.append(run_episode_row(name, count, options))
+      else:
+        rows.append(_in_fresh_process(name, count, options, row_fn=run_episode_row))
+      row = rows[-1]
+      print(f"  {name:19s} T={count:<3d} compile {row['compile_s']:6.1f} s  {row['episode_s']:7.3f} s/call"
+            f"  {row['ms_per_task']:8.1f} ms/task", flush=True)
+  print("\n" + format_episode_table(rows))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=2)

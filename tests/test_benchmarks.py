@@ -152,3 +152,49 @@ def test_conv_gradients_benchmark_rows():
       "xla conv, input gradient", "xla conv, filter gradient", "loop_safe conv, input gradient",
       "loop_safe conv, filter gradient", "2x2 max-pool gradient"]
   assert all(row["top_ms"] > 0 and row["loop_ms"] > 0 for row in rows)
+
+
+def test_episode_rows_adapt_and_predict(keep_cache_config, capsys):
+  rows = suite.main(["--episodes", "--settings", "regression", "--episode-tasks", "1,2",
+                     "--episode-mc-samples", "3", "--repeats", "1", "--same-process"])
+  assert [(r["tasks"], r["mc_samples"]) for r in rows] == [(1, 3), (2, 3)]
+  for row in rows:
+    assert row["compile_s"] > 0 and row["episode_s"] > 0 and row["score_finite"]
+    assert row["tasks_per_s"] == pytest.approx(row["tasks"] / row["episode_s"])
+  assert "| regression | 2 | 3 | 5 | vmap:1 |" in capsys.readouterr().out
+  options = dict(QUICK_OPTIONS, mc_samples=2, repeats=1)
+  omniglot = suite.run_episode_row("omniglot_5w1s", 2, options)
+  expected_batching = "map:1" if jax.default_backend() == "cpu" else "vmap:1"
+  assert omniglot["batching"] == expected_batching and omniglot["mc_samples"] == 2
+  assert omniglot["score_finite"] and omniglot["episode_s"] > 0
+  with pytest.raises(ValueError, match="host_chunked"):
+    suite.run_episode_row("regression", 2, dict(options, batching="host_chunked:1"))
+
+
+def test_profile_charges_each_operation_its_exclusive_time():
+  from benchmarks import profile_step
+  events = [{"pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0, "name": "while.1"},
+            {"pid": 1, "tid": 1, "ts": 2.0, "dur": 3.0, "name": "fusion.2"},
+            {"pid": 1, "tid": 1, "ts": 6.0, "dur": 1.0, "name": "fusion.2"},
+            {"pid": 1, "tid": 2, "ts": 1.0, "dur": 4.0, "name": "dot.3"}]
+  assert profile_step.exclusive_times(events) == {"while.1": 6.0, "fusion.2": 4.0, "dot.3": 4.0}
+  x = jax.numpy.ones((8, 8))
+  text = jax.jit(lambda x: jax.numpy.tanh(x @ x).sum(0)).lower(x).compile().as_text()
+  hlo = profile_step.parse_hlo(text)
+  assert any("dot" in info["kind"] for info in hlo.values()), hlo
+  assert profile_step.source_of("jit(f)/transpose(jvp(g))/conv_general_dilated") == (
+      "conv_general_dilated [backward]")
+  times = {name: 1.0 for name in hlo}
+  summary = profile_step.summarise(times, hlo, top=3)
+  assert sum(row["share"] for row in summary["by_kind"]) == pytest.approx(1.0)
+  assert len(summary["heaviest"]) == 3
+
+
+def test_profile_of_a_small_step(capsys):
+  from benchmarks import profile_step
+  result = profile_step.main(["--settings", "regression", "--tasks", "2", "--mc-samples", "2",
+                              "--top", "3"])
+  assert result["traced_op_seconds"] > 0 and len(result["heaviest"]) == 3
+  for grouping in ("by_kind", "by_source", "by_part"):
+    assert sum(row["share"] for row in result[grouping]) == pytest.approx(1.0)
+  assert "| by network part | share |" in capsys.readouterr().out

@@ -102,3 +102,36 @@ def test_gaussian_with_mismatched_trees_is_rejected():
     vj.check_gaussian(vj.Gaussian({"a": jnp.zeros(2)}, {"a": jnp.zeros(3)}))
   with pytest.raises(ValueError, match="num_samples"):
     vj.sample(vj.point_mass({"a": jnp.zeros(2)}), jax.random.key(0), 0)
+
+
+def test_every_weight_draw_is_fresh_noise():
+  """No value of the noise repeats: fails if `_normal_like` drew its two halves with one key."""
+  dist = vj.Gaussian({"a": jnp.zeros(3), "b": jnp.zeros((2, 2))},
+                     {"a": jnp.zeros(3), "b": jnp.zeros((2, 2))})  # mean 0, std 1: draws are noise
+  for num_samples in (1, 2, 1001):  # totals of 7, 14 and 7007 numbers (odd and even)
+    draws = vj.sample(dist, jax.random.key(0), num_samples)
+    noise = np.concatenate([np.asarray(leaf).ravel() for leaf in jax.tree_util.tree_leaves(draws)])
+    repeated = noise.size - np.unique(noise).size
+    assert repeated <= noise.size // 1000, (num_samples, repeated, noise.size)
+
+
+def test_adapt_draws_new_noise_at_every_inner_step():
+  """Fails if `adapt` used one key for every inner step.
+
+  With loss = w (one weight, no KL) and a tiny learning rate, each step moves
+  log_std by -lr * eps_s * sigma, eps_s the step's noise: after S steps the move
+  over lr is about -(eps_1 + ... + eps_S), of variance S if the steps draw
+  independent noise and S^2 if they share it.
+  """
+  num_steps, lr = 4, 1e-4
+  prior = vj.Gaussian({"w": jnp.zeros(())}, {"w": jnp.zeros(())})
+
+  def moved(key):
+    posterior = vj.adapt(prior, jnp.zeros((1, 1)), jnp.zeros((1, 1)), key,
+                         loss_fn=lambda params, x, y: params["w"], num_steps=num_steps,
+                         inner_lr=lr, num_mc_samples=1, kl_weight=0.0)
+    return posterior.log_std["w"] / lr
+
+  moves = jax.jit(jax.vmap(moved))(jax.random.split(jax.random.key(0), 4000))
+  variance = float(jnp.var(moves))
+  assert 0.85 * num_steps < variance < 1.15 * num_steps, variance  # shared noise: 16

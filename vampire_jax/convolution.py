@@ -11,7 +11,8 @@ convolution gradient of the meta-gradient inside a loop.
 input, HWIO kernel, explicit padding, a stride) with a custom gradient:
 
   d kernel[i, j] = sum over (n, h, w) of the input window at tap (i, j),
-                   strided, times the output gradient: one matrix product per tap;
+                   strided, times the output gradient: the taps stacked, one
+                   matrix product;
   d input        = a stride-1, unpadded forward convolution (`conv2d` again)
                    of the output gradient, dilated by the stride and padded by
                    the kernel size less one, with the kernel flipped and its
@@ -19,7 +20,19 @@ input, HWIO kernel, explicit padding, a stride) with a custom gradient:
 
 Every gradient is built from `conv2d`, slices, pads and matrix products, so
 the gradient of the gradient (the meta-gradient's second-order terms) is too.
-The values equal XLA's up to float rounding (tested to the third order).
+The values equal XLA's up to float rounding, tested to the third derivative
+(`tests/test_convolution.py`).
+
+Reverse mode only: `conv2d` is a `jax.custom_vjp`, which JAX cannot
+differentiate forward, so `jax.jvp`, `jax.jacfwd`, `jax.hessian` and
+`jax.linearize` of anything that runs it raise "TypeError: can't apply
+forward-mode autodiff (jvp) to a custom_vjp function". It runs in
+`Conv4(conv_impl="loop_safe")`, what the experiments' `conv_impl="auto"`
+picks on a CPU (`backend_defaults.conv_impl`). Use
+`conv_impl="xla"` for forward mode, or differentiate in reverse twice:
+`jax.jacrev(jax.jacrev(f))` is a Hessian. (A forward-mode rule would need a
+`custom_jvp`, and JAX would then transpose its tangent map with XLA's own
+gradient convolutions, the slow ones this module avoids.)
 """
 
 import functools
@@ -49,6 +62,9 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, padding: Padding) -> ja
 
   Returns:
     `[batch, out_height, out_width, out]`.
+
+  Reverse-mode differentiable to any order; not forward mode (`jax.jvp`,
+  `jax.jacfwd`, `jax.hessian` raise a TypeError; see the module docstring).
   """
   return lax.conv_general_dilated(x, kernel, (stride, stride), padding,
                                   dimension_numbers=_DIMENSIONS)
@@ -65,12 +81,15 @@ def _backward(stride, padding, residuals, grad):
   padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
   out_h, out_w = grad.shape[1:3]
   # Each kernel tap sees the padded input from (i, j) on, every `stride`-th pixel.
-  taps = [lax.slice(padded, (0, i, j, 0),
-                    (padded.shape[0], i + (out_h - 1) * stride + 1, j + (out_w - 1) * stride + 1,
-                     padded.shape[3]), (1, stride, stride, 1))
-          for i in range(kh) for j in range(kw)]
-  d_kernel = jnp.stack([jnp.einsum("nhwc,nhwd->cd", tap, grad) for tap in taps])
-  d_kernel = d_kernel.reshape(kernel.shape)
+  taps = jnp.stack([lax.slice(padded, (0, i, j, 0),
+                              (padded.shape[0], i + (out_h - 1) * stride + 1,
+                               j + (out_w - 1) * stride + 1, padded.shape[3]),
+                              (1, stride, stride, 1))
+                    for i in range(kh) for j in range(kw)])  # [kh * kw, n, out_h, out_w, in]
+  # One matrix product for all taps. Nine products stacked (one per tap) gave a wrong
+  # second-order meta-gradient under jit on XLA:CPU (its algebraic simplifier; correct
+  # op by op): tests/test_convolution.py, `test_loop_safe_conv4_equals_xla_conv4`.
+  d_kernel = jnp.einsum("tnhwc,nhwd->tcd", taps, grad).reshape(kernel.shape)
   # Full correlation of the stride-dilated gradient with the flipped kernel.
   dilated = lax.pad(grad, jnp.zeros((), grad.dtype),
                     ((0, 0, 0), (kh - 1, kh - 1, stride - 1), (kw - 1, kw - 1, stride - 1),

@@ -111,10 +111,14 @@ CONV_IMPLS = ("xla", "patches", "loop_safe")
 def max_pool_2x2(x: jax.Array) -> jax.Array:
   """`nn.max_pool(x, (2, 2), strides=(2, 2), padding='VALID')` as a max over a reshape.
 
-  The same values; the gradient goes to every maximum of a window (XLA's
-  select-and-scatter picks one), which differs only for tied maxima, and after
-  a ReLU those are zeros, whose gradient the ReLU stops. XLA:CPU runs this
-  gradient about twice as fast (`python -m benchmarks.conv_gradients`).
+  The same values, and an odd last row or column is dropped as 'VALID' drops
+  it (84 -> 42 -> 21 -> 10 -> 5). The gradient of a window goes to its
+  maximum; where k entries tie for the maximum, each gets 1/k of it (XLA's
+  select-and-scatter, under `nn.max_pool`, gives it all to one). That differs
+  only for tied maxima, and after a ReLU those are zeros, whose gradient the
+  ReLU stops. XLA:CPU runs this gradient about twice as fast
+  (`python -m benchmarks.conv_gradients`). Tested against `nn.max_pool` in
+  tests/test_models.py.
   """
   n, height, width, channels = x.shape
   x = x[:, :height // 2 * 2, :width // 2 * 2]  # VALID: an odd last row/column is dropped
