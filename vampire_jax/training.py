@@ -43,6 +43,7 @@ from jax.sharding import Mesh
 
 from vampire_jax import algorithms, batching, calibration, config as config_lib, configs
 from vampire_jax import diagnostics, evaluation, losses, meta_step, models, sharding
+from vampire_jax import predictive_uncertainty
 from vampire_jax.checkpoint import RunCheckpoints
 from vampire_jax.errors import ConfigError
 from vampire_jax.learners import MetaLearner
@@ -70,6 +71,11 @@ class Problem(NamedTuple):
     query_truth: optional `query_truth(split_data, task_keys) -> [n, query, 1]`,
       the noiseless targets of the sampled tasks (regression calibration).
     data_info: what the data is and where it came from (recorded).
+    sample_open_set_tasks: optional, classification: `sample_open_set_tasks(
+      split_data, task_keys) -> Task`, the sampler's task i with extra queries
+      of classes outside its support set, labelled -1
+      (`data.open_set_tasks_from_keys`). With it the test adds open-set
+      episodes (`results['test']['open_set']`); None: no open-set test.
   """
   model: nn.Module
   input_shape: tuple[int, ...]
@@ -79,6 +85,7 @@ class Problem(NamedTuple):
   noise_std: Optional[float] = None
   query_truth: Optional[Callable[[PyTree, jax.Array], jax.Array]] = None
   data_info: dict = {}
+  sample_open_set_tasks: Optional[Callable[[PyTree, jax.Array], Task]] = None
 
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -244,6 +251,26 @@ def split_evaluator(problem: Problem, evaluate: Callable, split: str,
                                          query_truth=problem.query_truth, mesh=mesh)
 
 
+def open_set_evaluator(problem: Problem, config, learner: MetaLearner,
+                       mesh: Optional[Mesh] = None) -> Optional[Callable]:
+  """`evaluate_indices` of the test split's open-set episodes, or None if there are none.
+
+  Episode i is test task i (same sample key, same adaptation and draws) with
+  the extra queries of `problem.sample_open_set_tasks`.
+  """
+  if problem.kind != "classification" or problem.sample_open_set_tasks is None:
+    return None
+  num_local_tasks = eval_batch_size(config, mesh) // _mesh_size(mesh)
+  strategy, chunk = choose_batching(config.eval_task_batching, config.eval_chunk_size,
+                                    num_local_tasks, sharded=mesh is not None)
+  if strategy == "host_chunked":
+    strategy = "chunked_unroll" if chunk < num_local_tasks else "unroll"
+  evaluate = jax.jit(evaluation.make_open_set_evaluator(learner, task_batching=strategy,
+                                                        chunk_size=chunk, mesh=mesh))
+  return evaluation.make_split_evaluator(evaluate, problem.sample_open_set_tasks,
+                                         problem.splits["test"], mesh=mesh)
+
+
 def draw_tasks(problem: Problem, split: str, key: jax.Array, num_tasks: int) -> Task:
   """`num_tasks` tasks of `split` (e.g. to look at them), keys split from `key`."""
   return jax.jit(problem.sample_tasks)(problem.splits[split], jax.random.split(key, num_tasks))
@@ -376,6 +403,7 @@ class Session(NamedTuple):
   writer: MetricWriter
   progress: Progress
   print_fn: Callable[[str], None]
+  evaluate_open_set: Optional[Callable] = None  # the test's open-set episodes, if any
 
 
 def _initial_state(problem: Problem, config, learner: MetaLearner, optimizer, key, mesh):
@@ -511,6 +539,14 @@ def _test(session: Session, meta_params) -> tuple[evaluation.Summary, dict]:
       eval_batch_size(config, session.mesh))
   summary = evaluation.summarise(session.problem.kind, per_task, num_bins=config.num_bins,
                                  noise_std=session.problem.noise_std)
+  if session.evaluate_open_set is not None:
+    session.progress.message(f"open-set episodes: the {config.num_test_tasks} test tasks with "
+                             "queries of unknown classes...")
+    open_set = evaluation.evaluate_split(
+        session.evaluate_open_set, meta_params, session.test_key, config.num_test_tasks,
+        eval_batch_size(config, session.mesh))
+    summary.metrics["open_set"] = predictive_uncertainty.open_set_summary(open_set)
+    per_task.update({f"open_set_{name}": values for name, values in open_set.items()})
   return summary, per_task
 
 
@@ -545,7 +581,8 @@ def _setup(problem: Problem, config, workdir: Path, progress: bool,
       train_key, val_key, test_key,
       checkpoints, MetricWriter(workdir, enabled=is_main),
       Progress(config.num_meta_steps, int(state.step), enabled=progress and is_main,
-               print_fn=print_fn), print_fn)
+               print_fn=print_fn), print_fn,
+      open_set_evaluator(problem, config, test_learner, mesh))
   return session, state, earlier_seconds
 
 
@@ -629,9 +666,13 @@ def device_description() -> str:
 def test_summary_line(test: dict) -> str:
   """One line of a run's test metrics."""
   if "accuracy" in test:
+    open_set = test.get("open_set", {}).get("auroc")
+    open_set_part = ("" if not open_set else "  open-set AUROC (max prob / MI) " + " / ".join(
+        "–" if open_set[k] is None else f"{open_set[k]:.3f}"
+        for k in ("max_prob", "mutual_information")))
     return (f"test accuracy {100 * test['accuracy']:.2f} +- {100 * test['accuracy_ci95']:.2f} %"
             f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}"
-            f"  AURC {test['aurc']:.4f}  ({test['num_tasks']} tasks)")
+            f"  AURC {test['aurc']:.4f}{open_set_part}  ({test['num_tasks']} tasks)")
   calibration_part = (f"  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}" if "ece" in test else "")
   return (f"test MSE {test['mse']:.3f} +- {test['mse_ci95']:.3f}  NLL {test['nll']:.3f}"
           f"{calibration_part}  ({test['num_tasks']} tasks)")
