@@ -37,7 +37,7 @@ GROUPS = {
              "existing_only"),
     "speed": ("task_batching", "chunk_size", "eval_task_batching", "eval_chunk_size",
               "eval_batch_tasks", "steps_per_call", "unroll_inner_steps", "sample_batching",
-              "conv_impl", "shard_tasks", "remat", "compute_dtype"),
+              "conv_impl", "shard_tasks", "remat", "compute_dtype", "debug_nans"),
     "evaluation": ("num_mc_test", "num_val_tasks", "num_test_tasks", "eval_every", "num_bins",
                    "num_plot_tasks", "num_open_set_classes"),
 }
