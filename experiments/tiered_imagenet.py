@@ -53,7 +53,7 @@ def make_problem(config: FeaturesConfig, workdir: Optional[Path] = None,
     (Path(workdir) / "split.json").write_text(json.dumps(record, indent=1))
 
   episode = dict(ways=config.ways, shots=config.shots, query=config.query, rotate=False)
-  num_unknown = vj.configs.open_set_classes(config)
+  num_unknown = vj.configs.open_set_classes(config, len(splits["test"].wnids))
 
   def sample_tasks(split, task_keys):
     features, counts = split

@@ -247,6 +247,12 @@ def test_open_set_config_checks():
     with pytest.raises(ConfigError, match=message):
       dataclasses.replace(config, num_open_set_classes=value).validate()
   assert vj.configs.open_set_classes(dataclasses.replace(config, num_open_set_classes=0)) == 0
+  # A partial copy with 7 test classes: the default takes the 2 left beside the 5 ways, an
+  # explicit number it cannot give fails before training.
+  assert vj.configs.open_set_classes(config, test_classes=7) == 2
+  assert vj.configs.open_set_classes(config, test_classes=5) == 0
+  with pytest.raises(ConfigError, match="test split has 7"):
+    vj.configs.open_set_classes(dataclasses.replace(config, num_open_set_classes=3), 7)
 
 
 def test_platipus_presets_are_the_authors_commands():

@@ -42,13 +42,31 @@ class ConvNetConfig(RunConfig):
 
 # Open-set episodes: a test-time setting of every classification config.
 _OPEN_SET_HELP = ("unknown classes added to each test episode, as many queries each as a known "
-                  "class (none: as many as --ways; 0: no open-set episodes)")
+                  "class (none: as many as --ways, at most the test classes left beside "
+                  "them; 0: no open-set episodes)")
 
 
-def open_set_classes(config) -> int:
-  """Unknown classes per open-set test episode: `num_open_set_classes`, None -> `ways`."""
+def open_set_classes(config, test_classes: Optional[int] = None) -> int:
+  """Unknown classes per open-set test episode: `num_open_set_classes`, None -> `ways`.
+
+  Args:
+    config: a classification config.
+    test_classes: the classes the loaded test split has, if known. The
+      default (None) then takes at most the classes left beside the task's
+      `ways` (0: no open-set episodes, e.g. on a partial copy of the data).
+
+  Raises:
+    ConfigError: an explicit number the test split cannot give.
+  """
   value = getattr(config, "num_open_set_classes", 0)
-  return config.ways if value is None else value
+  if value is None:
+    return config.ways if test_classes is None else max(0, min(config.ways,
+                                                               test_classes - config.ways))
+  if value and test_classes is not None and config.ways + value > test_classes:
+    raise ConfigError(f"--num-open-set-classes {value}: an open-set test episode needs "
+                      f"--ways + unknown = {config.ways + value} classes, but the test split has "
+                      f"{test_classes} (0 turns open-set episodes off)")
+  return value
 
 
 def _check_open_set(config, test_classes: Optional[int], what: str) -> None:
