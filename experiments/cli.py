@@ -35,13 +35,14 @@ GROUPS = {
                   "abml_hyper_prior_weight"),
     "task": ("ways", "shots", "query", "num_support", "num_query", "noise_std",
              "class_sampling", "num_filters", "hidden_sizes", "batch_norm_affine"),
-    "data": ("dataset", "crop", "l2_normalize", "split", "split_seed", "image_size", "data_dir",
-             "data_source", "source", "cache_dir", "existing_only"),
+    "data": ("dataset", "crop", "l2_normalize", "split", "split_seed", "num_val_alphabets",
+             "num_val_characters", "image_size", "data_dir", "data_source", "source", "cache_dir",
+             "existing_only"),
     "speed": ("task_batching", "chunk_size", "eval_task_batching", "eval_chunk_size",
               "eval_batch_tasks", "steps_per_call", "unroll_inner_steps", "sample_batching",
               "conv_impl", "shard_tasks", "remat", "compute_dtype"),
     "evaluation": ("num_mc_test", "num_val_tasks", "num_test_tasks", "eval_every", "num_bins",
-                   "num_plot_tasks"),
+                   "num_plot_tasks", "num_open_set_classes"),
 }
 _GROUP_TITLES = {
     "run": "run: the folder, the schedule, the meta-optimiser",

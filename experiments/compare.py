@@ -16,8 +16,16 @@ interrupted runs, and writes to `<workdir>`:
                        classification: one column per method, Fig. 3)
   risk_coverage.png    classification: selective prediction, every method
   calibration_bars.png ECE and MCE per method (Fig. 2d)
-  results.md           table: MSE or accuracy, NLL, ECE, MCE, AURC, wall time
+  open_set_roc.png     classification: ROC curves of telling unknown-class queries
+                       from known ones, one panel per method, a curve per score
+                       (max probability, entropy, mutual information)
+  results.md           table: MSE or accuracy, NLL, ECE, MCE, AURC, wall time;
+                       classification: a second table of open-set and
+                       misclassification AUROCs per score
   comparison.json      the same numbers
+
+A point estimate (MAML, FOMAML) has zero mutual information: its MI AUROC is
+0.5 (every score tied), and its row and panel are shown, not hidden.
 """
 
 import argparse
@@ -106,6 +114,36 @@ def _table(methods: dict, kind: str) -> str:
   return "\n".join(lines) + "\n"
 
 
+OPEN_SET_SCORES = (("max prob", "max_prob"), ("entropy", "entropy"),
+                   ("MI", "mutual_information"))
+
+
+def _open_set_table(methods: dict) -> str:
+  """Open-set (unknown vs known queries) and misclassification AUROCs, one row per method."""
+  scored = {name: m["open_set"] for name, m in methods.items() if "open_set" in m}
+  if not scored:
+    return ""
+
+  def cell(value):
+    return "–" if value is None else f"{value:.3f}"
+
+  header = (["open-set AUROC: " + label for label, _ in OPEN_SET_SCORES]
+            + ["misclassification AUROC: " + label for label, _ in OPEN_SET_SCORES]
+            + ["known accuracy (%)"])
+  lines = ["| method | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
+  for name, o in scored.items():
+    cells = ([cell(o["auroc"][key]) for _, key in OPEN_SET_SCORES]
+             + [cell(o["misclassification_auroc"][key]) for _, key in OPEN_SET_SCORES]
+             + ["–" if o["known_accuracy"] is None else f"{100 * o['known_accuracy']:.2f}"])
+    label = f"{name} (point estimate: MI = 0)" if name in POINT_ESTIMATES else name
+    lines.append(f"| {label} | " + " | ".join(cells) + " |")
+  first = next(iter(scored.values()))
+  note = (f"\n{first['num_tasks']} test episodes, each with {first['num_unknown_classes']} "
+          f"unknown classes ({first['num_unknown_queries']} unknown and "
+          f"{first['num_known_queries']} known queries in all). AUROC 0.5: chance.\n")
+  return "\n".join(lines) + "\n" + note
+
+
 def write_comparison(methods: dict, kind: str, workdir: Path, title: str,
                      figure_name: str = "comparison.png") -> dict:
   """Draws the joint figures and writes the table for finished runs.
@@ -113,10 +151,11 @@ def write_comparison(methods: dict, kind: str, workdir: Path, title: str,
   `figure_name` is the file of the joint calibration figure.
 
   Methods whose training diverged (`{"diverged": message}`) are a row of
-  the table and absent from the figures.
+  the table and absent from the figures. Classification runs with open-set
+  episodes also get `open_set_roc.png` and the open-set table.
 
   Returns:
-    `{"plots": {...}, "table": markdown}`.
+    `{"plots": {...}, "table": markdown, "open_set_table": markdown or ""}`.
   """
   workdir = Path(workdir)
   finished = {name: m for name, m in methods.items() if "diverged" not in m}
@@ -138,9 +177,18 @@ def write_comparison(methods: dict, kind: str, workdir: Path, title: str,
   figures["calibration_bars"] = plots.plot_calibration_bars(
       {name.upper(): (m["ece"], m["mce"]) for name, m in finished.items() if "ece" in m},
       workdir / "calibration_bars.png", title=title)
-  table = _table(methods, kind)
-  (workdir / "results.md").write_text(f"# {title}\n\n{table}")
-  return {"plots": {k: str(v) for k, v in figures.items()}, "table": table}
+  open_set = {name.upper(): m["open_set"] for name, m in finished.items() if "open_set" in m}
+  if open_set:
+    figures["open_set_roc"] = plots.plot_open_set_roc(
+        open_set, workdir / "open_set_roc.png", title=f"Open-set detection, {title}",
+        point_estimates=[n.upper() for n in finished if n in POINT_ESTIMATES])
+  table, open_set_table = _table(methods, kind), _open_set_table(methods)
+  text = f"# {title}\n\n{table}"
+  if open_set_table:
+    text += f"\n## Open-set and misclassification detection (AUROC)\n\n{open_set_table}"
+  (workdir / "results.md").write_text(text)
+  return {"plots": {k: str(v) for k, v in figures.items()}, "table": table,
+          "open_set_table": open_set_table}
 
 
 def run(benchmark: str, algorithms, preset: str, workdir: Path, overrides=None,
@@ -163,6 +211,8 @@ def run(benchmark: str, algorithms, preset: str, workdir: Path, overrides=None,
              "device": training.device_description()}
   (workdir / "comparison.json").write_text(json.dumps(results, indent=2, default=float))
   print(written["table"])
+  if written["open_set_table"]:
+    print(written["open_set_table"])
   return results
 
 

@@ -67,9 +67,14 @@ def make_problem(config: MiniImagenetConfig, workdir: Optional[Path] = None,
     Path(workdir).mkdir(parents=True, exist_ok=True)
     (Path(workdir) / "split.json").write_text(json.dumps(record, indent=1))
 
+  episode = dict(ways=config.ways, shots=config.shots, query=config.query, rotate=False)
+  num_unknown = vj.configs.open_set_classes(config, len(splits["test"].wnids))
+
   def sample_tasks(images, task_keys):
-    return data.tasks_from_keys(task_keys, images, ways=config.ways, shots=config.shots,
-                                query=config.query, rotate=False)
+    return data.tasks_from_keys(task_keys, images, **episode)
+
+  def sample_open_set_tasks(images, task_keys):
+    return data.open_set_tasks_from_keys(task_keys, images, **episode, num_unknown=num_unknown)
 
   model = vj.Conv4(num_classes=config.ways, num_filters=config.num_filters, max_pool=True,
                    conv_impl=vj.training.conv_impl(config), batch_norm_affine=config.batch_norm_affine)
@@ -79,7 +84,8 @@ def make_problem(config: MiniImagenetConfig, workdir: Optional[Path] = None,
       splits={name: jax.device_put(split.images) for name, split in splits.items()},
       sample_tasks=sample_tasks, kind="classification",
       data_info={"dataset": "mini_imagenet", "source": config.source,
-                 "folder": None if folder is None else str(Path(folder).resolve())})
+                 "folder": None if folder is None else str(Path(folder).resolve())},
+      sample_open_set_tasks=sample_open_set_tasks if num_unknown else None)
 
 
 def _resize(images: np.ndarray, size: int) -> np.ndarray:

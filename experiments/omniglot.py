@@ -14,11 +14,18 @@ only the cache, skip the build.
 Classes: a character rotated by 0/90/180/270 degrees is a class of its own.
 By default a task draws N distinct characters, each at a random rotation
 (MAML's protocol); `--class-sampling class` draws N distinct (character,
-rotation) pairs. Splits: `original` trains on the background set (813
-characters; 151 of 5 held-out alphabets validate) and tests on the 659
-evaluation characters; `random` draws 1200 characters with a fixed seed for
-training (100 of them validate) and tests on the other 423. The run writes
-the characters of each part to `split.json`.
+rotation) pairs. Splits: `original` trains on the background set and tests
+on the 659 evaluation characters; `random` draws 1200 characters with a
+fixed seed for training and tests on the other 423. By default 5 held-out
+background alphabets (151 characters, `--num-val-alphabets`) or 100 of the
+1200 (`--num-val-characters`) validate; the paper presets set both to 0, the
+paper's training sets (all 964, or all 1200, characters train, and validation
+draws its tasks from them). The run writes the characters of each part to
+`split.json`.
+
+Open-set test (`--num-open-set-classes`, default as many as `--ways`): each
+test episode also gets queries of unknown evaluation characters;
+results.json's `test.open_set` holds the AUROCs of telling them apart.
 """
 
 import os
@@ -49,22 +56,29 @@ def make_problem(config: OmniglotConfig, workdir: Optional[Path] = None,
                  arrays: Optional[data.OmniglotArrays] = None, print_fn=print) -> vj.Problem:
   """Loads Omniglot (unless `arrays` is given), splits it, puts the splits on the device."""
   arrays = arrays if arrays is not None else load_data(config, print_fn)
-  splits = data.make_split(arrays, config.split, seed=config.split_seed)
+  sizes = dict(seed=config.split_seed, num_val_alphabets=config.num_val_alphabets,
+               num_val_characters=config.num_val_characters)
+  splits = data.make_split(arrays, config.split, **sizes)
   if workdir is not None:
-    data.save_split_indices(Path(workdir) / "split.json", arrays, config.split,
-                            seed=config.split_seed)
+    data.save_split_indices(Path(workdir) / "split.json", arrays, config.split, **sizes)
+  episode = dict(ways=config.ways, shots=config.shots, query=config.query, rotate=True,
+                 class_sampling=config.class_sampling)
 
   def sample_tasks(images, task_keys):
-    return data.tasks_from_keys(task_keys, images, ways=config.ways, shots=config.shots,
-                                query=config.query, rotate=True,
-                                class_sampling=config.class_sampling)
+    return data.tasks_from_keys(task_keys, images, **episode)
+
+  def sample_open_set_tasks(images, task_keys):
+    return data.open_set_tasks_from_keys(task_keys, images, **episode,
+                                         num_unknown=vj.configs.open_set_classes(config))
 
   model = vj.Conv4(num_classes=config.ways, num_filters=config.num_filters,
                    conv_impl=vj.training.conv_impl(config), batch_norm_affine=config.batch_norm_affine)
   return vj.Problem(model=model, input_shape=INPUT_SHAPE,
                     splits={name: jax.device_put(images) for name, images in splits.items()},
                     sample_tasks=sample_tasks, kind="classification",
-                    data_info=dict(arrays.provenance, split=config.split))
+                    data_info=dict(arrays.provenance, split=config.split),
+                    sample_open_set_tasks=(sample_open_set_tasks
+                                           if vj.configs.open_set_classes(config) else None))
 
 
 def default_workdir(config: OmniglotConfig, preset: str) -> Path:

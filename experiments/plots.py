@@ -301,6 +301,43 @@ def plot_calibration_bars(errors: dict[str, tuple[float, float]], path: PathLike
   return _save(fig, path, title)
 
 
+_OPEN_SET_LABELS = {"max_prob": "max prob", "entropy": "entropy",
+                    "mutual_information": "MI (epistemic)"}
+
+
+def plot_open_set_roc(open_set: dict[str, dict], path: PathLike, title: Optional[str] = None,
+                      point_estimates: Sequence[str] = ()) -> PathLike:
+  """ROC curves of telling unknown-class queries from known ones: a panel per method.
+
+  Args:
+    open_set: `{method: results['test']['open_set']}` (its `roc` and `auroc`).
+    path: output file.
+    title: the figure's title.
+    point_estimates: methods with one weight draw: their mutual information is
+      0 for every query, a diagonal ROC (AUROC 0.5), drawn and labelled so.
+
+  Returns:
+    `path`.
+  """
+  if not open_set:
+    raise ValueError("open_set must name at least one method")
+  fig, axes = _new_figure(len(open_set), panel_size=4.0)
+  for ax, (name, record) in zip(axes, open_set.items()):
+    for score, label in _OPEN_SET_LABELS.items():
+      curve, auroc = record["roc"][score], record["auroc"][score]
+      shown = "–" if auroc is None else f"{auroc:.3f}"
+      if score == "mutual_information" and name in point_estimates:
+        label = "MI = 0 (point estimate)"
+      ax.plot(curve["false_positive_rate"], curve["true_positive_rate"], linewidth=1.5,
+              label=f"{label}: {shown}")
+    ax.plot([0, 1], [0, 1], "k:", linewidth=0.8)
+    ax.set(xlim=(0, 1), ylim=(0, 1.01), xlabel="known queries flagged (FPR)",
+           ylabel="unknown queries flagged (TPR)", title=name)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize="x-small", title="AUROC", title_fontsize="x-small")
+  return _save(fig, path, title)
+
+
 def run_figures(workdir: PathLike, results: dict, label: str) -> dict[str, str]:
   """The figures of a finished run, from its results.json record and metrics.jsonl.
 

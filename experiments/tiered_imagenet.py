@@ -52,10 +52,17 @@ def make_problem(config: FeaturesConfig, workdir: Optional[Path] = None,
     Path(workdir).mkdir(parents=True, exist_ok=True)
     (Path(workdir) / "split.json").write_text(json.dumps(record, indent=1))
 
+  episode = dict(ways=config.ways, shots=config.shots, query=config.query, rotate=False)
+  num_unknown = vj.configs.open_set_classes(config, len(splits["test"].wnids))
+
   def sample_tasks(split, task_keys):
     features, counts = split
-    return data.tasks_from_keys(task_keys, features, ways=config.ways, shots=config.shots,
-                                query=config.query, rotate=False, class_counts=counts)
+    return data.tasks_from_keys(task_keys, features, **episode, class_counts=counts)
+
+  def sample_open_set_tasks(split, task_keys):
+    features, counts = split
+    return data.open_set_tasks_from_keys(task_keys, features, **episode, class_counts=counts,
+                                         num_unknown=num_unknown)
 
   feature_size = next(iter(splits.values())).features.shape[-1]
   return vj.Problem(
@@ -64,7 +71,8 @@ def make_problem(config: FeaturesConfig, workdir: Optional[Path] = None,
               for name, split in splits.items()},
       sample_tasks=sample_tasks, kind="classification",
       data_info={"dataset": f"{config.dataset}_imagenet_leo_features", "crop": config.crop,
-                 "folder": config.data_dir})
+                 "folder": config.data_dir},
+      sample_open_set_tasks=sample_open_set_tasks if num_unknown else None)
 
 
 def default_workdir(config: FeaturesConfig, preset: str) -> Path:

@@ -11,6 +11,8 @@ from experiments import compare
 from vampire_jax import calibration
 from vampire_jax.errors import ConfigError
 
+from conftest import OMNIGLOT_DIR, needs_omniglot
+
 
 def _summary(ece_shift: float) -> dict:
   levels = np.linspace(0.1, 0.9, 9)
@@ -95,3 +97,32 @@ def test_every_experiment_keeps_the_kl_term_of_variational_methods_only():
     with pytest.raises(ValueError, match="is unknown"):
       module.get_config("5way1shot", "nonsense")
   assert regression.get_config("cpu", "abml").kl_weight == 1.0
+
+
+@needs_omniglot
+def test_tiny_omniglot_comparison_sets_the_open_set_aurocs_side_by_side(omniglot_cache, tmp_path):
+  # MAML (a point estimate) and VAMPIRE, a few meta-steps each: both get open-set episodes,
+  # MAML's row shows its zero epistemic uncertainty (MI AUROC exactly 0.5), and the ROC
+  # figure has a panel per method.
+  overrides = dict(num_filters=4, num_inner_steps=1, tasks_per_step=2, num_meta_steps=2,
+                   num_val_tasks=2, num_test_tasks=4, eval_batch_tasks=2, eval_every=2,
+                   checkpoint_every=2, log_every=1, num_mc_test=3, query=3,
+                   num_open_set_classes=2, data_dir=str(OMNIGLOT_DIR),
+                   cache_dir=str(omniglot_cache))
+  results = compare.run("omniglot", ("maml", "vampire"), "quick", tmp_path, overrides,
+                        progress=False)
+  maml, vampire = (results["methods"][name]["open_set"] for name in ("maml", "vampire"))
+  assert maml["auroc"]["mutual_information"] == 0.5
+  assert maml["misclassification_auroc"]["mutual_information"] in (0.5, None)
+  assert vampire["auroc"]["mutual_information"] != 0.5
+  assert (vampire["num_unknown_classes"], vampire["num_unknown_queries"]) == (2, 4 * 2 * 3)
+  rows = results["open_set_table"].splitlines()
+  assert rows[0].startswith("| method | open-set AUROC: max prob | open-set AUROC: entropy | "
+                            "open-set AUROC: MI |")
+  assert rows[2].startswith("| maml (point estimate: MI = 0) | ")
+  assert rows[2].split(" | ")[3] == "0.500"
+  assert rows[3].startswith(f"| vampire | {vampire['auroc']['max_prob']:.3f} | ")
+  assert "Open-set and misclassification detection" in (tmp_path / "results.md").read_text()
+  assert (tmp_path / "open_set_roc.png").stat().st_size > 5000
+  saved = json.loads((tmp_path / "comparison.json").read_text())
+  assert saved["methods"]["vampire"]["open_set"]["auroc"] == vampire["auroc"]

@@ -26,9 +26,12 @@ def test_which_score_is_better():
 
 def test_predictive_outputs():
   logits = jnp.log(jnp.array([[[0.9, 0.1]], [[0.1, 0.9]]]))  # [draws 2, query 1, classes 2]
-  np.testing.assert_allclose(kinds.CLASSIFICATION.predictive(logits), [[0.5, 0.5]], rtol=1e-6)
+  draws = kinds.CLASSIFICATION.draws(logits)
+  np.testing.assert_allclose(draws, [[[0.9, 0.1]], [[0.1, 0.9]]], rtol=1e-6)
+  np.testing.assert_allclose(kinds.CLASSIFICATION.predictive(draws), [[0.5, 0.5]], rtol=1e-6)
   samples = jnp.arange(6.0).reshape(3, 2, 1)
-  np.testing.assert_array_equal(kinds.REGRESSION.predictive(samples), samples)
+  np.testing.assert_array_equal(kinds.REGRESSION.predictive(kinds.REGRESSION.draws(samples)),
+                                samples)
 
 
 def test_support_targets_each_kind_accepts():

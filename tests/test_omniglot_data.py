@@ -425,8 +425,10 @@ def test_original_split():
               or alphabets[1] & alphabets[2])
   one_val = split_indices(fake, 'original', num_val_alphabets=1)
   assert [len(one_val[p]) for p in ('train', 'val')] == [909, 55]  # Tifinagh.
+  # No held-out alphabet: all 964 train, and validation draws its tasks from them.
   no_val = split_indices(fake, 'original', num_val_alphabets=0)
-  assert [len(no_val[p]) for p in ('train', 'val')] == [964, 0]
+  assert [len(no_val[p]) for p in ('train', 'val')] == [964, 964]
+  np.testing.assert_array_equal(no_val['val'], no_val['train'])
 
 
 def test_random_split():

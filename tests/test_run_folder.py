@@ -419,3 +419,15 @@ def test_a_corrupt_image_and_a_missing_one_name_the_file(tmp_path):
     (tmp_path / "split" / f"{split}.csv").write_text("filename,label\nmissing.jpg,n01532829\n")
   with pytest.raises(vj.MissingDataError, match="missing.jpg"):
     mi._image_rows(tmp_path, "train", existing_only=False)
+
+
+def test_a_field_added_since_the_run_was_recorded_counts_as_its_default():
+  """Runs recorded before a config field existed resume with its default, and only with it."""
+  import dataclasses as dc
+  from vampire_jax import config as config_lib, configs
+  current = configs.OmniglotConfig()
+  saved = config_lib._jsonable(dc.asdict(current))
+  del saved["num_val_alphabets"]
+  assert config_lib.config_differences(saved, current) == {}
+  changed = dc.replace(current, num_val_alphabets=0)
+  assert config_lib.config_differences(saved, changed) == {"num_val_alphabets": (5, 0)}

@@ -10,6 +10,7 @@ Layers, from the leaves up (each imports only those below it):
   adaptation                      adapt / maml_adapt / predict
   learners, baselines             MetaLearner factories: vampire, maml, platipus, bmaml, abml
   diagnostics                     check_inner_loop, debug_nonfinite
+  predictive_uncertainty          vj.uncertainty, auroc, open-set summaries
   meta_step, evaluation           the meta-step and evaluator builders
   kinds                           one ProblemKind per kind: likelihood, metrics, summary, score
   algorithms                      the registry: a RunConfig -> its MetaLearner; make_learner
@@ -24,7 +25,8 @@ Layers, from the leaves up (each imports only those below it):
 from vampire_jax import (adaptation, algorithms, backend_defaults, baselines, batching,
                          calibration, checkpoint, checks, config, configs, convolution, data,
                          diagnostics, errors, evaluation, gaussian, kinds, learners, losses,
-                         meta_step, models, reporting, run_folder, runs, sharding, tasks, training)
+                         meta_step, models, predictive_uncertainty, reporting, run_folder, runs,
+                         sharding, tasks, training)
 from vampire_jax.adaptation import adapt, expected_nll, maml_adapt, predict, variational_free_energy
 from vampire_jax.batching import BATCHING_STRATEGIES, batched_map, default_task_batching
 from vampire_jax.calibration import (QuantileCalibration, ReliabilityBins, RiskCoverage,
@@ -36,8 +38,9 @@ from vampire_jax.config import RunConfig
 from vampire_jax.diagnostics import InnerLoopReport, check_inner_loop, debug_nonfinite
 from vampire_jax.errors import (ConfigError, DataError, DivergenceError, InputError,
                                 MissingDataError, RunFolderError, StorageError, UserError)
-from vampire_jax.evaluation import (ClassificationEval, RegressionEval, evaluate_split,
-                                    make_classification_evaluator, make_regression_evaluator,
+from vampire_jax.evaluation import (ClassificationEval, OpenSetEval, RegressionEval,
+                                    evaluate_split, make_classification_evaluator,
+                                    make_open_set_evaluator, make_regression_evaluator,
                                     make_split_evaluator)
 from vampire_jax.kinds import ProblemKind, summarise
 from vampire_jax.gaussian import (Gaussian, check_gaussian, gaussian_from_params, kl_divergence,
@@ -55,6 +58,8 @@ from vampire_jax.runs import Run, load_run
 from vampire_jax.sharding import replicate, shard_tasks, task_mesh
 from vampire_jax.tasks import Task
 from vampire_jax.training import Problem, TrainingInterrupted, train_and_evaluate
+from vampire_jax.predictive_uncertainty import (Uncertainty, auroc, entropy, open_set_summary,
+                                     regression_uncertainty, roc_curve, uncertainty)
 
 # The one version: pyproject.toml reads it (setuptools' dynamic version).
 __version__ = "0.2.0"
@@ -63,8 +68,8 @@ __all__ = (
     # Modules.
     "adaptation", "algorithms", "backend_defaults", "baselines", "batching", "calibration",
     "checkpoint", "checks", "config", "configs", "convolution", "data", "diagnostics", "errors",
-    "evaluation", "gaussian", "kinds", "learners", "losses", "meta_step", "models", "reporting",
-    "run_folder", "runs", "sharding", "tasks", "training",
+    "evaluation", "gaussian", "kinds", "learners", "losses", "meta_step", "models",
+    "predictive_uncertainty", "reporting", "run_folder", "runs", "sharding", "tasks", "training",
     # Distributions over weights.
     "Gaussian", "check_gaussian", "gaussian_from_params", "kl_divergence", "kl_step_factor",
     "point_mass", "sample",
@@ -88,6 +93,9 @@ __all__ = (
     "ReliabilityBins", "RiskCoverage", "classification_calibration", "mean_confidence_interval",
     "mixture_cdf", "mixture_quantile", "paper_quantile_calibration",
     "regression_quantile_calibration", "risk_coverage",
+    # Uncertainty and open-set detection.
+    "Uncertainty", "uncertainty", "regression_uncertainty", "entropy", "auroc", "roc_curve",
+    "open_set_summary", "OpenSetEval", "make_open_set_evaluator",
     # Training runs.
     "RunConfig", "Problem", "TrainingInterrupted", "train_and_evaluate", "RunCheckpoints", "Run",
     "load_run",

@@ -119,6 +119,10 @@ def config_differences(saved: dict, config) -> dict[str, tuple[Any, Any]]:
   """
   allowed = resumable_fields(type(config))
   now = _jsonable(dataclasses.asdict(config))
+  # A field added since the run was recorded had its default then.
+  defaults = {f.name: _jsonable(f.default) for f in dataclasses.fields(config)
+              if f.default is not dataclasses.MISSING}
+  saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
   keys = (set(saved) | set(now)) - allowed
   return {k: (saved.get(k), now.get(k)) for k in sorted(keys) if saved.get(k) != now.get(k)}
 

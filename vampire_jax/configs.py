@@ -19,7 +19,8 @@ from vampire_jax.data import episodes
 from vampire_jax.errors import ConfigError
 
 __all__ = ("ConvNetConfig", "OmniglotConfig", "MiniImagenetConfig", "FeaturesConfig",
-           "RegressionConfig", "check_episodes", "recorded_class_name")
+           "RegressionConfig", "check_episodes", "open_set_classes", "omniglot_split_characters",
+           "recorded_class_name")
 
 # The config classes, by name (the names run folders record).
 _CLASSES = ("ConvNetConfig", "OmniglotConfig", "MiniImagenetConfig", "FeaturesConfig",
@@ -39,12 +40,76 @@ class ConvNetConfig(RunConfig):
                                  choices=("auto", "vmap", "map", "unroll"))
 
 
+# Open-set episodes: a test-time setting of every classification config.
+_OPEN_SET_HELP = ("unknown classes added to each test episode, as many queries each as a known "
+                  "class (none: as many as --ways, at most the test classes left beside "
+                  "them; 0: no open-set episodes)")
+
+
+def open_set_classes(config, test_classes: Optional[int] = None) -> int:
+  """Unknown classes per open-set test episode: `num_open_set_classes`, None -> `ways`.
+
+  Args:
+    config: a classification config.
+    test_classes: the classes the loaded test split has, if known. The
+      default (None) then takes at most the classes left beside the task's
+      `ways` (0: no open-set episodes, e.g. on a partial copy of the data).
+
+  Raises:
+    ConfigError: an explicit number the test split cannot give.
+  """
+  value = getattr(config, "num_open_set_classes", 0)
+  if value is None:
+    return config.ways if test_classes is None else max(0, min(config.ways,
+                                                               test_classes - config.ways))
+  if value and test_classes is not None and config.ways + value > test_classes:
+    raise ConfigError(f"--num-open-set-classes {value}: an open-set test episode needs "
+                      f"--ways + unknown = {config.ways + value} classes, but the test split has "
+                      f"{test_classes} (0 turns open-set episodes off)")
+  return value
+
+
+def _check_open_set(config, test_classes: Optional[int], what: str) -> None:
+  value = config.num_open_set_classes
+  if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+    raise ConfigError(f"--num-open-set-classes must be an integer >= 0, got {value!r}")
+  unknown = open_set_classes(config)
+  if unknown and test_classes is not None and config.ways + unknown > test_classes:
+    raise ConfigError(f"--num-open-set-classes {unknown}: an open-set test episode needs "
+                      f"--ways + unknown = {config.ways + unknown} distinct classes, but {what} "
+                      f"test part has only {test_classes} (0 turns open-set episodes off)")
+
+
 # -- Omniglot --------------------------------------------------------------------
 
 # Characters per split part, with the default validation sizes (data.split_indices).
 OMNIGLOT_SPLIT_CHARACTERS = {"original": {"train": 813, "val": 151, "test": 659},
                              "random": {"train": 1100, "val": 100, "test": 423}}
 OMNIGLOT_DRAWINGS = 20
+# Characters of each background alphabet, in `data.BACKGROUND_ALPHABETS` order
+# (tests/test_uncertainty.py checks them against the data); the original
+# split validates on the last `num_val_alphabets`.
+OMNIGLOT_BACKGROUND_ALPHABET_SIZES = (20, 29, 26, 41, 40, 24, 46, 14, 26, 34, 33, 22, 26, 43, 24,
+                                      48, 22, 16, 52, 47, 40, 26, 40, 41, 33, 14, 42, 23, 17, 55)
+OMNIGLOT_RANDOM_TRAIN_CHARACTERS = 1200
+
+
+def omniglot_split_characters(split: str, num_val_alphabets: int = 5,
+                              num_val_characters: int = 100) -> dict[str, int]:
+  """Characters in the train, val and test parts (as `data.split_indices` makes them).
+
+  With no held-out validation (`num_val_alphabets` 0 for 'original',
+  `num_val_characters` 0 for 'random') every training character trains and
+  validation draws its tasks from the training characters.
+  """
+  if split == "original":
+    held_out = sum(OMNIGLOT_BACKGROUND_ALPHABET_SIZES[len(OMNIGLOT_BACKGROUND_ALPHABET_SIZES)
+                                                      - num_val_alphabets:]) \
+        if num_val_alphabets else 0
+    train = sum(OMNIGLOT_BACKGROUND_ALPHABET_SIZES) - held_out
+    return {"train": train, "val": held_out or train, "test": 659}
+  train = OMNIGLOT_RANDOM_TRAIN_CHARACTERS - num_val_characters
+  return {"train": train, "val": num_val_characters or train, "test": 1623 - 1200}
 
 
 @dataclasses.dataclass
@@ -56,6 +121,12 @@ class OmniglotConfig(ConvNetConfig):
   split: str = setting("original", "character split: original (background/evaluation) or random",
                        choices=("original", "random"))
   split_seed: int = setting(0, "seed of the random split")
+  num_val_alphabets: int = setting(5, "original split: background alphabets held out to "
+                                   "validate (the last N; 0: all 964 background characters "
+                                   "train and validation draws tasks from them)")
+  num_val_characters: int = setting(100, "random split: of its 1200 training characters, how "
+                                    "many validate (0: all 1200 train and validation draws "
+                                    "tasks from them)")
   class_sampling: str = setting("character", "a task's classes: 'character' (MAML's: distinct "
                                 "characters, each at a random rotation) or 'class' (distinct "
                                 "(character, rotation) pairs)", choices=episodes.CLASS_SAMPLING)
@@ -66,14 +137,25 @@ class OmniglotConfig(ConvNetConfig):
                              "cache", resumable=True, choices=("auto", "zip", "tfds", "cache"))
   cache_dir: Optional[str] = setting(None, "cache folder (default: $VAMPIRE_JAX_CACHE or "
                                      "~/.cache/vampire_jax)", resumable=True)
+  num_open_set_classes: Optional[int] = setting(None, _OPEN_SET_HELP, resumable=True)
 
   def validate(self) -> None:
     super().validate()
-    check_episodes(self.ways, self.shots, self.query, OMNIGLOT_DRAWINGS,
-                   {part: episodes.num_classes_available(count, rotate=True,
-                                                         class_sampling=self.class_sampling)
-                    for part, count in OMNIGLOT_SPLIT_CHARACTERS[self.split].items()},
+    num_alphabets = len(OMNIGLOT_BACKGROUND_ALPHABET_SIZES)
+    for name, value, below in (("num_val_alphabets", self.num_val_alphabets, num_alphabets),
+                               ("num_val_characters", self.num_val_characters,
+                                OMNIGLOT_RANDOM_TRAIN_CHARACTERS)):
+      if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < below:
+        raise ConfigError(f"--{name.replace('_', '-')} must be an integer in [0, {below}), "
+                          f"got {value!r}")
+    characters = omniglot_split_characters(self.split, self.num_val_alphabets,
+                                           self.num_val_characters)
+    classes = {part: episodes.num_classes_available(count, rotate=True,
+                                                    class_sampling=self.class_sampling)
+               for part, count in characters.items()}
+    check_episodes(self.ways, self.shots, self.query, OMNIGLOT_DRAWINGS, classes,
                    what=f"the {self.split} split's")
+    _check_open_set(self, classes["test"], f"the {self.split} split's")
 
 
 # -- mini-ImageNet ---------------------------------------------------------------
@@ -97,6 +179,7 @@ class MiniImagenetConfig(ConvNetConfig):
   source: str = setting("auto", "auto, folder, pickle, tfds or cache", resumable=True,
                         choices=("auto", "folder", "pickle", "tfds", "cache"))
   existing_only: bool = setting(False, "use only the images present (partial copies)")
+  num_open_set_classes: Optional[int] = setting(None, _OPEN_SET_HELP, resumable=True)
 
   def validate(self) -> None:
     super().validate()
@@ -105,6 +188,7 @@ class MiniImagenetConfig(ConvNetConfig):
     images = None if self.existing_only else MINI_IMAGENET_IMAGES  # else checked on loading
     check_episodes(self.ways, self.shots, self.query, images, MINI_IMAGENET_CLASSES,
                    what="mini-ImageNet's")
+    _check_open_set(self, MINI_IMAGENET_CLASSES["test"], "mini-ImageNet's")
 
 
 # -- LEO features (tiered- or mini-ImageNet) -------------------------------------
@@ -130,11 +214,13 @@ class FeaturesConfig(RunConfig):
   # vmap over tasks: per-task MLP weights become batched matmuls, fast on a CPU too.
   task_batching: str = setting("vmap", "how tasks are batched", resumable=True)
   eval_task_batching: str = setting("vmap", "task batching at evaluation", resumable=True)
+  num_open_set_classes: Optional[int] = setting(None, _OPEN_SET_HELP, resumable=True)
 
   def validate(self) -> None:
     super().validate()
     check_episodes(self.ways, self.shots, self.query, None, FEATURE_CLASSES[self.dataset],
                    what=f"{self.dataset}-ImageNet's")
+    _check_open_set(self, FEATURE_CLASSES[self.dataset]["test"], f"{self.dataset}-ImageNet's")
 
 
 # -- Sine/line regression ---------------------------------------------------------

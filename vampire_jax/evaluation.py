@@ -12,7 +12,13 @@ speed setting.
 `kinds.summarise` turns per-task results into the reported numbers: mean +- 95%
 CI, NLL, and calibration (classification: ECE/MCE and the risk-coverage
 curve of selective prediction; regression: the paper's quantile
-calibration, plus the PIT calibration of the predictive mixture).
+calibration, plus the PIT calibration of the predictive mixture, and the
+predictive variance split into epistemic and aleatoric parts).
+
+`make_open_set_evaluator` scores open-set episodes (extra queries from
+classes outside the support set): each query's max probability, entropy
+and mutual information, which `predictive_uncertainty.open_set_summary` turns into
+AUROCs.
 """
 
 from typing import Any, Callable, NamedTuple, Optional
@@ -23,6 +29,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from vampire_jax import batching, calibration, losses, sharding
+from vampire_jax import predictive_uncertainty
 from vampire_jax.learners import MetaLearner
 from vampire_jax.tasks import Task, check_task_batch
 
@@ -92,6 +99,38 @@ def make_classification_evaluator(learner: MetaLearner, *,
     return ClassificationEval(accuracy, nll, probs)
 
   def evaluate(meta_params, tasks: Task, keys: jax.Array) -> ClassificationEval:
+    return _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_size, mesh)
+
+  return evaluate
+
+
+class OpenSetEval(NamedTuple):
+  """Per-query uncertainty of open-set episodes (known and unknown queries, predicted together)."""
+  max_prob: jax.Array            # [tasks, queries], largest probability of the predictive
+  entropy: jax.Array             # [tasks, queries], its entropy (total uncertainty), nats
+  mutual_information: jax.Array  # [tasks, queries], epistemic uncertainty, nats
+  correct: jax.Array             # [tasks, queries], argmax == label (False for unknown queries)
+
+
+def make_open_set_evaluator(learner: MetaLearner, *,
+                            task_batching: batching.Batching = "vmap",
+                            chunk_size: int = 1, mesh: Optional[Mesh] = None):
+  """Builds `evaluate(meta_params, tasks, keys) -> OpenSetEval`; arguments as above.
+
+  The tasks are open-set episodes (`data.open_set_tasks_from_keys`: query
+  label -1 for a class outside the support set). A task is adapted and its
+  queries predicted as `make_classification_evaluator` does (the L_v softmax
+  draws), and each query's uncertainty is taken from the draws
+  (`vj.uncertainty`).
+  """
+  def score(logits, labels):
+    draws = jax.nn.softmax(logits, axis=-1)  # [draws, queries, ways]
+    u = predictive_uncertainty.uncertainty(draws)
+    probs = jnp.mean(draws, axis=0)
+    return OpenSetEval(jnp.max(probs, axis=-1), u.total, u.epistemic,
+                       jnp.argmax(probs, axis=-1) == labels)
+
+  def evaluate(meta_params, tasks: Task, keys: jax.Array) -> OpenSetEval:
     return _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_size, mesh)
 
   return evaluate
@@ -242,6 +281,7 @@ def regression_summary(per_task: dict, noise_std: Optional[float]) -> tuple[dict
   pit = calibration.regression_quantile_calibration(predictions, per_task["targets"][..., 0],
                                                     noise_std)
   metrics.update(pit_ece=pit.ece, pit_mce=pit.mce)
+  metrics.update(_variance_split(per_task["predictions"], noise_std))
   curves = {"pit_calibration": pit}
   if "truth" in per_task:
     paper = calibration.paper_quantile_calibration(predictions, per_task["truth"][..., 0],
@@ -249,3 +289,17 @@ def regression_summary(per_task: dict, noise_std: Optional[float]) -> tuple[dict
     metrics.update(ece=paper.ece, mce=paper.mce)
     curves["quantile_calibration"] = paper
   return metrics, curves
+
+
+def _variance_split(predictions: np.ndarray, noise_std: float) -> dict:
+  """The predictive variance, mean over queries and tasks, split into its two parts.
+
+  With draws f_l(x) and noise sigma the predictive mixture's variance is
+  Var_l[f_l(x)] (epistemic: the weights' disagreement) + sigma^2 (aleatoric).
+  """
+  predictions = np.asarray(predictions, np.float64)[..., 0]  # [tasks, draws, query]
+  epistemic = float(np.mean(np.var(predictions, axis=1)))
+  aleatoric = float(noise_std) ** 2
+  total = epistemic + aleatoric
+  return dict(predictive_variance=total, epistemic_variance=epistemic,
+              aleatoric_variance=aleatoric, epistemic_fraction=epistemic / total)

@@ -31,7 +31,8 @@ class ProblemKind(NamedTuple):
     summarise: `summarise(per_task, num_bins, noise_std) -> (metrics, curves)`.
     score: the per-task result that picks the best checkpoint ('accuracy', 'mse').
     higher_is_better: whether a larger `score` is better.
-    predictive: `predictive(outputs [draws, n, ...])`, what `Run.predict` returns.
+    draws: `draws(outputs [draws, n, ...])`, each draw's prediction (`Run.predict_draws`).
+    predictive: `predictive(draws)`, their combination (`Run.predict`).
     check_support_y: `check_support_y(where, support_y, num_support, num_outputs)`,
       host-side (raises InputError).
     summary_line: `summary_line(test_metrics) -> str`, one line of a test.
@@ -44,6 +45,7 @@ class ProblemKind(NamedTuple):
   summarise: Callable[[dict, int, Optional[float]], tuple[dict, dict]]
   score: str
   higher_is_better: bool
+  draws: Callable[[jax.Array], jax.Array]
   predictive: Callable[[jax.Array], jax.Array]
   check_support_y: Callable[[str, object, int, int], None]
   summary_line: Callable[[dict], str]
@@ -75,9 +77,13 @@ def _check_targets(where: str, support_y, num_support: int, num_outputs: int) ->
 
 
 def _classification_line(test: dict) -> str:
+  open_set = test.get("open_set", {}).get("auroc")
+  open_set_part = ("" if not open_set else "  open-set AUROC (max prob / MI) " + " / ".join(
+      "–" if open_set[k] is None else f"{open_set[k]:.3f}"
+      for k in ("max_prob", "mutual_information")))
   return (f"test accuracy {100 * test['accuracy']:.2f} +- {100 * test['accuracy_ci95']:.2f} %"
           f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}"
-          f"  AURC {test['aurc']:.4f}  ({test['num_tasks']} tasks)")
+          f"  AURC {test['aurc']:.4f}{open_set_part}  ({test['num_tasks']} tasks)")
 
 
 def _regression_line(test: dict) -> str:
@@ -101,7 +107,8 @@ CLASSIFICATION = ProblemKind(
     summarise=lambda per_task, num_bins, noise_std: evaluation.classification_summary(
         per_task, num_bins),
     score="accuracy", higher_is_better=True,
-    predictive=lambda logits: jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0),
+    draws=lambda logits: jax.nn.softmax(logits, axis=-1),
+    predictive=lambda probabilities: jnp.mean(probabilities, axis=0),
     check_support_y=_check_labels,
     summary_line=_classification_line,
     columns=(("accuracy (%)", "accuracy", 100.0), ("NLL", "nll", None), ("ECE", "ece", None),
@@ -116,6 +123,7 @@ REGRESSION = ProblemKind(
     summarise=lambda per_task, num_bins, noise_std: evaluation.regression_summary(
         per_task, noise_std),
     score="mse", higher_is_better=False,
+    draws=lambda samples: samples,
     predictive=lambda samples: samples,
     check_support_y=_check_targets,
     summary_line=_regression_line,
@@ -151,9 +159,12 @@ def summarise(kind: str, per_task: dict, *, num_bins: int = 15,
   al.), and selective prediction (the area under the risk-coverage curve,
   and accuracy at 50/80/90% coverage). Regression: the paper's MSE (squared
   error averaged over draws), the MSE of the predictive mean, the paper's
-  quantile calibration (needs `per_task['truth']`, the noiseless targets)
-  and the PIT calibration of the noisy predictive mixture (`pit_ece`,
-  `pit_mce`).
+  quantile calibration (needs `per_task['truth']`, the noiseless targets),
+  the PIT calibration of the noisy predictive mixture (`pit_ece`,
+  `pit_mce`), and the predictive variance split into its epistemic part
+  (the variance of the draws' means) and its aleatoric part (the noise
+  variance): `predictive_variance`, `epistemic_variance`,
+  `aleatoric_variance`, `epistemic_fraction`.
   """
   metrics, curves = get(kind).summarise(per_task, num_bins, noise_std)
   return evaluation.with_nll(metrics, curves, per_task)

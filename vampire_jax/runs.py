@@ -4,6 +4,8 @@
     run = vj.load_run("runs/omniglot_5way1shot_vampire_original_seed0")
     run.config                                            # the config dataclass it trained with
     probs = run.predict(support_x, support_y, query_x, key)   # [num_query, ways]
+    draws = run.predict_draws(support_x, support_y, query_x, key)  # [num_mc_test, num_query, ways]
+    u = vj.uncertainty(draws)      # total, aleatoric, epistemic uncertainty per query
 
 The run folder's `run.json` names the network (class and fields), the input
 shape, the likelihood and the config; the meta-parameters come from `best/`
@@ -90,17 +92,16 @@ class Run:
     self.noise_std = record["noise_std"]
     self.meta_params = meta_params
     self.learner = learner
-    self._predict = jax.jit(self._predict_one)
+    self._predict_draws = jax.jit(self._predict_draws_one)
 
-  def _predict_one(self, meta_params, support_x, support_y, query_x, key):
+  def _predict_draws_one(self, meta_params, support_x, support_y, query_x, key):
     adapt_key, predict_key = jax.random.split(key)  # as the evaluator splits a task's key
     task_params = self.learner.adapt(meta_params, support_x, support_y, adapt_key)
     outputs = self.learner.predict(task_params, query_x, predict_key)
-    return kinds.get(self.kind).predictive(outputs)
+    return kinds.get(self.kind).draws(outputs)
 
-  def _check_inputs(self, support_x, support_y, query_x) -> None:
+  def _check_inputs(self, support_x, support_y, query_x, where: str = "Run.predict") -> None:
     """Host-side checks of `predict`'s arguments: shapes, dtypes, finite values, labels."""
-    where = "Run.predict"
     wanted = f"[n, {', '.join(map(str, self.input_shape))}]"
     for name, x in (("support_x", support_x), ("query_x", query_x)):
       if tuple(np.shape(x)[1:]) != self.input_shape or np.shape(x)[0] < 1:
@@ -135,9 +136,27 @@ class Run:
       run's `num_mc_test` weight draws (rows sum to 1). Regression:
       `[num_mc_test, num_query, 1]`, the predictive samples.
     """
-    self._check_inputs(support_x, support_y, query_x)
-    return self._predict(self.meta_params, jnp.asarray(support_x), jnp.asarray(support_y),
-                         jnp.asarray(query_x), key)
+    draws = self._draws(support_x, support_y, query_x, key, "Run.predict")
+    return kinds.get(self.kind).predictive(draws)
+
+  def predict_draws(self, support_x, support_y, query_x, key: jax.Array) -> jax.Array:
+    """The prediction of each weight draw: what `predict` averages (same key, same draws).
+
+    Arguments as `predict`. `vj.uncertainty(draws)` splits a classifier's
+    uncertainty into its aleatoric and epistemic parts.
+
+    Returns:
+      Classification: `[num_mc_test, num_query, ways]`, the softmax of each
+      weight draw (a point estimate such as MAML has one draw; BMAML one per
+      particle); `predict` returns their mean. Regression:
+      `[num_mc_test, num_query, 1]`, the predictive samples, as `predict`.
+    """
+    return self._draws(support_x, support_y, query_x, key, "Run.predict_draws")
+
+  def _draws(self, support_x, support_y, query_x, key, where: str) -> jax.Array:
+    self._check_inputs(support_x, support_y, query_x, where)
+    return self._predict_draws(self.meta_params, jnp.asarray(support_x), jnp.asarray(support_y),
+                               jnp.asarray(query_x), key)
 
 
 def load_run(workdir: str | os.PathLike) -> Run:

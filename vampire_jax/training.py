@@ -44,6 +44,7 @@ from jax.sharding import Mesh
 from vampire_jax import algorithms, backend_defaults, calibration, config as config_lib
 from vampire_jax import diagnostics, evaluation, kinds, meta_step, models, run_folder, sharding
 from vampire_jax.errors import ConfigError, DivergenceError
+from vampire_jax import predictive_uncertainty
 from vampire_jax.learners import MetaLearner
 from vampire_jax.reporting import MetricWriter, Progress, format_duration
 from vampire_jax.run_folder import RunCheckpoints
@@ -70,6 +71,11 @@ class Problem(NamedTuple):
     query_truth: optional `query_truth(split_data, task_keys) -> [n, query, 1]`,
       the noiseless targets of the sampled tasks (regression calibration).
     data_info: what the data is and where it came from (recorded).
+    sample_open_set_tasks: optional, classification: `sample_open_set_tasks(
+      split_data, task_keys) -> Task`, the sampler's task i with extra queries
+      of classes outside its support set, labelled -1
+      (`data.open_set_tasks_from_keys`). With it the test adds open-set
+      episodes (`results['test']['open_set']`); None: no open-set test.
   """
   model: nn.Module
   input_shape: tuple[int, ...]
@@ -79,6 +85,7 @@ class Problem(NamedTuple):
   noise_std: Optional[float] = None
   query_truth: Optional[Callable[[PyTree, jax.Array], jax.Array]] = None
   data_info: dict = {}
+  sample_open_set_tasks: Optional[Callable[[PyTree, jax.Array], Task]] = None
 
 
 # Learner building lives beside the registry (`algorithms`); these names are kept.
@@ -168,14 +175,20 @@ def eval_batch_size(config, mesh: Optional[Mesh] = None) -> int:
 def build_evaluator(kind: str, noise_std: Optional[float], config, learner: MetaLearner,
                     mesh: Optional[Mesh] = None) -> Callable:
   """The jitted per-task evaluator of a `kind` problem, for batches of `eval_batch_size` tasks."""
+  strategy, chunk = _eval_batching(config, mesh)
+  evaluate = kinds.get(kind).make_evaluator(learner, noise_std, task_batching=strategy,
+                                            chunk_size=chunk, mesh=mesh)
+  return jax.jit(evaluate)
+
+
+def _eval_batching(config, mesh: Optional[Mesh]) -> tuple[str, int]:
+  """`(strategy, chunk)` of the evaluators, for batches of `eval_batch_size` tasks."""
   num_local_tasks = eval_batch_size(config, mesh) // _mesh_size(mesh)
   strategy, chunk = choose_batching(config.eval_task_batching, config.eval_chunk_size,
                                     num_local_tasks, sharded=mesh is not None)
   if strategy == "host_chunked":  # evaluation has no gradient to accumulate
     strategy = "chunked_unroll" if chunk < num_local_tasks else "unroll"
-  evaluate = kinds.get(kind).make_evaluator(learner, noise_std, task_batching=strategy,
-                                            chunk_size=chunk, mesh=mesh)
-  return jax.jit(evaluate)
+  return strategy, chunk
 
 
 def split_evaluator(problem: Problem, evaluate: Callable, split: str,
@@ -183,6 +196,22 @@ def split_evaluator(problem: Problem, evaluate: Callable, split: str,
   """`evaluate_indices(meta_params, key, indices)` on `split` (see `evaluation`)."""
   return evaluation.make_split_evaluator(evaluate, problem.sample_tasks, problem.splits[split],
                                          query_truth=problem.query_truth, mesh=mesh)
+
+
+def open_set_evaluator(problem: Problem, config, learner: MetaLearner,
+                       mesh: Optional[Mesh] = None) -> Optional[Callable]:
+  """`evaluate_indices` of the test split's open-set episodes, or None if there are none.
+
+  Episode i is test task i (same sample key, same adaptation and draws) with
+  the extra queries of `problem.sample_open_set_tasks`.
+  """
+  if problem.sample_open_set_tasks is None:  # only classification samplers have them
+    return None
+  strategy, chunk = _eval_batching(config, mesh)
+  evaluate = jax.jit(evaluation.make_open_set_evaluator(learner, task_batching=strategy,
+                                                        chunk_size=chunk, mesh=mesh))
+  return evaluation.make_split_evaluator(evaluate, problem.sample_open_set_tasks,
+                                         problem.splits["test"], mesh=mesh)
 
 
 def draw_tasks(problem: Problem, split: str, key: jax.Array, num_tasks: int) -> Task:
@@ -276,6 +305,7 @@ class Session(NamedTuple):
   writer: MetricWriter
   progress: Progress
   print_fn: Callable[[str], None]
+  evaluate_open_set: Optional[Callable] = None  # the test's open-set episodes, if any
 
 
 def _initial_state(problem: Problem, config, learner: MetaLearner, optimizer, key, mesh):
@@ -408,6 +438,14 @@ def _test(session: Session, meta_params) -> tuple[evaluation.Summary, dict]:
       eval_batch_size(config, session.mesh))
   summary = kinds.summarise(session.problem.kind, per_task, num_bins=config.num_bins,
                                  noise_std=session.problem.noise_std)
+  if session.evaluate_open_set is not None:
+    session.progress.message(f"open-set episodes: the {config.num_test_tasks} test tasks with "
+                             "queries of unknown classes...")
+    open_set = evaluation.evaluate_split(
+        session.evaluate_open_set, meta_params, session.test_key, config.num_test_tasks,
+        eval_batch_size(config, session.mesh))
+    summary.metrics["open_set"] = predictive_uncertainty.open_set_summary(open_set)
+    per_task.update({f"open_set_{name}": values for name, values in open_set.items()})
   return summary, per_task
 
 
@@ -447,7 +485,8 @@ def _setup(problem: Problem, config, workdir: Path, progress: bool,
       train_key, val_key, test_key,
       checkpoints, MetricWriter(workdir, enabled=is_main),
       Progress(config.num_meta_steps, int(state.step), enabled=progress and is_main,
-               print_fn=print_fn), print_fn)
+               print_fn=print_fn), print_fn,
+      open_set_evaluator(problem, config, test_learner, mesh))
   return session, state, earlier_seconds
 
 

@@ -14,11 +14,13 @@ from vampire_jax.data.episodes import CLASS_SAMPLING
 from vampire_jax.data.episodes import check_class_counts
 from vampire_jax.data.episodes import check_episode_spec
 from vampire_jax.data.episodes import num_classes_available
+from vampire_jax.data.episodes import open_set_tasks_from_keys
 from vampire_jax.data.episodes import NUM_ROTATIONS
 from vampire_jax.data.episodes import sample_tasks
 from vampire_jax.data.episodes import tasks_for_classes
 from vampire_jax.data.episodes import tasks_from_keys
 from vampire_jax.data.episodes import to_unit_range
+from vampire_jax.data.episodes import UNKNOWN_LABEL
 from vampire_jax.data.features import FeatureSplit
 from vampire_jax.data.features import load_leo_embeddings
 from vampire_jax.data.mini_imagenet import load_mini_imagenet
@@ -61,6 +63,7 @@ __all__ = (
     'mini_imagenet_builder_class',
     'num_classes_available',
     'num_combinations',
+    'open_set_tasks_from_keys',
     'preprocess_mini_imagenet',
     'preprocess_omniglot',
     'sample_tasks',
@@ -69,4 +72,5 @@ __all__ = (
     'tasks_for_classes',
     'tasks_from_keys',
     'to_unit_range',
+    'UNKNOWN_LABEL',
 )

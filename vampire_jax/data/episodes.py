@@ -155,29 +155,109 @@ def tasks_from_keys(
     ValueError: at trace time, for an impossible spec (see
       `check_episode_spec`), non-square images with `rotate`, or a bad rank.
   """
+  class_images = _check_class_images(class_images, rotate)
+  num_characters, num_examples = class_images.shape[:2]
+  check_episode_spec(num_classes_available(num_characters, rotate=rotate,
+                                           class_sampling=class_sampling),
+                     num_examples, ways=ways, shots=shots, query=query)
+  example_keys, classes, turns = jax.vmap(
+      lambda key: _draw_classes(key, num_characters, ways, 0, rotate, class_sampling))(task_keys)
+  return tasks_for_classes(example_keys, class_images, classes, shots=shots, query=query,
+                           class_counts=class_counts, turns=turns)
+
+
+def _check_class_images(class_images: jax.Array, rotate: bool) -> jax.Array:
   if class_images.ndim == 4:  # grey images: a channel axis
     class_images = class_images[..., None]
   if rotate:
     if class_images.ndim != 5 or class_images.shape[2] != class_images.shape[3]:
       raise ValueError('Rotation needs square images [C, E, H, H] or [C, E, H, H, ch], '
                        f'got shape {class_images.shape}.')
+  return class_images
+
+
+def _draw_classes(key: jax.Array, num_characters: int, ways: int, extra: int, rotate: bool,
+                  class_sampling: str):
+  """`(example_key, classes [ways + extra], turns [ways + extra] or None)` of one task.
+
+  The first `ways` classes (and turns) do not depend on `extra`: the classes
+  are the top of one draw of noise, and the extra classes' turns come from
+  a key of their own. So a task with `extra` more classes holds the task
+  drawn without them.
+  """
+  class_key, turn_key, example_key = jax.random.split(key, 3)
+  if rotate and class_sampling == 'class':  # class c: character c // 4, turned c % 4
+    classes = _random_subset(class_key, num_characters * NUM_ROTATIONS, ways + extra)
+    return example_key, classes // NUM_ROTATIONS, classes % NUM_ROTATIONS
+  characters = _random_subset(class_key, num_characters, ways + extra)
+  if not rotate:
+    return example_key, characters, None
+  turns = jax.random.randint(turn_key, (ways,), 0, NUM_ROTATIONS)
+  if extra:
+    extra_turns = jax.random.randint(jax.random.fold_in(turn_key, 1), (extra,), 0, NUM_ROTATIONS)
+    turns = jnp.concatenate([turns, extra_turns])
+  return example_key, characters, turns
+
+
+UNKNOWN_LABEL = -1  # the label of an open-set query: from none of the task's classes
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=('ways', 'shots', 'query', 'num_unknown', 'rotate', 'class_sampling'))
+def open_set_tasks_from_keys(
+    task_keys: jax.Array,
+    class_images: jax.Array,
+    *,
+    ways: int,
+    shots: int,
+    query: int,
+    num_unknown: int,
+    rotate: bool = True,
+    class_sampling: str = 'character',
+    class_counts: Optional[jax.Array] = None,
+) -> Task:
+  """`tasks_from_keys`' tasks, each with `query` extra queries of `num_unknown` other classes.
+
+  Task i is `tasks_from_keys`' task i (same support set, same known queries,
+  first in `query_x`), followed by `num_unknown * query` queries from
+  `num_unknown` classes of the same pool that are not among the task's
+  `ways` (drawn from the same noise, so distinct from them; in 'class'
+  sampling a known character in another rotation is another class). Their
+  label is `UNKNOWN_LABEL` (-1). Arguments as `tasks_from_keys`.
+
+  Returns:
+    `Task`: support as `tasks_from_keys`; query_x `[num_tasks, (ways +
+    num_unknown) * query, ...]`, query_y int32 with -1 for the unknown queries.
+
+  Raises:
+    ValueError: at trace time, if the pool has fewer than `ways +
+      num_unknown` classes, or `num_unknown < 1`.
+  """
+  if num_unknown < 1:
+    raise ValueError(f'num_unknown must be at least 1, got {num_unknown}.')
+  class_images = _check_class_images(class_images, rotate)
   num_characters, num_examples = class_images.shape[:2]
-  check_episode_spec(num_classes_available(num_characters, rotate=rotate,
-                                           class_sampling=class_sampling),
-                     num_examples, ways=ways, shots=shots, query=query)
-
-  def one_task(key):
-    class_key, turn_key, example_key = jax.random.split(key, 3)
-    if rotate and class_sampling == 'class':  # class c: character c // 4, turned c % 4
-      classes = _random_subset(class_key, num_characters * NUM_ROTATIONS, ways)
-      return example_key, classes // NUM_ROTATIONS, classes % NUM_ROTATIONS
-    characters = _random_subset(class_key, num_characters, ways)
-    turns = jax.random.randint(turn_key, (ways,), 0, NUM_ROTATIONS) if rotate else None
-    return example_key, characters, turns
-
-  example_keys, classes, turns = jax.vmap(one_task)(task_keys)
-  return tasks_for_classes(example_keys, class_images, classes, shots=shots, query=query,
-                           class_counts=class_counts, turns=turns)
+  available = num_classes_available(num_characters, rotate=rotate, class_sampling=class_sampling)
+  check_episode_spec(available, num_examples, ways=ways, shots=shots, query=query)
+  if ways + num_unknown > available:
+    raise ValueError(f'An open-set {ways}-way task with {num_unknown} unknown classes needs '
+                     f'{ways + num_unknown} distinct classes, but the pool has only {available}.')
+  example_keys, classes, turns = jax.vmap(
+      lambda key: _draw_classes(key, num_characters, ways, num_unknown, rotate,
+                                class_sampling))(task_keys)
+  known_turns = None if turns is None else turns[:, :ways]
+  tasks = tasks_for_classes(example_keys, class_images, classes[:, :ways], shots=shots,
+                            query=query, class_counts=class_counts, turns=known_turns)
+  unknown_keys = jax.vmap(jax.random.fold_in, (0, None))(example_keys, 1)
+  unknown_turns = None if turns is None else turns[:, ways:]
+  # Drawn as a task of the unknown classes; only its query examples are kept.
+  unknown = tasks_for_classes(unknown_keys, class_images, classes[:, ways:], shots=shots,
+                              query=query, class_counts=class_counts, turns=unknown_turns)
+  return tasks._replace(
+      query_x=jnp.concatenate([tasks.query_x, unknown.query_x], axis=1),
+      query_y=jnp.concatenate([tasks.query_y, jnp.full_like(unknown.query_y, UNKNOWN_LABEL)],
+                              axis=1))
 
 
 @functools.partial(jax.jit, static_argnames=('shots', 'query'))

@@ -255,15 +255,25 @@ def split_indices(
     `num_val_characters` drawn are val (1100 / 100 by default); the other 423
     are test. Alphabets are mixed across the parts.
 
-  Characters never appear in two parts, so their rotations (made when tasks
-  are sampled) do not either.
+  No held-out validation (`num_val_alphabets=0` for 'original',
+  `num_val_characters=0` for 'random'): every training character trains
+  (the paper's training sets: all 964 background characters, or all 1200)
+  and 'val' is the training characters themselves. Validation then draws
+  its own tasks (other keys) from them: it follows the fit and picks the
+  checkpoint, and never sees a test character, but it cannot detect
+  over-fitting to the training classes. Held-out drawers are no option:
+  a 5-shot task with 15 queries per class needs all 20 drawings.
+
+  Otherwise characters never appear in two parts, so their rotations (made
+  when tasks are sampled) do not either; the test part never overlaps the
+  others.
 
   Args:
     arrays: from `load_omniglot`.
     split: 'original' or 'random'.
     seed: seed of the 'random' draw.
-    num_val_characters: val size for 'random', in [0, 1200).
-    num_val_alphabets: val size for 'original', in [0, 30).
+    num_val_characters: val size for 'random', in [0, 1200); 0: val = train.
+    num_val_alphabets: val size for 'original', in [0, 30); 0: val = train.
 
   Returns:
     {'train', 'val', 'test'} -> sorted int64 indices into `arrays`.
@@ -279,8 +289,9 @@ def split_indices(
     val_alphabets = background_alphabets[
         len(background_alphabets) - num_val_alphabets:]
     is_val = background & np.isin(arrays.alphabet, val_alphabets)
-    return {'train': np.flatnonzero(background & ~is_val),
-            'val': np.flatnonzero(is_val),
+    train = np.flatnonzero(background & ~is_val)
+    return {'train': train,
+            'val': np.flatnonzero(is_val) if num_val_alphabets else train,
             'test': np.flatnonzero(~background)}
   if split == 'random':
     num_train = NUM_RANDOM_TRAIN_CHARACTERS
@@ -292,8 +303,9 @@ def split_indices(
                        f'characters, got {num_characters}.')
     order = np.random.default_rng(seed).permutation(num_characters)
     num_fit = num_train - num_val_characters
-    return {'train': np.sort(order[:num_fit]),
-            'val': np.sort(order[num_fit:num_train]),
+    train = np.sort(order[:num_fit])
+    return {'train': train,
+            'val': np.sort(order[num_fit:num_train]) if num_val_characters else train,
             'test': np.sort(order[num_train:])}
   raise ValueError(f'split must be one of {SPLITS}, got {split!r}.')
 
@@ -317,7 +329,8 @@ def make_split(
 
   Returns:
     {'train', 'val', 'test'} -> uint8 `[characters, 20, 28, 28]`. Default
-    sizes: 'original' 813 / 151 / 659, 'random' 1100 / 100 / 423.
+    sizes: 'original' 813 / 151 / 659, 'random' 1100 / 100 / 423; with no
+    held-out validation 964 / 964 / 659 and 1200 / 1200 / 423.
   """
   indices = split_indices(arrays, split, seed=seed,
                           num_val_characters=num_val_characters,
