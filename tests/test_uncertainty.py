@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from vampire_jax import data, evaluation, predictive_uncertainty
+from vampire_jax import data, predictive_uncertainty
 from vampire_jax.errors import ConfigError
 
 from conftest import needs_omniglot
@@ -73,7 +73,7 @@ def test_regression_summary_splits_the_predictive_variance():
                           [[1.0, 1.0], [1.0, 1.0], [1.0, 4.0]]])[..., None]
   per_task = {"mse": np.ones(2), "predictive_mean_mse": np.ones(2), "nll": np.ones(2),
               "predictions": predictions, "targets": np.zeros((2, 2, 1))}
-  metrics = evaluation.summarise("regression", per_task, noise_std=0.3).metrics
+  metrics = vj.summarise("regression", per_task, noise_std=0.3).metrics
   epistemic = np.mean([8 / 3, 0.0, 0.0, 2.0])  # np.var of (0,2,4), (1,1,1), (1,1,1), (1,1,4)
   assert metrics["epistemic_variance"] == pytest.approx(epistemic)
   assert metrics["aleatoric_variance"] == pytest.approx(0.09)
