@@ -46,8 +46,8 @@ def omniglot_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Om
   elif preset == "quick":
     config = OmniglotConfig(ways=5, shots=1, tasks_per_step=8, num_meta_steps=200,
                             num_filters=16, num_val_tasks=40, num_test_tasks=200,
-                            eval_batch_tasks=20, eval_every=25, checkpoint_every=100,
-                            log_every=5, num_mc_test=4, inner_lr=0.1, kl_weight=0.001)
+                            eval_batch_tasks=20, eval_every=40, checkpoint_every=100,
+                            log_every=10, num_mc_test=4, inner_lr=0.1, kl_weight=0.001)
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {OMNIGLOT_PRESETS}")
   config = algorithms.configure(config, algorithm)

@@ -77,13 +77,16 @@ def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
   worst = b.mce_bin
   ax.bar(edges[worst], confidence[worst] - accuracy[worst], bottom=accuracy[worst],
          width=width[worst], align="edge", fill=False, edgecolor="black", linewidth=2.0)
-  top = max(accuracy[worst], confidence[worst])
-  ax.annotate(f"MCE bin: n = {count[worst]}", xy=(edges[worst] + width[worst] / 2, top),
-              xytext=(0.5 * edges[worst] + 0.15, min(0.95, top + 0.12)), fontsize="small",
-              arrowprops=dict(arrowstyle="->", linewidth=0.8), ha="center")
+  centre, bottom = edges[worst] + width[worst] / 2, min(accuracy[worst], confidence[worst])
+  right = centre > 0.5  # the label goes below the bin, towards the middle
+  ax.annotate(f"MCE bin: n = {int(count[worst])}", xy=(centre, bottom),
+              xytext=(centre + (-0.08 if right else 0.08), max(0.05, bottom - 0.15)),
+              fontsize="small", ha="right" if right else "left",
+              bbox=dict(boxstyle="round", facecolor="white", alpha=0.9),
+              arrowprops=dict(arrowstyle="->", linewidth=0.8))
   extra = (f"none holds {b.min_count}" if math.isnan(b.mce_min_count)
            else f"{b.mce_min_count:.3f}")
-  ax.plot([], [], " ", label=f"ECE = {b.ece:.3f}\nMCE = {b.mce:.3f} (bin of {count[worst]})\n"
+  ax.plot([], [], " ", label=f"ECE = {b.ece:.3f}\nMCE = {b.mce:.3f} (bin of {int(count[worst])})\n"
                              f"MCE over bins of ≥ {b.min_count}: {extra}")
   ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="Accuracy", title=title)
   ax.tick_params(labelbottom=False)
@@ -395,17 +398,17 @@ def run_figures(workdir: PathLike, results: dict, label: str,
   plots = {}
   if "reliability" in curves:
     plots["reliability"] = plot_reliability_diagram(
-        curves["reliability"], workdir / "reliability.png", title=f"{where}: {tasks} test tasks")
+        curves["reliability"], workdir / "reliability.png", title=f"{where}\n{tasks} test tasks")
     plots["risk_coverage"] = plot_risk_coverage(
         {label: curves["risk_coverage"]}, workdir / "risk_coverage.png",
-        title=f"Selective prediction: {setting + ', ' if setting else ''}{tasks} test tasks")
+        title=f"Selective prediction: {setting or label}\n{tasks} test tasks")
   else:
     name = "quantile_calibration" if "quantile_calibration" in curves else "pit_calibration"
     point = [label] if results["config"].get("num_mc_test", 1) == 1 or \
         results["config"]["algorithm"] in ("maml", "fomaml") else []
     plots["quantile_calibration"] = plot_quantile_calibration(
         {label: curves[name]}, workdir / "quantile_calibration.png",
-        title=f"{where}: {tasks} test tasks", point_estimates=point)
+        title=f"{where}\n{tasks} test tasks", point_estimates=point)
   rows = reporting.read_metrics(workdir)
   train = [r for r in rows if "train/loss" in r]
   if train:

@@ -49,7 +49,7 @@ class ReliabilityBins(NamedTuple):
 
   @property
   def gap(self) -> np.ndarray:
-    """`[num_bins]` |accuracy_b - confidence_b|; NaN for an empty bin."""
+    """`[num_bins]`, `|accuracy_b - confidence_b|`; NaN for an empty bin."""
     return np.abs(np.asarray(self.accuracy, dtype=np.float64)
                   - np.asarray(self.confidence, dtype=np.float64))
 
@@ -60,7 +60,7 @@ class ReliabilityBins(NamedTuple):
 
   @property
   def mce_min_count(self) -> float:
-    """max |accuracy_b - confidence_b| over bins with count_b >= min_count; NaN if none.
+    """`max |accuracy_b - confidence_b|` over bins with count_b >= min_count; NaN if none.
 
     An extra beside the paper's `mce`, not a replacement for it.
     """
