@@ -58,8 +58,8 @@ def omniglot_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Om
   elif preset == "quick":
     config = OmniglotConfig(ways=5, shots=1, tasks_per_step=8, num_meta_steps=200,
                             num_filters=16, num_val_tasks=40, num_test_tasks=200,
-                            eval_batch_tasks=20, eval_every=100, checkpoint_every=100,
-                            log_every=20, num_mc_test=4, inner_lr=0.1, kl_weight=0.001)
+                            eval_batch_tasks=20, eval_every=40, checkpoint_every=100,
+                            log_every=10, num_mc_test=4, inner_lr=0.1, kl_weight=0.001)
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {OMNIGLOT_PRESETS}")
   config = algorithms.configure(config, algorithm)
@@ -91,8 +91,8 @@ def mini_imagenet_config(preset: str = "5way1shot",
   elif preset == "quick":
     config = MiniImagenetConfig(
         shots=1, query=5, tasks_per_step=2, num_meta_steps=60, inner_lr=0.01, kl_weight=0.001,
-        num_val_tasks=8, num_test_tasks=40, eval_batch_tasks=2, eval_every=60,
-        checkpoint_every=60, log_every=10, num_mc_test=2, chunk_size=2, existing_only=True)
+        num_val_tasks=8, num_test_tasks=40, eval_batch_tasks=2, eval_every=20,
+        checkpoint_every=60, log_every=5, num_mc_test=2, chunk_size=2, existing_only=True)
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {MINI_IMAGENET_PRESETS}")
   return algorithms.configure(config, algorithm)
@@ -119,8 +119,8 @@ def features_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Fe
   elif preset == "quick":
     config = FeaturesConfig(
         tasks_per_step=8, num_meta_steps=300, inner_lr=0.1, kl_weight=0.001,
-        num_val_tasks=100, num_test_tasks=500, eval_batch_tasks=50, eval_every=100,
-        checkpoint_every=100, log_every=25, num_mc_test=4)
+        num_val_tasks=100, num_test_tasks=500, eval_batch_tasks=50, eval_every=50,
+        checkpoint_every=100, log_every=10, num_mc_test=4)
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {FEATURES_PRESETS}")
   return algorithms.configure(config, algorithm)
@@ -147,7 +147,7 @@ def regression_config(preset: str = "cpu", algorithm: str = "vampire") -> Regres
   elif preset == "quick":
     config = RegressionConfig(num_meta_steps=500, num_mc_train=8, num_mc_query=8,
                               num_mc_test=32, num_val_tasks=100, num_test_tasks=500,
-                              eval_every=250, checkpoint_every=250, log_every=50)
+                              eval_every=50, checkpoint_every=250, log_every=10)
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {REGRESSION_PRESETS}")
   return algorithms.configure(config, algorithm)

@@ -57,27 +57,50 @@ def _save(fig, path: PathLike, title: Optional[str]) -> PathLike:
 def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
   edges = np.asarray(b.edges)
   width = np.diff(edges)
-  filled = np.asarray(b.count) > 0
-  left = edges[:-1][filled]
-  accuracy = np.asarray(b.accuracy)[filled]
-  confidence = np.asarray(b.confidence)[filled]
-  ax.bar(left, accuracy, width=width[filled], align="edge", color="tab:blue",
-         edgecolor="black", linewidth=0.6, label="Accuracy")
-  # The gap: a bar from accuracy up (or down) to the bin's mean confidence.
-  ax.bar(left, confidence - accuracy, bottom=accuracy, width=width[filled], align="edge",
-         color="tab:red", alpha=0.3, edgecolor="tab:red", hatch="//", linewidth=0.6, label="Gap")
+  count = np.asarray(b.count)
+  accuracy, confidence = np.asarray(b.accuracy), np.asarray(b.confidence)
+  readable = count >= b.min_count
+  for shown, colour, gap_colour, label, gap_label in (
+      (readable, "tab:blue", "tab:red", "Accuracy", "Gap"),
+      ((count > 0) & ~readable, "lightgrey", "grey",
+       f"Accuracy, bin of < {b.min_count} predictions", None)):
+    if not np.any(shown):
+      continue
+    ax.bar(edges[:-1][shown], accuracy[shown], width=width[shown], align="edge", color=colour,
+           edgecolor="black", linewidth=0.6, label=label)
+    # The gap: a bar from accuracy up (or down) to the bin's mean confidence.
+    ax.bar(edges[:-1][shown], (confidence - accuracy)[shown], bottom=accuracy[shown],
+           width=width[shown], align="edge", color=gap_colour, alpha=0.3, edgecolor=gap_colour,
+           hatch="//", linewidth=0.6, label=gap_label)
   ax.plot([0, 1], [0, 1], "k--", linewidth=1.0, label="Perfect calibration")
-  ax.plot([], [], " ", label=f"ECE = {b.ece:.3f}\nMCE = {b.mce:.3f}")
+  # The bin that sets the paper's MCE, outlined, with its count.
+  worst = b.mce_bin
+  ax.bar(edges[worst], confidence[worst] - accuracy[worst], bottom=accuracy[worst],
+         width=width[worst], align="edge", fill=False, edgecolor="black", linewidth=2.0)
+  centre, bottom = edges[worst] + width[worst] / 2, min(accuracy[worst], confidence[worst])
+  right = centre > 0.5  # the label goes below the bin, towards the middle
+  ax.annotate(f"MCE bin: n = {int(count[worst])}", xy=(centre, bottom),
+              xytext=(centre + (-0.08 if right else 0.08), max(0.05, bottom - 0.15)),
+              fontsize="small", ha="right" if right else "left",
+              bbox=dict(boxstyle="round", facecolor="white", alpha=0.9),
+              arrowprops=dict(arrowstyle="->", linewidth=0.8))
+  extra = (f"none holds {b.min_count}" if math.isnan(b.mce_min_count)
+           else f"{b.mce_min_count:.3f}")
+  ax.plot([], [], " ", label=f"ECE = {b.ece:.3f}\nMCE = {b.mce:.3f} (bin of {int(count[worst])})\n"
+                             f"MCE over bins of ≥ {b.min_count}: {extra}")
   ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="Accuracy", title=title)
   ax.tick_params(labelbottom=False)
-  ax.legend(loc="upper left", fontsize="small")
+  ax.legend(loc="upper left", fontsize="x-small")
 
 
 def _draw_confidence_histogram(ax, b: ReliabilityBins) -> None:
   """How many predictions fall in each bin: a bin of few predictions explains a large MCE."""
   edges, count = np.asarray(b.edges), np.asarray(b.count)
-  ax.bar(edges[:-1], count, width=np.diff(edges), align="edge", color="tab:gray",
+  colours = np.where(count >= b.min_count, "tab:gray", "lightgrey")
+  ax.bar(edges[:-1], count, width=np.diff(edges), align="edge", color=colours,
          edgecolor="black", linewidth=0.5)
+  ax.axhline(b.min_count, color="black", linestyle=":", linewidth=0.8)
+  ax.text(0.01, b.min_count, f" {b.min_count}", va="bottom", fontsize="x-small")
   ax.set_yscale("log")
   ax.set(xlim=(0, 1), xlabel="Confidence", ylabel="Predictions")
 
@@ -88,8 +111,11 @@ def plot_reliability_diagram(bins: Union[ReliabilityBins, dict[str, ReliabilityB
 
   Bars show each bin's accuracy; the shaded bars between accuracy and mean
   confidence show the miscalibration gap (red above the bar: over-confident).
-  Under each diagram, the number of predictions per bin (log scale). ECE
-  and MCE are in the legend. With a dict, one column per method, side by
+  Under each diagram, the number of predictions per bin (log scale). Bins
+  of fewer than `bins.min_count` predictions are grey: their accuracy is
+  too noisy to read. The bin that sets the paper's MCE is outlined and
+  labelled with its count. The legend gives ECE, the paper's MCE and, as
+  an extra, the MCE over the bins of at least `min_count` predictions. With a dict, one column per method, side by
   side, as in the paper's Fig. 3; `title` goes on the figure then, on the
   single panel otherwise.
 
@@ -121,23 +147,40 @@ def reliability_figure(bins: Union[ReliabilityBins, dict[str, ReliabilityBins]],
 
 def plot_risk_coverage(curves: Union[RiskCoverage, dict[str, RiskCoverage]], path: PathLike,
                        title: Optional[str] = None) -> PathLike:
-  """Selective prediction: accuracy of the most confident predictions against coverage.
+  """Selective prediction: the risk (error rate) of the most confident predictions
+  against coverage.
 
-  One line per method; the area under the risk (1 - accuracy) curve, AURC,
-  is in the legend (lower is better).
+  One line per method, its AURC (the area under it, lower is better) in the
+  legend, with two references in the same colour: random (a dotted line at
+  the overall error rate: an ordering that knows nothing keeps it at every
+  coverage) and oracle (dashed: every error ranked last, the lowest curve
+  this error rate allows; its area, `oracle_aurc`, in the legend).
   """
+  return _save(risk_coverage_figure(curves, title), path, None)
+
+
+def risk_coverage_figure(curves: Union[RiskCoverage, dict[str, RiskCoverage]],
+                         title: Optional[str] = None):
+  """The figure `plot_risk_coverage` saves."""
   curves = {"": curves} if isinstance(curves, RiskCoverage) else dict(curves)
   if not curves:
     raise ValueError("curves must be a RiskCoverage or a non-empty dict of them")
   fig, (ax,) = _new_figure(1, panel_size=4.5)
-  for name, c in curves.items():
+  colours = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
+  for i, (name, c) in enumerate(curves.items()):
+    colour = colours[i % len(colours)]
     prefix = f"{name}: " if name else ""
-    ax.plot(c.coverage, c.accuracy, linewidth=1.5, label=f"{prefix}AURC {c.aurc:.4f}")
-  ax.set(xlim=(0, 1), xlabel="Coverage (fraction kept, most confident first)",
-         ylabel="Accuracy of the kept predictions", title=title or "")
+    ax.plot(c.coverage, c.risk, color=colour, linewidth=1.5, label=f"{prefix}AURC {c.aurc:.4f}")
+    ax.plot([0, 1], [c.error_rate, c.error_rate], ":", color=colour, linewidth=1.0,
+            label=f"{prefix}random (AURC {c.error_rate:.4f})")
+    coverage = np.linspace(1e-3, 1.0, 500)
+    ax.plot(coverage, calibration.oracle_risk(coverage, c.error_rate), "--", color=colour, linewidth=1.0,
+            label=f"{prefix}oracle (AURC {c.oracle_aurc:.4f})")
+  ax.set(xlim=(0, 1), ylim=(0, None), xlabel="Coverage (fraction kept, most confident first)",
+         ylabel="Risk (error rate of the kept predictions)", title=title or "")
   ax.grid(alpha=0.3)
-  ax.legend(loc="lower left", fontsize="small")
-  return _save(fig, path, None)
+  ax.legend(loc="upper left", fontsize="small")
+  return fig
 
 
 def plot_quantile_calibration(results: Union[QuantileCalibration, dict[str, QuantileCalibration]],
@@ -146,19 +189,29 @@ def plot_quantile_calibration(results: Union[QuantileCalibration, dict[str, Quan
   """Observed against expected quantile levels, one line per method (Fig. 2c).
 
   A method named in `point_estimates` (one prediction per input, MAML) has
-  the same quantile at every level; as in the paper, it is drawn as the
-  single point (0.5, observed) joined to (0, 0) and (1, 1).
+  the same quantile at every level, so the fraction below it is the same
+  at every level: it is drawn as those markers only, a flat row, unjoined.
+  (The paper joins its value at 0.5 to (0, 0) and (1, 1), a line that
+  looks calibrated whatever the ECE; this figure does not.)
 
   Args:
     results: from `calibration.paper_quantile_calibration` (or the PIT
       variant), or `{method: result}`.
     path: output file; PNG unless its suffix names another format.
     title: optional axes title.
-    point_estimates: names of the methods to draw as one point.
+    point_estimates: names of the methods that predict one value per input,
+      drawn as unjoined markers.
 
   Returns:
     `path`.
   """
+  return _save(quantile_calibration_figure(results, title, point_estimates), path, None)
+
+
+def quantile_calibration_figure(
+    results: Union[QuantileCalibration, dict[str, QuantileCalibration]],
+    title: Optional[str] = None, point_estimates: Sequence[str] = ()):
+  """The figure `plot_quantile_calibration` saves."""
   results = {"": results} if isinstance(results, QuantileCalibration) else dict(results)
   if not results:
     raise ValueError("results must be a QuantileCalibration or a non-empty dict of them")
@@ -167,20 +220,20 @@ def plot_quantile_calibration(results: Union[QuantileCalibration, dict[str, Quan
   for name, r in results.items():
     label = f"{name + ': ' if name else ''}ECE {r.ece:.3f}, MCE {r.mce:.3f}"
     if name in point_estimates:
-      middle = float(np.interp(0.5, r.levels, r.observed))
-      ax.plot([0, 0.5, 1], [0, middle, 1], "s-", markersize=5, markevery=[1], label=label)
+      ax.plot(r.levels, r.observed, "s", markersize=6, linestyle="none",
+              label=f"{label}\n(point estimate: one quantile for every level)")
     else:
       ax.plot(r.levels, r.observed, "o-", markersize=4, label=label)
   ax.set(xlim=(0, 1), ylim=(0, 1), aspect="equal", xlabel="Expected quantile level p",
          ylabel="Observed fraction below the predicted p-quantile", title=title or "")
   ax.legend(loc="upper left", fontsize="small")
-  return _save(fig, path, None)
+  return fig
 
 
 def plot_training_curves(history: dict[str, Sequence[float]], steps: Sequence[int],
                          path: PathLike, title: Optional[str] = None,
-                         validation: Optional[dict[str, tuple[Sequence[int], Sequence[float]]]] = None
-                         ) -> PathLike:
+                         validation: Optional[dict[str, tuple[Sequence[int], Sequence[float]]]] = None,
+                         best: Optional[dict] = None) -> PathLike:
   """Logged metrics against the meta-training step, one panel per metric.
 
   Args:
@@ -189,16 +242,24 @@ def plot_training_curves(history: dict[str, Sequence[float]], steps: Sequence[in
     path: output file; PNG unless its suffix names another format.
     title: optional figure title.
     validation: `{metric name: (steps, values)}` drawn as markers on the
-      panel of the same name (e.g. validation accuracy over training accuracy).
+      panel of the same name (e.g. validation accuracy over training
+      accuracy), or on a panel of their own if training logs no such metric.
+    best: results.json's `best_validation` (`{"step", "score", "metric"}`):
+      the checkpoint kept and tested, a star on its metric's panel and a
+      dotted line at its step on every panel.
 
   Returns:
     `path`.
   """
-  return _save(training_curves_figure(history, steps, validation), path, title)
+  return _save(training_curves_figure(history, steps, validation, best), path, title)
+
+
+_Y_LABELS = {"loss": "meta-training loss (per task)", "accuracy": "query accuracy",
+             "mse": "query MSE", "nll": "query NLL", "mae": "query MAE"}
 
 
 def training_curves_figure(history: dict[str, Sequence[float]], steps: Sequence[int],
-                           validation: Optional[dict] = None):
+                           validation: Optional[dict] = None, best: Optional[dict] = None):
   """The figure `plot_training_curves` saves."""
   from matplotlib.ticker import EngFormatter, MaxNLocator
   if not history:
@@ -207,16 +268,24 @@ def training_curves_figure(history: dict[str, Sequence[float]], steps: Sequence[
     if len(values) != len(steps):
       raise ValueError(f"metric {name!r} has {len(values)} values for {len(steps)} steps")
   validation = validation or {}
-  fig, axes = _new_figure(len(history), panel_size=3.5, max_cols=3)
-  for ax, (name, values) in zip(axes, history.items()):
-    ax.plot(steps, values, linewidth=1.2, label="training")
+  names = list(history) + [name for name in validation if name not in history]
+  fig, axes = _new_figure(len(names), panel_size=3.5, max_cols=3)
+  for ax, name in zip(axes, names):
+    if name in history:
+      ax.plot(steps, history[name], linewidth=1.2, label="training")
     if name in validation:
       val_steps, val_values = validation[name]
       ax.plot(val_steps, val_values, "o-", color="tab:orange", markersize=4, label="validation")
+    if best is not None:
+      ax.axvline(best["step"], color="tab:green", linestyle=":", linewidth=1.0)
+      if best.get("metric") == name:
+        ax.plot([best["step"]], [best["score"]], "*", color="tab:green", markersize=13,
+                markeredgecolor="black", label=f"best checkpoint (step {best['step']})")
+    if len(ax.get_legend_handles_labels()[0]) > 1:
       ax.legend(fontsize="small")
     ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 12500 -> 12.5k
-    ax.set(title=name, xlabel="meta-step")
+    ax.set(title=name, xlabel="meta-step", ylabel=_Y_LABELS.get(name, name))
     ax.grid(alpha=0.3)
   return fig
 
@@ -338,13 +407,22 @@ def plot_open_set_roc(open_set: dict[str, dict], path: PathLike, title: Optional
   return _save(fig, path, title)
 
 
-def run_figures(workdir: PathLike, results: dict, label: str) -> dict[str, str]:
+def run_figures(workdir: PathLike, results: dict, label: str,
+                setting: Optional[str] = None) -> dict[str, str]:
   """The figures of a finished run, from its results.json record and metrics.jsonl.
 
   Classification: `reliability.png` (with the confidence histogram) and
   `risk_coverage.png`; regression: `quantile_calibration.png` (the paper's
   metric, or the PIT one if the run has no noiseless targets). Both:
-  `training_curves.png` with the validation score.
+  `training_curves.png` with the validation score and the best checkpoint.
+
+  Args:
+    workdir: the run folder.
+    results: its results.json record.
+    label: the method, e.g. "VAMPIRE".
+    setting: the data set and setting for the titles, e.g. "Omniglot 5-way
+      1-shot" (`experiments.train.setting_name`); without it, the titles
+      name the method and the test tasks only.
 
   Returns:
     `{figure name: path}`.
@@ -353,20 +431,21 @@ def run_figures(workdir: PathLike, results: dict, label: str) -> dict[str, str]:
   curves = {name: calibration.from_record(record)
             for name, record in results["calibration"].items()}
   tasks = results["test"]["num_tasks"]
+  where = f"{label}, {setting}" if setting else label
   plots = {}
   if "reliability" in curves:
     plots["reliability"] = plot_reliability_diagram(
-        curves["reliability"], workdir / "reliability.png", title=f"{label}: {tasks} test tasks")
+        curves["reliability"], workdir / "reliability.png", title=f"{where}\n{tasks} test tasks")
     plots["risk_coverage"] = plot_risk_coverage(
         {label: curves["risk_coverage"]}, workdir / "risk_coverage.png",
-        title=f"Selective prediction, {tasks} test tasks")
+        title=f"Selective prediction: {setting or label}\n{tasks} test tasks")
   else:
     name = "quantile_calibration" if "quantile_calibration" in curves else "pit_calibration"
     point = [label] if results["config"].get("num_mc_test", 1) == 1 or \
         results["config"]["algorithm"] in ("maml", "fomaml") else []
     plots["quantile_calibration"] = plot_quantile_calibration(
         {label: curves[name]}, workdir / "quantile_calibration.png",
-        title=f"{tasks} test tasks", point_estimates=point)
+        title=f"{where}\n{tasks} test tasks", point_estimates=point)
   rows = reporting.read_metrics(workdir)
   train = [r for r in rows if "train/loss" in r]
   if train:
@@ -375,14 +454,16 @@ def run_figures(workdir: PathLike, results: dict, label: str) -> dict[str, str]:
     val = [r for r in rows if f"val/{score}" in r]
     plots["training_curves"] = plot_training_curves(
         {k: [r[f"train/{k}"] for r in train] for k in names}, [r["step"] for r in train],
-        workdir / "training_curves.png",
-        validation={score: ([r["step"] for r in val], [r[f"val/{score}"] for r in val])})
+        workdir / "training_curves.png", title=f"{where}: meta-training",
+        validation={score: ([r["step"] for r in val], [r[f"val/{score}"] for r in val])},
+        best=results.get("best_validation"))
   return {name: str(path) for name, path in plots.items()}
 
 
-def add_run_figures(workdir: PathLike, results: dict, label: str) -> dict:
+def add_run_figures(workdir: PathLike, results: dict, label: str,
+                    setting: Optional[str] = None) -> dict:
   """Draws `run_figures` and records them under 'plots' in results.json."""
   from vampire_jax import training
-  results["plots"] = run_figures(workdir, results, label)
+  results["plots"] = run_figures(workdir, results, label, setting)
   training.write_results(workdir, results)
   return results

@@ -126,7 +126,8 @@ def run(algorithms: list[str], preset: str, workdir: Path,
     raise FloatingPointError(f"every method diverged: {methods}")
   config = cli.apply_overrides(get_config(preset, next(iter(trained))), overrides or {})
   figures = compare.write_comparison(methods, "regression", workdir,
-                                     f"{config.num_test_tasks} test tasks ({preset})",
+                                     f"{train.setting_name(config)} ({preset} preset), "
+                                     f"{config.num_test_tasks} test tasks",
                                      figure_name="quantile_calibration.png")
   figures["plots"]["tasks"] = str(plot_tasks(jax.random.key(config.seed + 1), config, trained,
                                              workdir / "tasks.png"))

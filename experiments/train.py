@@ -3,7 +3,8 @@
 Check the config (before any data is read or anything compiled), that
 `workdir` can be written, is not in use by another process and holds no run
 of another config; build the problem (load the data);
-run the library's loop (`vj.train_and_evaluate`); draw the run's figures.
+run the library's loop (`vj.train_and_evaluate`); draw the run's figures
+(and add them to its TensorBoard events).
 """
 
 from pathlib import Path
@@ -13,7 +14,7 @@ import jax
 
 import vampire_jax as vj
 from experiments import plots
-from vampire_jax import run_folder
+from vampire_jax import reporting, run_folder
 
 
 def train_and_evaluate(config, workdir: Path, make_problem: Callable[[], vj.Problem], *,
@@ -35,4 +36,23 @@ def train_and_evaluate(config, workdir: Path, make_problem: Callable[[], vj.Prob
   vj.training.check_resumable(workdir, config)
   results = vj.train_and_evaluate(make_problem(), config, workdir, progress=progress,
                                   print_fn=print_fn)
-  return plots.add_run_figures(workdir, results, config.algorithm.upper())
+  results = plots.add_run_figures(workdir, results, config.algorithm.upper(), setting_name(config))
+  if jax.process_index() == 0:
+    reporting.write_figures(workdir, results["plots"], step=results["meta_steps"])
+  return results
+
+
+def setting_name(config) -> str:
+  """The data set and setting a figure's title names, e.g. "Omniglot 5-way 1-shot"."""
+  if isinstance(config, vj.configs.RegressionConfig):
+    return f"sine/line regression, {config.num_support}-shot"
+  if isinstance(config, vj.configs.OmniglotConfig):
+    data = "Omniglot"
+  elif isinstance(config, vj.configs.MiniImagenetConfig):
+    data = "mini-ImageNet"
+  elif isinstance(config, vj.configs.FeaturesConfig):
+    data = f"{config.dataset}-ImageNet (LEO features)"
+  else:
+    data = type(config).__name__.removesuffix("Config")
+  ways, shots = getattr(config, "ways", None), getattr(config, "shots", None)
+  return data if ways is None or shots is None else f"{data} {ways}-way {shots}-shot"

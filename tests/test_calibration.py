@@ -326,6 +326,62 @@ def test_training_curves_show_validation_and_readable_step_labels():
   assert 2 <= len(labels) <= 6 and all(len(text) <= 4 for text in labels), labels  # e.g. '10k'
 
 
+def test_reliability_figure_greys_low_count_bins_and_marks_the_mce_bin():
+  # The hand-worked bins above: the MCE (0.55) is set by bin 2, a single prediction.
+  probs = np.array([[0.9, 0.1]] * 4 + [[0.7, 0.3]] * 2 + [[0.55, 0.45]])
+  bins = cal.classification_calibration(probs, np.array([0, 0, 0, 1, 0, 0, 1]), num_bins=5,
+                                        min_count=2)
+  fig = plots.reliability_figure(bins, title="toy: 7 predictions")
+  diagram, histogram = fig.axes[0], fig.axes[1]
+  grey = [p for p in diagram.patches if np.allclose(p.get_facecolor()[:3], 211 / 255)]
+  assert [round(p.get_x(), 6) for p in grey] == [0.4]  # only bin 2, (0.4, 0.6], is grey
+  assert [t.get_text() for t in diagram.texts] == ["MCE bin: n = 1"]
+  legend = [t.get_text() for t in diagram.get_legend().get_texts()]
+  assert any("MCE = 0.550 (bin of 1)" in t and "MCE over bins of ≥ 2: 0.300" in t for t in legend)
+  light = [p for p in histogram.patches if np.allclose(p.get_facecolor()[:3], 211 / 255)]
+  assert [p.get_height() for p in light] == [0, 0, 1]  # empty and one-prediction bins
+
+
+def test_risk_coverage_figure_draws_risk_and_its_reference_lines():
+  probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3], [0.4, 0.6]])
+  curve = cal.risk_coverage(probs, np.array([0, 0, 0, 0]))
+  fig = plots.risk_coverage_figure({"VAMPIRE": curve}, title="toy")
+  (ax,) = fig.axes
+  risk, random, oracle = ax.get_lines()
+  np.testing.assert_allclose(risk.get_ydata(), [0.0, 0.5, 1 / 3, 0.5])  # risk, not accuracy
+  np.testing.assert_allclose(random.get_ydata(), [0.5, 0.5])
+  x, y = oracle.get_xdata(), oracle.get_ydata()
+  np.testing.assert_allclose(y, np.maximum(0, 1 - 0.5 / x))
+  assert risk.get_label() == f"VAMPIRE: AURC {curve.aurc:.4f}"
+  assert oracle.get_label() == f"VAMPIRE: oracle (AURC {curve.oracle_aurc:.4f})"
+  assert ax.get_ylabel().startswith("Risk")
+
+
+def test_a_point_estimate_is_drawn_as_its_markers_not_as_a_calibrated_looking_line():
+  maml = cal.paper_quantile_calibration(np.array([[0.3]]), np.array([0.0]), 0.3)  # Phi(1) = 0.84
+  fig = plots.quantile_calibration_figure({"MAML": maml}, point_estimates=["MAML"])
+  (ax,) = fig.axes
+  _, line = ax.get_lines()
+  assert line.get_linestyle() == "None"
+  np.testing.assert_allclose(line.get_xdata(), maml.levels)
+  np.testing.assert_allclose(line.get_ydata(), maml.observed)  # flat at 0.84, not (0,0)..(1,1)
+
+
+def test_training_curves_have_y_labels_and_mark_the_best_checkpoint():
+  steps = list(range(0, 201, 5))
+  fig = plots.training_curves_figure(
+      {"loss": [1.0] * len(steps)}, steps,
+      validation={"mse": ([50, 100, 150, 200], [0.9, 0.5, 0.6, 0.7])},
+      best={"step": 100, "score": 0.5, "metric": "mse"})
+  loss, mse = fig.axes  # the validation-only metric gets a panel of its own
+  assert loss.get_ylabel() and mse.get_ylabel() == "query MSE"
+  star = [line for line in mse.get_lines() if line.get_marker() == "*"]
+  assert len(star) == 1 and list(star[0].get_xdata()) == [100] and list(star[0].get_ydata()) == [0.5]
+  assert star[0].get_label() == "best checkpoint (step 100)"
+  for ax in (loss, mse):  # a dotted line at the best step on every panel
+    assert any(list(line.get_xdata()) == [100, 100] for line in ax.get_lines())
+
+
 # -- The paper's regression metric and selective prediction --------------------------
 
 
@@ -370,6 +426,58 @@ def test_risk_coverage_by_hand():
   # A confidence that ranks every error last has the lowest AURC possible.
   ranked = cal.risk_coverage(np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.4, 0.6]]), labels)
   assert ranked.aurc < result.aurc
+
+
+def test_risk_and_the_reference_lines_by_hand():
+  # The curve above: errors at ranks 2 and 4, error rate 1/2. Risk = 1 - accuracy.
+  # The best ordering keeps the 2 correct first: risk 0, 0, then 1 of 3, 2 of 4.
+  probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3], [0.4, 0.6]])
+  result = cal.risk_coverage(probs, np.array([0, 0, 0, 0]))
+  np.testing.assert_allclose(result.risk, [0.0, 0.5, 1 / 3, 0.5])
+  assert result.error_rate == 0.5
+  np.testing.assert_allclose(result.oracle_risk, [0.0, 0.0, 1 / 3, 0.5])
+  # Integral of max(0, 1 - 0.5 / c) over [0.5, 1] = 0.5 - 0.5 log 2.
+  assert result.oracle_aurc == pytest.approx(0.5 + 0.5 * math.log(0.5), abs=1e-12)
+  # The oracle line is the curve of a confidence that ranks every error last,
+  # and its AURC is the limit of that curve's mean over k: 1 error in 4, N = 4000.
+  correct = np.arange(4000) % 4 != 0
+  confidence = np.where(correct, 0.9, 0.6) - np.arange(4000) * 1e-6
+  probs = np.stack([confidence, 1 - confidence], axis=-1)
+  ranked = cal.risk_coverage(probs, np.where(correct, 0, 1))
+  assert ranked.error_rate == pytest.approx(0.25)
+  np.testing.assert_allclose(ranked.risk, ranked.oracle_risk, atol=1e-12)
+  assert ranked.aurc == pytest.approx(ranked.oracle_aurc, abs=1e-3)
+  assert ranked.oracle_aurc == pytest.approx(0.25 + 0.75 * math.log(0.75), abs=1e-12)
+  # From a results.json record (101 coverages) the references are the same lines.
+  back = cal.from_record(json.loads(json.dumps(cal.to_record(ranked))))
+  assert back.error_rate == ranked.error_rate and back.oracle_aurc == ranked.oracle_aurc
+  assert cal.risk_coverage(probs, np.ones(4000, int)).oracle_aurc == 1.0  # all wrong
+
+
+def test_mce_bin_and_mce_over_bins_with_a_minimum_count_by_hand():
+  # 5 bins of width 0.2. Bin (0.8, 1]: 4 predictions at 0.9, 3 correct: gap 0.15.
+  # Bin (0.6, 0.8]: 2 at 0.7, both correct: gap 0.3. Bin (0.4, 0.6]: 1 at 0.55,
+  # wrong: gap 0.55. The paper's MCE is the single prediction's 0.55; over
+  # bins of at least 2 it is 0.3, of at least 4 it is 0.15.
+  probs = np.array([[0.9, 0.1]] * 4 + [[0.7, 0.3]] * 2 + [[0.55, 0.45]])
+  labels = np.array([0, 0, 0, 1, 0, 0, 1])
+  bins = cal.classification_calibration(probs, labels, num_bins=5, min_count=2)
+  np.testing.assert_array_equal(bins.count, [0, 0, 1, 2, 4])
+  np.testing.assert_allclose(bins.gap[2:], [0.55, 0.3, 0.15], atol=1e-12)
+  assert bins.mce == pytest.approx(0.55) and bins.mce_bin == 2 and bins.count[bins.mce_bin] == 1
+  assert bins.mce_min_count == pytest.approx(0.3)
+  four = cal.classification_calibration(probs, labels, num_bins=5, min_count=4)
+  assert four.mce == bins.mce and four.ece == bins.ece
+  assert four.mce_min_count == pytest.approx(0.15)
+  assert math.isnan(cal.classification_calibration(probs, labels, num_bins=5,
+                                                   min_count=5).mce_min_count)
+  assert cal.classification_calibration(probs, labels).min_count == cal.MIN_BIN_COUNT
+  back = cal.from_record(json.loads(json.dumps(cal.to_record(bins))))
+  assert back.min_count == 2 and back.mce_min_count == pytest.approx(0.3)
+  old = {k: v for k, v in cal.to_record(bins).items() if k != "min_count"}  # before min_count
+  assert cal.from_record(old).min_count == cal.MIN_BIN_COUNT
+  with pytest.raises(ValueError, match="min_count"):
+    cal.classification_calibration(probs, labels, min_count=0)
 
 
 def test_records_round_trip():

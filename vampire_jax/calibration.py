@@ -25,18 +25,52 @@ from numpy.typing import ArrayLike
 # -- Classification ------------------------------------------------------------
 
 
+# A bin holding fewer predictions than this has an accuracy too noisy to read
+# (its standard error can reach 0.5 / sqrt(30) = 0.09): the reliability diagram
+# greys it out and `ReliabilityBins.mce_min_count` leaves it out.
+MIN_BIN_COUNT = 30
+
+
 class ReliabilityBins(NamedTuple):
-  """Confidence histogram of a classifier and its calibration errors."""
+  """Confidence histogram of a classifier and its calibration errors.
+
+  `mce` is the paper's (Guo et al.'s) MCE, over every non-empty bin, and
+  stays the headline number. A bin of a handful of predictions can set it
+  alone; `mce_bin` says which bin does, and `mce_min_count`, an extra, is
+  the MCE over the bins holding at least `min_count` predictions.
+  """
   edges: np.ndarray       # [num_bins + 1], equal-width on [0, 1]
   confidence: np.ndarray  # [num_bins], mean max-probability per bin; NaN if empty
   accuracy: np.ndarray    # [num_bins], fraction correct per bin; NaN if empty
   count: np.ndarray       # [num_bins] int, predictions per bin
   ece: float              # sum_b (n_b / N) |accuracy_b - confidence_b|
   mce: float              # max over non-empty b of |accuracy_b - confidence_b|
+  min_count: int = MIN_BIN_COUNT  # bins below it: greyed out, left out of mce_min_count
+
+  @property
+  def gap(self) -> np.ndarray:
+    """`[num_bins]`, `|accuracy_b - confidence_b|`; NaN for an empty bin."""
+    return np.abs(np.asarray(self.accuracy, dtype=np.float64)
+                  - np.asarray(self.confidence, dtype=np.float64))
+
+  @property
+  def mce_bin(self) -> int:
+    """Index of the bin that sets `mce` (the first, on a tie)."""
+    return int(np.nanargmax(self.gap))
+
+  @property
+  def mce_min_count(self) -> float:
+    """`max |accuracy_b - confidence_b|` over bins with count_b >= min_count; NaN if none.
+
+    An extra beside the paper's `mce`, not a replacement for it.
+    """
+    enough = np.asarray(self.count) >= self.min_count
+    return float(np.max(self.gap[enough])) if np.any(enough) else math.nan
 
 
 def classification_calibration(probabilities: ArrayLike, labels: ArrayLike,
-                               num_bins: int = 15) -> ReliabilityBins:
+                               num_bins: int = 15,
+                               min_count: int = MIN_BIN_COUNT) -> ReliabilityBins:
   """Reliability bins, ECE and MCE of predicted class probabilities.
 
   Confidence is the largest predicted probability, a prediction is correct
@@ -51,19 +85,24 @@ def classification_calibration(probabilities: ArrayLike, labels: ArrayLike,
     labels: integer labels, the leading shape of `probabilities`: `[N]` or
       `[tasks, query]`.
     num_bins: number of equal-width bins (Guo et al. and the paper use 15).
+    min_count: bins holding fewer predictions are greyed out in the
+      reliability diagram and left out of `mce_min_count` (not of `mce`).
 
   Returns:
     A `ReliabilityBins`.
 
   Raises:
     ValueError: on mismatched shapes, non-integer or out-of-range labels,
-      probabilities outside [0, 1], no predictions, or `num_bins < 1`.
+      probabilities outside [0, 1], no predictions, `num_bins < 1` or
+      `min_count < 1`.
   """
   probabilities = np.asarray(probabilities, dtype=np.float64)
   labels = np.asarray(labels)
   if int(num_bins) != num_bins or num_bins < 1:
     raise ValueError(f"num_bins must be a positive integer, got {num_bins}")
   num_bins = int(num_bins)
+  if int(min_count) != min_count or min_count < 1:
+    raise ValueError(f"min_count must be a positive integer, got {min_count}")
   if probabilities.ndim < 2:
     raise ValueError("probabilities must be [N, C] or [tasks, query, C], "
                      f"got shape {probabilities.shape}")
@@ -103,18 +142,51 @@ def classification_calibration(probabilities: ArrayLike, labels: ArrayLike,
   gap = np.abs(accuracy[nonempty] - mean_confidence[nonempty])
   ece = float(np.sum(count[nonempty] / confidence.size * gap))
   mce = float(np.max(gap))
-  return ReliabilityBins(edges, mean_confidence, accuracy, count, ece, mce)
+  return ReliabilityBins(edges, mean_confidence, accuracy, count, ece, mce, int(min_count))
 
 
 class RiskCoverage(NamedTuple):
   """Selective prediction: accuracy of the most confident predictions.
 
   Predictions are sorted by confidence, most confident first; keeping the
-  first k of N covers k / N of them.
+  first k of N covers k / N of them. The risk is the error rate of those
+  kept; a random ordering keeps the overall `error_rate` at every coverage,
+  and `oracle_risk` is the best any ordering can do.
   """
   coverage: np.ndarray  # [N], k / N for k = 1..N
   accuracy: np.ndarray  # [N], accuracy of the k most confident predictions
   aurc: float           # area under the risk (1 - accuracy) vs coverage curve, mean over k
+
+  @property
+  def risk(self) -> np.ndarray:
+    """`[N]` the error rate of the k most confident predictions: 1 - accuracy."""
+    return 1.0 - np.asarray(self.accuracy, dtype=np.float64)
+
+  @property
+  def error_rate(self) -> float:
+    """The error rate of all predictions (coverage 1): a random ordering's risk at any coverage."""
+    return float(self.risk[-1])
+
+  @property
+  def oracle_risk(self) -> np.ndarray:
+    """`[N]` the risk of the best possible ordering (every error last), at `coverage`.
+
+    With error rate e, the first (1 - e) of the predictions are all correct;
+    past that, keeping a fraction c leaves c - (1 - e) errors among c:
+    risk(c) = max(0, 1 - (1 - e) / c).
+    """
+    return oracle_risk(self.coverage, self.error_rate)
+
+  @property
+  def oracle_aurc(self) -> float:
+    """The area under `oracle_risk`, the lowest AURC this error rate allows.
+
+    The integral of max(0, 1 - (1 - e) / c) over c in [0, 1]:
+    e + (1 - e) log(1 - e) (Geifman et al. 2019), the limit of the
+    mean over k for many predictions.
+    """
+    e = self.error_rate
+    return e if e >= 1.0 else e + (1.0 - e) * math.log1p(-e)
 
   def accuracy_at(self, coverage: float) -> float:
     """Accuracy of the ceil(coverage * N) most confident predictions."""
@@ -122,6 +194,14 @@ class RiskCoverage(NamedTuple):
       raise ValueError(f"coverage must be in (0, 1], got {coverage}")
     kept = max(1, math.ceil(coverage * len(self.coverage) - 1e-9))
     return float(self.accuracy[kept - 1])
+
+
+def oracle_risk(coverage: ArrayLike, error_rate: float) -> np.ndarray:
+  """max(0, 1 - (1 - e) / c): the lowest risk at coverage c of any ordering with error rate e."""
+  coverage = np.asarray(coverage, dtype=np.float64)
+  if np.any(~(coverage > 0.0)) or np.any(coverage > 1.0):
+    raise ValueError(f"coverage must lie in (0, 1], got range [{coverage.min()}, {coverage.max()}]")
+  return np.maximum(0.0, 1.0 - (1.0 - float(error_rate)) / coverage)
 
 
 def risk_coverage(probabilities: ArrayLike, labels: ArrayLike) -> RiskCoverage:
@@ -444,13 +524,17 @@ def to_record(result) -> dict:
     picks = np.unique(np.ceil(np.linspace(0.01, 1.0, _RECORD_POINTS) * len(result.coverage)
                               - 1e-9).astype(int) - 1)
     result = RiskCoverage(result.coverage[picks], result.accuracy[picks], result.aurc)
-  fields = {k: (np.asarray(v).tolist() if np.ndim(v) else float(v))
+  fields = {k: (np.asarray(v).tolist() if np.ndim(v) else
+                int(v) if isinstance(v, (int, np.integer)) else float(v))
             for k, v in result._asdict().items()}
   return {"kind": type(result).__name__, **fields}
 
 
 def from_record(record: dict):
-  """The `ReliabilityBins`, `QuantileCalibration` or `RiskCoverage` of `to_record`."""
+  """The `ReliabilityBins`, `QuantileCalibration` or `RiskCoverage` of `to_record`.
+
+  A field with a default that an older record lacks (`min_count`) takes the default.
+  """
   kind = _RECORD_KINDS[record["kind"]]
   return kind(**{f: (np.asarray(record[f], dtype=float) if isinstance(record[f], list)
-                     else record[f]) for f in kind._fields})
+                     else record[f]) for f in kind._fields if f in record})

@@ -3,7 +3,11 @@
 `MetricWriter` appends every logged value to `metrics.jsonl` (a torn last
 line from a kill is cut off first; `run_folder` owns the file) and, when
 tensorboardX is installed, to TensorBoard event files beside it (without
-it, the JSON lines alone; nothing else changes).
+it, the JSON lines alone; nothing else changes). After the test, the
+config goes in as hyperparameters with the test metrics (TensorBoard's
+HPARAMS tab; `write_test`), and `write_figures` adds the run's PNGs
+(IMAGES tab). `tensorboard --logdir runs/` shows them; TensorBoard itself
+is a separate install (`pip install tensorboard`).
 
 `Progress` shows a progress bar on a terminal and, when the output goes to
 a file or pipe, one line per logging interval: a log stays short and every
@@ -11,10 +15,12 @@ line in it is one a reader wants.
 """
 
 import contextlib
+import os
+import struct
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from vampire_jax import run_folder
 from vampire_jax.run_folder import read_metrics  # noqa: F401  (kept here: public before)
@@ -45,6 +51,28 @@ class MetricWriter:
       for name, value in values.items():
         self._tensorboard.add_scalar(name, value, step)
 
+  def write_test(self, step: int, config: dict, metrics: dict) -> None:
+    """The test metrics and the config, for TensorBoard (results.json is their record).
+
+    Each numeric test metric is a scalar `test/<name>` at `step`; the config
+    goes in as hyperparameters (lists and None as text) with those metrics,
+    in the sub-run `hparams/`, so that the HPARAMS tab sets runs side by side.
+    Without tensorboardX, nothing.
+
+    Args:
+      step: the meta-step the tested parameters come from (the run's last).
+      config: `dataclasses.asdict(config)`.
+      metrics: the test split's metrics; entries that are not numbers are skipped.
+    """
+    if self._tensorboard is None:
+      return
+    numbers = {f"test/{k}": float(v) for k, v in metrics.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for name, value in numbers.items():
+      self._tensorboard.add_scalar(name, value, step)
+    self._tensorboard.add_hparams(hparam_values(config), numbers, name="hparams",
+                                  global_step=step)
+
   def close(self) -> None:
     if self._tensorboard is not None:
       with contextlib.suppress(OSError):  # the events are a view; metrics.jsonl is the record
@@ -52,6 +80,49 @@ class MetricWriter:
     if self._jsonl is not None:
       with run_folder.writing(self._path):
         self._jsonl.close()
+
+
+def hparam_values(config: dict) -> dict:
+  """A config dict as TensorBoard hyperparameters: bool, int, float and str as they are,
+  anything else (a tuple, a list, None) as its text."""
+  return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in config.items()}
+
+
+def write_figures(workdir: Union[str, os.PathLike], figures: dict, step: int) -> int:
+  """Adds a finished run's PNG figures to its TensorBoard events (the IMAGES tab).
+
+  The encoded PNG bytes go in as they are (nothing decoded or re-encoded).
+  Without tensorboardX, nothing.
+
+  Args:
+    workdir: the run folder (TensorBoard's log folder of the run).
+    figures: `{name: path}`, e.g. results.json's "plots"; files that are not PNG are skipped.
+    step: the step to file them under (the run's last).
+
+  Returns:
+    How many figures were written.
+  """
+  try:
+    from tensorboardX import SummaryWriter
+    from tensorboardX.proto.summary_pb2 import Summary
+  except ImportError:  # optional (the experiments extra)
+    return 0
+  images = []
+  for name, path in figures.items():
+    data = Path(path).read_bytes()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+      continue
+    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
+    images.append(Summary.Value(tag=f"figures/{name}", image=Summary.Image(
+        height=height, width=width, colorspace=4, encoded_image_string=data)))
+  if images:
+    writer = SummaryWriter(str(workdir))
+    try:
+      writer.file_writer.add_summary(Summary(value=images), step)
+    finally:
+      with contextlib.suppress(OSError):
+        writer.close()
+  return len(images)
 
 
 def format_duration(seconds: float) -> str:

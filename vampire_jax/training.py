@@ -534,6 +534,7 @@ def train_and_evaluate(problem: Problem, config, workdir: str | os.PathLike, *,
       meta_params = session.checkpoints.restore_best(state.meta_params)
       test_start = time.time()
       summary, per_task = _test(session, state.meta_params if meta_params is None else meta_params)
+      session.writer.write_test(int(state.step), dataclasses.asdict(config), summary.metrics)
     finally:
       session.progress.close()
       session.writer.close()
