@@ -62,7 +62,8 @@ def test_folder_loader_matches_csv_and_pil(sample):
   assert len(set(all_wnids.tolist())) == len(all_wnids) == 100  # class-disjoint
 
 
-def test_missing_files_and_layouts_get_clear_errors(tmp_path, cache_dir):
+def test_missing_files_and_layouts_get_clear_errors(tmp_path, cache_dir, sample):
+  del sample  # builds the cache the last check reads, whatever order the tests run in
   with pytest.raises(FileNotFoundError, match="existing_only"):
     data.load_mini_imagenet(SAMPLE_DIR, cache_dir=tmp_path, source="folder")
   with pytest.raises(FileNotFoundError, match=r"split/train.csv.*mini-imagenet-cache"):
