@@ -202,7 +202,8 @@ def run(benchmark: str, algorithms, preset: str, workdir: Path, overrides=None,
   methods = run_methods(experiment, algorithms, preset, workdir, overrides or {}, progress)
   finished = [m for m in methods.values() if "diverged" not in m]
   if not finished:
-    raise FloatingPointError(f"every method diverged: {methods}")
+    raise FloatingPointError("every method diverged: " + "; ".join(
+        f"{name}: {method['diverged']}" for name, method in methods.items()))
   kind = finished[0]["kind"]
   title = f"{benchmark} ({preset}), {finished[0]['num_tasks']} test tasks"
   written = write_comparison(methods, kind, workdir, title)
