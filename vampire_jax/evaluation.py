@@ -230,8 +230,23 @@ def evaluate_split(evaluate_indices: Callable, meta_params: PyTree, key: jax.Arr
     outputs.append(sharding.gather(evaluate_indices(meta_params, key, indices)))
     if on_batch is not None:
       on_batch(min(start + batch_tasks, num_tasks), num_tasks)
-  return {name: np.concatenate([np.asarray(o[name]) for o in outputs])[:num_tasks]
-          for name in outputs[0]}
+  results = {name: np.concatenate([np.asarray(o[name]) for o in outputs])[:num_tasks]
+             for name in outputs[0]}
+  _refuse_non_finite(results)
+  return results
+
+
+def _refuse_non_finite(results: dict) -> None:
+  """Raises FloatingPointError naming the tasks whose results are NaN or infinite."""
+  bad = np.zeros(len(next(iter(results.values()))), bool)
+  for values in results.values():
+    if np.issubdtype(values.dtype, np.floating):
+      bad |= ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+  if bad.any():
+    raise FloatingPointError(
+        f"evaluate_split: {int(bad.sum())} of {len(bad)} tasks gave non-finite results (tasks "
+        f"{np.flatnonzero(bad)[:10].tolist()}...): non-finite data in the split, or "
+        "meta-parameters that diverged (vj.debug_nonfinite names the first NaN)")
 
 
 # -- Summaries --------------------------------------------------------------------

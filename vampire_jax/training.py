@@ -42,9 +42,9 @@ import numpy as np
 from jax.sharding import Mesh
 
 from vampire_jax import algorithms, backend_defaults, calibration, config as config_lib
-from vampire_jax import diagnostics, evaluation, kinds, meta_step, models, run_folder, sharding
+from vampire_jax import checks, diagnostics, evaluation, kinds, meta_step, models, run_folder
+from vampire_jax import predictive_uncertainty, sharding
 from vampire_jax.errors import ConfigError, DivergenceError
-from vampire_jax import predictive_uncertainty
 from vampire_jax.learners import MetaLearner
 from vampire_jax.reporting import MetricWriter, Progress, format_duration
 from vampire_jax.run_folder import RunCheckpoints
@@ -516,6 +516,11 @@ def train_and_evaluate(problem: Problem, config, workdir: str | os.PathLike, *,
   """
   start = time.time()
   check_config(config)
+  for split, data in problem.splits.items():  # values, once, on the host: nothing NaN trains
+    checks.check_finite("train_and_evaluate", {
+        f"problem.splits[{split!r}]{jax.tree_util.keystr(path)}": leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(data)
+        if getattr(leaf, "is_fully_addressable", True)})  # a host sees its own shards only
   workdir = Path(workdir)
   is_main = jax.process_index() == 0
   if is_main:
