@@ -19,6 +19,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax.experimental import checkify
 
 from vampire_jax.gaussian import Gaussian, kl_step_factor
@@ -85,7 +86,7 @@ def largest_curvature(loss_fn: Callable, weights: PyTree, x: jax.Array, y: jax.A
   grad = jax.grad(loss_fn)
 
   def hvp(v):
-    return jax.grad(lambda w: _dot(grad(w, x, y), v))(weights)
+    return jax.grad(lambda w: optax.tree_utils.tree_vdot(grad(w, x, y), v))(weights)
 
   leaves, treedef = jax.tree_util.tree_flatten(weights)
   keys = jax.random.split(key, len(leaves))
@@ -94,21 +95,12 @@ def largest_curvature(loss_fn: Callable, weights: PyTree, x: jax.Array, y: jax.A
 
   def step(_, state):
     v, _ = state
-    v = _scale(v, 1.0 / jnp.sqrt(_dot(v, v)))
+    v = optax.tree_utils.tree_scale(1.0 / optax.tree_utils.tree_norm(v), v)
     hv = hvp(v)
-    return hv, _dot(v, hv)
+    return hv, optax.tree_utils.tree_vdot(v, hv)
 
   _, eigenvalue = jax.lax.fori_loop(0, num_iterations, step, (v0, jnp.zeros(())))
   return eigenvalue
-
-
-def _dot(a: PyTree, b: PyTree) -> jax.Array:
-  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree_util.tree_leaves(a),
-                                            jax.tree_util.tree_leaves(b)))
-
-
-def _scale(tree: PyTree, factor: jax.Array) -> PyTree:
-  return jax.tree_util.tree_map(lambda x: x * factor, tree)
 
 
 def _round_down(value: float) -> float:

@@ -113,9 +113,9 @@ class Run:
     checks.check_finite(where, {"support_x": support_x, "support_y": support_y,
                                 "query_x": query_x})
 
-  @property
+  @functools.cached_property
   def num_outputs(self) -> int:
-    """The network's output size (the number of ways, for a classifier)."""
+    """The network's output size (the number of ways, for a classifier); traced once."""
     x = jnp.zeros((1,) + self.input_shape)
     shape = jax.eval_shape(lambda: self.model.apply(self.model.init(jax.random.key(0), x), x))
     return int(shape.shape[-1])
