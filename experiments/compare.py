@@ -94,6 +94,12 @@ def run_methods(experiment, algorithms, preset: str, workdir: Path, overrides,
   return methods
 
 
+def every_method_diverged(methods: dict) -> FloatingPointError:
+  """The error when no method trained: each method's reason, not its config."""
+  return FloatingPointError("every method diverged: " + "; ".join(
+      f"{name}: {method['diverged']}" for name, method in methods.items()))
+
+
 def _table(methods: dict, kind: str) -> str:
   columns = kinds.get(kind).columns
   lines = ["| method | " + " | ".join(c[0] for c in columns) + " | train time (s) |",
@@ -202,8 +208,7 @@ def run(benchmark: str, algorithms, preset: str, workdir: Path, overrides=None,
   methods = run_methods(experiment, algorithms, preset, workdir, overrides or {}, progress)
   finished = [m for m in methods.values() if "diverged" not in m]
   if not finished:
-    raise FloatingPointError("every method diverged: " + "; ".join(
-        f"{name}: {method['diverged']}" for name, method in methods.items()))
+    raise every_method_diverged(methods)
   kind = finished[0]["kind"]
   title = f"{benchmark} ({preset}), {finished[0]['num_tasks']} test tasks"
   written = write_comparison(methods, kind, workdir, title)

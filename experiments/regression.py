@@ -123,7 +123,7 @@ def run(algorithms: list[str], preset: str, workdir: Path,
     summary["paper_mse"] = PAPER_MSE.get(name)
   trained = {name: workdir / name for name, m in methods.items() if "diverged" not in m}
   if not trained:
-    raise FloatingPointError(f"every method diverged: {methods}")
+    raise compare.every_method_diverged(methods)
   config = cli.apply_overrides(get_config(preset, next(iter(trained))), overrides or {})
   figures = compare.write_comparison(methods, "regression", workdir,
                                      f"{train.setting_name(config)} ({preset} preset), "

@@ -320,6 +320,11 @@ def test_training_refuses_an_inner_loop_that_diverges_at_initialisation(tmp_path
   config = _tiny_regression_config(inner_lr=50.0)
   with pytest.raises(vj.ConfigError, match=r"maml's inner loop at initialisation.*use inner_lr"):
     regression.train_and_evaluate(config, tmp_path, progress=False, print_fn=lambda m: None)
+  # Nothing was trained, so no record is left to refuse the advised settings in this folder.
+  assert not (tmp_path / "run.json").exists()
+  fixed = dataclasses.replace(config, inner_lr=1e-4)
+  results = regression.train_and_evaluate(fixed, tmp_path, progress=False, print_fn=lambda m: None)
+  assert results["meta_steps"] == 2 and np.isfinite(results["test"]["mse"])
 
 
 def test_training_with_debug_nans_names_the_first_nan(tmp_path):

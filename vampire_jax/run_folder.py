@@ -437,6 +437,19 @@ def check_resumable(workdir: os.PathLike | str, config, *,
                       "continue it, or use another --workdir")
 
 
+def forget_unused_record(workdir: os.PathLike | str) -> None:
+  """Removes `run.json` and `config.json` of a folder that holds no saved state yet.
+
+  A run refused before anything was saved (no checkpoint, no `best/`) then
+  leaves no record that would refuse the corrected settings next time.
+  """
+  workdir = Path(workdir)
+  if _step_folders(workdir / "checkpoints") or _step_folders(workdir / "best"):
+    return
+  for name in (RUN_RECORD, CONFIG_FILE):
+    (workdir / name).unlink(missing_ok=True)
+
+
 def write_run_record(workdir: Path, record: dict) -> None:
   """`run.json` and `config.json`, atomically (left alone if they already say the same)."""
   for name, value in ((RUN_RECORD, record), (CONFIG_FILE, record["config"])):

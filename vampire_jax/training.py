@@ -463,8 +463,14 @@ def _setup(problem: Problem, config, workdir: Path, progress: bool,
       config.meta_lr, tasks_per_step=config.tasks_per_step, decay_rate=config.meta_lr_decay,
       clip_norm=config.meta_grad_clip_norm)
   state = _initial_state(problem, config, train_learner, optimizer, init_key, mesh)
-  _check_inner_loop(problem, config, train_learner, state, jax.random.fold_in(init_key, 1),
-                    print_fn)
+  if run_folder.latest_checkpoint_step(workdir) is None:  # a resumed run passed it at its start
+    try:
+      _check_inner_loop(problem, config, train_learner, state, jax.random.fold_in(init_key, 1),
+                        print_fn)
+    except DivergenceError:
+      if is_main:  # nothing was trained: the corrected settings may use this folder
+        run_folder.forget_unused_record(workdir)
+      raise
   checkpoints = RunCheckpoints(workdir, record=record, print_fn=print_fn)
   earlier_seconds = 0.0
   if checkpoints.latest_step() is not None:
