@@ -35,12 +35,16 @@ def _milliseconds(fn, args, trips: int, repeats: int) -> float:
 def _top_and_loop(grad_fn, args, repeats: int) -> tuple[float, float]:
   """ms per call of `grad_fn(*args)`: jitted alone, and per trip of a 3-trip scan."""
   trips = 3
+
   def looped(*args):
     # The carry enters the inputs so that the body is not hoisted out of the loop.
     body = lambda carry, _: (carry, grad_fn(args[0] + carry * 0, *args[1:]))  # noqa: E731
     return lax.scan(body, 0.0, None, length=trips)[1]
-  return (_milliseconds(jax.jit(grad_fn), args, 1, repeats),
-          _milliseconds(jax.jit(looped), args, trips, repeats))
+
+  return (
+    _milliseconds(jax.jit(grad_fn), args, 1, repeats),
+    _milliseconds(jax.jit(looped), args, trips, repeats),
+  )
 
 
 def measure(shape: tuple[int, int, int, int], features: int, repeats: int) -> list[dict]:
@@ -49,9 +53,11 @@ def measure(shape: tuple[int, int, int, int], features: int, repeats: int) -> li
   kernel = jax.random.normal(jax.random.key(1), (3, 3, shape[-1], features))
   padding = convolution.same_padding(shape[1], shape[2], (3, 3), 1)
   convs = {
-      "xla": lambda x, k: lax.conv_general_dilated(x, k, (1, 1), padding,
-                                                   dimension_numbers=("NHWC", "HWIO", "NHWC")),
-      "loop_safe": lambda x, k: convolution.conv2d(x, k, 1, padding)}
+    "xla": lambda x, k: lax.conv_general_dilated(
+      x, k, (1, 1), padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
+    ),
+    "loop_safe": lambda x, k: convolution.conv2d(x, k, 1, padding),
+  }
   out_grad = jax.random.normal(jax.random.key(2), shape[:3] + (features,))
   rows = []
   for name, conv in convs.items():
@@ -67,8 +73,9 @@ def measure(shape: tuple[int, int, int, int], features: int, repeats: int) -> li
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--shape", default="75,42,42,32", help="N,H,W,C of the layer's input")
   parser.add_argument("--features", type=int, default=32, help="output channels")
   parser.add_argument("--repeats", type=int, default=3)
@@ -77,8 +84,10 @@ def main(argv=None) -> list[dict]:
   if len(shape) != 4 or min(shape) < 1:
     parser.error(f"--shape takes four positive sizes N,H,W,C, got {args.shape!r}")
   rows = measure(shape, args.features, args.repeats)
-  print(f"backend {jax.default_backend()}, jax {jax.__version__}, input {shape}, "
-        f"{args.features} filters\n")
+  print(
+    f"backend {jax.default_backend()}, jax {jax.__version__}, input {shape}, "
+    f"{args.features} filters\n"
+  )
   print("| operation | top level (ms) | inside a scan (ms per trip) |\n|---|---|---|")
   for row in rows:
     print(f"| {row['operation']} | {row['top_ms']:.1f} | {row['loop_ms']:.1f} |")

@@ -69,17 +69,18 @@ MIN_CHILD_S = 20  # a row is not started with less of the budget left
 @dataclasses.dataclass(frozen=True)
 class Lever:
   """One row of the sweep: how its training step is built and run."""
+
   name: str
   description: str
   algorithm: str = "vampire"
-  sampling_inside: bool = True     # make_train_step; else a sampler call before make_meta_step
-  donate: bool = True              # donate the state to the step
+  sampling_inside: bool = True  # make_train_step; else a sampler call before make_meta_step
+  donate: bool = True  # donate the state to the step
   steps_per_call: int = 1
-  unroll_steps: bool = False       # inner loop unrolled instead of lax.scan
+  unroll_steps: bool = False  # inner loop unrolled instead of lax.scan
   conv_impl: str = "xla"
   remat: bool = False
   compute_dtype: str = "float32"
-  xla_flags: str = ""              # added to the child's XLA_FLAGS
+  xla_flags: str = ""  # added to the child's XLA_FLAGS
   gpu_only: bool = False
 
 
@@ -91,21 +92,33 @@ def _lever(name: str, description: str, **changes) -> Lever:
 
 
 LEVERS = (
-    BASELINE,
-    _lever("sampling_outside", "jitted sampler, then jit(make_meta_step)", sampling_inside=False),
-    _lever("no_donation", "state not donated", donate=False),
-    _lever("steps_per_call_10", "lax.scan over 10 meta-steps per call", steps_per_call=10),
-    _lever("bf16", "network in bfloat16, distributions float32", compute_dtype="bfloat16"),
-    _lever("patches_conv", "conv_impl patches (im2col + batched GEMM)", conv_impl="patches"),
-    _lever("remat", "jax.checkpoint of every inner step", remat=True),
-    _lever("maml", "MAML, otherwise the baseline", algorithm="maml"),
-    _lever("unrolled_inner", "inner loop unrolled", unroll_steps=True),
-    _lever("autotune_0", "--xla_gpu_autotune_level=0", xla_flags="--xla_gpu_autotune_level=0",
-           gpu_only=True),
-    _lever("autotune_4", "--xla_gpu_autotune_level=4", xla_flags="--xla_gpu_autotune_level=4",
-           gpu_only=True),
-    _lever("no_command_buffers", "--xla_gpu_enable_command_buffer= (no CUDA graphs)",
-           xla_flags="--xla_gpu_enable_command_buffer=", gpu_only=True),
+  BASELINE,
+  _lever("sampling_outside", "jitted sampler, then jit(make_meta_step)", sampling_inside=False),
+  _lever("no_donation", "state not donated", donate=False),
+  _lever("steps_per_call_10", "lax.scan over 10 meta-steps per call", steps_per_call=10),
+  _lever("bf16", "network in bfloat16, distributions float32", compute_dtype="bfloat16"),
+  _lever("patches_conv", "conv_impl patches (im2col + batched GEMM)", conv_impl="patches"),
+  _lever("remat", "jax.checkpoint of every inner step", remat=True),
+  _lever("maml", "MAML, otherwise the baseline", algorithm="maml"),
+  _lever("unrolled_inner", "inner loop unrolled", unroll_steps=True),
+  _lever(
+    "autotune_0",
+    "--xla_gpu_autotune_level=0",
+    xla_flags="--xla_gpu_autotune_level=0",
+    gpu_only=True,
+  ),
+  _lever(
+    "autotune_4",
+    "--xla_gpu_autotune_level=4",
+    xla_flags="--xla_gpu_autotune_level=4",
+    gpu_only=True,
+  ),
+  _lever(
+    "no_command_buffers",
+    "--xla_gpu_enable_command_buffer= (no CUDA graphs)",
+    xla_flags="--xla_gpu_enable_command_buffer=",
+    gpu_only=True,
+  ),
 )
 LEVERS_BY_NAME = {lever.name: lever for lever in LEVERS}
 
@@ -113,6 +126,7 @@ LEVERS_BY_NAME = {lever.name: lever for lever in LEVERS}
 def sweep_setting(quick: bool):
   """The benchmark setting: the paper's Omniglot 5-way 1-shot, or tiny with `quick`."""
   from benchmarks import suite
+
   setting = suite.SETTINGS["omniglot_5w1s"]
   return dataclasses.replace(setting, tasks=2, num_filters=8) if quick else setting
 
@@ -121,6 +135,7 @@ def _outside_sampling_step(learner, optimizer, sample_tasks, num_tasks: int, don
   """`step(state, data, key)`: a jitted sampler call, then the jitted meta-step on its tasks."""
   import jax
   import vampire_jax as vj
+
   meta_step = jax.jit(vj.make_meta_step(learner, optimizer), donate_argnums=0 if donate else ())
 
   @jax.jit
@@ -138,13 +153,21 @@ def _outside_sampling_step(learner, optimizer, sample_tasks, num_tasks: int, don
 def build_step(lever: Lever, learner, optimizer, sample_tasks, num_tasks: int) -> Callable:
   """The lever's `step(state, data, key) -> (state, metrics)`."""
   from benchmarks import suite
+
   if not lever.sampling_inside:
     if lever.steps_per_call != 1:
       raise ValueError("sampling outside the step runs one meta-step per call")
     return _outside_sampling_step(learner, optimizer, sample_tasks, num_tasks, lever.donate)
-  return suite.build_train_step(learner, optimizer, sample_tasks, num_tasks=num_tasks,
-                                strategy="vmap", chunk=1, steps_per_call=lever.steps_per_call,
-                                donate=lever.donate)
+  return suite.build_train_step(
+    learner,
+    optimizer,
+    sample_tasks,
+    num_tasks=num_tasks,
+    strategy="vmap",
+    chunk=1,
+    steps_per_call=lever.steps_per_call,
+    donate=lever.donate,
+  )
 
 
 def measure(lever: Lever, quick: bool) -> dict:
@@ -158,8 +181,9 @@ def measure(lever: Lever, quick: bool) -> dict:
   apply_fn, params, nll = suite.network(setting)
   if lever.compute_dtype == "bfloat16":
     apply_fn = vj.mixed_precision(apply_fn)
-  learner = suite.make_learner(setting, lever.algorithm, apply_fn, nll,
-                               unroll_steps=lever.unroll_steps, remat=lever.remat)
+  learner = suite.make_learner(
+    setting, lever.algorithm, apply_fn, nll, unroll_steps=lever.unroll_steps, remat=lever.remat
+  )
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=setting.tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
   data = suite.random_data(setting, jax.random.key(2))
@@ -169,18 +193,37 @@ def measure(lever: Lever, quick: bool) -> dict:
   step_s = call_s / lever.steps_per_call
   peak_mb, peak_source = suite.peak_memory()
   device = jax.devices()[0]
-  return dict(_empty_row(lever), status="ok", backend=jax.default_backend(),
-              device=device.device_kind, tasks=setting.tasks, compile_s=first_s,
-              timed_steps=calls * lever.steps_per_call, step_s=step_s,
-              steps_per_s=1 / step_s, tasks_per_s=setting.tasks / step_s, peak_mb=peak_mb,
-              peak_source=peak_source,
-              loss_finite=bool(np.all(np.isfinite(np.asarray(metrics["loss"])))))
+  return dict(
+    _empty_row(lever),
+    status="ok",
+    backend=jax.default_backend(),
+    device=device.device_kind,
+    tasks=setting.tasks,
+    compile_s=first_s,
+    timed_steps=calls * lever.steps_per_call,
+    step_s=step_s,
+    steps_per_s=1 / step_s,
+    tasks_per_s=setting.tasks / step_s,
+    peak_mb=peak_mb,
+    peak_source=peak_source,
+    loss_finite=bool(np.all(np.isfinite(np.asarray(metrics["loss"])))),
+  )
 
 
 def _empty_row(lever: Lever, status: str = "", note: str = "") -> dict:
-  return {"config": lever.name, "description": lever.description, "status": status,
-          "note": note, "xla_flags": lever.xla_flags, "compile_s": None, "steps_per_s": None,
-          "tasks_per_s": None, "peak_mb": None, "peak_source": None, "loss_finite": None}
+  return {
+    "config": lever.name,
+    "description": lever.description,
+    "status": status,
+    "note": note,
+    "xla_flags": lever.xla_flags,
+    "compile_s": None,
+    "steps_per_s": None,
+    "tasks_per_s": None,
+    "peak_mb": None,
+    "peak_source": None,
+    "loss_finite": None,
+  }
 
 
 def _child_env(lever: Lever) -> dict:
@@ -205,12 +248,25 @@ def run_child(lever: Lever, quick: bool, timeout_s: float) -> dict:
   """
   with tempfile.TemporaryDirectory(prefix="vj_gpu_sweep_") as tmp:
     out = Path(tmp) / "row.json"
-    command = [sys.executable, "-m", "benchmarks.gpu_sweep", "--child", lever.name,
-               "--child-out", str(out)] + (["--quick"] if quick else [])
+    command = [
+      sys.executable,
+      "-m",
+      "benchmarks.gpu_sweep",
+      "--child",
+      lever.name,
+      "--child-out",
+      str(out),
+    ] + (["--quick"] if quick else [])
     start = time.perf_counter()
     try:
-      done = subprocess.run(command, env=_child_env(lever), cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=timeout_s)
+      done = subprocess.run(
+        command,
+        env=_child_env(lever),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+      )
     except subprocess.TimeoutExpired:
       row = _empty_row(lever, "timeout", f"no result within its {timeout_s:.3g} s limit")
     else:
@@ -229,19 +285,33 @@ def probe_backend(timeout_s: float = 120) -> dict:
   The sweep's own process never starts JAX, so that it holds no
   accelerator memory while the children run.
   """
-  code = ("import jax; d = jax.devices()[0]; "
-          "print(jax.default_backend(), jax.__version__, d.device_kind, sep='|')")
+  code = (
+    "import jax; d = jax.devices()[0]; "
+    "print(jax.default_backend(), jax.__version__, d.device_kind, sep='|')"
+  )
   try:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=timeout_s, env=_child_env(BASELINE))
+    done = subprocess.run(
+      [sys.executable, "-c", code],
+      capture_output=True,
+      text=True,
+      timeout=timeout_s,
+      env=_child_env(BASELINE),
+    )
     backend, version, device = _last_line(done.stdout).split("|", 2)
   except (subprocess.TimeoutExpired, ValueError):
     return {"backend": "unknown", "jax": "?", "device": "?"}
   return {"backend": backend, "jax": version, "device": device}
 
 
-def sweep(levers, *, quick: bool, backend: str, child_timeout_s: float, budget_s: float,
-          print_fn: Callable[[str], None] = print) -> list[dict]:
+def sweep(
+  levers,
+  *,
+  quick: bool,
+  backend: str,
+  child_timeout_s: float,
+  budget_s: float,
+  print_fn: Callable[[str], None] = print,
+) -> list[dict]:
   """One row per lever, each from `run_child` within the budget; see the module docstring."""
   start, rows = time.perf_counter(), []
   for lever in levers:
@@ -253,20 +323,25 @@ def sweep(levers, *, quick: bool, backend: str, child_timeout_s: float, budget_s
     else:
       row = run_child(lever, quick, min(child_timeout_s, left))
     rows.append(row)
-    print_fn(f"  {row['config']:19s} {row['status']:8s} compile {_fmt(row['compile_s'], '6.1f')} s"
-             f"  {_fmt(row['steps_per_s'], '8.2f')} steps/s  {row['note']}")
+    print_fn(
+      f"  {row['config']:19s} {row['status']:8s} compile {_fmt(row['compile_s'], '6.1f')} s"
+      f"  {_fmt(row['steps_per_s'], '8.2f')} steps/s  {row['note']}"
+    )
   return _with_speedups(rows)
 
 
 def _with_speedups(rows: list[dict]) -> list[dict]:
   """Adds `vs_baseline`: steps/s over the baseline row's (None without both)."""
   base = next((r["steps_per_s"] for r in rows if r["config"] == "baseline"), None)
-  return [dict(r, vs_baseline=r["steps_per_s"] / base if base and r["steps_per_s"] else None)
-          for r in rows]
+  return [
+    dict(r, vs_baseline=r["steps_per_s"] / base if base and r["steps_per_s"] else None)
+    for r in rows
+  ]
 
 
 def _fmt(value, spec: str) -> str:
   from benchmarks import suite
+
   return suite.fmt(value, spec)
 
 
@@ -277,28 +352,37 @@ def _memory(row: dict) -> str:
 
 def format_table(rows: list[dict]) -> str:
   """The rows as one markdown table; "n/a" for numbers a row does not have."""
-  lines = ["| configuration | compile (s) | steps/s | tasks/s | peak MB | loss finite |"
-           " vs baseline | note |", "|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "| configuration | compile (s) | steps/s | tasks/s | peak MB | loss finite |"
+    " vs baseline | note |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for r in rows:
     finite = "n/a" if r["loss_finite"] is None else ("yes" if r["loss_finite"] else "NO")
     speedup = _fmt(r.get("vs_baseline"), ".2f") + ("x" if r.get("vs_baseline") else "")
-    lines.append(f"| {r['config']} | {_fmt(r['compile_s'], '.1f')} | {_fmt(r['steps_per_s'], '.2f')} |"
-                 f" {_fmt(r['tasks_per_s'], '.1f')} | {_memory(r)} | {finite} | {speedup} |"
-                 f" {r['note'] or r['description']} |")
+    lines.append(
+      f"| {r['config']} | {_fmt(r['compile_s'], '.1f')} | {_fmt(r['steps_per_s'], '.2f')} |"
+      f" {_fmt(r['tasks_per_s'], '.1f')} | {_memory(r)} | {finite} | {speedup} |"
+      f" {r['note'] or r['description']} |"
+    )
   return "\n".join(lines)
 
 
 def _parse_args(argv):
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--quick", action="store_true", help="T=2, Conv4-8, 2 timed steps")
-  parser.add_argument("--configs", default=",".join(LEVERS_BY_NAME),
-                      help="comma list of rows to run (default: all)")
+  parser.add_argument(
+    "--configs", default=",".join(LEVERS_BY_NAME), help="comma list of rows to run (default: all)"
+  )
   parser.add_argument("--json", default=None, help="also write the rows to this file")
-  parser.add_argument("--child-timeout-s", type=float, default=150,
-                      help="limit of one row's process, in seconds")
-  parser.add_argument("--budget-s", type=float, default=450,
-                      help="no row starts once the sweep has run this long")
+  parser.add_argument(
+    "--child-timeout-s", type=float, default=150, help="limit of one row's process, in seconds"
+  )
+  parser.add_argument(
+    "--budget-s", type=float, default=450, help="no row starts once the sweep has run this long"
+  )
   parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -318,13 +402,20 @@ def main(argv=None) -> Optional[list[dict]]:
   start = time.perf_counter()
   platform = probe_backend()
   setting = sweep_setting(args.quick)
-  print(f"backend {platform['backend']} ({platform['device']}), jax {platform['jax']}; VAMPIRE"
-        f" Omniglot 5-way 1-shot, Conv4-{setting.num_filters}, T={setting.tasks}, L=1, S=5"
-        f" second order; {QUICK_TIMED_STEPS if args.quick else TIMED_STEPS} timed steps per row",
-        flush=True)
-  rows = sweep(levers, quick=args.quick, backend=platform["backend"],
-               child_timeout_s=args.child_timeout_s, budget_s=args.budget_s,
-               print_fn=lambda line: print(line, flush=True))
+  print(
+    f"backend {platform['backend']} ({platform['device']}), jax {platform['jax']}; VAMPIRE"
+    f" Omniglot 5-way 1-shot, Conv4-{setting.num_filters}, T={setting.tasks}, L=1, S=5"
+    f" second order; {QUICK_TIMED_STEPS if args.quick else TIMED_STEPS} timed steps per row",
+    flush=True,
+  )
+  rows = sweep(
+    levers,
+    quick=args.quick,
+    backend=platform["backend"],
+    child_timeout_s=args.child_timeout_s,
+    budget_s=args.budget_s,
+    print_fn=lambda line: print(line, flush=True),
+  )
   print(f"\ntotal wall time {time.perf_counter() - start:.0f} s\n")
   print(format_table(rows))
   if args.json:

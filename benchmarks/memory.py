@@ -27,6 +27,7 @@ def _hlo_gflop(setting, algorithm, apply_fn, nll, remat, optimizer, state, tasks
   import jax
   import vampire_jax as vj
   from benchmarks import suite
+
   learner = suite.make_learner(setting, algorithm, apply_fn, nll, unroll_steps=True, remat=remat)
   step = jax.jit(vj.make_meta_step(learner, optimizer, task_batching="vmap"))
   lowered = step.lower(state, tasks, jax.random.key(3))
@@ -40,18 +41,21 @@ def _megabytes(memory, name: str):
   return None if value is None else value / 2**20
 
 
-def measure(algorithm: str, shots: int, remat: bool, run: bool, unroll_steps: bool,
-            mc_samples: int) -> dict:
+def measure(
+  algorithm: str, shots: int, remat: bool, run: bool, unroll_steps: bool, mc_samples: int
+) -> dict:
   """One row; call it in a fresh process so that peak RSS is its own."""
   import jax
   import vampire_jax as vj
   from benchmarks import suite
 
-  setting = suite.dataclasses.replace(suite.SETTINGS["mini_imagenet_5w1s"], shots=shots,
-                                     mc_samples=mc_samples)
+  setting = suite.dataclasses.replace(
+    suite.SETTINGS["mini_imagenet_5w1s"], shots=shots, mc_samples=mc_samples
+  )
   apply_fn, params, nll = suite.network(setting)
-  learner = suite.make_learner(setting, algorithm, apply_fn, nll, unroll_steps=unroll_steps,
-                               remat=remat)
+  learner = suite.make_learner(
+    setting, algorithm, apply_fn, nll, unroll_steps=unroll_steps, remat=remat
+  )
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=setting.tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
   tasks = suite.random_tasks(setting, jax.random.key(2), setting.tasks)
@@ -60,12 +64,17 @@ def measure(algorithm: str, shots: int, remat: bool, run: bool, unroll_steps: bo
   compiled = step.lower(state, tasks, jax.random.key(3)).compile()
   compile_s = time.perf_counter() - start
   memory = suite._analysis(compiled.memory_analysis)
-  row = {"algorithm": algorithm, "shots": shots, "remat": remat,
-         "L": setting.mc_samples if algorithm == "vampire" else 1, "compile_s": compile_s,
-         "temp_mb": _megabytes(memory, "temp_size_in_bytes"),
-         "argument_mb": _megabytes(memory, "argument_size_in_bytes"),
-         "output_mb": _megabytes(memory, "output_size_in_bytes"),
-         "hlo_gflop": _hlo_gflop(setting, algorithm, apply_fn, nll, remat, optimizer, state, tasks)}
+  row = {
+    "algorithm": algorithm,
+    "shots": shots,
+    "remat": remat,
+    "L": setting.mc_samples if algorithm == "vampire" else 1,
+    "compile_s": compile_s,
+    "temp_mb": _megabytes(memory, "temp_size_in_bytes"),
+    "argument_mb": _megabytes(memory, "argument_size_in_bytes"),
+    "output_mb": _megabytes(memory, "output_size_in_bytes"),
+    "hlo_gflop": _hlo_gflop(setting, algorithm, apply_fn, nll, remat, optimizer, state, tasks),
+  }
   if run:
     jax.block_until_ready(compiled(state, tasks, jax.random.key(3)))  # warm-up
     start = time.perf_counter()
@@ -76,48 +85,76 @@ def measure(algorithm: str, shots: int, remat: bool, run: bool, unroll_steps: bo
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--algorithms", default="maml,vampire")
   parser.add_argument("--shots", default="1,5")
   parser.add_argument("--no-run", action="store_true", help="compile only: XLA's analysis")
   parser.add_argument("--mc-samples", type=int, default=10, help="L for VAMPIRE")
-  parser.add_argument("--unroll-inner-steps", action="store_true",
-                      help="unroll the inner loop (the CPU path) instead of lax.scan")
+  parser.add_argument(
+    "--unroll-inner-steps",
+    action="store_true",
+    help="unroll the inner loop (the CPU path) instead of lax.scan",
+  )
   args = parser.parse_args(argv)
   import jax
 
   from benchmarks import suite
-  print(f"backend {jax.default_backend()}, jax {jax.__version__}; Conv4-32, 84x84x3, 5-way,"
-        f" T=2, S=5, L={args.mc_samples} (VAMPIRE), inner loop"
-        f" {'unrolled' if args.unroll_inner_steps else 'scan'}", flush=True)
+
+  print(
+    f"backend {jax.default_backend()}, jax {jax.__version__}; Conv4-32, 84x84x3, 5-way,"
+    f" T=2, S=5, L={args.mc_samples} (VAMPIRE), inner loop"
+    f" {'unrolled' if args.unroll_inner_steps else 'scan'}",
+    flush=True,
+  )
   rows = []
   context = multiprocessing.get_context("spawn")
   for algorithm in args.algorithms.split(","):
     for shots in [int(s) for s in args.shots.split(",")]:
       for remat in (False, True):
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-          row = pool.submit(measure, algorithm, shots, remat, not args.no_run,
-                            args.unroll_inner_steps, args.mc_samples).result()
+          row = pool.submit(
+            measure,
+            algorithm,
+            shots,
+            remat,
+            not args.no_run,
+            args.unroll_inner_steps,
+            args.mc_samples,
+          ).result()
         rows.append(row)
-        print(f"  {algorithm:8s} {shots}-shot remat {str(remat):5s}"
-              f"  temp {suite.fmt(row['temp_mb'], '8.1f')} MB"
-              f"  args {suite.fmt(row['argument_mb'], '6.1f')} MB"
-              f"  out {suite.fmt(row['output_mb'], '6.1f')} MB"
-              f"  {suite.fmt(row['hlo_gflop'], '7.1f')} GFLOP  compile {row['compile_s']:6.1f} s"
-              + (f"  step {row['step_s']:6.2f} s  peak RSS {row['peak_rss_mb']:7.0f} MB"
-                 if "step_s" in row else ""), flush=True)
+        print(
+          f"  {algorithm:8s} {shots}-shot remat {str(remat):5s}"
+          f"  temp {suite.fmt(row['temp_mb'], '8.1f')} MB"
+          f"  args {suite.fmt(row['argument_mb'], '6.1f')} MB"
+          f"  out {suite.fmt(row['output_mb'], '6.1f')} MB"
+          f"  {suite.fmt(row['hlo_gflop'], '7.1f')} GFLOP  compile {row['compile_s']:6.1f} s"
+          + (
+            f"  step {row['step_s']:6.2f} s  peak RSS {row['peak_rss_mb']:7.0f} MB"
+            if "step_s" in row
+            else ""
+          ),
+          flush=True,
+        )
 
-  print("\n| algorithm | shots | L | remat | XLA temp MB | XLA args+out MB | HLO GFLOP/step |"
-        " step (s) | peak RSS MB |")
+  print(
+    "\n| algorithm | shots | L | remat | XLA temp MB | XLA args+out MB | HLO GFLOP/step |"
+    " step (s) | peak RSS MB |"
+  )
   print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:
-    inputs_outputs = (None if r["argument_mb"] is None or r["output_mb"] is None
-                      else r["argument_mb"] + r["output_mb"])
-    print(f"| {r['algorithm']} | {r['shots']} | {r['L']} | {'on' if r['remat'] else 'off'} |"
-          f" {suite.fmt(r['temp_mb'], '.1f')} | {suite.fmt(inputs_outputs, '.1f')} |"
-          f" {suite.fmt(r['hlo_gflop'], '.1f')} | {suite.fmt(r.get('step_s'), '.2f')} |"
-          f" {suite.fmt(r.get('peak_rss_mb'), '.0f')} |")
+    inputs_outputs = (
+      None
+      if r["argument_mb"] is None or r["output_mb"] is None
+      else r["argument_mb"] + r["output_mb"]
+    )
+    print(
+      f"| {r['algorithm']} | {r['shots']} | {r['L']} | {'on' if r['remat'] else 'off'} |"
+      f" {suite.fmt(r['temp_mb'], '.1f')} | {suite.fmt(inputs_outputs, '.1f')} |"
+      f" {suite.fmt(r['hlo_gflop'], '.1f')} | {suite.fmt(r.get('step_s'), '.2f')} |"
+      f" {suite.fmt(r.get('peak_rss_mb'), '.0f')} |"
+    )
   return rows
 
 

@@ -54,73 +54,133 @@ def resolve_strategies(spec: Optional[str], num_tasks: int) -> list[tuple[str, i
   return resolved
 
 
-def time_step(algorithm: str, strategy: str, chunk: int, num_tasks: int, repeats: int,
-              unroll_steps: bool, conv_impl: str, second_order_steps: Optional[int] = None) -> dict:
+def time_step(
+  algorithm: str,
+  strategy: str,
+  chunk: int,
+  num_tasks: int,
+  repeats: int,
+  unroll_steps: bool,
+  conv_impl: str,
+  second_order_steps: Optional[int] = None,
+) -> dict:
   """Compiles and times the training step of one algorithm and task batching."""
   if conv_impl == "auto":
-    conv_impl = backend_defaults.conv_impl(task_batching=strategy,
-                                      inner_steps_unrolled=unroll_steps, draws_mapped=False)
+    conv_impl = backend_defaults.conv_impl(
+      task_batching=strategy, inner_steps_unrolled=unroll_steps, draws_mapped=False
+    )
   setting = dataclasses.replace(SETTING, tasks=num_tasks, conv_impl=conv_impl)
   apply_fn, params, nll = suite.network(setting)
-  learner = suite.make_learner(setting, algorithm, apply_fn, nll, unroll_steps=unroll_steps,
-                               remat=False, second_order_steps=second_order_steps)
+  learner = suite.make_learner(
+    setting,
+    algorithm,
+    apply_fn,
+    nll,
+    unroll_steps=unroll_steps,
+    remat=False,
+    second_order_steps=second_order_steps,
+  )
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
   data = suite.random_data(setting, jax.random.key(2))
-  step = suite.build_train_step(learner, optimizer, suite.task_sampler(setting),
-                                num_tasks=num_tasks, strategy=strategy, chunk=chunk)
+  step = suite.build_train_step(
+    learner,
+    optimizer,
+    suite.task_sampler(setting),
+    num_tasks=num_tasks,
+    strategy=strategy,
+    chunk=chunk,
+  )
   _, _, compile_s, step_s = suite.time_calls(step, state, data, jax.random.key(3), repeats)
-  return {"algorithm": algorithm, "strategy": f"{strategy}:{chunk}", "tasks": num_tasks,
-          "conv_impl": conv_impl, "inner_loop": "unrolled" if unroll_steps else "scan",
-          "compile_s": compile_s, "step_s": step_s, "tasks_per_s": num_tasks / step_s,
-          "ms_per_task": 1000 * step_s / num_tasks, "peak_mb": suite.peak_memory()[0]}
+  return {
+    "algorithm": algorithm,
+    "strategy": f"{strategy}:{chunk}",
+    "tasks": num_tasks,
+    "conv_impl": conv_impl,
+    "inner_loop": "unrolled" if unroll_steps else "scan",
+    "compile_s": compile_s,
+    "step_s": step_s,
+    "tasks_per_s": num_tasks / step_s,
+    "ms_per_task": 1000 * step_s / num_tasks,
+    "peak_mb": suite.peak_memory()[0],
+  }
 
 
 def format_table(rows: list[dict]) -> str:
   """The rows as a markdown table."""
-  lines = ["| algorithm | batching | compile (s) | s/step | tasks/s | ms/task | peak mem (MB) |",
-           "|---|---|---|---|---|---|---|"]
+  lines = [
+    "| algorithm | batching | compile (s) | s/step | tasks/s | ms/task | peak mem (MB) |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for r in rows:
-    lines.append(f"| {r['algorithm']} | {r['strategy']} | {r['compile_s']:.1f} | {r['step_s']:.3f} |"
-                 f" {r['tasks_per_s']:.1f} | {r['ms_per_task']:.1f} | {suite.fmt(r['peak_mb'], '.0f')} |")
+    lines.append(
+      f"| {r['algorithm']} | {r['strategy']} | {r['compile_s']:.1f} | {r['step_s']:.3f} |"
+      f" {r['tasks_per_s']:.1f} | {r['ms_per_task']:.1f} | {suite.fmt(r['peak_mb'], '.0f')} |"
+    )
   return "\n".join(lines)
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--algorithms", default="maml,vampire")
-  parser.add_argument("--strategies", default=None,
-                      help="comma list of STRATEGY[:CHUNK]; STRATEGY is host_chunked or one of "
-                           f"{vj.BATCHING_STRATEGIES}; default: the backend's choice")
+  parser.add_argument(
+    "--strategies",
+    default=None,
+    help="comma list of STRATEGY[:CHUNK]; STRATEGY is host_chunked or one of "
+    f"{vj.BATCHING_STRATEGIES}; default: the backend's choice",
+  )
   parser.add_argument("--tasks", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--unroll-inner-steps", action="store_true",
-                      help="unroll the inner loop instead of lax.scan")
-  parser.add_argument("--conv-impl", default="auto", choices=("auto",) + models.CONV_IMPLS,
-                      help="auto: the library's choice for each row's loop structure")
-  parser.add_argument("--second-order-steps", type=int, default=None,
-                      help="differentiate the likelihood's gradient in the first K inner steps "
-                           "only (1: the authors' code); default: all")
+  parser.add_argument(
+    "--unroll-inner-steps", action="store_true", help="unroll the inner loop instead of lax.scan"
+  )
+  parser.add_argument(
+    "--conv-impl",
+    default="auto",
+    choices=("auto",) + models.CONV_IMPLS,
+    help="auto: the library's choice for each row's loop structure",
+  )
+  parser.add_argument(
+    "--second-order-steps",
+    type=int,
+    default=None,
+    help="differentiate the likelihood's gradient in the first K inner steps "
+    "only (1: the authors' code); default: all",
+  )
   parser.add_argument("--json", default=None, help="also write the rows to this file")
   args = parser.parse_args(argv)
   strategies = resolve_strategies(args.strategies, args.tasks)
 
   device = jax.devices()[0]
-  print(f"backend {jax.default_backend()} ({getattr(device, 'device_kind', '')}), jax {jax.__version__},"
-        f" Omniglot 5-way 1-shot, T={args.tasks}, 5 inner steps, L=1, second order"
-        f" {'through all steps' if args.second_order_steps is None else f'through {args.second_order_steps} step(s)'},"
-        f" inner loop {'unrolled' if args.unroll_inner_steps else 'scan'}, conv {args.conv_impl},"
-        " tasks sampled inside the step")
+  print(
+    f"backend {jax.default_backend()} ({getattr(device, 'device_kind', '')}), jax {jax.__version__},"
+    f" Omniglot 5-way 1-shot, T={args.tasks}, 5 inner steps, L=1, second order"
+    f" {'through all steps' if args.second_order_steps is None else f'through {args.second_order_steps} step(s)'},"
+    f" inner loop {'unrolled' if args.unroll_inner_steps else 'scan'}, conv {args.conv_impl},"
+    " tasks sampled inside the step"
+  )
   rows = []
   for algorithm in args.algorithms.split(","):
     for strategy, chunk in strategies:
-      row = time_step(algorithm, strategy, chunk, args.tasks, args.repeats,
-                      args.unroll_inner_steps, args.conv_impl, args.second_order_steps)
+      row = time_step(
+        algorithm,
+        strategy,
+        chunk,
+        args.tasks,
+        args.repeats,
+        args.unroll_inner_steps,
+        args.conv_impl,
+        args.second_order_steps,
+      )
       rows.append(row)
-      print(f"  {algorithm:8s} {row['strategy']:18s} compile {row['compile_s']:7.1f} s"
-            f"  {row['step_s']:7.3f} s/step  {row['tasks_per_s']:7.1f} tasks/s"
-            f"  {row['ms_per_task']:7.1f} ms/task  peak {suite.fmt(row['peak_mb'], '8.0f')} MB",
-            flush=True)
+      print(
+        f"  {algorithm:8s} {row['strategy']:18s} compile {row['compile_s']:7.1f} s"
+        f"  {row['step_s']:7.3f} s/step  {row['tasks_per_s']:7.1f} tasks/s"
+        f"  {row['ms_per_task']:7.1f} ms/task  peak {suite.fmt(row['peak_mb'], '8.0f')} MB",
+        flush=True,
+      )
   print("\n" + format_table(rows))
   if args.json:
     with open(args.json, "w") as f:

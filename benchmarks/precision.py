@@ -17,14 +17,19 @@ from pathlib import Path
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--preset", default="quick")
   parser.add_argument("--algorithms", default="maml,vampire")
   parser.add_argument("--num-meta-steps", type=int, default=None)
-  parser.add_argument("--kl-weight", type=float, default=None,
-                      help="VAMPIRE's beta (the preset's 1.0 makes its inner loop oscillate at"
-                           " initialisation; 0.1 is stable)")
+  parser.add_argument(
+    "--kl-weight",
+    type=float,
+    default=None,
+    help="VAMPIRE's beta (the preset's 1.0 makes its inner loop oscillate at"
+    " initialisation; 0.1 is stable)",
+  )
   parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
   args = parser.parse_args(argv)
   from experiments import regression
@@ -37,10 +42,14 @@ def main(argv=None) -> dict:
     if args.kl_weight is not None:
       overrides["kl_weight"] = args.kl_weight
     if args.num_meta_steps:
-      overrides.update(num_meta_steps=args.num_meta_steps, eval_every=args.num_meta_steps,
-                       checkpoint_every=args.num_meta_steps)
-    combined = regression.run(algorithms, args.preset, workdir / dtype, overrides=overrides,
-                              progress=False)
+      overrides.update(
+        num_meta_steps=args.num_meta_steps,
+        eval_every=args.num_meta_steps,
+        checkpoint_every=args.num_meta_steps,
+      )
+    combined = regression.run(
+      algorithms, args.preset, workdir / dtype, overrides=overrides, progress=False
+    )
     results[dtype] = combined["methods"]
 
   print(f"\nregression preset {args.preset!r}, results in {workdir}\n")
@@ -49,8 +58,10 @@ def main(argv=None) -> dict:
   for algorithm in algorithms:
     for dtype in ("float32", "bfloat16"):
       m = results[dtype][algorithm]
-      print(f"| {algorithm} | {dtype} | {m['mse']:.3f} +- {m['mse_ci95']:.3f} | {m['nll']:.3f} |"
-            f" {m['num_tasks']} | {m['wall_time_s']['train']:.0f} |")
+      print(
+        f"| {algorithm} | {dtype} | {m['mse']:.3f} +- {m['mse_ci95']:.3f} | {m['nll']:.3f} |"
+        f" {m['num_tasks']} | {m['wall_time_s']['train']:.0f} |"
+      )
   return results
 
 

@@ -40,12 +40,23 @@ import time
 
 from benchmarks import suite
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\S+(?:\[[^\]]*\])?(?:\{[^}]*\})?\s+([\w\-]+)\(")
+_INSTRUCTION = re.compile(
+  r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\S+(?:\[[^\]]*\])?(?:\{[^}]*\})?\s+([\w\-]+)\("
+)
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_FUSED_KINDS = ("convolution", "dot", "reduce-window", "select-and-scatter", "reduce", "scatter",
-                "gather", "rng-bit-generator", "sort")
+_FUSED_KINDS = (
+  "convolution",
+  "dot",
+  "reduce-window",
+  "select-and-scatter",
+  "reduce",
+  "scatter",
+  "gather",
+  "rng-bit-generator",
+  "sort",
+)
 
 
 def parse_hlo(text: str) -> dict[str, dict]:
@@ -62,8 +73,11 @@ def parse_hlo(text: str) -> dict[str, dict]:
     name, opcode = match.groups()
     calls = _CALLS.search(line)
     op_name = _OP_NAME.search(line)
-    instructions[name] = {"opcode": opcode, "calls": calls.group(1) if calls else None,
-                          "op_name": op_name.group(1) if op_name else ""}
+    instructions[name] = {
+      "opcode": opcode,
+      "calls": calls.group(1) if calls else None,
+      "op_name": op_name.group(1) if op_name else "",
+    }
     computations[current].append(opcode)
   for info in instructions.values():
     kind = info["opcode"]
@@ -131,17 +145,40 @@ def summarise(times: dict[str, float], hlo: dict[str, dict], top: int) -> dict:
     by_kind[hlo[name]["kind"]] += us
     by_source[source_of(hlo[name]["op_name"])] += us
     by_part[part_of(hlo[name]["op_name"])] += us
+
   def shares(counter):
     return [{"name": k, "share": v / total, "seconds": v * 1e-6} for k, v in counter.most_common()]
-  heaviest = [{"name": n, "kind": hlo[n]["kind"], "source": source_of(hlo[n]["op_name"]),
-               "share": us / total, "seconds": us * 1e-6, "op_name": hlo[n]["op_name"][-160:]}
-              for n, us in sorted(ops.items(), key=lambda kv: -kv[1])[:top]]
-  return {"traced_op_seconds": total * 1e-6, "by_kind": shares(by_kind),
-          "by_source": shares(by_source), "by_part": shares(by_part), "heaviest": heaviest}
+
+  heaviest = [
+    {
+      "name": n,
+      "kind": hlo[n]["kind"],
+      "source": source_of(hlo[n]["op_name"]),
+      "share": us / total,
+      "seconds": us * 1e-6,
+      "op_name": hlo[n]["op_name"][-160:],
+    }
+    for n, us in sorted(ops.items(), key=lambda kv: -kv[1])[:top]
+  ]
+  return {
+    "traced_op_seconds": total * 1e-6,
+    "by_kind": shares(by_kind),
+    "by_source": shares(by_source),
+    "by_part": shares(by_part),
+    "heaviest": heaviest,
+  }
 
 
-def profile(name: str, tasks: int, mc_samples: int, repeats: int, remat: bool, top: int,
-            conv_impl: str = "auto", sample_batching: str = "auto") -> dict:
+def profile(
+  name: str,
+  tasks: int,
+  mc_samples: int,
+  repeats: int,
+  remat: bool,
+  top: int,
+  conv_impl: str = "auto",
+  sample_batching: str = "auto",
+) -> dict:
   """Compiles, runs once, traces `repeats` steps of `suite`'s VAMPIRE step; returns `summarise`'s dict.
 
   `conv_impl` and `sample_batching` "auto": the library's choices (as `suite`).
@@ -150,25 +187,41 @@ def profile(name: str, tasks: int, mc_samples: int, repeats: int, remat: bool, t
   import vampire_jax as vj
   from vampire_jax import backend_defaults
 
-  setting = dataclasses.replace(suite.SETTINGS[name], tasks=tasks, mc_samples=mc_samples,
-                                conv_impl=conv_impl)
+  setting = dataclasses.replace(
+    suite.SETTINGS[name], tasks=tasks, mc_samples=mc_samples, conv_impl=conv_impl
+  )
   draws = None if sample_batching == "auto" else sample_batching
   strategy, chunk = suite.choose_batching(setting, None)
   strategy, chunk = backend_defaults.task_batching(strategy, chunk, tasks)
   if setting.conv_impl == "auto":
-    setting = dataclasses.replace(setting, conv_impl=backend_defaults.conv_impl(
-        task_batching=strategy, inner_steps_unrolled=False,
-        draws_mapped=mc_samples > 1 and draws != "vmap"))
+    setting = dataclasses.replace(
+      setting,
+      conv_impl=backend_defaults.conv_impl(
+        task_batching=strategy,
+        inner_steps_unrolled=False,
+        draws_mapped=mc_samples > 1 and draws != "vmap",
+      ),
+    )
   apply_fn, params, nll = suite.network(setting)
-  learner = suite.make_learner(setting, "vampire", apply_fn, nll, unroll_steps=False, remat=remat,
-                               sample_batching=draws)
+  learner = suite.make_learner(
+    setting, "vampire", apply_fn, nll, unroll_steps=False, remat=remat, sample_batching=draws
+  )
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
   data = suite.random_data(setting, jax.random.key(2))
   if strategy == "host_chunked":
-    raise ValueError("--settings: host_chunked steps run several programs; profile a one-program step")
-  step = suite.build_train_step(learner, optimizer, suite.task_sampler(setting), num_tasks=tasks,
-                                strategy=strategy, chunk=chunk, donate=False)
+    raise ValueError(
+      "--settings: host_chunked steps run several programs; profile a one-program step"
+    )
+  step = suite.build_train_step(
+    learner,
+    optimizer,
+    suite.task_sampler(setting),
+    num_tasks=tasks,
+    strategy=strategy,
+    chunk=chunk,
+    donate=False,
+  )
   key = jax.random.key(3)
   start = time.perf_counter()
   compiled = step.lower(state, data, key).compile()
@@ -184,49 +237,81 @@ def profile(name: str, tasks: int, mc_samples: int, repeats: int, remat: bool, t
   with open(f"{folder}/hlo_instructions.json", "w") as f:  # to summarise the trace again
     json.dump(hlo, f)
   result = summarise(exclusive_times(read_trace(folder)), hlo, top)
-  result.update(setting=name, tasks=tasks, mc_samples=mc_samples, remat=remat,
-                sample_batching=sample_batching,
-                batching=f"{strategy}:{chunk}",
-                conv_impl=setting.conv_impl if setting.kind == "classification" else "none",
-                compile_s=compile_s, traced_step_s=step_s, repeats=repeats, trace_folder=folder)
+  result.update(
+    setting=name,
+    tasks=tasks,
+    mc_samples=mc_samples,
+    remat=remat,
+    sample_batching=sample_batching,
+    batching=f"{strategy}:{chunk}",
+    conv_impl=setting.conv_impl if setting.kind == "classification" else "none",
+    compile_s=compile_s,
+    traced_step_s=step_s,
+    repeats=repeats,
+    trace_folder=folder,
+  )
   return result
 
 
 def format_report(result: dict, rows: int = 12) -> str:
-  header = (f"{result['setting']} VAMPIRE, T={result['tasks']}, L={result['mc_samples']},"
-            f" tasks {result['batching']}, draws {result['sample_batching']},"
-            f" conv {result['conv_impl']}, remat {result['remat']}:"
-            f" {result['repeats']} traced step(s); operations {result['traced_op_seconds']:.1f} s"
-            f" of {result['traced_step_s'] * result['repeats']:.1f} s traced")
+  header = (
+    f"{result['setting']} VAMPIRE, T={result['tasks']}, L={result['mc_samples']},"
+    f" tasks {result['batching']}, draws {result['sample_batching']},"
+    f" conv {result['conv_impl']}, remat {result['remat']}:"
+    f" {result['repeats']} traced step(s); operations {result['traced_op_seconds']:.1f} s"
+    f" of {result['traced_step_s'] * result['repeats']:.1f} s traced"
+  )
   lines = [header, ""]
-  for title, key in (("by kind", "by_kind"), ("by source (JAX operation [pass])", "by_source"),
-                     ("by network part", "by_part")):
+  for title, key in (
+    ("by kind", "by_kind"),
+    ("by source (JAX operation [pass])", "by_source"),
+    ("by network part", "by_part"),
+  ):
     lines += [f"| {title} | share |", "|---|---|"]
     lines += [f"| {r['name']} | {100 * r['share']:.1f} % |" for r in result[key][:rows]]
     lines.append("")
   lines += ["| heaviest operations | kind | source | share |", "|---|---|---|---|"]
-  lines += [f"| {r['name']} | {r['kind']} | {r['source']} | {100 * r['share']:.1f} % |"
-            for r in result["heaviest"]]
+  lines += [
+    f"| {r['name']} | {r['kind']} | {r['source']} | {100 * r['share']:.1f} % |"
+    for r in result["heaviest"]
+  ]
   return "\n".join(lines)
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--settings", default="mini_imagenet_5w1s", choices=tuple(suite.SETTINGS))
   parser.add_argument("--tasks", type=int, default=2)
   parser.add_argument("--mc-samples", type=int, default=10)
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--remat", action="store_true")
   parser.add_argument("--top", type=int, default=15, help="heaviest operations listed")
-  parser.add_argument("--conv-impl", default="auto", choices=("auto", "xla", "patches", "loop_safe"),
-                      help="Conv4's convolution (auto: the library's choice)")
-  parser.add_argument("--sample-batching", default="auto", choices=("auto", "map", "vmap"),
-                      help="how the L draws are batched (auto: lax.map for a ConvNet on a CPU)")
+  parser.add_argument(
+    "--conv-impl",
+    default="auto",
+    choices=("auto", "xla", "patches", "loop_safe"),
+    help="Conv4's convolution (auto: the library's choice)",
+  )
+  parser.add_argument(
+    "--sample-batching",
+    default="auto",
+    choices=("auto", "map", "vmap"),
+    help="how the L draws are batched (auto: lax.map for a ConvNet on a CPU)",
+  )
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)
-  result = profile(args.settings, args.tasks, args.mc_samples, args.repeats, args.remat, args.top,
-                   args.conv_impl, args.sample_batching)
+  result = profile(
+    args.settings,
+    args.tasks,
+    args.mc_samples,
+    args.repeats,
+    args.remat,
+    args.top,
+    args.conv_impl,
+    args.sample_batching,
+  )
   print(format_report(result))
   if args.json:
     with open(args.json, "w") as f:

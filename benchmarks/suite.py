@@ -82,39 +82,54 @@ SETTINGS_HELP = "omniglot_5w1s, omniglot_20w1s, mini_imagenet_5w1s, regression"
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-  kind: str                          # 'classification' or 'regression'
-  tasks: int                         # T
-  mc_samples: int                    # L_t = L_v for VAMPIRE
+  kind: str  # 'classification' or 'regression'
+  tasks: int  # T
+  mc_samples: int  # L_t = L_v for VAMPIRE
   ways: int = 5
   shots: int = 1
-  query: int = 15                    # per class (classification) or per task (regression)
+  query: int = 15  # per class (classification) or per task (regression)
   image: tuple = (28, 28, 1)
   num_filters: int = 64
   max_pool: bool = False
-  inner_steps: int = 5               # S
+  inner_steps: int = 5  # S
   inner_lr: float = 0.1
-  conv_impl: str = "auto"            # Conv4's: "xla", "patches", "loop_safe"; auto: the library's
+  conv_impl: str = "auto"  # Conv4's: "xla", "patches", "loop_safe"; auto: the library's
 
 
 SETTINGS = {
-    "omniglot_5w1s": Setting("classification", tasks=32, mc_samples=1),
-    "omniglot_20w1s": Setting("classification", tasks=16, mc_samples=1, ways=20),
-    "mini_imagenet_5w1s": Setting("classification", tasks=2, mc_samples=10, image=(84, 84, 3),
-                                  num_filters=32, max_pool=True, inner_lr=0.01),
-    "regression": Setting("regression", tasks=10, mc_samples=128, shots=5, query=10,
-                          inner_lr=0.001),
+  "omniglot_5w1s": Setting("classification", tasks=32, mc_samples=1),
+  "omniglot_20w1s": Setting("classification", tasks=16, mc_samples=1, ways=20),
+  "mini_imagenet_5w1s": Setting(
+    "classification",
+    tasks=2,
+    mc_samples=10,
+    image=(84, 84, 3),
+    num_filters=32,
+    max_pool=True,
+    inner_lr=0.01,
+  ),
+  "regression": Setting("regression", tasks=10, mc_samples=128, shots=5, query=10, inner_lr=0.001),
 }
 # --quick: fewer tasks; mini-ImageNet VAMPIRE with L=2, as L=10 needs about
 # 11 GB of XLA temporaries per task on a CPU (benchmarks/memory.py).
-QUICK = {"omniglot_5w1s": {"tasks": 4}, "omniglot_20w1s": {"tasks": 4},
-         "mini_imagenet_5w1s": {"tasks": 2, "mc_samples": 2}, "regression": {"tasks": 10}}
+QUICK = {
+  "omniglot_5w1s": {"tasks": 4},
+  "omniglot_20w1s": {"tasks": 4},
+  "mini_imagenet_5w1s": {"tasks": 2, "mc_samples": 2},
+  "regression": {"tasks": 10},
+}
 
 # The random class images tasks are drawn from: [classes, examples, H, W, C].
 RANDOM_CLASSES, RANDOM_EXAMPLES = 64, 20
 
 # Dense peak TFLOP/s (float32 without tensor cores, bfloat16 with), by device name.
-PEAK_TFLOPS = {"H100 PCIe": (51.2, 756.0), "H100": (66.9, 989.4), "H200": (66.9, 989.4),
-               "A100": (19.5, 312.0), "L4": (30.3, 121.0)}
+PEAK_TFLOPS = {
+  "H100 PCIe": (51.2, 756.0),
+  "H100": (66.9, 989.4),
+  "H200": (66.9, 989.4),
+  "A100": (19.5, 312.0),
+  "L4": (30.3, 121.0),
+}
 # This CPU (AMD EPYC Zen 5): 2.6 GHz x 64 float32 FLOP/cycle (two 512-bit FMA units).
 CPU_GHZ, CPU_FLOP_PER_CYCLE = 2.6, 64
 
@@ -122,13 +137,16 @@ CPU_GHZ, CPU_FLOP_PER_CYCLE = 2.6, 64
 def peak_flops(compute_dtype: str, override_tflops: Optional[float]) -> tuple[float, str]:
   """Peak FLOP/s of the visible devices and where the number comes from."""
   import jax
+
   if override_tflops:
     return override_tflops * 1e12 * jax.device_count(), "--peak-tflops"
   device = jax.devices()[0]
   if device.platform == "cpu":
     cores = len(os.sched_getaffinity(0))
-    return (cores * CPU_GHZ * 1e9 * CPU_FLOP_PER_CYCLE,
-            f"estimate: {cores} cores x {CPU_GHZ} GHz x {CPU_FLOP_PER_CYCLE} FLOP/cycle")
+    return (
+      cores * CPU_GHZ * 1e9 * CPU_FLOP_PER_CYCLE,
+      f"estimate: {cores} cores x {CPU_GHZ} GHz x {CPU_FLOP_PER_CYCLE} FLOP/cycle",
+    )
   for name, (fp32, bf16) in PEAK_TFLOPS.items():
     if name in device.device_kind:
       peak = bf16 if compute_dtype == "bfloat16" else fp32
@@ -144,6 +162,7 @@ def peak_memory() -> tuple[Optional[float], Optional[str]]:
   devices without memory statistics) or None with MB None if neither is known.
   """
   import jax
+
   if jax.default_backend() != "cpu":
     try:
       stats = jax.devices()[0].memory_stats()
@@ -163,6 +182,7 @@ def random_data(setting: Setting, key):
   """
   import jax
   import jax.numpy as jnp
+
   if setting.kind == "regression":
     return None
   shape = (max(RANDOM_CLASSES, setting.ways), RANDOM_EXAMPLES) + tuple(setting.image)
@@ -173,20 +193,24 @@ def task_sampler(setting: Setting):
   """`sample_tasks(data, task_keys [n]) -> Task` for the setting, jittable; task i from key i."""
   import vampire_jax as vj
   from vampire_jax.data import sine_line
+
   if setting.kind == "regression":
     return lambda data, task_keys: sine_line.tasks_from_keys(
-        task_keys, num_support=setting.shots, num_query=setting.query)
+      task_keys, num_support=setting.shots, num_query=setting.query
+    )
   return lambda images, task_keys: vj.data.tasks_from_keys(
-      task_keys, images, ways=setting.ways, shots=setting.shots, query=setting.query,
-      rotate=False)
+    task_keys, images, ways=setting.ways, shots=setting.shots, query=setting.query, rotate=False
+  )
 
 
 def random_tasks(setting: Setting, key, num_tasks: int):
   """`num_tasks` tasks of the setting's shapes, sampled from `random_data`."""
   import jax
+
   data_key, task_key = jax.random.split(key)
-  return task_sampler(setting)(random_data(setting, data_key),
-                               jax.random.split(task_key, num_tasks))
+  return task_sampler(setting)(
+    random_data(setting, data_key), jax.random.split(task_key, num_tasks)
+  )
 
 
 def network(setting: Setting):
@@ -194,53 +218,98 @@ def network(setting: Setting):
   import jax
   import vampire_jax as vj
   from vampire_jax import backend_defaults
+
   if setting.kind == "regression":
     model = vj.MLP((100, 100, 100), 1)
-    return vj.pure_apply(model), vj.init_params(model, jax.random.key(0), (1, 1)), vj.gaussian_nll(0.3)
+    return (
+      vj.pure_apply(model),
+      vj.init_params(model, jax.random.key(0), (1, 1)),
+      vj.gaussian_nll(0.3),
+    )
   conv_impl = setting.conv_impl
   if conv_impl == "auto":  # callers that know their loops resolve it first (run_row)
-    conv_impl = backend_defaults.conv_impl(task_batching="map", inner_steps_unrolled=False,
-                                           draws_mapped=True)
-  model = vj.Conv4(num_classes=setting.ways, num_filters=setting.num_filters,
-                   max_pool=setting.max_pool, conv_impl=conv_impl)
+    conv_impl = backend_defaults.conv_impl(
+      task_batching="map", inner_steps_unrolled=False, draws_mapped=True
+    )
+  model = vj.Conv4(
+    num_classes=setting.ways,
+    num_filters=setting.num_filters,
+    max_pool=setting.max_pool,
+    conv_impl=conv_impl,
+  )
   params = vj.init_params(model, jax.random.key(0), (1,) + setting.image)
   return vj.pure_apply(model), params, vj.categorical_nll
 
 
-def make_learner(setting: Setting, algorithm: str, apply_fn, nll, *, unroll_steps: bool,
-                 remat: bool, second_order_steps: Optional[int] = None,
-                 sample_batching: Optional[str] = None):
+def make_learner(
+  setting: Setting,
+  algorithm: str,
+  apply_fn,
+  nll,
+  *,
+  unroll_steps: bool,
+  remat: bool,
+  second_order_steps: Optional[int] = None,
+  sample_batching: Optional[str] = None,
+):
   """MAML or VAMPIRE in the setting; `second_order_steps=1` is the authors' code's meta-gradient.
 
   `sample_batching` None: the draws as `backend_defaults` batches them (below).
   """
   import vampire_jax as vj
   from vampire_jax import backend_defaults
-  options = dict(num_inner_steps=setting.inner_steps, inner_lr=setting.inner_lr,
-                 unroll_steps=unroll_steps, remat=remat, second_order_steps=second_order_steps)
+
+  options = dict(
+    num_inner_steps=setting.inner_steps,
+    inner_lr=setting.inner_lr,
+    unroll_steps=unroll_steps,
+    remat=remat,
+    second_order_steps=second_order_steps,
+  )
   if algorithm == "maml":
     return vj.maml(apply_fn, nll, **options)
   # Draws batched as `backend_defaults` decides for the network (the MLP has no convolution).
   draws = backend_defaults.sample_batching(dense_only=setting.kind == "regression")
-  return vj.vampire(apply_fn, nll, kl_weight=0.1, num_mc_train=setting.mc_samples,
-                    num_mc_query=setting.mc_samples, sample_batching=sample_batching or draws,
-                    **options)
+  return vj.vampire(
+    apply_fn,
+    nll,
+    kl_weight=0.1,
+    num_mc_train=setting.mc_samples,
+    num_mc_query=setting.mc_samples,
+    sample_batching=sample_batching or draws,
+    **options,
+  )
 
 
 def choose_batching(setting: Setting, requested: Optional[str]) -> tuple[str, int]:
   """`requested` (STRATEGY[:CHUNK]), else what `backend_defaults` picks for the setting."""
   import jax
   from vampire_jax import backend_defaults
+
   if requested:
     name, _, chunk = requested.partition(":")
     return name, int(chunk or 1)
-  return backend_defaults.task_batching("auto", 0, setting.tasks,
-                                        sharded=jax.device_count() > 1,
-                                        dense_only=setting.kind == "regression")
+  return backend_defaults.task_batching(
+    "auto",
+    0,
+    setting.tasks,
+    sharded=jax.device_count() > 1,
+    dense_only=setting.kind == "regression",
+  )
 
 
-def build_train_step(learner, optimizer, sample_tasks, *, num_tasks: int, strategy: str,
-                     chunk: int, mesh=None, steps_per_call: int = 1, donate: bool = True):
+def build_train_step(
+  learner,
+  optimizer,
+  sample_tasks,
+  *,
+  num_tasks: int,
+  strategy: str,
+  chunk: int,
+  mesh=None,
+  steps_per_call: int = 1,
+  donate: bool = True,
+):
   """`step(state, data, key) -> (state, metrics)`: the training step, tasks sampled inside.
 
   `host_chunked`: `make_host_chunked_train_step` (one step per call);
@@ -249,12 +318,21 @@ def build_train_step(learner, optimizer, sample_tasks, *, num_tasks: int, strate
   """
   import jax
   import vampire_jax as vj
+
   if strategy == "host_chunked":
-    return vj.make_host_chunked_train_step(learner, optimizer, sample_tasks,
-                                           tasks_per_step=num_tasks, chunk_size=chunk)
-  step = vj.make_train_step(learner, optimizer, sample_tasks, tasks_per_step=num_tasks,
-                            steps_per_call=steps_per_call, task_batching=strategy,
-                            chunk_size=chunk, mesh=mesh)
+    return vj.make_host_chunked_train_step(
+      learner, optimizer, sample_tasks, tasks_per_step=num_tasks, chunk_size=chunk
+    )
+  step = vj.make_train_step(
+    learner,
+    optimizer,
+    sample_tasks,
+    tasks_per_step=num_tasks,
+    steps_per_call=steps_per_call,
+    task_batching=strategy,
+    chunk_size=chunk,
+    mesh=mesh,
+  )
   return jax.jit(step, donate_argnums=0 if donate else ())
 
 
@@ -268,6 +346,7 @@ def time_calls(step, state, data, key, calls: int):
     so a donated state is never reused.
   """
   import jax
+
   start = time.perf_counter()
   state, metrics = step(state, data, key)
   jax.block_until_ready((state, metrics))
@@ -308,13 +387,19 @@ def _xla_costs(compiled) -> tuple[Optional[float], Optional[float], Optional[boo
   tasks do. A number the backend does not give is None.
   """
   memory = _analysis(compiled.memory_analysis)
-  sizes = [getattr(memory, name, None) for name in
-           ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")]
+  sizes = [
+    getattr(memory, name, None)
+    for name in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")
+  ]
   megabytes = None if None in sizes else sum(sizes) / 2**20
   text = compiled.as_text()
-  has_loops = None if not text else any(
-      " while(" in line and not any(tag in line for tag in RANDOM_OPS)
-      for line in text.splitlines())
+  has_loops = (
+    None
+    if not text
+    else any(
+      " while(" in line and not any(tag in line for tag in RANDOM_OPS) for line in text.splitlines()
+    )
+  )
   return _flops(_analysis(compiled.cost_analysis)), megabytes, has_loops
 
 
@@ -322,8 +407,9 @@ def _times(value: Optional[float], factor: float) -> Optional[float]:
   return None if value is None else value * factor
 
 
-def _compiled_costs(step, strategy: str, learner, sample_tasks, state, data, key, chunk: int,
-                    num_tasks: int):
+def _compiled_costs(
+  step, strategy: str, learner, sample_tasks, state, data, key, chunk: int, num_tasks: int
+):
   """`_xla_costs` of the step that ran, over all its tasks (sampling included).
 
   host_chunked: one chunk's program (sampling and gradient, unrolled),
@@ -331,14 +417,19 @@ def _compiled_costs(step, strategy: str, learner, sample_tasks, state, data, key
   """
   import jax
   import vampire_jax as vj
+
   if strategy != "host_chunked":
     return _xla_costs(step.lower(state, data, key).compile())
   gradient = vj.make_meta_gradient(learner, task_batching="unroll")
-  chunk_program = jax.jit(lambda params, data, task_keys, adapt_keys: gradient(
-      params, sample_tasks(data, task_keys), adapt_keys))
+  chunk_program = jax.jit(
+    lambda params, data, task_keys, adapt_keys: gradient(
+      params, sample_tasks(data, task_keys), adapt_keys
+    )
+  )
   keys = jax.random.split(key, chunk)
   flops, megabytes, has_loops = _xla_costs(
-      chunk_program.lower(state.meta_params, data, keys, keys).compile())
+    chunk_program.lower(state.meta_params, data, keys, keys).compile()
+  )
   return _times(flops, num_tasks // chunk), megabytes, has_loops
 
 
@@ -346,6 +437,7 @@ def _twin_flops(twin_learner, optimizer, state, tasks, mesh) -> Optional[float]:
   """XLA's FLOPs, before optimisation, of `make_meta_step` (tasks vmapped) on `tasks`."""
   import jax
   import vampire_jax as vj
+
   if mesh is not None:
     tasks = vj.shard_tasks(tasks, mesh)
   twin_step = jax.jit(vj.make_meta_step(twin_learner, optimizer, task_batching="vmap", mesh=mesh))
@@ -356,6 +448,7 @@ def _fresh_compilation_cache() -> None:
   # An empty persistent cache per row: compile time is measured cold, and
   # recompiling the same step for its cost analysis is a cache hit.
   import jax
+
   jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="vj_bench_cache_"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -382,24 +475,32 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   strategy, chunk = backend_defaults.task_batching(strategy, chunk, num_tasks)
   unroll_steps = options["unroll_inner_steps"]
   if setting.conv_impl == "auto":
-    setting = dataclasses.replace(setting, conv_impl=backend_defaults.conv_impl(
-        task_batching=strategy, inner_steps_unrolled=unroll_steps,
-        draws_mapped=setting.mc_samples > 1))
+    setting = dataclasses.replace(
+      setting,
+      conv_impl=backend_defaults.conv_impl(
+        task_batching=strategy,
+        inner_steps_unrolled=unroll_steps,
+        draws_mapped=setting.mc_samples > 1,
+      ),
+    )
   apply_fn, params, nll = network(setting)
   if options["compute_dtype"] == "bfloat16":
     apply_fn = vj.mixed_precision(apply_fn)
-  learner = make_learner(setting, algorithm, apply_fn, nll, unroll_steps=unroll_steps,
-                         remat=options["remat"])
+  learner = make_learner(
+    setting, algorithm, apply_fn, nll, unroll_steps=unroll_steps, remat=options["remat"]
+  )
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
   data, sample_tasks = random_data(setting, jax.random.key(2)), task_sampler(setting)
   mesh = vj.task_mesh() if jax.device_count() > 1 and strategy != "host_chunked" else None
   if mesh is not None:
     state, data = vj.replicate(state, mesh), vj.replicate(data, mesh)
-  step = build_train_step(learner, optimizer, sample_tasks, num_tasks=num_tasks,
-                          strategy=strategy, chunk=chunk, mesh=mesh)
-  state, metrics, compile_s, step_s = time_calls(step, state, data, jax.random.key(3),
-                                                 options["repeats"])
+  step = build_train_step(
+    learner, optimizer, sample_tasks, num_tasks=num_tasks, strategy=strategy, chunk=chunk, mesh=mesh
+  )
+  state, metrics, compile_s, step_s = time_calls(
+    step, state, data, jax.random.key(3), options["repeats"]
+  )
 
   # FLOPs, two ways. `compiled`: XLA's cost analysis of what ran (see
   # `_compiled_costs`). It counts a loop body once, and a fused producer once
@@ -409,7 +510,8 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   # steps unrolled, tasks vmapped, on one batch of tasks sampled beforehand):
   # each operation once; FLOP/s use it. With a mesh both are per device.
   compiled_flops, xla_mb, has_loops = _compiled_costs(
-      step, strategy, learner, sample_tasks, state, data, jax.random.key(3), chunk, num_tasks)
+    step, strategy, learner, sample_tasks, state, data, jax.random.key(3), chunk, num_tasks
+  )
   twin = make_learner(setting, algorithm, apply_fn, nll, unroll_steps=True, remat=options["remat"])
   tasks = sample_tasks(data, jax.random.split(jax.random.key(4), num_tasks))
   hlo_flops = _twin_flops(twin, optimizer, state, tasks, mesh)
@@ -417,18 +519,30 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   compiled_flops, hlo_flops = _times(compiled_flops, devices), _times(hlo_flops, devices)
   peak, peak_source = peak_flops(options["compute_dtype"], options["peak_tflops"])
   losses = np.asarray(metrics["loss"], np.float64)
-  return {"setting": name, "algorithm": algorithm, "tasks": num_tasks,
-          "mc_samples": setting.mc_samples if algorithm == "vampire" else 1,
-          "batching": f"{strategy}:{chunk}" + (f" x{mesh.size} devices" if mesh else ""),
-          "inner_loop": "unrolled" if unroll_steps else "scan", "remat": options["remat"],
-          "compute_dtype": options["compute_dtype"], "compile_s": compile_s, "step_s": step_s,
-          "steps_per_s": 1 / step_s, "tasks_per_s": num_tasks / step_s,
-          "gflop_per_step": _times(hlo_flops, 1e-9),
-          "compiled_gflop_per_step": _times(compiled_flops, 1e-9),
-          "compiled_has_loops": has_loops, "gflop_per_s": _times(hlo_flops, 1e-9 / step_s),
-          "peak_fraction": _times(hlo_flops, 1 / step_s / peak), "peak_source": peak_source,
-          "xla_mb": xla_mb, "peak_mb": peak_memory()[0], "loss": float(losses[-1]),
-          "loss_finite": bool(np.all(np.isfinite(losses)))}
+  return {
+    "setting": name,
+    "algorithm": algorithm,
+    "tasks": num_tasks,
+    "mc_samples": setting.mc_samples if algorithm == "vampire" else 1,
+    "batching": f"{strategy}:{chunk}" + (f" x{mesh.size} devices" if mesh else ""),
+    "inner_loop": "unrolled" if unroll_steps else "scan",
+    "remat": options["remat"],
+    "compute_dtype": options["compute_dtype"],
+    "compile_s": compile_s,
+    "step_s": step_s,
+    "steps_per_s": 1 / step_s,
+    "tasks_per_s": num_tasks / step_s,
+    "gflop_per_step": _times(hlo_flops, 1e-9),
+    "compiled_gflop_per_step": _times(compiled_flops, 1e-9),
+    "compiled_has_loops": has_loops,
+    "gflop_per_s": _times(hlo_flops, 1e-9 / step_s),
+    "peak_fraction": _times(hlo_flops, 1 / step_s / peak),
+    "peak_source": peak_source,
+    "xla_mb": xla_mb,
+    "peak_mb": peak_memory()[0],
+    "loss": float(losses[-1]),
+    "loss_finite": bool(np.all(np.isfinite(losses))),
+  }
 
 
 def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
@@ -450,16 +564,24 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
     setting = dataclasses.replace(setting, mc_samples=options["mc_samples"])
   strategy, chunk = choose_batching(setting, options["batching"])
   if strategy == "host_chunked":
-    raise ValueError("--batching host_chunked is for training steps; an episode row needs one of"
-                     f" {vj.BATCHING_STRATEGIES}")
+    raise ValueError(
+      "--batching host_chunked is for training steps; an episode row needs one of"
+      f" {vj.BATCHING_STRATEGIES}"
+    )
   strategy, chunk = backend_defaults.task_batching(strategy, chunk, num_tasks)
   if setting.conv_impl == "auto":
-    setting = dataclasses.replace(setting, conv_impl=backend_defaults.conv_impl(
-        task_batching=strategy, inner_steps_unrolled=options["unroll_inner_steps"],
-        draws_mapped=setting.mc_samples > 1))
+    setting = dataclasses.replace(
+      setting,
+      conv_impl=backend_defaults.conv_impl(
+        task_batching=strategy,
+        inner_steps_unrolled=options["unroll_inner_steps"],
+        draws_mapped=setting.mc_samples > 1,
+      ),
+    )
   apply_fn, params, nll = network(setting)
-  learner = make_learner(setting, "vampire", apply_fn, nll,
-                         unroll_steps=options["unroll_inner_steps"], remat=False)
+  learner = make_learner(
+    setting, "vampire", apply_fn, nll, unroll_steps=options["unroll_inner_steps"], remat=False
+  )
   meta_params = learner.init(params, jax.random.key(1))
   tasks = random_tasks(setting, jax.random.key(2), num_tasks)
   if setting.kind == "regression":
@@ -476,22 +598,36 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
     result = jax.block_until_ready(episode(meta_params, tasks, key))
   episode_s = (time.perf_counter() - start) / options["repeats"]
   score = result.accuracy if setting.kind == "classification" else result.mse
-  return {"setting": name, "algorithm": "vampire", "tasks": num_tasks,
-          "mc_samples": setting.mc_samples, "inner_steps": setting.inner_steps,
-          "batching": f"{strategy}:{chunk}", "conv_impl": setting.conv_impl,
-          "compile_s": compile_s, "episode_s": episode_s, "ms_per_task": 1000 * episode_s / num_tasks,
-          "tasks_per_s": num_tasks / episode_s, "peak_mb": peak_memory()[0],
-          "score_finite": bool(np.all(np.isfinite(np.asarray(score))))}
+  return {
+    "setting": name,
+    "algorithm": "vampire",
+    "tasks": num_tasks,
+    "mc_samples": setting.mc_samples,
+    "inner_steps": setting.inner_steps,
+    "batching": f"{strategy}:{chunk}",
+    "conv_impl": setting.conv_impl,
+    "compile_s": compile_s,
+    "episode_s": episode_s,
+    "ms_per_task": 1000 * episode_s / num_tasks,
+    "tasks_per_s": num_tasks / episode_s,
+    "peak_mb": peak_memory()[0],
+    "score_finite": bool(np.all(np.isfinite(np.asarray(score)))),
+  }
 
 
 def format_episode_table(rows: list[dict]) -> str:
   """Episode rows as one markdown table."""
-  lines = ["| setting | T | L | S | batching | conv | compile (s) | s/call | ms/task | tasks/s |"
-           " peak MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "| setting | T | L | S | batching | conv | compile (s) | s/call | ms/task | tasks/s |"
+    " peak MB |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
   for r in rows:
-    lines.append(f"| {r['setting']} | {r['tasks']} | {r['mc_samples']} | {r['inner_steps']} |"
-                 f" {r['batching']} | {r['conv_impl']} | {r['compile_s']:.1f} | {r['episode_s']:.3f} |"
-                 f" {r['ms_per_task']:.1f} | {r['tasks_per_s']:.1f} | {fmt(r['peak_mb'], '.0f')} |")
+    lines.append(
+      f"| {r['setting']} | {r['tasks']} | {r['mc_samples']} | {r['inner_steps']} |"
+      f" {r['batching']} | {r['conv_impl']} | {r['compile_s']:.1f} | {r['episode_s']:.3f} |"
+      f" {r['ms_per_task']:.1f} | {r['tasks_per_s']:.1f} | {fmt(r['peak_mb'], '.0f')} |"
+    )
   return "\n".join(lines)
 
 
@@ -514,62 +650,94 @@ def _percent(fraction: Optional[float]) -> Optional[float]:
 
 def format_table(rows: list[dict]) -> str:
   """The rows as one markdown table; "n/a" where a backend gave no number."""
-  lines = ["| setting | algorithm | T | L | batching | compile (s) | s/step | steps/s | tasks/s |"
-           " GFLOP/step (HLO) | GFLOP/step (compiled) | GFLOP/s | % peak | XLA MB | peak MB |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "| setting | algorithm | T | L | batching | compile (s) | s/step | steps/s | tasks/s |"
+    " GFLOP/step (HLO) | GFLOP/step (compiled) | GFLOP/s | % peak | XLA MB | peak MB |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
   for r in rows:
     compiled = fmt(r["compiled_gflop_per_step"], ".2f") + (
-        " (loops once)" if r["compiled_has_loops"] else "")
+      " (loops once)" if r["compiled_has_loops"] else ""
+    )
     lines.append(
-        f"| {r['setting']} | {r['algorithm']} | {r['tasks']} | {r['mc_samples']} | {r['batching']} |"
-        f" {r['compile_s']:.1f} | {r['step_s']:.3f} | {r['steps_per_s']:.2f} |"
-        f" {r['tasks_per_s']:.1f} | {fmt(r['gflop_per_step'], '.2f')} | {compiled} |"
-        f" {fmt(r['gflop_per_s'], '.1f')} | {fmt(_percent(r['peak_fraction']), '.1f')} |"
-        f" {fmt(r['xla_mb'], '.0f')} | {fmt(r['peak_mb'], '.0f')} |")
+      f"| {r['setting']} | {r['algorithm']} | {r['tasks']} | {r['mc_samples']} | {r['batching']} |"
+      f" {r['compile_s']:.1f} | {r['step_s']:.3f} | {r['steps_per_s']:.2f} |"
+      f" {r['tasks_per_s']:.1f} | {fmt(r['gflop_per_step'], '.2f')} | {compiled} |"
+      f" {fmt(r['gflop_per_s'], '.1f')} | {fmt(_percent(r['peak_fraction']), '.1f')} |"
+      f" {fmt(r['xla_mb'], '.0f')} | {fmt(r['peak_mb'], '.0f')} |"
+    )
   return "\n".join(lines)
 
 
 def _row_line(row: dict) -> str:
   """One row as the progress line printed while the suite runs."""
-  return (f"  {row['setting']:19s} {row['algorithm']:8s} T={row['tasks']:<3d} L={row['mc_samples']:<4d}"
-          f" {row['batching']:16s} compile {row['compile_s']:6.1f} s  {row['step_s']:7.3f} s/step"
-          f"  {row['tasks_per_s']:7.1f} tasks/s  {fmt(row['gflop_per_step'], '8.2f')} GFLOP/step"
-          f" (compiled count {fmt(row['compiled_gflop_per_step'], '.2f')})"
-          f"  {fmt(row['gflop_per_s'], '7.1f')} GFLOP/s"
-          f" ({fmt(_percent(row['peak_fraction']), '.1f')}% of peak)"
-          f"  XLA {fmt(row['xla_mb'], '6.0f')} MB  peak {fmt(row['peak_mb'], '6.0f')} MB")
+  return (
+    f"  {row['setting']:19s} {row['algorithm']:8s} T={row['tasks']:<3d} L={row['mc_samples']:<4d}"
+    f" {row['batching']:16s} compile {row['compile_s']:6.1f} s  {row['step_s']:7.3f} s/step"
+    f"  {row['tasks_per_s']:7.1f} tasks/s  {fmt(row['gflop_per_step'], '8.2f')} GFLOP/step"
+    f" (compiled count {fmt(row['compiled_gflop_per_step'], '.2f')})"
+    f"  {fmt(row['gflop_per_s'], '7.1f')} GFLOP/s"
+    f" ({fmt(_percent(row['peak_fraction']), '.1f')}% of peak)"
+    f"  XLA {fmt(row['xla_mb'], '6.0f')} MB  peak {fmt(row['peak_mb'], '6.0f')} MB"
+  )
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--quick", action="store_true", help="fewer tasks, 2 timed steps")
   parser.add_argument("--settings", default=",".join(SETTINGS), help=SETTINGS_HELP)
   parser.add_argument("--algorithms", default="maml,vampire")
   parser.add_argument("--tasks", type=int, default=0, help="T for every setting (0: its own)")
   parser.add_argument("--repeats", type=int, default=None, help="timed steps (default 5, quick 2)")
-  parser.add_argument("--batching", default=None,
-                      help="STRATEGY[:CHUNK] for every row (default: see above)")
-  parser.add_argument("--unroll-inner-steps", action="store_true",
-                      help="unroll the inner loop instead of lax.scan")
+  parser.add_argument(
+    "--batching", default=None, help="STRATEGY[:CHUNK] for every row (default: see above)"
+  )
+  parser.add_argument(
+    "--unroll-inner-steps", action="store_true", help="unroll the inner loop instead of lax.scan"
+  )
   parser.add_argument("--remat", action="store_true", help="jax.checkpoint every inner step")
   parser.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
-  parser.add_argument("--peak-tflops", type=float, default=None,
-                      help="one device's peak TFLOP/s (default: built-in table or CPU estimate)")
+  parser.add_argument(
+    "--peak-tflops",
+    type=float,
+    default=None,
+    help="one device's peak TFLOP/s (default: built-in table or CPU estimate)",
+  )
   parser.add_argument("--json", default=None, help="also write the rows to this file")
-  parser.add_argument("--same-process", action="store_true",
-                      help="run every row in this process (peak memory then accumulates)")
-  parser.add_argument("--episodes", action="store_true",
-                      help="time VAMPIRE test episodes (adapt + predict) instead of training steps")
-  parser.add_argument("--episode-tasks", default="1,32",
-                      help="comma list of task counts per episode call (with --episodes)")
-  parser.add_argument("--episode-mc-samples", type=int, default=10,
-                      help="L, weight draws to adapt and to predict (with --episodes)")
+  parser.add_argument(
+    "--same-process",
+    action="store_true",
+    help="run every row in this process (peak memory then accumulates)",
+  )
+  parser.add_argument(
+    "--episodes",
+    action="store_true",
+    help="time VAMPIRE test episodes (adapt + predict) instead of training steps",
+  )
+  parser.add_argument(
+    "--episode-tasks",
+    default="1,32",
+    help="comma list of task counts per episode call (with --episodes)",
+  )
+  parser.add_argument(
+    "--episode-mc-samples",
+    type=int,
+    default=10,
+    help="L, weight draws to adapt and to predict (with --episodes)",
+  )
   args = parser.parse_args(argv)
-  options = {"quick": args.quick, "tasks": args.tasks,
-             "repeats": args.repeats or (2 if args.quick else 5), "batching": args.batching,
-             "unroll_inner_steps": args.unroll_inner_steps, "remat": args.remat,
-             "compute_dtype": args.compute_dtype, "peak_tflops": args.peak_tflops}
+  options = {
+    "quick": args.quick,
+    "tasks": args.tasks,
+    "repeats": args.repeats or (2 if args.quick else 5),
+    "batching": args.batching,
+    "unroll_inner_steps": args.unroll_inner_steps,
+    "remat": args.remat,
+    "compute_dtype": args.compute_dtype,
+    "peak_tflops": args.peak_tflops,
+  }
   names = [n.strip() for n in args.settings.split(",") if n.strip()]
   unknown = set(names) - set(SETTINGS)
   if unknown:
@@ -578,18 +746,24 @@ def main(argv=None) -> list[dict]:
   if args.episodes:
     return _episodes(names, args, options)
   import jax
+
   device = jax.devices()[0]
-  print(f"backend {jax.default_backend()} ({getattr(device, 'device_kind', '')}) x{jax.device_count()},"
-        f" jax {jax.__version__}; {'quick' if args.quick else 'full'} settings, {options['repeats']}"
-        f" timed steps, second order, {args.compute_dtype}, remat {args.remat}", flush=True)
+  print(
+    f"backend {jax.default_backend()} ({getattr(device, 'device_kind', '')}) x{jax.device_count()},"
+    f" jax {jax.__version__}; {'quick' if args.quick else 'full'} settings, {options['repeats']}"
+    f" timed steps, second order, {args.compute_dtype}, remat {args.remat}",
+    flush=True,
+  )
   rows, start = [], time.time()
   for name in names:
     for algorithm in args.algorithms.split(","):
       run = run_row if args.same_process else _in_fresh_process
       rows.append(run(name, algorithm, options))
       print(_row_line(rows[-1]), flush=True)
-  print(f"\npeak FLOP/s: {rows[0]['peak_source'] if rows else ''}; inner loop"
-        f" {rows[0]['inner_loop'] if rows else ''}; total wall time {time.time() - start:.0f} s\n")
+  print(
+    f"\npeak FLOP/s: {rows[0]['peak_source'] if rows else ''}; inner loop"
+    f" {rows[0]['inner_loop'] if rows else ''}; total wall time {time.time() - start:.0f} s\n"
+  )
   print(format_table(rows))
   if args.json:
     with open(args.json, "w") as f:
@@ -599,10 +773,14 @@ def main(argv=None) -> list[dict]:
 
 def _episodes(names: list[str], args, options: dict) -> list[dict]:
   import jax
+
   counts = [int(n) for n in args.episode_tasks.split(",") if n.strip()]
   options = dict(options, mc_samples=args.episode_mc_samples)
-  print(f"backend {jax.default_backend()}, jax {jax.__version__}; VAMPIRE test episodes,"
-        f" L={args.episode_mc_samples}, {options['repeats']} timed calls", flush=True)
+  print(
+    f"backend {jax.default_backend()}, jax {jax.__version__}; VAMPIRE test episodes,"
+    f" L={args.episode_mc_samples}, {options['repeats']} timed calls",
+    flush=True,
+  )
   rows = []
   for name in names:
     for count in counts:
@@ -611,8 +789,11 @@ def _episodes(names: list[str], args, options: dict) -> list[dict]:
       else:
         rows.append(_in_fresh_process(name, count, options, row_fn=run_episode_row))
       row = rows[-1]
-      print(f"  {name:19s} T={count:<3d} compile {row['compile_s']:6.1f} s  {row['episode_s']:7.3f} s/call"
-            f"  {row['ms_per_task']:8.1f} ms/task", flush=True)
+      print(
+        f"  {name:19s} T={count:<3d} compile {row['compile_s']:6.1f} s  {row['episode_s']:7.3f} s/call"
+        f"  {row['ms_per_task']:8.1f} ms/task",
+        flush=True,
+      )
   print("\n" + format_episode_table(rows))
   if args.json:
     with open(args.json, "w") as f:

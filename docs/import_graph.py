@@ -22,15 +22,28 @@ PACKAGES = ("vampire_jax", "experiments")
 def _sources(rev: str | None, repo: Path) -> dict[str, str]:
   """`{module name: source}` of the packages, from the working tree or a git revision."""
   if rev is None:
-    files = [p.relative_to(repo).as_posix() for package in PACKAGES
-             for p in (repo / package).rglob("*.py")]
+    files = [
+      p.relative_to(repo).as_posix() for package in PACKAGES for p in (repo / package).rglob("*.py")
+    ]
     read = lambda path: (repo / path).read_text()  # noqa: E731
   else:
-    listing = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, *PACKAGES], cwd=repo,
-                             capture_output=True, text=True, check=True).stdout.split()
+    listing = subprocess.run(
+      ["git", "ls-tree", "-r", "--name-only", rev, *PACKAGES],
+      cwd=repo,
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout.split()
     files = [f for f in listing if f.endswith(".py")]
-    read = lambda path: subprocess.run(["git", "show", f"{rev}:{path}"], cwd=repo,  # noqa: E731
-                                       capture_output=True, text=True, check=True).stdout
+    read = lambda path: (
+      subprocess.run(
+        ["git", "show", f"{rev}:{path}"],
+        cwd=repo,  # noqa: E731
+        capture_output=True,
+        text=True,
+        check=True,
+      ).stdout
+    )
   return {f[:-3].replace("/", "."): read(f) for f in files if not f.endswith("__init__.py")}
 
 
@@ -77,13 +90,15 @@ def _reachable(edges: dict[str, set[str]], start: str) -> set[str]:
 
 def transitive_reduction(edges: dict[str, set[str]]) -> dict[str, set[str]]:
   """The imports that no chain of other imports implies."""
-  return {name: {t for t in targets
-                 if not any(t in _reachable(edges, other) for other in targets - {t})}
-          for name, targets in edges.items()}
+  return {
+    name: {t for t in targets if not any(t in _reachable(edges, other) for other in targets - {t})}
+    for name, targets in edges.items()
+  }
 
 
-def _order_rows(rows: dict[int, list[str]], edges: dict[str, set[str]],
-                passes: int = 8) -> dict[int, list[str]]:
+def _order_rows(
+  rows: dict[int, list[str]], edges: dict[str, set[str]], passes: int = 8
+) -> dict[int, list[str]]:
   """Orders each layer by the mean position of its neighbours (fewer crossings)."""
   neighbours = {name: set(targets) for name, targets in edges.items()}
   for name, targets in edges.items():
@@ -92,9 +107,14 @@ def _order_rows(rows: dict[int, list[str]], edges: dict[str, set[str]],
   for _ in range(passes):
     position = {name: (i + 0.5) / len(row) for row in rows.values() for i, name in enumerate(row)}
     for level, row in rows.items():
-      rows[level] = sorted(row, key=lambda n: (sum(position[m] for m in neighbours[n])
-                                               / len(neighbours[n]) if neighbours[n]
-                                               else position[n]))
+      rows[level] = sorted(
+        row,
+        key=lambda n: (
+          sum(position[m] for m in neighbours[n]) / len(neighbours[n])
+          if neighbours[n]
+          else position[n]
+        ),
+      )
   return rows
 
 
@@ -112,31 +132,53 @@ def draw(edges: dict[str, set[str]], path: Path, title: str) -> None:
   fig = Figure(figsize=(2.3 * width, 1.3 * len(rows) + 1), layout="constrained")
   FigureCanvasAgg(fig)
   ax = fig.subplots()
-  where = {name: ((i + 0.5) * width / len(row), level)
-           for level, row in rows.items() for i, name in enumerate(row)}
+  where = {
+    name: ((i + 0.5) * width / len(row), level)
+    for level, row in rows.items()
+    for i, name in enumerate(row)
+  }
   for name, targets in edges.items():
     for target in targets:
       (x0, y0), (x1, y1) = where[name], where[target]
-      ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
-                  arrowprops=dict(arrowstyle="->", lw=0.7, alpha=0.6, color="tab:gray",
-                                  shrinkA=9, shrinkB=9, connectionstyle="arc3,rad=0.08"))
+      ax.annotate(
+        "",
+        xy=(x1, y1),
+        xytext=(x0, y0),
+        arrowprops=dict(
+          arrowstyle="->",
+          lw=0.7,
+          alpha=0.6,
+          color="tab:gray",
+          shrinkA=9,
+          shrinkB=9,
+          connectionstyle="arc3,rad=0.08",
+        ),
+      )
   for name, (x, y) in where.items():
     colour = "#dbe9f6" if name.startswith("vampire_jax") else "#fde7c8"
-    ax.text(x, y, name.replace("vampire_jax.", "vj.").replace("experiments.", "exp."),
-            ha="center", va="center", fontsize=8,
-            bbox=dict(boxstyle="round", fc=colour, ec="black", lw=0.5))
+    ax.text(
+      x,
+      y,
+      name.replace("vampire_jax.", "vj.").replace("experiments.", "exp."),
+      ha="center",
+      va="center",
+      fontsize=8,
+      bbox=dict(boxstyle="round", fc=colour, ec="black", lw=0.5),
+    )
   ax.set(xlim=(-0.2, width + 0.2), ylim=(-0.6, len(rows) - 0.4), title=title)
   ax.axis("off")
   fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--rev", default=None, help="a git revision (default: the working tree)")
   parser.add_argument("--out", type=Path, default=Path("docs/import_graph.png"))
-  parser.add_argument("--text", action="store_true",
-                      help="also print each module's layer and the imports drawn")
+  parser.add_argument(
+    "--text", action="store_true", help="also print each module's layer and the imports drawn"
+  )
   args = parser.parse_args(argv)
   repo = Path(__file__).resolve().parents[1]
   edges = graph(args.rev, repo)
@@ -146,11 +188,17 @@ def main(argv=None) -> None:
       print(layers[name], name, "->", ", ".join(sorted(reduced[name])))
   label = args.rev or "working tree"
   drawn = sum(map(len, transitive_reduction(edges).values()))
-  draw(edges, args.out, f"imports at {label}: {len(edges)} modules, "
-                        f"{sum(map(len, edges.values()))} imports ({drawn} drawn), "
-                        f"{1 + max(_layers(edges).values())} layers")
-  print(f"{args.out}: {len(edges)} modules, {sum(map(len, edges.values()))} imports, "
-        f"{drawn} not implied by others, {1 + max(_layers(edges).values())} layers")
+  draw(
+    edges,
+    args.out,
+    f"imports at {label}: {len(edges)} modules, "
+    f"{sum(map(len, edges.values()))} imports ({drawn} drawn), "
+    f"{1 + max(_layers(edges).values())} layers",
+  )
+  print(
+    f"{args.out}: {len(edges)} modules, {sum(map(len, edges.values()))} imports, "
+    f"{drawn} not implied by others, {1 + max(_layers(edges).values())} layers"
+  )
 
 
 if __name__ == "__main__":

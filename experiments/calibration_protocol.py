@@ -30,13 +30,13 @@ from vampire_jax import calibration, data, kinds, training
 
 
 def evaluate_combinations(
-    run: vj.Run,
-    class_images: jax.Array,
-    *,
-    num_tasks: Optional[int] = None,
-    seed: int = 0,
-    class_counts: Optional[jax.Array] = None,
-    workdir: Optional[str | os.PathLike] = None,
+  run: vj.Run,
+  class_images: jax.Array,
+  *,
+  num_tasks: Optional[int] = None,
+  seed: int = 0,
+  class_counts: Optional[jax.Array] = None,
+  workdir: Optional[str | os.PathLike] = None,
 ) -> dict:
   """Scores a trained run on tasks made of every `config.ways`-class combination.
 
@@ -63,31 +63,46 @@ def evaluate_combinations(
   num_classes = int(class_images.shape[0])
   ids = data.combination_ids(num_classes, config.ways, num_tasks, seed=seed)
   if class_counts is not None:
-    data.check_class_counts(np.asarray(class_counts), ways=config.ways, shots=config.shots,
-                            query=config.query)
+    data.check_class_counts(
+      np.asarray(class_counts), ways=config.ways, shots=config.shots, query=config.query
+    )
   evaluate = training.build_evaluator(run.kind, run.noise_std, config, run.learner)
   task_key, eval_key = jax.random.split(jax.random.key(seed))
   predict_keys = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(None, 0)))
   batch, outputs = config.eval_batch_tasks, []
   for first in range(0, len(ids), batch):
-    chunk = ids[first:first + batch]
+    chunk = ids[first : first + batch]
     padded = np.concatenate([chunk, np.repeat(chunk[-1:], batch - len(chunk))])  # one shape
-    tasks = data.combination_tasks(task_key, class_images, padded, num_classes=num_classes,
-                                   ways=config.ways, shots=config.shots, query=config.query,
-                                   class_counts=class_counts)
+    tasks = data.combination_tasks(
+      task_key,
+      class_images,
+      padded,
+      num_classes=num_classes,
+      ways=config.ways,
+      shots=config.shots,
+      query=config.query,
+      class_counts=class_counts,
+    )
     result = evaluate(run.meta_params, tasks, predict_keys(eval_key, np.asarray(padded, np.uint32)))
-    outputs.append({k: np.asarray(v)[:len(chunk)]
-                    for k, v in dict(result._asdict(), targets=tasks.query_y).items()})
+    outputs.append(
+      {
+        k: np.asarray(v)[: len(chunk)]
+        for k, v in dict(result._asdict(), targets=tasks.query_y).items()
+      }
+    )
   per_task = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
   summary = kinds.summarise("classification", per_task, num_bins=config.num_bins)
   results = {
-      **summary.metrics,
-      "num_combinations": data.num_combinations(num_classes, config.ways),
-      "all_combinations": len(ids) == data.num_combinations(num_classes, config.ways),
-      "seed": seed, "ways": config.ways, "shots": config.shots, "query": config.query,
-      "num_mc_test": config.num_mc_test,
-      "calibration": {k: calibration.to_record(v) for k, v in summary.calibration.items()},
-      "wall_time_s": time.time() - start,
+    **summary.metrics,
+    "num_combinations": data.num_combinations(num_classes, config.ways),
+    "all_combinations": len(ids) == data.num_combinations(num_classes, config.ways),
+    "seed": seed,
+    "ways": config.ways,
+    "shots": config.shots,
+    "query": config.query,
+    "num_mc_test": config.num_mc_test,
+    "calibration": {k: calibration.to_record(v) for k, v in summary.calibration.items()},
+    "wall_time_s": time.time() - start,
   }
   if workdir is not None:
     _write(Path(workdir), results, summary, per_task, ids, config)
@@ -97,26 +112,45 @@ def evaluate_combinations(
 def _write(workdir: Path, results: dict, summary, per_task: dict, ids, config) -> None:
   workdir.mkdir(parents=True, exist_ok=True)
   label = config.algorithm.upper()
-  results["plot"] = str(plots.plot_reliability_diagram(
-      summary.calibration["reliability"], workdir / "calibration_reliability.png",
-      title=f"{label}: {len(ids)} tasks, {config.ways}-way {config.shots}-shot"))
-  np.savez_compressed(workdir / "calibration_per_task.npz", combination_ids=ids,
-                      **{k: v for k, v in per_task.items() if k != "probabilities"})
+  results["plot"] = str(
+    plots.plot_reliability_diagram(
+      summary.calibration["reliability"],
+      workdir / "calibration_reliability.png",
+      title=f"{label}: {len(ids)} tasks, {config.ways}-way {config.shots}-shot",
+    )
+  )
+  np.savez_compressed(
+    workdir / "calibration_per_task.npz",
+    combination_ids=ids,
+    **{k: v for k, v in per_task.items() if k != "probabilities"},
+  )
   record = {"config": dataclasses.asdict(config), **results}
   (workdir / "calibration.json").write_text(json.dumps(record, indent=2, default=float))
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
   """--calibration-tasks, --calibration-seed, --calibration-only."""
-  parser.add_argument("--calibration-tasks", type=_num_tasks, default=0, metavar="{N,all}",
-                      help="after testing, score every ways-class combination of the test "
-                           "classes ('all'; 15 504 for 5-way mini-ImageNet) or a random N of "
-                           "them; 0 (default) skips it")
-  parser.add_argument("--calibration-seed", type=int, default=0,
-                      help="seed of the combination subset and draws (default: 0)")
-  parser.add_argument("--calibration-only", action="store_true",
-                      help="skip training; score the run in --workdir (all combinations "
-                           "unless --calibration-tasks N)")
+  parser.add_argument(
+    "--calibration-tasks",
+    type=_num_tasks,
+    default=0,
+    metavar="{N,all}",
+    help="after testing, score every ways-class combination of the test "
+    "classes ('all'; 15 504 for 5-way mini-ImageNet) or a random N of "
+    "them; 0 (default) skips it",
+  )
+  parser.add_argument(
+    "--calibration-seed",
+    type=int,
+    default=0,
+    help="seed of the combination subset and draws (default: 0)",
+  )
+  parser.add_argument(
+    "--calibration-only",
+    action="store_true",
+    help="skip training; score the run in --workdir (all combinations "
+    "unless --calibration-tasks N)",
+  )
 
 
 def _num_tasks(value: str) -> int:
@@ -124,17 +158,28 @@ def _num_tasks(value: str) -> int:
   return -1 if value == "all" else int(value)
 
 
-def run_protocol(workdir: Path, args: argparse.Namespace, test_images: jax.Array,
-                 test_counts: Optional[jax.Array] = None) -> Optional[dict]:
+def run_protocol(
+  workdir: Path,
+  args: argparse.Namespace,
+  test_images: jax.Array,
+  test_counts: Optional[jax.Array] = None,
+) -> Optional[dict]:
   """The calibration protocol on the run in `workdir`, if the flags ask for it."""
   if args.calibration_tasks == 0 and not args.calibration_only:
     return None
   num_tasks = args.calibration_tasks if args.calibration_tasks > 0 else None
-  result = evaluate_combinations(vj.load_run(workdir), test_images, num_tasks=num_tasks,
-                                 seed=args.calibration_seed, class_counts=test_counts,
-                                 workdir=workdir)
-  print(f"calibration: {result['num_tasks']} of {result['num_combinations']} combinations: "
-        f"accuracy {100 * result['accuracy']:.2f} +- {100 * result['accuracy_ci95']:.2f} %  "
-        f"NLL {result['nll']:.4f}  ECE {result['ece']:.4f}  MCE {result['mce']:.4f}  "
-        f"AURC {result['aurc']:.4f}; in {workdir / 'calibration.json'}")
+  result = evaluate_combinations(
+    vj.load_run(workdir),
+    test_images,
+    num_tasks=num_tasks,
+    seed=args.calibration_seed,
+    class_counts=test_counts,
+    workdir=workdir,
+  )
+  print(
+    f"calibration: {result['num_tasks']} of {result['num_combinations']} combinations: "
+    f"accuracy {100 * result['accuracy']:.2f} +- {100 * result['accuracy_ci95']:.2f} %  "
+    f"NLL {result['nll']:.4f}  ECE {result['ece']:.4f}  MCE {result['mce']:.4f}  "
+    f"AURC {result['aurc']:.4f}; in {workdir / 'calibration.json'}"
+  )
   return result

@@ -27,30 +27,90 @@ from vampire_jax.errors import ConfigError, UserError
 # `--help`'s groups, in order, and the config fields each shows. A new config
 # field goes in one of them (tests/test_cli.py checks that every field has one).
 GROUPS = {
-    "run": ("num_meta_steps", "tasks_per_step", "meta_lr", "meta_lr_decay",
-            "meta_grad_clip_norm", "checkpoint_every", "log_every", "seed", "debug_nans"),
-    "algorithm": ("num_inner_steps", "inner_lr", "kl_weight", "num_mc_train", "num_mc_query",
-                  "first_order", "second_order_steps", "log_std_init", "num_particles",
-                  "bmaml_meta_objective", "bmaml_leader_steps", "platipus_inference_data",
-                  "abml_hyper_prior_weight"),
-    "task": ("ways", "shots", "query", "num_support", "num_query", "noise_std",
-             "class_sampling", "num_filters", "hidden_sizes", "batch_norm_affine"),
-    "data": ("dataset", "crop", "l2_normalize", "split", "split_seed", "num_val_alphabets",
-             "num_val_characters", "image_size", "data_dir", "data_source", "source", "cache_dir",
-             "existing_only"),
-    "speed": ("task_batching", "chunk_size", "eval_task_batching", "eval_chunk_size",
-              "eval_batch_tasks", "steps_per_call", "unroll_inner_steps", "sample_batching",
-              "conv_impl", "shard_tasks", "remat", "compute_dtype"),
-    "evaluation": ("num_mc_test", "num_val_tasks", "num_test_tasks", "eval_every", "num_bins",
-                   "num_plot_tasks", "num_open_set_classes"),
+  "run": (
+    "num_meta_steps",
+    "tasks_per_step",
+    "meta_lr",
+    "meta_lr_decay",
+    "meta_grad_clip_norm",
+    "checkpoint_every",
+    "log_every",
+    "seed",
+    "debug_nans",
+  ),
+  "algorithm": (
+    "num_inner_steps",
+    "inner_lr",
+    "kl_weight",
+    "num_mc_train",
+    "num_mc_query",
+    "first_order",
+    "second_order_steps",
+    "log_std_init",
+    "num_particles",
+    "bmaml_meta_objective",
+    "bmaml_leader_steps",
+    "platipus_inference_data",
+    "abml_hyper_prior_weight",
+  ),
+  "task": (
+    "ways",
+    "shots",
+    "query",
+    "num_support",
+    "num_query",
+    "noise_std",
+    "class_sampling",
+    "num_filters",
+    "hidden_sizes",
+    "batch_norm_affine",
+  ),
+  "data": (
+    "dataset",
+    "crop",
+    "l2_normalize",
+    "split",
+    "split_seed",
+    "num_val_alphabets",
+    "num_val_characters",
+    "image_size",
+    "data_dir",
+    "data_source",
+    "source",
+    "cache_dir",
+    "existing_only",
+  ),
+  "speed": (
+    "task_batching",
+    "chunk_size",
+    "eval_task_batching",
+    "eval_chunk_size",
+    "eval_batch_tasks",
+    "steps_per_call",
+    "unroll_inner_steps",
+    "sample_batching",
+    "conv_impl",
+    "shard_tasks",
+    "remat",
+    "compute_dtype",
+  ),
+  "evaluation": (
+    "num_mc_test",
+    "num_val_tasks",
+    "num_test_tasks",
+    "eval_every",
+    "num_bins",
+    "num_plot_tasks",
+    "num_open_set_classes",
+  ),
 }
 _GROUP_TITLES = {
-    "run": "run: the folder, the schedule, the meta-optimiser",
-    "algorithm": "algorithm: adaptation and the algorithm's own options",
-    "task": "task: the tasks and the network",
-    "data": "data: where the data set is read from, and its split",
-    "speed": "speed: none of these changes a result beyond float rounding",
-    "evaluation": "evaluation: validation, test and calibration",
+  "run": "run: the folder, the schedule, the meta-optimiser",
+  "algorithm": "algorithm: adaptation and the algorithm's own options",
+  "task": "task: the tasks and the network",
+  "data": "data: where the data set is read from, and its split",
+  "speed": "speed: none of these changes a result beyond float rounding",
+  "evaluation": "evaluation: validation, test and calibration",
 }
 _GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 
@@ -103,14 +163,27 @@ def add_config_flags(parser: argparse.ArgumentParser, config) -> None:
     group = groups[_GROUP_OF.get(field.name, "run")]
     if typing.get_origin(kind) is tuple:
       item = typing.get_args(kind)[0]
-      group.add_argument(_flag(field.name), type=item, nargs=len(typing.get_args(kind)),
-                         default=None, metavar=item.__name__.upper(), help=shown)
+      group.add_argument(
+        _flag(field.name),
+        type=item,
+        nargs=len(typing.get_args(kind)),
+        default=None,
+        metavar=item.__name__.upper(),
+        help=shown,
+      )
     elif kind is bool:
-      group.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, default=None,
-                          help=shown)
+      group.add_argument(
+        _flag(field.name), action=argparse.BooleanOptionalAction, default=None, help=shown
+      )
     else:
-      group.add_argument(_flag(field.name), type=kind, default=None, choices=choices,
-                          metavar=None if choices else kind.__name__.upper(), help=shown)
+      group.add_argument(
+        _flag(field.name),
+        type=kind,
+        default=None,
+        choices=choices,
+        metavar=None if choices else kind.__name__.upper(),
+        help=shown,
+      )
 
 
 def apply_overrides(config, overrides: Union[argparse.Namespace, dict]):
@@ -130,8 +203,11 @@ def apply_overrides(config, overrides: Union[argparse.Namespace, dict]):
     if unknown:
       raise ConfigError(f"unknown {type(config).__name__} fields {sorted(unknown)}")
     overrides = argparse.Namespace(**overrides)
-  values = {name: getattr(overrides, name) for name in names
-            if name != "algorithm" and getattr(overrides, name, None) is not None}
+  values = {
+    name: getattr(overrides, name)
+    for name in names
+    if name != "algorithm" and getattr(overrides, name, None) is not None
+  }
   if values.get("meta_grad_clip_norm") == 0:
     values["meta_grad_clip_norm"] = None
   for name, value in values.items():
@@ -140,10 +216,16 @@ def apply_overrides(config, overrides: Union[argparse.Namespace, dict]):
   return dataclasses.replace(config, **values)
 
 
-def parse(argv: Optional[Sequence[str]], description: str, presets: Sequence[str],
-          get_config: Callable, *, default_preset: Optional[str] = None,
-          algorithm_flag: bool = True,
-          add_flags: Optional[Callable[[argparse.ArgumentParser], None]] = None):
+def parse(
+  argv: Optional[Sequence[str]],
+  description: str,
+  presets: Sequence[str],
+  get_config: Callable,
+  *,
+  default_preset: Optional[str] = None,
+  algorithm_flag: bool = True,
+  add_flags: Optional[Callable[[argparse.ArgumentParser], None]] = None,
+):
   """Parses an experiment's command line.
 
   Args:
@@ -166,24 +248,41 @@ def parse(argv: Optional[Sequence[str]], description: str, presets: Sequence[str
   known, _ = first.parse_known_args(argv)
   config = get_config(known.preset, getattr(known, "algorithm", "vampire"))
 
-  usage = "%(prog)s [-h] [--preset PRESET]" + (" [--algorithm ALGORITHM]" if algorithm_flag
-                                                 else "") + " [--workdir WORKDIR] [--FLAG ...]"
-  parser = argparse.ArgumentParser(description=description, usage=usage,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  usage = (
+    "%(prog)s [-h] [--preset PRESET]"
+    + (" [--algorithm ALGORITHM]" if algorithm_flag else "")
+    + " [--workdir WORKDIR] [--FLAG ...]"
+  )
+  parser = argparse.ArgumentParser(
+    description=description, usage=usage, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   groups = _groups(parser)
-  groups["run"].add_argument("--preset", default=default_preset, choices=list(presets),
-                             help=f"settings to start from (default: {default_preset}); the "
-                                  "other flags' defaults below are this preset's")
-  groups["run"].add_argument("--workdir", type=Path, default=None,
-                             help="run folder (checkpoints, logs, results); run again to resume")
+  groups["run"].add_argument(
+    "--preset",
+    default=default_preset,
+    choices=list(presets),
+    help=f"settings to start from (default: {default_preset}); the "
+    "other flags' defaults below are this preset's",
+  )
+  groups["run"].add_argument(
+    "--workdir",
+    type=Path,
+    default=None,
+    help="run folder (checkpoints, logs, results); run again to resume",
+  )
   groups["run"].add_argument("--no-progress", action="store_true", help="print no progress")
-  groups["run"].add_argument("--no-compilation-cache", action="store_true",
-                             help="compile afresh instead of reusing compiled steps from the "
-                                  "cache")
+  groups["run"].add_argument(
+    "--no-compilation-cache",
+    action="store_true",
+    help="compile afresh instead of reusing compiled steps from the cache",
+  )
   if algorithm_flag:
-    groups["algorithm"].add_argument("--algorithm", default="vampire",
-                                     choices=list(algorithms.ALGORITHMS),
-                                     help="meta-learning algorithm (default: vampire)")
+    groups["algorithm"].add_argument(
+      "--algorithm",
+      default="vampire",
+      choices=list(algorithms.ALGORITHMS),
+      help="meta-learning algorithm (default: vampire)",
+    )
   if add_flags is not None:
     add_flags(parser)
   add_config_flags(parser, config)
@@ -194,17 +293,20 @@ def parse(argv: Optional[Sequence[str]], description: str, presets: Sequence[str
 def compilation_cache_dir() -> Path:
   """`$VAMPIRE_JAX_CACHE/xla`, else `~/.cache/vampire_jax/xla`."""
   from vampire_jax.data import default_cache_dir
+
   return default_cache_dir() / "xla"
 
 
 class _Terminated(KeyboardInterrupt):
   """SIGTERM, raised where the program is (as Ctrl-C raises KeyboardInterrupt)."""
+
   signum = signal.SIGTERM
 
 
 @contextlib.contextmanager
 def _sigterm_raises():
   """SIGTERM raises `_Terminated` in the main thread, so that it ends in one line too."""
+
   def handler(signum, frame):
     del signum, frame
     raise _Terminated()
@@ -220,8 +322,9 @@ def _sigterm_raises():
     signal.signal(signal.SIGTERM, previous)
 
 
-def main_entry(main: Callable[[Optional[Sequence[str]]], object],
-               argv: Optional[Sequence[str]] = None) -> int:
+def main_entry(
+  main: Callable[[Optional[Sequence[str]]], object], argv: Optional[Sequence[str]] = None
+) -> int:
   """Runs `main(argv)` as a command; returns the exit code.
 
   TensorFlow and absl stay quiet; the compilation cache is on unless
@@ -240,10 +343,12 @@ def main_entry(main: Callable[[Optional[Sequence[str]]], object],
   argv = list(sys.argv[1:] if argv is None else argv)
   from vampire_jax import run_folder
   from vampire_jax.training import TrainingInterrupted
+
   try:
     with _sigterm_raises():
       if "--no-compilation-cache" not in argv:
         from vampire_jax import training
+
         training.enable_compilation_cache(compilation_cache_dir())
       main(argv)
   except UserError as error:
@@ -254,8 +359,11 @@ def main_entry(main: Callable[[Optional[Sequence[str]]], object],
     return 128 + stop.signum
   except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM outside the training loop
     signum = getattr(stop, "signum", signal.SIGINT)
-    print(f"\n{signal.Signals(signum).name}: stopped before the run finished; its saved "
-          "checkpoints are kept: run the same command again to resume", file=sys.stderr)
+    print(
+      f"\n{signal.Signals(signum).name}: stopped before the run finished; its saved "
+      "checkpoints are kept: run the same command again to resume",
+      file=sys.stderr,
+    )
     return 128 + signum
   except FloatingPointError as error:
     print(f"error: {error}", file=sys.stderr)

@@ -43,9 +43,12 @@ from vampire_jax import calibration, kinds, training
 from vampire_jax.errors import ConfigError
 
 ALGORITHMS = ("maml", "fomaml", "platipus", "bmaml", "abml", "vampire")
-BENCHMARKS = {"regression": "experiments.regression", "omniglot": "experiments.omniglot",
-              "mini_imagenet": "experiments.mini_imagenet",
-              "tiered_imagenet": "experiments.tiered_imagenet"}
+BENCHMARKS = {
+  "regression": "experiments.regression",
+  "omniglot": "experiments.omniglot",
+  "mini_imagenet": "experiments.mini_imagenet",
+  "tiered_imagenet": "experiments.tiered_imagenet",
+}
 POINT_ESTIMATES = ("maml", "fomaml")
 
 
@@ -54,13 +57,15 @@ def parse_algorithms(names: str) -> list[str]:
   chosen = [a.strip() for a in names.split(",") if a.strip()]
   unknown = [a for a in chosen if a not in algorithm_registry.ALGORITHMS]
   if unknown or not chosen:
-    raise ConfigError(f"--algorithms: unknown {unknown}; choose from "
-                      f"{','.join(algorithm_registry.ALGORITHMS)}")
+    raise ConfigError(
+      f"--algorithms: unknown {unknown}; choose from {','.join(algorithm_registry.ALGORITHMS)}"
+    )
   return chosen
 
 
-def run_methods(experiment, algorithms, preset: str, workdir: Path, overrides,
-                progress: bool = True) -> dict:
+def run_methods(
+  experiment, algorithms, preset: str, workdir: Path, overrides, progress: bool = True
+) -> dict:
   """Trains (or resumes) each algorithm with `experiment`'s preset; returns their summaries.
 
   Args:
@@ -80,30 +85,40 @@ def run_methods(experiment, algorithms, preset: str, workdir: Path, overrides,
   methods = {}
   for algorithm in algorithms:
     config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
-    print(f"== {algorithm}: {config.num_meta_steps} meta-steps of {config.tasks_per_step} tasks,"
-          f" inner lr {config.inner_lr}, KL weight {config.kl_weight}; {workdir / algorithm}")
+    print(
+      f"== {algorithm}: {config.num_meta_steps} meta-steps of {config.tasks_per_step} tasks,"
+      f" inner lr {config.inner_lr}, KL weight {config.kl_weight}; {workdir / algorithm}"
+    )
     try:
       results = experiment.train_and_evaluate(config, workdir / algorithm, progress=progress)
     except FloatingPointError as error:  # recorded, and the other methods still run
       print(f"   {algorithm}: {error}")
       methods[algorithm] = {"diverged": str(error), "config": dataclasses.asdict(config)}
       continue
-    methods[algorithm] = dict(results["test"], kind=kinds.of_results(results).name,
-                              wall_time_s=results["wall_time_s"],
-                              calibration=results["calibration"], config=results["config"])
+    methods[algorithm] = dict(
+      results["test"],
+      kind=kinds.of_results(results).name,
+      wall_time_s=results["wall_time_s"],
+      calibration=results["calibration"],
+      config=results["config"],
+    )
   return methods
 
 
 def every_method_diverged(methods: dict) -> FloatingPointError:
   """The error when no method trained: each method's reason, not its config."""
-  return FloatingPointError("every method diverged: " + "; ".join(
-      f"{name}: {method['diverged']}" for name, method in methods.items()))
+  return FloatingPointError(
+    "every method diverged: "
+    + "; ".join(f"{name}: {method['diverged']}" for name, method in methods.items())
+  )
 
 
 def _table(methods: dict, kind: str) -> str:
   columns = kinds.get(kind).columns
-  lines = ["| method | " + " | ".join(c[0] for c in columns) + " | train time (s) |",
-           "|---" * (len(columns) + 2) + "|"]
+  lines = [
+    "| method | " + " | ".join(c[0] for c in columns) + " | train time (s) |",
+    "|---" * (len(columns) + 2) + "|",
+  ]
   for name, m in methods.items():
     if "diverged" in m:
       lines.append(f"| {name} | {m['diverged']} |" + " |" * len(columns))
@@ -120,8 +135,7 @@ def _table(methods: dict, kind: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-OPEN_SET_SCORES = (("max prob", "max_prob"), ("entropy", "entropy"),
-                   ("MI", "mutual_information"))
+OPEN_SET_SCORES = (("max prob", "max_prob"), ("entropy", "entropy"), ("MI", "mutual_information"))
 
 
 def _open_set_table(methods: dict) -> str:
@@ -133,25 +147,32 @@ def _open_set_table(methods: dict) -> str:
   def cell(value):
     return "–" if value is None else f"{value:.3f}"
 
-  header = (["open-set AUROC: " + label for label, _ in OPEN_SET_SCORES]
-            + ["misclassification AUROC: " + label for label, _ in OPEN_SET_SCORES]
-            + ["known accuracy (%)"])
+  header = (
+    ["open-set AUROC: " + label for label, _ in OPEN_SET_SCORES]
+    + ["misclassification AUROC: " + label for label, _ in OPEN_SET_SCORES]
+    + ["known accuracy (%)"]
+  )
   lines = ["| method | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
   for name, o in scored.items():
-    cells = ([cell(o["auroc"][key]) for _, key in OPEN_SET_SCORES]
-             + [cell(o["misclassification_auroc"][key]) for _, key in OPEN_SET_SCORES]
-             + ["–" if o["known_accuracy"] is None else f"{100 * o['known_accuracy']:.2f}"])
+    cells = (
+      [cell(o["auroc"][key]) for _, key in OPEN_SET_SCORES]
+      + [cell(o["misclassification_auroc"][key]) for _, key in OPEN_SET_SCORES]
+      + ["–" if o["known_accuracy"] is None else f"{100 * o['known_accuracy']:.2f}"]
+    )
     label = f"{name} (point estimate: MI = 0)" if name in POINT_ESTIMATES else name
     lines.append(f"| {label} | " + " | ".join(cells) + " |")
   first = next(iter(scored.values()))
-  note = (f"\n{first['num_tasks']} test episodes, each with {first['num_unknown_classes']} "
-          f"unknown classes ({first['num_unknown_queries']} unknown and "
-          f"{first['num_known_queries']} known queries in all). AUROC 0.5: chance.\n")
+  note = (
+    f"\n{first['num_tasks']} test episodes, each with {first['num_unknown_classes']} "
+    f"unknown classes ({first['num_unknown_queries']} unknown and "
+    f"{first['num_known_queries']} known queries in all). AUROC 0.5: chance.\n"
+  )
   return "\n".join(lines) + "\n" + note
 
 
-def write_comparison(methods: dict, kind: str, workdir: Path, title: str,
-                     figure_name: str = "comparison.png") -> dict:
+def write_comparison(
+  methods: dict, kind: str, workdir: Path, title: str, figure_name: str = "comparison.png"
+) -> dict:
   """Draws the joint figures and writes the table for finished runs.
 
   `figure_name` is the file of the joint calibration figure.
@@ -165,40 +186,60 @@ def write_comparison(methods: dict, kind: str, workdir: Path, title: str,
   """
   workdir = Path(workdir)
   finished = {name: m for name, m in methods.items() if "diverged" not in m}
-  curves = {name: {k: calibration.from_record(r) for k, r in m["calibration"].items()}
-            for name, m in finished.items()}
+  curves = {
+    name: {k: calibration.from_record(r) for k, r in m["calibration"].items()}
+    for name, m in finished.items()
+  }
   figures, joint = {}, Path(figure_name).stem
   if kind == kinds.REGRESSION.name:  # which figures draw a kind's calibration curves
     figures[joint] = plots.plot_quantile_calibration(
-        {name.upper(): c.get("quantile_calibration", c.get("pit_calibration"))
-         for name, c in curves.items()}, workdir / figure_name, title=title,
-        point_estimates=[n.upper() for n in finished if n in POINT_ESTIMATES])
+      {
+        name.upper(): c.get("quantile_calibration", c.get("pit_calibration"))
+        for name, c in curves.items()
+      },
+      workdir / figure_name,
+      title=title,
+      point_estimates=[n.upper() for n in finished if n in POINT_ESTIMATES],
+    )
   else:
     figures[joint] = plots.plot_reliability_diagram(
-        {name.upper(): c["reliability"] for name, c in curves.items()},
-        workdir / figure_name, title=title)
+      {name.upper(): c["reliability"] for name, c in curves.items()},
+      workdir / figure_name,
+      title=title,
+    )
     figures["risk_coverage"] = plots.plot_risk_coverage(
-        {name.upper(): c["risk_coverage"] for name, c in curves.items()},
-        workdir / "risk_coverage.png", title=f"Selective prediction, {title}")
+      {name.upper(): c["risk_coverage"] for name, c in curves.items()},
+      workdir / "risk_coverage.png",
+      title=f"Selective prediction, {title}",
+    )
   figures["calibration_bars"] = plots.plot_calibration_bars(
-      {name.upper(): (m["ece"], m["mce"]) for name, m in finished.items() if "ece" in m},
-      workdir / "calibration_bars.png", title=title)
+    {name.upper(): (m["ece"], m["mce"]) for name, m in finished.items() if "ece" in m},
+    workdir / "calibration_bars.png",
+    title=title,
+  )
   open_set = {name.upper(): m["open_set"] for name, m in finished.items() if "open_set" in m}
   if open_set:
     figures["open_set_roc"] = plots.plot_open_set_roc(
-        open_set, workdir / "open_set_roc.png", title=f"Open-set detection, {title}",
-        point_estimates=[n.upper() for n in finished if n in POINT_ESTIMATES])
+      open_set,
+      workdir / "open_set_roc.png",
+      title=f"Open-set detection, {title}",
+      point_estimates=[n.upper() for n in finished if n in POINT_ESTIMATES],
+    )
   table, open_set_table = _table(methods, kind), _open_set_table(methods)
   text = f"# {title}\n\n{table}"
   if open_set_table:
     text += f"\n## Open-set and misclassification detection (AUROC)\n\n{open_set_table}"
   (workdir / "results.md").write_text(text)
-  return {"plots": {k: str(v) for k, v in figures.items()}, "table": table,
-          "open_set_table": open_set_table}
+  return {
+    "plots": {k: str(v) for k, v in figures.items()},
+    "table": table,
+    "open_set_table": open_set_table,
+  }
 
 
-def run(benchmark: str, algorithms, preset: str, workdir: Path, overrides=None,
-        progress: bool = True) -> dict:
+def run(
+  benchmark: str, algorithms, preset: str, workdir: Path, overrides=None, progress: bool = True
+) -> dict:
   """Trains (or resumes) every algorithm on `benchmark`, then compares them."""
   if benchmark not in BENCHMARKS:
     raise ConfigError(f"--benchmark {benchmark!r} is unknown; choose one of {sorted(BENCHMARKS)}")
@@ -212,9 +253,14 @@ def run(benchmark: str, algorithms, preset: str, workdir: Path, overrides=None,
   kind = finished[0]["kind"]
   title = f"{benchmark} ({preset}), {finished[0]['num_tasks']} test tasks"
   written = write_comparison(methods, kind, workdir, title)
-  results = {"benchmark": benchmark, "preset": preset, "methods": methods, **written,
-             "command": " ".join(["python -m experiments.compare"] + sys.argv[1:]),
-             "device": training.device_description()}
+  results = {
+    "benchmark": benchmark,
+    "preset": preset,
+    "methods": methods,
+    **written,
+    "command": " ".join(["python -m experiments.compare"] + sys.argv[1:]),
+    "device": training.device_description(),
+  }
   (workdir / "comparison.json").write_text(json.dumps(results, indent=2, default=float))
   print(written["table"])
   if written["open_set_table"]:
@@ -231,23 +277,45 @@ def parse_args(argv=None):
   experiment = importlib.import_module(BENCHMARKS[known.benchmark])
 
   def add_flags(parser):
-    parser.add_argument("--benchmark", default="regression", choices=list(BENCHMARKS),
-                        help="which experiment's preset the methods share (default: regression)")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS),
-                        help=f"comma-separated subset (default: {','.join(ALGORITHMS)})")
+    parser.add_argument(
+      "--benchmark",
+      default="regression",
+      choices=list(BENCHMARKS),
+      help="which experiment's preset the methods share (default: regression)",
+    )
+    parser.add_argument(
+      "--algorithms",
+      default=",".join(ALGORITHMS),
+      help=f"comma-separated subset (default: {','.join(ALGORITHMS)})",
+    )
 
   default_preset = "cpu" if known.benchmark == "regression" else experiment.PRESETS[0]
-  _, args = cli.parse(argv, __doc__, experiment.PRESETS, experiment.get_config,
-                      default_preset=default_preset, algorithm_flag=False, add_flags=add_flags)
+  _, args = cli.parse(
+    argv,
+    __doc__,
+    experiment.PRESETS,
+    experiment.get_config,
+    default_preset=default_preset,
+    algorithm_flag=False,
+    add_flags=add_flags,
+  )
   workdir = args.workdir or Path("runs") / f"compare_{args.benchmark}_{args.preset}"
-  return (args.benchmark, parse_algorithms(args.algorithms), args.preset, workdir, args,
-          not args.no_progress)
+  return (
+    args.benchmark,
+    parse_algorithms(args.algorithms),
+    args.preset,
+    workdir,
+    args,
+    not args.no_progress,
+  )
 
 
 def main(argv=None) -> dict:
   benchmark, algorithms, preset, workdir, overrides, progress = parse_args(argv)
-  print(f"comparing {algorithms} on {benchmark} ({preset}); workdir {workdir}; "
-        f"backend {jax.default_backend()}")
+  print(
+    f"comparing {algorithms} on {benchmark} ({preset}); workdir {workdir}; "
+    f"backend {jax.default_backend()}"
+  )
   return run(benchmark, algorithms, preset, workdir, overrides, progress)
 
 

@@ -29,11 +29,19 @@ training characters (see `vampire_jax.data.split_indices`).
 
 from vampire_jax import algorithms
 from vampire_jax.config import RunConfig
-from vampire_jax.configs import (FEATURE_CLASSES, MINI_IMAGENET_CLASSES,  # noqa: F401 (re-exported)
-                                 MINI_IMAGENET_IMAGES, OMNIGLOT_DRAWINGS,
-                                 OMNIGLOT_SPLIT_CHARACTERS, ConvNetConfig, FeaturesConfig,
-                                 MiniImagenetConfig, OmniglotConfig, RegressionConfig,
-                                 check_episodes)
+from vampire_jax.configs import (
+  FEATURE_CLASSES,
+  MINI_IMAGENET_CLASSES,
+  MINI_IMAGENET_IMAGES,
+  OMNIGLOT_DRAWINGS,
+  OMNIGLOT_SPLIT_CHARACTERS,
+  ConvNetConfig,
+  FeaturesConfig,
+  MiniImagenetConfig,
+  OmniglotConfig,
+  RegressionConfig,
+  check_episodes,
+)
 from vampire_jax.errors import ConfigError
 
 
@@ -52,14 +60,32 @@ def omniglot_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Om
   """
   if preset in ("5way1shot", "5way5shot", "20way1shot", "20way5shot"):
     ways, shots = int(preset.split("way")[0]), int(preset[-5])
-    config = OmniglotConfig(ways=ways, shots=shots, tasks_per_step=32 if ways == 5 else 16,
-                            inner_lr=0.1, kl_weight=0.1, num_val_alphabets=0,
-                            num_val_characters=0)
+    config = OmniglotConfig(
+      ways=ways,
+      shots=shots,
+      tasks_per_step=32 if ways == 5 else 16,
+      inner_lr=0.1,
+      kl_weight=0.1,
+      num_val_alphabets=0,
+      num_val_characters=0,
+    )
   elif preset == "quick":
-    config = OmniglotConfig(ways=5, shots=1, tasks_per_step=8, num_meta_steps=200,
-                            num_filters=16, num_val_tasks=40, num_test_tasks=200,
-                            eval_batch_tasks=20, eval_every=40, checkpoint_every=100,
-                            log_every=10, num_mc_test=4, inner_lr=0.1, kl_weight=0.001)
+    config = OmniglotConfig(
+      ways=5,
+      shots=1,
+      tasks_per_step=8,
+      num_meta_steps=200,
+      num_filters=16,
+      num_val_tasks=40,
+      num_test_tasks=200,
+      eval_batch_tasks=20,
+      eval_every=40,
+      checkpoint_every=100,
+      log_every=10,
+      num_mc_test=4,
+      inner_lr=0.1,
+      kl_weight=0.001,
+    )
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {OMNIGLOT_PRESETS}")
   config = algorithms.configure(config, algorithm)
@@ -73,8 +99,9 @@ def omniglot_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Om
 MINI_IMAGENET_PRESETS = ("5way1shot", "5way5shot", "quick")
 
 
-def mini_imagenet_config(preset: str = "5way1shot",
-                         algorithm: str = "vampire") -> MiniImagenetConfig:
+def mini_imagenet_config(
+  preset: str = "5way1shot", algorithm: str = "vampire"
+) -> MiniImagenetConfig:
   """mini-ImageNet presets.
 
   5way1shot, 5way5shot: the paper's (T = 2, L_t = L_v = 10, inner lr 0.01,
@@ -84,15 +111,39 @@ def mini_imagenet_config(preset: str = "5way1shot",
   """
   if preset in ("5way1shot", "5way5shot"):
     config = MiniImagenetConfig(
-        shots=int(preset[4]), tasks_per_step=2, num_meta_steps=60_000, inner_lr=0.01,
-        kl_weight=0.1, num_mc_train=10, num_mc_query=10, num_mc_test=10, num_val_tasks=200,
-        num_test_tasks=600, eval_batch_tasks=10, eval_every=2000, checkpoint_every=2000,
-        log_every=100)
+      shots=int(preset[4]),
+      tasks_per_step=2,
+      num_meta_steps=60_000,
+      inner_lr=0.01,
+      kl_weight=0.1,
+      num_mc_train=10,
+      num_mc_query=10,
+      num_mc_test=10,
+      num_val_tasks=200,
+      num_test_tasks=600,
+      eval_batch_tasks=10,
+      eval_every=2000,
+      checkpoint_every=2000,
+      log_every=100,
+    )
   elif preset == "quick":
     config = MiniImagenetConfig(
-        shots=1, query=5, tasks_per_step=2, num_meta_steps=60, inner_lr=0.01, kl_weight=0.001,
-        num_val_tasks=8, num_test_tasks=40, eval_batch_tasks=2, eval_every=20,
-        checkpoint_every=60, log_every=5, num_mc_test=2, chunk_size=2, existing_only=True)
+      shots=1,
+      query=5,
+      tasks_per_step=2,
+      num_meta_steps=60,
+      inner_lr=0.01,
+      kl_weight=0.001,
+      num_val_tasks=8,
+      num_test_tasks=40,
+      eval_batch_tasks=2,
+      eval_every=20,
+      checkpoint_every=60,
+      log_every=5,
+      num_mc_test=2,
+      chunk_size=2,
+      existing_only=True,
+    )
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {MINI_IMAGENET_PRESETS}")
   return algorithms.configure(config, algorithm)
@@ -112,15 +163,35 @@ def features_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Fe
   """
   if preset in ("5way1shot", "5way5shot"):
     config = FeaturesConfig(
-        shots=int(preset[4]), tasks_per_step=16, num_meta_steps=30_000, inner_lr=0.01,
-        kl_weight=0.1, num_mc_train=10, num_mc_query=10, num_mc_test=10, num_val_tasks=500,
-        num_test_tasks=5000, eval_batch_tasks=100, eval_every=1000, checkpoint_every=1000,
-        log_every=100)
+      shots=int(preset[4]),
+      tasks_per_step=16,
+      num_meta_steps=30_000,
+      inner_lr=0.01,
+      kl_weight=0.1,
+      num_mc_train=10,
+      num_mc_query=10,
+      num_mc_test=10,
+      num_val_tasks=500,
+      num_test_tasks=5000,
+      eval_batch_tasks=100,
+      eval_every=1000,
+      checkpoint_every=1000,
+      log_every=100,
+    )
   elif preset == "quick":
     config = FeaturesConfig(
-        tasks_per_step=8, num_meta_steps=300, inner_lr=0.1, kl_weight=0.001,
-        num_val_tasks=100, num_test_tasks=500, eval_batch_tasks=50, eval_every=50,
-        checkpoint_every=100, log_every=10, num_mc_test=4)
+      tasks_per_step=8,
+      num_meta_steps=300,
+      inner_lr=0.1,
+      kl_weight=0.001,
+      num_val_tasks=100,
+      num_test_tasks=500,
+      eval_batch_tasks=50,
+      eval_every=50,
+      checkpoint_every=100,
+      log_every=10,
+      num_mc_test=4,
+    )
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {FEATURES_PRESETS}")
   return algorithms.configure(config, algorithm)
@@ -138,27 +209,55 @@ def regression_config(preset: str = "cpu", algorithm: str = "vampire") -> Regres
     sized for a GPU.
   cpu: the default: L_t = L_v = 8 in training (128 at test), 3000 meta-steps.
   quick: 500 meta-steps, L = 8, 500 test tasks with 32 draws: minutes.
+  ABML gets the flat hyper-prior (weight 0), as the paper trained it for regression.
   """
   if preset == "paper":
     config = RegressionConfig(num_meta_steps=50_000, eval_every=2500, checkpoint_every=2500)
   elif preset == "cpu":
-    config = RegressionConfig(num_meta_steps=3000, num_mc_train=8, num_mc_query=8,
-                              num_val_tasks=100, eval_every=500, checkpoint_every=500)
+    config = RegressionConfig(
+      num_meta_steps=3000,
+      num_mc_train=8,
+      num_mc_query=8,
+      num_val_tasks=100,
+      eval_every=500,
+      checkpoint_every=500,
+    )
   elif preset == "quick":
-    config = RegressionConfig(num_meta_steps=500, num_mc_train=8, num_mc_query=8,
-                              num_mc_test=32, num_val_tasks=100, num_test_tasks=500,
-                              eval_every=50, checkpoint_every=250, log_every=10)
+    config = RegressionConfig(
+      num_meta_steps=500,
+      num_mc_train=8,
+      num_mc_query=8,
+      num_mc_test=32,
+      num_val_tasks=100,
+      num_test_tasks=500,
+      eval_every=50,
+      checkpoint_every=250,
+      log_every=10,
+    )
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {REGRESSION_PRESETS}")
-  return algorithms.configure(config, algorithm)
+  config = algorithms.configure(config, algorithm)
+  if algorithm == "abml":
+    # The paper trained ABML for regression with a uniform hyper-posterior
+    # (PAPER_NOTES.md), which is the flat hyper-prior: weight 0.
+    config.abml_hyper_prior_weight = 0.0
+  return config
 
 
 # -- Shared ---------------------------------------------------------------------------
 
-PRESETS = {"omniglot": OMNIGLOT_PRESETS, "mini_imagenet": MINI_IMAGENET_PRESETS,
-           "features": FEATURES_PRESETS, "regression": REGRESSION_PRESETS}
-_CONFIGS = {"omniglot": omniglot_config, "mini_imagenet": mini_imagenet_config,
-            "features": features_config, "regression": regression_config}
+PRESETS = {
+  "omniglot": OMNIGLOT_PRESETS,
+  "mini_imagenet": MINI_IMAGENET_PRESETS,
+  "features": FEATURES_PRESETS,
+  "regression": REGRESSION_PRESETS,
+}
+_CONFIGS = {
+  "omniglot": omniglot_config,
+  "mini_imagenet": mini_imagenet_config,
+  "features": features_config,
+  "regression": regression_config,
+}
 
 
 def get_config(experiment: str, preset: str, algorithm: str = "vampire") -> RunConfig:

@@ -45,25 +45,44 @@ from vampire_jax import data
 
 def load_splits(config: MiniImagenetConfig) -> dict[str, data.MiniImagenetSplit]:
   """The three splits, resized to `config.image_size` if it is not 84."""
-  splits = data.load_mini_imagenet(config.data_dir or os.environ.get("MINI_IMAGENET_DIR"),
-                                   cache_dir=config.cache_dir, source=config.source,
-                                   existing_only=config.existing_only)
+  splits = data.load_mini_imagenet(
+    config.data_dir or os.environ.get("MINI_IMAGENET_DIR"),
+    cache_dir=config.cache_dir,
+    source=config.source,
+    existing_only=config.existing_only,
+  )
   if config.image_size != data.mini_imagenet.IMAGE_SIZE:
-    splits = {name: split._replace(images=_resize(split.images, config.image_size))
-              for name, split in splits.items()}
+    splits = {
+      name: split._replace(images=_resize(split.images, config.image_size))
+      for name, split in splits.items()
+    }
   return splits
 
 
-def make_problem(config: MiniImagenetConfig, workdir: Optional[Path] = None,
-                 splits: Optional[dict[str, data.MiniImagenetSplit]] = None) -> vj.Problem:
+def make_problem(
+  config: MiniImagenetConfig,
+  workdir: Optional[Path] = None,
+  splits: Optional[dict[str, data.MiniImagenetSplit]] = None,
+) -> vj.Problem:
   """Loads mini-ImageNet (unless `splits` is given) and puts it on the device."""
   splits = splits or load_splits(config)
   for split in splits.values():  # partial copies: the images actually present
-    data.check_episode_spec(len(split.wnids), split.images.shape[1], ways=config.ways,
-                            shots=config.shots, query=config.query)
+    data.check_episode_spec(
+      len(split.wnids),
+      split.images.shape[1],
+      ways=config.ways,
+      shots=config.shots,
+      query=config.query,
+    )
   if workdir is not None:
-    record = {name: {"num_classes": len(split.wnids), "images_per_class": split.images.shape[1],
-                     "wnids": split.wnids.tolist()} for name, split in splits.items()}
+    record = {
+      name: {
+        "num_classes": len(split.wnids),
+        "images_per_class": split.images.shape[1],
+        "wnids": split.wnids.tolist(),
+      }
+      for name, split in splits.items()
+    }
     Path(workdir).mkdir(parents=True, exist_ok=True)
     (Path(workdir) / "split.json").write_text(json.dumps(record, indent=1))
 
@@ -76,16 +95,27 @@ def make_problem(config: MiniImagenetConfig, workdir: Optional[Path] = None,
   def sample_open_set_tasks(images, task_keys):
     return data.open_set_tasks_from_keys(task_keys, images, **episode, num_unknown=num_unknown)
 
-  model = vj.Conv4(num_classes=config.ways, num_filters=config.num_filters, max_pool=True,
-                   conv_impl=vj.training.conv_impl(config), batch_norm_affine=config.batch_norm_affine)
+  model = vj.Conv4(
+    num_classes=config.ways,
+    num_filters=config.num_filters,
+    max_pool=True,
+    conv_impl=vj.training.conv_impl(config),
+    batch_norm_affine=config.batch_norm_affine,
+  )
   folder = config.data_dir or os.environ.get("MINI_IMAGENET_DIR")
   return vj.Problem(
-      model=model, input_shape=(config.image_size, config.image_size, 3),
-      splits={name: jax.device_put(split.images) for name, split in splits.items()},
-      sample_tasks=sample_tasks, kind="classification",
-      data_info={"dataset": "mini_imagenet", "source": config.source,
-                 "folder": None if folder is None else str(Path(folder).resolve())},
-      sample_open_set_tasks=sample_open_set_tasks if num_unknown else None)
+    model=model,
+    input_shape=(config.image_size, config.image_size, 3),
+    splits={name: jax.device_put(split.images) for name, split in splits.items()},
+    sample_tasks=sample_tasks,
+    kind="classification",
+    data_info={
+      "dataset": "mini_imagenet",
+      "source": config.source,
+      "folder": None if folder is None else str(Path(folder).resolve()),
+    },
+    sample_open_set_tasks=sample_open_set_tasks if num_unknown else None,
+  )
 
 
 def _resize(images: np.ndarray, size: int) -> np.ndarray:
@@ -99,32 +129,42 @@ def default_workdir(config: MiniImagenetConfig, preset: str) -> Path:
   return Path("runs") / f"mini_imagenet_{preset}_{config.algorithm}_seed{config.seed}"
 
 
-def train_and_evaluate(config: MiniImagenetConfig, workdir: Path, *, progress: bool = True,
-                       splits=None, print_fn=print) -> dict:
+def train_and_evaluate(
+  config: MiniImagenetConfig, workdir: Path, *, progress: bool = True, splits=None, print_fn=print
+) -> dict:
   """Checks the config, loads the data, meta-trains, tests and draws the figures."""
-  return train.train_and_evaluate(config, workdir, lambda: make_problem(config, workdir, splits),
-                                  progress=progress, print_fn=print_fn)
+  return train.train_and_evaluate(
+    config,
+    workdir,
+    lambda: make_problem(config, workdir, splits),
+    progress=progress,
+    print_fn=print_fn,
+  )
 
 
 def parse_args(argv=None):
   """`(config, workdir, args)` from the command line (flags as `--help` lists them)."""
-  config, args = cli.parse(argv, __doc__, PRESETS, get_config,
-                           add_flags=calibration_protocol.add_flags)
+  config, args = cli.parse(
+    argv, __doc__, PRESETS, get_config, add_flags=calibration_protocol.add_flags
+  )
   return config, args.workdir or default_workdir(config, args.preset), args
 
 
 def main(argv=None) -> dict:
   config, workdir, args = parse_args(argv)
-  print(f"mini-ImageNet {config.ways}-way {config.shots}-shot, {config.algorithm}; "
-        f"workdir {workdir}; backend {jax.default_backend()}")
+  print(
+    f"mini-ImageNet {config.ways}-way {config.shots}-shot, {config.algorithm}; "
+    f"workdir {workdir}; backend {jax.default_backend()}"
+  )
   vj.training.check_config(config)
   splits = load_splits(config)
   results = {}
   if not args.calibration_only:
     results = train_and_evaluate(config, workdir, progress=not args.no_progress, splits=splits)
     print(vj.training.test_summary_line(results["test"], results["kind"]))
-  calibration = calibration_protocol.run_protocol(workdir, args,
-                                                  jax.device_put(splits["test"].images))
+  calibration = calibration_protocol.run_protocol(
+    workdir, args, jax.device_put(splits["test"].images)
+  )
   if calibration is not None:
     results["calibration_protocol"] = calibration
   return results

@@ -26,8 +26,9 @@ EXPERIMENTS = ("omniglot", "mini_imagenet", "tiered_imagenet", "regression")
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--coordinator-address", default=None, help="host:port of process 0")
   parser.add_argument("--num-processes", type=int, default=None)
   parser.add_argument("--process-id", type=int, default=None)
@@ -36,6 +37,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
 
   from vampire_jax import sharding
+
   sharding.initialize_multihost(args.coordinator_address, args.num_processes, args.process_id)
   return importlib.import_module(f"experiments.{args.experiment}").main(args.experiment_args)
 

@@ -47,50 +47,78 @@ INPUT_SHAPE = (28, 28, 1)
 
 def load_data(config: OmniglotConfig, print_fn=print) -> data.OmniglotArrays:
   """All of Omniglot at 28x28: the cache, or built from the zips (or TFDS)."""
-  return data.load_omniglot(config.data_dir or os.environ.get("OMNIGLOT_DIR") or None,
-                            cache_dir=config.cache_dir, source=config.data_source,
-                            print_fn=print_fn)
+  return data.load_omniglot(
+    config.data_dir or os.environ.get("OMNIGLOT_DIR") or None,
+    cache_dir=config.cache_dir,
+    source=config.data_source,
+    print_fn=print_fn,
+  )
 
 
-def make_problem(config: OmniglotConfig, workdir: Optional[Path] = None,
-                 arrays: Optional[data.OmniglotArrays] = None, print_fn=print) -> vj.Problem:
+def make_problem(
+  config: OmniglotConfig,
+  workdir: Optional[Path] = None,
+  arrays: Optional[data.OmniglotArrays] = None,
+  print_fn=print,
+) -> vj.Problem:
   """Loads Omniglot (unless `arrays` is given), splits it, puts the splits on the device."""
   arrays = arrays if arrays is not None else load_data(config, print_fn)
-  sizes = dict(seed=config.split_seed, num_val_alphabets=config.num_val_alphabets,
-               num_val_characters=config.num_val_characters)
+  sizes = dict(
+    seed=config.split_seed,
+    num_val_alphabets=config.num_val_alphabets,
+    num_val_characters=config.num_val_characters,
+  )
   splits = data.make_split(arrays, config.split, **sizes)
   if workdir is not None:
     data.save_split_indices(Path(workdir) / "split.json", arrays, config.split, **sizes)
-  episode = dict(ways=config.ways, shots=config.shots, query=config.query, rotate=True,
-                 class_sampling=config.class_sampling)
+  episode = dict(
+    ways=config.ways,
+    shots=config.shots,
+    query=config.query,
+    rotate=True,
+    class_sampling=config.class_sampling,
+  )
 
   def sample_tasks(images, task_keys):
     return data.tasks_from_keys(task_keys, images, **episode)
 
   def sample_open_set_tasks(images, task_keys):
-    return data.open_set_tasks_from_keys(task_keys, images, **episode,
-                                         num_unknown=vj.configs.open_set_classes(config))
+    return data.open_set_tasks_from_keys(
+      task_keys, images, **episode, num_unknown=vj.configs.open_set_classes(config)
+    )
 
-  model = vj.Conv4(num_classes=config.ways, num_filters=config.num_filters,
-                   conv_impl=vj.training.conv_impl(config), batch_norm_affine=config.batch_norm_affine)
-  return vj.Problem(model=model, input_shape=INPUT_SHAPE,
-                    splits={name: jax.device_put(images) for name, images in splits.items()},
-                    sample_tasks=sample_tasks, kind="classification",
-                    data_info=dict(arrays.provenance, split=config.split),
-                    sample_open_set_tasks=(sample_open_set_tasks
-                                           if vj.configs.open_set_classes(config) else None))
+  model = vj.Conv4(
+    num_classes=config.ways,
+    num_filters=config.num_filters,
+    conv_impl=vj.training.conv_impl(config),
+    batch_norm_affine=config.batch_norm_affine,
+  )
+  return vj.Problem(
+    model=model,
+    input_shape=INPUT_SHAPE,
+    splits={name: jax.device_put(images) for name, images in splits.items()},
+    sample_tasks=sample_tasks,
+    kind="classification",
+    data_info=dict(arrays.provenance, split=config.split),
+    sample_open_set_tasks=(sample_open_set_tasks if vj.configs.open_set_classes(config) else None),
+  )
 
 
 def default_workdir(config: OmniglotConfig, preset: str) -> Path:
   return Path("runs") / f"omniglot_{preset}_{config.algorithm}_{config.split}_seed{config.seed}"
 
 
-def train_and_evaluate(config: OmniglotConfig, workdir: Path, *, progress: bool = True,
-                       print_fn=print) -> dict:
+def train_and_evaluate(
+  config: OmniglotConfig, workdir: Path, *, progress: bool = True, print_fn=print
+) -> dict:
   """Checks the config, loads the data, meta-trains, tests and draws the figures."""
-  return train.train_and_evaluate(config, workdir,
-                                  lambda: make_problem(config, workdir, print_fn=print_fn),
-                                  progress=progress, print_fn=print_fn)
+  return train.train_and_evaluate(
+    config,
+    workdir,
+    lambda: make_problem(config, workdir, print_fn=print_fn),
+    progress=progress,
+    print_fn=print_fn,
+  )
 
 
 def parse_args(argv=None):
@@ -101,8 +129,10 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
   config, workdir, args = parse_args(argv)
-  print(f"Omniglot {config.ways}-way {config.shots}-shot, {config.algorithm}, split "
-        f"{config.split}; workdir {workdir}; backend {jax.default_backend()}")
+  print(
+    f"Omniglot {config.ways}-way {config.shots}-shot, {config.algorithm}, split "
+    f"{config.split}; workdir {workdir}; backend {jax.default_backend()}"
+  )
   results = train_and_evaluate(config, workdir, progress=not args.no_progress)
   print(vj.training.test_summary_line(results["test"], results["kind"]))
   print(f"results: {workdir / 'results.json'}; figures: {', '.join(results['plots'].values())}")

@@ -61,52 +61,144 @@ POLL_SECONDS = 0.5
 # --tiny (hidden; for the tests): a few steps of small networks, so the runner
 # itself can be checked on a CPU. Appended after each cell's flags.
 TINY_FLAGS = {
-    "omniglot": ("--num-meta-steps", "4", "--num-filters", "8", "--num-inner-steps", "1",
-                 "--tasks-per-step", "2", "--query", "1", "--num-val-tasks", "2",
-                 "--num-test-tasks", "4", "--eval-batch-tasks", "2", "--eval-every", "2",
-                 "--checkpoint-every", "2", "--log-every", "2", "--num-mc-test", "2"),
-    "regression": ("--num-meta-steps", "4", "--hidden-sizes", "8", "8", "8",
-                   "--num-mc-train", "2", "--num-mc-query", "2", "--num-mc-test", "2",
-                   "--num-val-tasks", "4", "--num-test-tasks", "10", "--eval-batch-tasks", "5",
-                   "--eval-every", "2", "--checkpoint-every", "2", "--log-every", "2"),
-    "mini_imagenet": ("--num-meta-steps", "4", "--image-size", "16", "--num-filters", "8",
-                      "--num-inner-steps", "1", "--query", "1", "--num-mc-train", "1",
-                      "--num-mc-query", "1", "--num-mc-test", "2", "--num-val-tasks", "2",
-                      "--num-test-tasks", "4", "--eval-batch-tasks", "2", "--eval-every", "2",
-                      "--checkpoint-every", "2", "--log-every", "2", "--existing-only",
-                      "--calibration-tasks", "5"),
+  "omniglot": (
+    "--num-meta-steps",
+    "4",
+    "--num-filters",
+    "8",
+    "--num-inner-steps",
+    "1",
+    "--tasks-per-step",
+    "2",
+    "--query",
+    "1",
+    "--num-val-tasks",
+    "2",
+    "--num-test-tasks",
+    "4",
+    "--eval-batch-tasks",
+    "2",
+    "--eval-every",
+    "2",
+    "--checkpoint-every",
+    "2",
+    "--log-every",
+    "2",
+    "--num-mc-test",
+    "2",
+  ),
+  "regression": (
+    "--num-meta-steps",
+    "4",
+    "--hidden-sizes",
+    "8",
+    "8",
+    "8",
+    "--num-mc-train",
+    "2",
+    "--num-mc-query",
+    "2",
+    "--num-mc-test",
+    "2",
+    "--num-val-tasks",
+    "4",
+    "--num-test-tasks",
+    "10",
+    "--eval-batch-tasks",
+    "5",
+    "--eval-every",
+    "2",
+    "--checkpoint-every",
+    "2",
+    "--log-every",
+    "2",
+  ),
+  "mini_imagenet": (
+    "--num-meta-steps",
+    "4",
+    "--image-size",
+    "16",
+    "--num-filters",
+    "8",
+    "--num-inner-steps",
+    "1",
+    "--query",
+    "1",
+    "--num-mc-train",
+    "1",
+    "--num-mc-query",
+    "1",
+    "--num-mc-test",
+    "2",
+    "--num-val-tasks",
+    "2",
+    "--num-test-tasks",
+    "4",
+    "--eval-batch-tasks",
+    "2",
+    "--eval-every",
+    "2",
+    "--checkpoint-every",
+    "2",
+    "--log-every",
+    "2",
+    "--existing-only",
+    "--calibration-tasks",
+    "5",
+  ),
 }
 
 
 class Cell(NamedTuple):
   """One run of the paper's tables."""
-  name: str          # its run folder under --root
-  group: str         # omniglot, regression or mini_imagenet
-  module: str        # the experiment the child process runs
-  flags: tuple       # the experiment's flags (the workdir is added)
-  outputs: tuple     # the files that say it is done
+
+  name: str  # its run folder under --root
+  group: str  # omniglot, regression or mini_imagenet
+  module: str  # the experiment the child process runs
+  flags: tuple  # the experiment's flags (the workdir is added)
+  outputs: tuple  # the files that say it is done
 
 
 def all_cells(regression_methods: str = "vampire,maml") -> list[Cell]:
   """Every cell, in the order they are trained (cheapest settings first)."""
-  cells = [Cell(f"omniglot_{split}_{preset}_{algorithm}", "omniglot", "experiments.omniglot",
-                ("--preset", preset, "--algorithm", algorithm, "--split", split),
-                ("results.json",))
-           for preset in paper_table.OMNIGLOT_SETTINGS for split in ("original", "random")
-           for algorithm in ("vampire", "maml")]
-  cells.append(Cell("regression_paper", "regression", "experiments.regression",
-                    ("--preset", "paper", "--algorithms", regression_methods), ("results.json",)))
-  return cells + [_mini_imagenet_cell(preset, algorithm)
-                  for preset in paper_table.MINI_IMAGENET_SETTINGS
-                  for algorithm in ("vampire", "maml")]
+  cells = [
+    Cell(
+      f"omniglot_{split}_{preset}_{algorithm}",
+      "omniglot",
+      "experiments.omniglot",
+      ("--preset", preset, "--algorithm", algorithm, "--split", split),
+      ("results.json",),
+    )
+    for preset in paper_table.OMNIGLOT_SETTINGS
+    for split in ("original", "random")
+    for algorithm in ("vampire", "maml")
+  ]
+  cells.append(
+    Cell(
+      "regression_paper",
+      "regression",
+      "experiments.regression",
+      ("--preset", "paper", "--algorithms", regression_methods),
+      ("results.json",),
+    )
+  )
+  return cells + [
+    _mini_imagenet_cell(preset, algorithm)
+    for preset in paper_table.MINI_IMAGENET_SETTINGS
+    for algorithm in ("vampire", "maml")
+  ]
 
 
 def _mini_imagenet_cell(preset: str, algorithm: str) -> Cell:
   calibration = preset == paper_table.CALIBRATION_SETTING  # the paper's Fig. 4 setting
-  return Cell(f"mini_imagenet_{preset}_{algorithm}", "mini_imagenet", "experiments.mini_imagenet",
-              ("--preset", preset, "--algorithm", algorithm)
-              + (("--calibration-tasks", "all") if calibration else ()),
-              ("results.json", "calibration.json") if calibration else ("results.json",))
+  return Cell(
+    f"mini_imagenet_{preset}_{algorithm}",
+    "mini_imagenet",
+    "experiments.mini_imagenet",
+    ("--preset", preset, "--algorithm", algorithm)
+    + (("--calibration-tasks", "all") if calibration else ()),
+    ("results.json", "calibration.json") if calibration else ("results.json",),
+  )
 
 
 def select_cells(cells: list[Cell], spec: str) -> list[Cell]:
@@ -114,8 +206,10 @@ def select_cells(cells: list[Cell], spec: str) -> list[Cell]:
   items = [item.strip() for item in spec.split(",") if item.strip()]
   for item in items:
     if not any(_matches(cell, item) for cell in cells):
-      raise ConfigError(f"--cells: {item!r} names no cell; groups are {', '.join(GROUPS)}, "
-                        f"cells are named like {cells[0].name}")
+      raise ConfigError(
+        f"--cells: {item!r} names no cell; groups are {', '.join(GROUPS)}, "
+        f"cells are named like {cells[0].name}"
+      )
   return [cell for cell in cells if any(_matches(cell, item) for item in items)]
 
 
@@ -137,8 +231,11 @@ def checkpoint_steps(folder: Path) -> dict[str, int]:
   """
   steps = {}
   for checkpoints in [folder / "checkpoints", *sorted(folder.glob("*/checkpoints"))]:
-    numbered = ([int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()]
-                if checkpoints.is_dir() else [])
+    numbered = (
+      [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()]
+      if checkpoints.is_dir()
+      else []
+    )
     if numbered:
       steps[checkpoints.parent.name] = max(numbered)
   return steps
@@ -166,8 +263,15 @@ def _now() -> float:
 
 def child_command(cell: Cell, folder: Path, tiny: bool, extra_flags: list[str]) -> list[str]:
   flags = list(cell.flags) + list(TINY_FLAGS[cell.group] if tiny else ()) + extra_flags
-  return [sys.executable, "-m", cell.module, *flags, "--workdir", str(folder.resolve()),
-          "--no-progress"]
+  return [
+    sys.executable,
+    "-m",
+    cell.module,
+    *flags,
+    "--workdir",
+    str(folder.resolve()),
+    "--no-progress",
+  ]
 
 
 def run_child(command: list[str], log_path: Path, stop_at: float, grace: float) -> tuple[int, bool]:
@@ -215,8 +319,9 @@ def run_cell(cell: Cell, root: Path, args: argparse.Namespace, stop_at: float) -
   folder, log_path = root / cell.name, root / f"{cell.name}.log"
   print(f"== {cell.name}: training (log {log_path})", flush=True)
   start = time.monotonic()
-  code, stopped = run_child(child_command(cell, folder, args.tiny, args.extra_flags), log_path,
-                            stop_at, args.grace)
+  code, stopped = run_child(
+    child_command(cell, folder, args.tiny, args.extra_flags), log_path, stop_at, args.grace
+  )
   minutes = (time.monotonic() - start) / 60
   if stopped:
     state, detail = cell_state(cell, folder)
@@ -286,22 +391,47 @@ def exit_code(outcomes: dict[str, str]) -> int:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--root", type=Path, default=Path("runs/paper"),
-                      help="folder of the cells' run folders (default: runs/paper)")
-  parser.add_argument("--cells", default=",".join(GROUPS),
-                      help="groups or cell-name patterns, comma-separated (default: all groups)")
-  parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                      help="stop cleanly before this many seconds have passed (exit code 3)")
-  parser.add_argument("--grace", type=float, default=60.0, metavar="SECONDS",
-                      help="a stopped cell's time to save and exit, kept free at the end of the "
-                           "budget (default: 60)")
-  parser.add_argument("--regression-methods", default="vampire,maml",
-                      help="methods of the regression cell (default: vampire,maml)")
-  parser.add_argument("--extra-flags", type=shlex.split, default=[], metavar="'FLAGS'",
-                      help="more flags for every cell's experiment (the same on every call, or "
-                           "a cell will not resume), e.g. --extra-flags='--eval-batch-tasks 50'")
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  parser.add_argument(
+    "--root",
+    type=Path,
+    default=Path("runs/paper"),
+    help="folder of the cells' run folders (default: runs/paper)",
+  )
+  parser.add_argument(
+    "--cells",
+    default=",".join(GROUPS),
+    help="groups or cell-name patterns, comma-separated (default: all groups)",
+  )
+  parser.add_argument(
+    "--time-budget",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="stop cleanly before this many seconds have passed (exit code 3)",
+  )
+  parser.add_argument(
+    "--grace",
+    type=float,
+    default=60.0,
+    metavar="SECONDS",
+    help="a stopped cell's time to save and exit, kept free at the end of the budget (default: 60)",
+  )
+  parser.add_argument(
+    "--regression-methods",
+    default="vampire,maml",
+    help="methods of the regression cell (default: vampire,maml)",
+  )
+  parser.add_argument(
+    "--extra-flags",
+    type=shlex.split,
+    default=[],
+    metavar="'FLAGS'",
+    help="more flags for every cell's experiment (the same on every call, or "
+    "a cell will not resume), e.g. --extra-flags='--eval-batch-tasks 50'",
+  )
   parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
   return parser.parse_args(argv)
 
@@ -317,8 +447,10 @@ def main(argv=None) -> int:
   args.root.mkdir(parents=True, exist_ok=True)
   unfinished = [cell for cell in cells if not is_done(cell, args.root / cell.name)]
   for reason in sorted({skip_reason(cell) for cell in unfinished} - {None}):
-    print(f"skipping the mini-ImageNet cells: {reason}; set it to a mini-ImageNet folder (see "
-          "experiments/mini_imagenet.py) to run them")
+    print(
+      f"skipping the mini-ImageNet cells: {reason}; set it to a mini-ImageNet folder (see "
+      "experiments/mini_imagenet.py) to run them"
+    )
   outcomes = run_cells(cells, args.root, args)
   print(report(cells, args.root, outcomes))
   code = exit_code(outcomes)

@@ -32,32 +32,61 @@ from vampire_jax.errors import ConfigError, UserError
 # The paper's published numbers (Nguyen et al., WACV 2020; paper/vampire_wacv2020.tex),
 # written as printed there: "mean±95% CI", or the mean alone.
 PAPER = {
-    # Table 1 (tab:omniglot_results): Omniglot accuracy %, 1000 test tasks.
-    "omniglot": {
-        "original": {
-            "maml": {"5way1shot": "96.68±0.57", "5way5shot": "98.33±0.22",
-                     "20way1shot": "84.38±0.64", "20way5shot": "96.32±0.17"},
-            "vampire": {"5way1shot": "96.27±0.38", "5way5shot": "98.77±0.27",
-                        "20way1shot": "86.60±0.24", "20way5shot": "96.14±0.10"}},
-        "random": {
-            "maml": {"5way1shot": "98.7±0.4", "5way5shot": "99.9±0.1",
-                     "20way1shot": "95.8±0.3", "20way5shot": "98.9±0.2"},
-            "vampire": {"5way1shot": "98.43±0.19", "5way5shot": "99.56±0.08",
-                        "20way1shot": "93.20±0.28", "20way5shot": "98.52±0.13"}}},
-    # Table 2 (tab:miniImageNet_results): mini-ImageNet 5-way accuracy %, 600 test
-    # tasks; MAML's row is Finn et al. 2017's, with its CI as the table prints it.
-    "mini_imagenet": {
-        "maml": {"5way1shot": "48.70±1.84", "5way5shot": "63.15±0.91"},
-        "vampire": {"5way1shot": "51.54±0.74", "5way5shot": "64.31±0.74"}},
-    # Supplementary table tab:regression_mse: sine/line MSE (averaged over weight
-    # draws), 1000 test tasks. ECE/MCE are only a bar chart (Fig. 2d), no numbers.
-    "regression_mse": {"maml": "1.96", "platipus": "1.86", "bmaml": "1.12", "abml": "2.32",
-                       "vampire": "2.24"},
-    # Supplementary table tab:classification_ece_mce: mini-ImageNet 5-way 1-shot,
-    # all C(20, 5) = 15 504 test tasks: (ECE±CI, MCE).
-    "calibration": {"maml": ("0.0410±0.005", "0.124"), "platipus": ("0.032±0.005", "0.108"),
-                    "bmaml": ("0.025±0.006", "0.092"), "abml": ("0.026±0.003", "0.058"),
-                    "vampire": ("0.008±0.002", "0.038")},
+  # Table 1 (tab:omniglot_results): Omniglot accuracy %, 1000 test tasks.
+  "omniglot": {
+    "original": {
+      "maml": {
+        "5way1shot": "96.68±0.57",
+        "5way5shot": "98.33±0.22",
+        "20way1shot": "84.38±0.64",
+        "20way5shot": "96.32±0.17",
+      },
+      "vampire": {
+        "5way1shot": "96.27±0.38",
+        "5way5shot": "98.77±0.27",
+        "20way1shot": "86.60±0.24",
+        "20way5shot": "96.14±0.10",
+      },
+    },
+    "random": {
+      "maml": {
+        "5way1shot": "98.7±0.4",
+        "5way5shot": "99.9±0.1",
+        "20way1shot": "95.8±0.3",
+        "20way5shot": "98.9±0.2",
+      },
+      "vampire": {
+        "5way1shot": "98.43±0.19",
+        "5way5shot": "99.56±0.08",
+        "20way1shot": "93.20±0.28",
+        "20way5shot": "98.52±0.13",
+      },
+    },
+  },
+  # Table 2 (tab:miniImageNet_results): mini-ImageNet 5-way accuracy %, 600 test
+  # tasks; MAML's row is Finn et al. 2017's, with its CI as the table prints it.
+  "mini_imagenet": {
+    "maml": {"5way1shot": "48.70±1.84", "5way5shot": "63.15±0.91"},
+    "vampire": {"5way1shot": "51.54±0.74", "5way5shot": "64.31±0.74"},
+  },
+  # Supplementary table tab:regression_mse: sine/line MSE (averaged over weight
+  # draws), 1000 test tasks. ECE/MCE are only a bar chart (Fig. 2d), no numbers.
+  "regression_mse": {
+    "maml": "1.96",
+    "platipus": "1.86",
+    "bmaml": "1.12",
+    "abml": "2.32",
+    "vampire": "2.24",
+  },
+  # Supplementary table tab:classification_ece_mce: mini-ImageNet 5-way 1-shot,
+  # all C(20, 5) = 15 504 test tasks: (ECE±CI, MCE).
+  "calibration": {
+    "maml": ("0.0410±0.005", "0.124"),
+    "platipus": ("0.032±0.005", "0.108"),
+    "bmaml": ("0.025±0.006", "0.092"),
+    "abml": ("0.026±0.003", "0.058"),
+    "vampire": ("0.008±0.002", "0.038"),
+  },
 }
 
 OMNIGLOT_SETTINGS = ("5way1shot", "5way5shot", "20way1shot", "20way5shot")
@@ -67,32 +96,37 @@ CALIBRATION_SETTING = "5way1shot"
 # The fields that make a run the paper's protocol: equal to the paper preset's
 # (experiments.configs) for the run's algorithm.
 PROTOCOL_FIELDS = {
-    "omniglot": ("num_meta_steps", "tasks_per_step", "query"),
-    "mini_imagenet": ("num_meta_steps", "tasks_per_step", "query", "image_size"),
-    "regression": ("num_meta_steps", "tasks_per_step", "num_support", "num_mc_train",
-                   "num_mc_query"),
+  "omniglot": ("num_meta_steps", "tasks_per_step", "query"),
+  "mini_imagenet": ("num_meta_steps", "tasks_per_step", "query", "image_size"),
+  "regression": ("num_meta_steps", "tasks_per_step", "num_support", "num_mc_train", "num_mc_query"),
 }
 # A config field only that experiment's config has (experiments.configs).
-EXPERIMENT_MARKERS = {"class_sampling": "omniglot", "image_size": "mini_imagenet",
-                      "crop": "features", "num_support": "regression"}
+EXPERIMENT_MARKERS = {
+  "class_sampling": "omniglot",
+  "image_size": "mini_imagenet",
+  "crop": "features",
+  "num_support": "regression",
+}
 RESULT_FILES = ("results.json", "comparison.json")
 UNMEASURED = "unmeasured"
 
 
 class Run(NamedTuple):
   """One trained run, as its folder records it."""
+
   folder: Path
-  experiment: str                # omniglot, mini_imagenet, features, regression or unknown
+  experiment: str  # omniglot, mini_imagenet, features, regression or unknown
   config: dict
-  test: dict                     # test metrics: accuracy(_ci95) or mse(_ci95), num_tasks, ...
-  calibration: Optional[dict]    # calibration.json (the calibration protocol), if any
+  test: dict  # test metrics: accuracy(_ci95) or mse(_ci95), num_tasks, ...
+  calibration: Optional[dict]  # calibration.json (the calibration protocol), if any
 
 
 class SortedRuns(NamedTuple):
   """Runs by where they belong."""
-  cells: dict        # {cell key: [Run]}: the paper's protocol
+
+  cells: dict  # {cell key: [Run]}: the paper's protocol
   off_protocol: list  # [(Run, what differs from the paper preset)]
-  other: list         # [(Run, why it has no cell)]
+  other: list  # [(Run, why it has no cell)]
 
 
 # -- Reading run folders --------------------------------------------------------------
@@ -118,8 +152,9 @@ def runs_in(folder: Path) -> list[Run]:
     if record is None:
       continue
     if "methods" in record:
-      runs += [_method_run(folder / method, summary)
-               for method, summary in record["methods"].items()]
+      runs += [
+        _method_run(folder / method, summary) for method, summary in record["methods"].items()
+      ]
     elif "config" in record and "test" in record:
       runs.append(_make_run(folder, record["config"], record["test"]))
   return runs
@@ -135,8 +170,9 @@ def _method_run(folder: Path, summary: dict) -> Run:
 
 
 def _make_run(folder: Path, config: dict, test: dict) -> Run:
-  experiment = next((name for field, name in EXPERIMENT_MARKERS.items() if field in config),
-                    "unknown")
+  experiment = next(
+    (name for field, name in EXPERIMENT_MARKERS.items() if field in config), "unknown"
+  )
   return Run(folder, experiment, config, test, _read_json(folder / "calibration.json"))
 
 
@@ -155,11 +191,17 @@ def _read_json(path: Path) -> Optional[dict]:
 
 def paper_cells() -> set:
   """The keys of every cell of the tables."""
-  cells = {("omniglot", split, algorithm, setting)
-           for split, methods in PAPER["omniglot"].items()
-           for algorithm, settings in methods.items() for setting in settings}
-  cells |= {("mini_imagenet", algorithm, setting)
-            for algorithm, settings in PAPER["mini_imagenet"].items() for setting in settings}
+  cells = {
+    ("omniglot", split, algorithm, setting)
+    for split, methods in PAPER["omniglot"].items()
+    for algorithm, settings in methods.items()
+    for setting in settings
+  }
+  cells |= {
+    ("mini_imagenet", algorithm, setting)
+    for algorithm, settings in PAPER["mini_imagenet"].items()
+    for setting in settings
+  }
   cells |= {("mini_imagenet", algorithm, CALIBRATION_SETTING) for algorithm in PAPER["calibration"]}
   return cells | {("regression", algorithm) for algorithm in PAPER["regression_mse"]}
 
@@ -181,8 +223,11 @@ def protocol_differences(run: Run, key: tuple) -> dict:
   preset = "paper" if run.experiment == "regression" else key[-1]
   paper = configs.get_config(run.experiment, preset, run.config["algorithm"])
   fields = PROTOCOL_FIELDS[run.experiment]
-  return {name: (run.config.get(name), getattr(paper, name)) for name in fields
-          if run.config.get(name) != getattr(paper, name)}
+  return {
+    name: (run.config.get(name), getattr(paper, name))
+    for name in fields
+    if run.config.get(name) != getattr(paper, name)
+  }
 
 
 def sort_runs(runs: list[Run]) -> SortedRuns:
@@ -195,8 +240,14 @@ def sort_runs(runs: list[Run]) -> SortedRuns:
     elif key not in cells:
       sorted_runs.other.append((run, "no cell of the paper's tables has this setting"))
     elif differences := protocol_differences(run, key):
-      sorted_runs.off_protocol.append((run, "; ".join(
-          f"{name} {mine} (paper preset {paper})" for name, (mine, paper) in differences.items())))
+      sorted_runs.off_protocol.append(
+        (
+          run,
+          "; ".join(
+            f"{name} {mine} (paper preset {paper})" for name, (mine, paper) in differences.items()
+          ),
+        )
+      )
     else:
       sorted_runs.cells.setdefault(key, []).append(run)
   return sorted_runs
@@ -208,8 +259,11 @@ def sort_runs(runs: list[Run]) -> SortedRuns:
 def _published(text: str) -> dict:
   """'96.68±0.57' -> {'value': 96.68, 'ci95': 0.57, 'text': '96.68 ± 0.57'}."""
   value, _, ci = text.partition("±")
-  return {"value": float(value), "ci95": float(ci) if ci else None,
-          "text": text.replace("±", " ± ")}
+  return {
+    "value": float(value),
+    "ci95": float(ci) if ci else None,
+    "text": text.replace("±", " ± "),
+  }
 
 
 def _most_test_tasks(runs: list[Run]) -> Run:
@@ -217,8 +271,12 @@ def _most_test_tasks(runs: list[Run]) -> Run:
 
 
 def _shown(run: Run, matched: int, **numbers) -> dict:
-  return {**numbers, "num_tasks": run.test.get("num_tasks"), "run": str(run.folder),
-          "matched_runs": matched}
+  return {
+    **numbers,
+    "num_tasks": run.test.get("num_tasks"),
+    "run": str(run.folder),
+    "matched_runs": matched,
+  }
 
 
 def accuracy_cell(paper_text: str, runs: list[Run]) -> dict:
@@ -233,17 +291,29 @@ def accuracy_cell(paper_text: str, runs: list[Run]) -> dict:
 
 
 def omniglot_table(cells: dict) -> list[dict]:
-  return [{"split": split, "algorithm": algorithm, "setting": setting,
-           **accuracy_cell(text, cells.get(("omniglot", split, algorithm, setting), []))}
-          for split, methods in PAPER["omniglot"].items()
-          for algorithm in ("vampire", "maml") for setting, text in methods[algorithm].items()]
+  return [
+    {
+      "split": split,
+      "algorithm": algorithm,
+      "setting": setting,
+      **accuracy_cell(text, cells.get(("omniglot", split, algorithm, setting), [])),
+    }
+    for split, methods in PAPER["omniglot"].items()
+    for algorithm in ("vampire", "maml")
+    for setting, text in methods[algorithm].items()
+  ]
 
 
 def mini_imagenet_table(cells: dict) -> list[dict]:
-  return [{"algorithm": algorithm, "setting": setting,
-           **accuracy_cell(text, cells.get(("mini_imagenet", algorithm, setting), []))}
-          for algorithm in ("vampire", "maml")
-          for setting, text in PAPER["mini_imagenet"][algorithm].items()]
+  return [
+    {
+      "algorithm": algorithm,
+      "setting": setting,
+      **accuracy_cell(text, cells.get(("mini_imagenet", algorithm, setting), [])),
+    }
+    for algorithm in ("vampire", "maml")
+    for setting, text in PAPER["mini_imagenet"][algorithm].items()
+  ]
 
 
 def regression_table(cells: dict) -> list[dict]:
@@ -251,12 +321,17 @@ def regression_table(cells: dict) -> list[dict]:
   rows = []
   for algorithm, text in PAPER["regression_mse"].items():
     runs = cells.get(("regression", algorithm), [])
-    row = {"algorithm": algorithm, "paper": {"mse": _published(text), "ece": None, "mce": None},
-           "measured": None, "difference": None}
+    row = {
+      "algorithm": algorithm,
+      "paper": {"mse": _published(text), "ece": None, "mce": None},
+      "measured": None,
+      "difference": None,
+    }
     if runs:
       run = _most_test_tasks(runs)
-      row["measured"] = _shown(run, len(runs), **{k: run.test.get(k) for k in
-                                                  ("mse", "mse_ci95", "ece", "mce")})
+      row["measured"] = _shown(
+        run, len(runs), **{k: run.test.get(k) for k in ("mse", "mse_ci95", "ece", "mce")}
+      )
       row["difference"] = run.test["mse"] - row["paper"]["mse"]["value"]
     rows.append(row)
   return rows
@@ -267,14 +342,20 @@ def _calibration_measured(runs: list[Run]) -> Optional[dict]:
   protocol = [run for run in runs if run.calibration and "ece" in run.calibration]
   if protocol:
     run = max(protocol, key=lambda r: r.calibration.get("num_tasks", 0))
-    return {"ece": run.calibration["ece"], "mce": run.calibration["mce"],
-            "source": "calibration protocol (calibration.json)",
-            "num_tasks": run.calibration.get("num_tasks"), "run": str(run.folder),
-            "matched_runs": len(runs)}
+    return {
+      "ece": run.calibration["ece"],
+      "mce": run.calibration["mce"],
+      "source": "calibration protocol (calibration.json)",
+      "num_tasks": run.calibration.get("num_tasks"),
+      "run": str(run.folder),
+      "matched_runs": len(runs),
+    }
   if runs:
     run = _most_test_tasks(runs)
-    return dict(_shown(run, len(runs), ece=run.test["ece"], mce=run.test["mce"]),
-                source="test split (results.json)")
+    return dict(
+      _shown(run, len(runs), ece=run.test["ece"], mce=run.test["mce"]),
+      source="test split (results.json)",
+    )
   return None
 
 
@@ -282,27 +363,39 @@ def calibration_table(cells: dict) -> list[dict]:
   rows = []
   for algorithm, (ece, mce) in PAPER["calibration"].items():
     runs = cells.get(("mini_imagenet", algorithm, CALIBRATION_SETTING), [])
-    rows.append({"algorithm": algorithm, "paper": {"ece": _published(ece), "mce": _published(mce)},
-                 "measured": _calibration_measured(runs)})
+    rows.append(
+      {
+        "algorithm": algorithm,
+        "paper": {"ece": _published(ece), "mce": _published(mce)},
+        "measured": _calibration_measured(runs),
+      }
+    )
   return rows
 
 
 def _listed(run: Run, reason: str) -> dict:
-  return {"run": str(run.folder), "experiment": run.experiment,
-          "algorithm": run.config.get("algorithm"), "setting": _setting(run),
-          "measured": _headline(run), "reason": reason}
+  return {
+    "run": str(run.folder),
+    "experiment": run.experiment,
+    "algorithm": run.config.get("algorithm"),
+    "setting": _setting(run),
+    "measured": _headline(run),
+    "reason": reason,
+  }
 
 
 def build_tables(runs: list[Run]) -> dict:
   """Every table as JSON-ready data."""
   placed = sort_runs(runs)
-  return {"omniglot": omniglot_table(placed.cells),
-          "mini_imagenet": mini_imagenet_table(placed.cells),
-          "regression": regression_table(placed.cells),
-          "calibration": calibration_table(placed.cells),
-          "not_paper_protocol": [_listed(run, why) for run, why in placed.off_protocol],
-          "other_runs": [_listed(run, why) for run, why in placed.other],
-          "num_runs_read": len(runs)}
+  return {
+    "omniglot": omniglot_table(placed.cells),
+    "mini_imagenet": mini_imagenet_table(placed.cells),
+    "regression": regression_table(placed.cells),
+    "calibration": calibration_table(placed.cells),
+    "not_paper_protocol": [_listed(run, why) for run, why in placed.off_protocol],
+    "other_runs": [_listed(run, why) for run, why in placed.other],
+    "num_runs_read": len(runs),
+  }
 
 
 def _setting(run: Run) -> str:
@@ -319,8 +412,10 @@ def _setting(run: Run) -> str:
 def _headline(run: Run) -> str:
   t = run.test
   if "accuracy" in t:
-    return (f"accuracy {100 * t['accuracy']:.2f} ± {100 * t['accuracy_ci95']:.2f} % "
-            f"({t.get('num_tasks')} tasks)")
+    return (
+      f"accuracy {100 * t['accuracy']:.2f} ± {100 * t['accuracy_ci95']:.2f} % "
+      f"({t.get('num_tasks')} tasks)"
+    )
   if "mse" in t:
     return f"MSE {t['mse']:.3f} ± {t['mse_ci95']:.3f} ({t.get('num_tasks')} tasks)"
   return "–"
@@ -355,20 +450,26 @@ def _sources(entries: list[dict], label) -> list[str]:
   for entry in entries:
     m = entry["measured"]
     if m is not None:
-      count = (f"; the one with the most test tasks of {m['matched_runs']} matching runs"
-               if m["matched_runs"] > 1 else "")
+      count = (
+        f"; the one with the most test tasks of {m['matched_runs']} matching runs"
+        if m["matched_runs"] > 1
+        else ""
+      )
       lines.append(f"- {label(entry)}: `{m['run']}` ({m['num_tasks']} test tasks{count})")
   return ["", "Runs shown:"] + lines if lines else []
 
 
 def omniglot_markdown(rows: list[dict]) -> list[str]:
-  lines = ["## Omniglot (Table 1): accuracy %, measured ± 95% CI "
-           "(paper ± CI, Δ = measured − paper)", ""] + _header(["split", "method"] + [_setting_name(s) for s in OMNIGLOT_SETTINGS])
+  lines = [
+    "## Omniglot (Table 1): accuracy %, measured ± 95% CI (paper ± CI, Δ = measured − paper)",
+    "",
+  ] + _header(["split", "method"] + [_setting_name(s) for s in OMNIGLOT_SETTINGS])
   for split in PAPER["omniglot"]:
     for algorithm in ("vampire", "maml"):
       cells = {r["setting"]: r for r in rows if (r["split"], r["algorithm"]) == (split, algorithm)}
-      lines.append(_row([split, algorithm.upper()]
-                        + [_accuracy_text(cells[s]) for s in OMNIGLOT_SETTINGS]))
+      lines.append(
+        _row([split, algorithm.upper()] + [_accuracy_text(cells[s]) for s in OMNIGLOT_SETTINGS])
+      )
   return lines + _sources(rows, _omniglot_label)
 
 
@@ -381,10 +482,12 @@ def mini_imagenet_markdown(rows: list[dict]) -> list[str]:
   lines += _header(["method"] + [_setting_name(s) for s in MINI_IMAGENET_SETTINGS])
   for algorithm in ("vampire", "maml"):
     cells = {r["setting"]: r for r in rows if r["algorithm"] == algorithm}
-    lines.append(_row([algorithm.upper()]
-                      + [_accuracy_text(cells[s]) for s in MINI_IMAGENET_SETTINGS]))
+    lines.append(
+      _row([algorithm.upper()] + [_accuracy_text(cells[s]) for s in MINI_IMAGENET_SETTINGS])
+    )
   return lines + _sources(
-      rows, lambda row: f"{_setting_name(row['setting'])} {row['algorithm'].upper()}")
+    rows, lambda row: f"{_setting_name(row['setting'])} {row['algorithm'].upper()}"
+  )
 
 
 def _number(value, digits: int) -> str:
@@ -392,29 +495,68 @@ def _number(value, digits: int) -> str:
 
 
 def regression_markdown(rows: list[dict]) -> list[str]:
-  lines = ["## Sine/line regression (supplementary tab:regression_mse): MSE averaged over weight "
-           "draws; ECE/MCE of the quantile calibration (the paper's are a bar chart: –)", ""]
-  lines += _header(["method", "MSE measured ± 95% CI", "MSE paper", "Δ MSE", "ECE measured",
-                    "ECE paper", "MCE measured", "MCE paper"])
+  lines = [
+    "## Sine/line regression (supplementary tab:regression_mse): MSE averaged over weight "
+    "draws; ECE/MCE of the quantile calibration (the paper's are a bar chart: –)",
+    "",
+  ]
+  lines += _header(
+    [
+      "method",
+      "MSE measured ± 95% CI",
+      "MSE paper",
+      "Δ MSE",
+      "ECE measured",
+      "ECE paper",
+      "MCE measured",
+      "MCE paper",
+    ]
+  )
   for r in rows:
     m = r["measured"] or {}
-    mse = (f"{m['mse']:.3f} ± {m['mse_ci95']:.3f}" if m else UNMEASURED)
+    mse = f"{m['mse']:.3f} ± {m['mse_ci95']:.3f}" if m else UNMEASURED
     delta = f"{r['difference']:+.3f}" if m else "–"
-    lines.append(_row([r["algorithm"].upper(), mse, r["paper"]["mse"]["text"], delta,
-                       _number(m.get("ece"), 4), "–", _number(m.get("mce"), 4), "–"]))
+    lines.append(
+      _row(
+        [
+          r["algorithm"].upper(),
+          mse,
+          r["paper"]["mse"]["text"],
+          delta,
+          _number(m.get("ece"), 4),
+          "–",
+          _number(m.get("mce"), 4),
+          "–",
+        ]
+      )
+    )
   return lines + _sources(rows, lambda r: r["algorithm"].upper())
 
 
 def calibration_markdown(rows: list[dict]) -> list[str]:
-  lines = ["## Calibration, mini-ImageNet 5-way 1-shot (supplementary tab:classification_ece_mce; "
-           "the paper's on all 15 504 test tasks)", ""]
-  lines += _header(["method", "ECE measured", "ECE paper", "MCE measured", "MCE paper",
-                    "measured on"])
+  lines = [
+    "## Calibration, mini-ImageNet 5-way 1-shot (supplementary tab:classification_ece_mce; "
+    "the paper's on all 15 504 test tasks)",
+    "",
+  ]
+  lines += _header(
+    ["method", "ECE measured", "ECE paper", "MCE measured", "MCE paper", "measured on"]
+  )
   for r in rows:
     m = r["measured"] or {}
     source = f"{m['source']}, {m['num_tasks']} tasks" if m else "–"
-    lines.append(_row([r["algorithm"].upper(), _number(m.get("ece"), 4), r["paper"]["ece"]["text"],
-                       _number(m.get("mce"), 4), r["paper"]["mce"]["text"], source]))
+    lines.append(
+      _row(
+        [
+          r["algorithm"].upper(),
+          _number(m.get("ece"), 4),
+          r["paper"]["ece"]["text"],
+          _number(m.get("mce"), 4),
+          r["paper"]["mce"]["text"],
+          source,
+        ]
+      )
+    )
   return lines + _sources(rows, lambda r: r["algorithm"].upper())
 
 
@@ -423,19 +565,33 @@ def listed_markdown(title: str, entries: list[dict]) -> list[str]:
   if not entries:
     return lines + ["(none)"]
   lines += _header(["run", "experiment", "method", "setting", "measured", "why"])
-  return lines + [_row([f"`{e['run']}`", e["experiment"], str(e["algorithm"]).upper(),
-                        e["setting"], e["measured"], e["reason"]]) for e in entries]
+  return lines + [
+    _row(
+      [
+        f"`{e['run']}`",
+        e["experiment"],
+        str(e["algorithm"]).upper(),
+        e["setting"],
+        e["measured"],
+        e["reason"],
+      ]
+    )
+    for e in entries
+  ]
 
 
 def to_markdown(tables: dict) -> str:
   """All tables as markdown."""
-  sections = [omniglot_markdown(tables["omniglot"]),
-              mini_imagenet_markdown(tables["mini_imagenet"]),
-              regression_markdown(tables["regression"]),
-              calibration_markdown(tables["calibration"]),
-              listed_markdown("Not the paper's protocol (kept out of the tables)",
-                              tables["not_paper_protocol"]),
-              listed_markdown("Other runs (no cell in these tables)", tables["other_runs"])]
+  sections = [
+    omniglot_markdown(tables["omniglot"]),
+    mini_imagenet_markdown(tables["mini_imagenet"]),
+    regression_markdown(tables["regression"]),
+    calibration_markdown(tables["calibration"]),
+    listed_markdown(
+      "Not the paper's protocol (kept out of the tables)", tables["not_paper_protocol"]
+    ),
+    listed_markdown("Other runs (no cell in these tables)", tables["other_runs"]),
+  ]
   count = tables["num_runs_read"]
   head = f"# The paper's tables beside ours ({count} run{'' if count == 1 else 's'} read)"
   return "\n\n".join([head] + ["\n".join(s) for s in sections]) + "\n"
@@ -445,10 +601,12 @@ def to_markdown(tables: dict) -> str:
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
-                      help="run folders, or folders of them")
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  parser.add_argument(
+    "run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="run folders, or folders of them"
+  )
   parser.add_argument("--json", type=Path, metavar="PATH", help="also write the tables as JSON")
   args = parser.parse_args(argv)
   tables = build_tables(read_runs(args.run_dirs))

@@ -42,8 +42,13 @@ def _new_grid(num_columns: int, height_ratios: Sequence[float], column_width: fl
 
   fig = Figure(figsize=(column_width * num_columns, column_width * 1.3), layout="constrained")
   FigureCanvasAgg(fig)
-  axes = fig.subplots(len(height_ratios), num_columns, squeeze=False, sharex="col",
-                      gridspec_kw={"height_ratios": list(height_ratios)})
+  axes = fig.subplots(
+    len(height_ratios),
+    num_columns,
+    squeeze=False,
+    sharex="col",
+    gridspec_kw={"height_ratios": list(height_ratios)},
+  )
   return fig, [tuple(axes[:, c]) for c in range(num_columns)]
 
 
@@ -61,33 +66,73 @@ def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
   accuracy, confidence = np.asarray(b.accuracy), np.asarray(b.confidence)
   readable = count >= b.min_count
   for shown, colour, gap_colour, label, gap_label in (
-      (readable, "tab:blue", "tab:red", "Accuracy", "Gap"),
-      ((count > 0) & ~readable, "lightgrey", "grey",
-       f"Accuracy, bin of < {b.min_count} predictions", None)):
+    (readable, "tab:blue", "tab:red", "Accuracy", "Gap"),
+    (
+      (count > 0) & ~readable,
+      "lightgrey",
+      "grey",
+      f"Accuracy, bin of < {b.min_count} predictions",
+      None,
+    ),
+  ):
     if not np.any(shown):
       continue
-    ax.bar(edges[:-1][shown], accuracy[shown], width=width[shown], align="edge", color=colour,
-           edgecolor="black", linewidth=0.6, label=label)
+    ax.bar(
+      edges[:-1][shown],
+      accuracy[shown],
+      width=width[shown],
+      align="edge",
+      color=colour,
+      edgecolor="black",
+      linewidth=0.6,
+      label=label,
+    )
     # The gap: a bar from accuracy up (or down) to the bin's mean confidence.
-    ax.bar(edges[:-1][shown], (confidence - accuracy)[shown], bottom=accuracy[shown],
-           width=width[shown], align="edge", color=gap_colour, alpha=0.3, edgecolor=gap_colour,
-           hatch="//", linewidth=0.6, label=gap_label)
+    ax.bar(
+      edges[:-1][shown],
+      (confidence - accuracy)[shown],
+      bottom=accuracy[shown],
+      width=width[shown],
+      align="edge",
+      color=gap_colour,
+      alpha=0.3,
+      edgecolor=gap_colour,
+      hatch="//",
+      linewidth=0.6,
+      label=gap_label,
+    )
   ax.plot([0, 1], [0, 1], "k--", linewidth=1.0, label="Perfect calibration")
   # The bin that sets the paper's MCE, outlined, with its count.
   worst = b.mce_bin
-  ax.bar(edges[worst], confidence[worst] - accuracy[worst], bottom=accuracy[worst],
-         width=width[worst], align="edge", fill=False, edgecolor="black", linewidth=2.0)
+  ax.bar(
+    edges[worst],
+    confidence[worst] - accuracy[worst],
+    bottom=accuracy[worst],
+    width=width[worst],
+    align="edge",
+    fill=False,
+    edgecolor="black",
+    linewidth=2.0,
+  )
   centre, bottom = edges[worst] + width[worst] / 2, min(accuracy[worst], confidence[worst])
   right = centre > 0.5  # the label goes below the bin, towards the middle
-  ax.annotate(f"MCE bin: n = {int(count[worst])}", xy=(centre, bottom),
-              xytext=(centre + (-0.08 if right else 0.08), max(0.05, bottom - 0.15)),
-              fontsize="small", ha="right" if right else "left",
-              bbox=dict(boxstyle="round", facecolor="white", alpha=0.9),
-              arrowprops=dict(arrowstyle="->", linewidth=0.8))
-  extra = (f"none holds {b.min_count}" if math.isnan(b.mce_min_count)
-           else f"{b.mce_min_count:.3f}")
-  ax.plot([], [], " ", label=f"ECE = {b.ece:.3f}\nMCE = {b.mce:.3f} (bin of {int(count[worst])})\n"
-                             f"MCE over bins of ≥ {b.min_count}: {extra}")
+  ax.annotate(
+    f"MCE bin: n = {int(count[worst])}",
+    xy=(centre, bottom),
+    xytext=(centre + (-0.08 if right else 0.08), max(0.05, bottom - 0.15)),
+    fontsize="small",
+    ha="right" if right else "left",
+    bbox=dict(boxstyle="round", facecolor="white", alpha=0.9),
+    arrowprops=dict(arrowstyle="->", linewidth=0.8),
+  )
+  extra = f"none holds {b.min_count}" if math.isnan(b.mce_min_count) else f"{b.mce_min_count:.3f}"
+  ax.plot(
+    [],
+    [],
+    " ",
+    label=f"ECE = {b.ece:.3f}\nMCE = {b.mce:.3f} (bin of {int(count[worst])})\n"
+    f"MCE over bins of ≥ {b.min_count}: {extra}",
+  )
   ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="Accuracy", title=title)
   ax.tick_params(labelbottom=False)
   ax.legend(loc="upper left", fontsize="x-small")
@@ -97,16 +142,26 @@ def _draw_confidence_histogram(ax, b: ReliabilityBins) -> None:
   """How many predictions fall in each bin: a bin of few predictions explains a large MCE."""
   edges, count = np.asarray(b.edges), np.asarray(b.count)
   colours = np.where(count >= b.min_count, "tab:gray", "lightgrey")
-  ax.bar(edges[:-1], count, width=np.diff(edges), align="edge", color=colours,
-         edgecolor="black", linewidth=0.5)
+  ax.bar(
+    edges[:-1],
+    count,
+    width=np.diff(edges),
+    align="edge",
+    color=colours,
+    edgecolor="black",
+    linewidth=0.5,
+  )
   ax.axhline(b.min_count, color="black", linestyle=":", linewidth=0.8)
   ax.text(0.01, b.min_count, f" {b.min_count}", va="bottom", fontsize="x-small")
   ax.set_yscale("log")
   ax.set(xlim=(0, 1), xlabel="Confidence", ylabel="Predictions")
 
 
-def plot_reliability_diagram(bins: Union[ReliabilityBins, dict[str, ReliabilityBins]],
-                             path: PathLike, title: Optional[str] = None) -> PathLike:
+def plot_reliability_diagram(
+  bins: Union[ReliabilityBins, dict[str, ReliabilityBins]],
+  path: PathLike,
+  title: Optional[str] = None,
+) -> PathLike:
   """Reliability diagram(s) over their confidence histograms.
 
   Bars show each bin's accuracy; the shaded bars between accuracy and mean
@@ -130,8 +185,9 @@ def plot_reliability_diagram(bins: Union[ReliabilityBins, dict[str, ReliabilityB
   return _save(reliability_figure(bins, title), path, None)
 
 
-def reliability_figure(bins: Union[ReliabilityBins, dict[str, ReliabilityBins]],
-                       title: Optional[str] = None):
+def reliability_figure(
+  bins: Union[ReliabilityBins, dict[str, ReliabilityBins]], title: Optional[str] = None
+):
   """The figure `plot_reliability_diagram` saves (one title: the panel's, or the figure's)."""
   panels = {"": bins} if isinstance(bins, ReliabilityBins) else dict(bins)
   if not panels:
@@ -145,8 +201,9 @@ def reliability_figure(bins: Union[ReliabilityBins, dict[str, ReliabilityBins]],
   return fig
 
 
-def plot_risk_coverage(curves: Union[RiskCoverage, dict[str, RiskCoverage]], path: PathLike,
-                       title: Optional[str] = None) -> PathLike:
+def plot_risk_coverage(
+  curves: Union[RiskCoverage, dict[str, RiskCoverage]], path: PathLike, title: Optional[str] = None
+) -> PathLike:
   """Selective prediction: the risk (error rate) of the most confident predictions
   against coverage.
 
@@ -159,8 +216,9 @@ def plot_risk_coverage(curves: Union[RiskCoverage, dict[str, RiskCoverage]], pat
   return _save(risk_coverage_figure(curves, title), path, None)
 
 
-def risk_coverage_figure(curves: Union[RiskCoverage, dict[str, RiskCoverage]],
-                         title: Optional[str] = None):
+def risk_coverage_figure(
+  curves: Union[RiskCoverage, dict[str, RiskCoverage]], title: Optional[str] = None
+):
   """The figure `plot_risk_coverage` saves."""
   curves = {"": curves} if isinstance(curves, RiskCoverage) else dict(curves)
   if not curves:
@@ -171,21 +229,41 @@ def risk_coverage_figure(curves: Union[RiskCoverage, dict[str, RiskCoverage]],
     colour = colours[i % len(colours)]
     prefix = f"{name}: " if name else ""
     ax.plot(c.coverage, c.risk, color=colour, linewidth=1.5, label=f"{prefix}AURC {c.aurc:.4f}")
-    ax.plot([0, 1], [c.error_rate, c.error_rate], ":", color=colour, linewidth=1.0,
-            label=f"{prefix}random (AURC {c.error_rate:.4f})")
+    ax.plot(
+      [0, 1],
+      [c.error_rate, c.error_rate],
+      ":",
+      color=colour,
+      linewidth=1.0,
+      label=f"{prefix}random (AURC {c.error_rate:.4f})",
+    )
     coverage = np.linspace(1e-3, 1.0, 500)
-    ax.plot(coverage, calibration.oracle_risk(coverage, c.error_rate), "--", color=colour, linewidth=1.0,
-            label=f"{prefix}oracle (AURC {c.oracle_aurc:.4f})")
-  ax.set(xlim=(0, 1), ylim=(0, None), xlabel="Coverage (fraction kept, most confident first)",
-         ylabel="Risk (error rate of the kept predictions)", title=title or "")
+    ax.plot(
+      coverage,
+      calibration.oracle_risk(coverage, c.error_rate),
+      "--",
+      color=colour,
+      linewidth=1.0,
+      label=f"{prefix}oracle (AURC {c.oracle_aurc:.4f})",
+    )
+  ax.set(
+    xlim=(0, 1),
+    ylim=(0, None),
+    xlabel="Coverage (fraction kept, most confident first)",
+    ylabel="Risk (error rate of the kept predictions)",
+    title=title or "",
+  )
   ax.grid(alpha=0.3)
   ax.legend(loc="upper left", fontsize="small")
   return fig
 
 
-def plot_quantile_calibration(results: Union[QuantileCalibration, dict[str, QuantileCalibration]],
-                              path: PathLike, title: Optional[str] = None,
-                              point_estimates: Sequence[str] = ()) -> PathLike:
+def plot_quantile_calibration(
+  results: Union[QuantileCalibration, dict[str, QuantileCalibration]],
+  path: PathLike,
+  title: Optional[str] = None,
+  point_estimates: Sequence[str] = (),
+) -> PathLike:
   """Observed against expected quantile levels, one line per method (Fig. 2c).
 
   A method named in `point_estimates` (one prediction per input, MAML) has
@@ -209,8 +287,10 @@ def plot_quantile_calibration(results: Union[QuantileCalibration, dict[str, Quan
 
 
 def quantile_calibration_figure(
-    results: Union[QuantileCalibration, dict[str, QuantileCalibration]],
-    title: Optional[str] = None, point_estimates: Sequence[str] = ()):
+  results: Union[QuantileCalibration, dict[str, QuantileCalibration]],
+  title: Optional[str] = None,
+  point_estimates: Sequence[str] = (),
+):
   """The figure `plot_quantile_calibration` saves."""
   results = {"": results} if isinstance(results, QuantileCalibration) else dict(results)
   if not results:
@@ -220,20 +300,36 @@ def quantile_calibration_figure(
   for name, r in results.items():
     label = f"{name + ': ' if name else ''}ECE {r.ece:.3f}, MCE {r.mce:.3f}"
     if name in point_estimates:
-      ax.plot(r.levels, r.observed, "s", markersize=6, linestyle="none",
-              label=f"{label}\n(point estimate: one quantile for every level)")
+      ax.plot(
+        r.levels,
+        r.observed,
+        "s",
+        markersize=6,
+        linestyle="none",
+        label=f"{label}\n(point estimate: one quantile for every level)",
+      )
     else:
       ax.plot(r.levels, r.observed, "o-", markersize=4, label=label)
-  ax.set(xlim=(0, 1), ylim=(0, 1), aspect="equal", xlabel="Expected quantile level p",
-         ylabel="Observed fraction below the predicted p-quantile", title=title or "")
+  ax.set(
+    xlim=(0, 1),
+    ylim=(0, 1),
+    aspect="equal",
+    xlabel="Expected quantile level p",
+    ylabel="Observed fraction below the predicted p-quantile",
+    title=title or "",
+  )
   ax.legend(loc="upper left", fontsize="small")
   return fig
 
 
-def plot_training_curves(history: dict[str, Sequence[float]], steps: Sequence[int],
-                         path: PathLike, title: Optional[str] = None,
-                         validation: Optional[dict[str, tuple[Sequence[int], Sequence[float]]]] = None,
-                         best: Optional[dict] = None) -> PathLike:
+def plot_training_curves(
+  history: dict[str, Sequence[float]],
+  steps: Sequence[int],
+  path: PathLike,
+  title: Optional[str] = None,
+  validation: Optional[dict[str, tuple[Sequence[int], Sequence[float]]]] = None,
+  best: Optional[dict] = None,
+) -> PathLike:
   """Logged metrics against the meta-training step, one panel per metric.
 
   Args:
@@ -254,14 +350,24 @@ def plot_training_curves(history: dict[str, Sequence[float]], steps: Sequence[in
   return _save(training_curves_figure(history, steps, validation, best), path, title)
 
 
-_Y_LABELS = {"loss": "meta-training loss (per task)", "accuracy": "query accuracy",
-             "mse": "query MSE", "nll": "query NLL", "mae": "query MAE"}
+_Y_LABELS = {
+  "loss": "meta-training loss (per task)",
+  "accuracy": "query accuracy",
+  "mse": "query MSE",
+  "nll": "query NLL",
+  "mae": "query MAE",
+}
 
 
-def training_curves_figure(history: dict[str, Sequence[float]], steps: Sequence[int],
-                           validation: Optional[dict] = None, best: Optional[dict] = None):
+def training_curves_figure(
+  history: dict[str, Sequence[float]],
+  steps: Sequence[int],
+  validation: Optional[dict] = None,
+  best: Optional[dict] = None,
+):
   """The figure `plot_training_curves` saves."""
   from matplotlib.ticker import EngFormatter, MaxNLocator
+
   if not history:
     raise ValueError("history must hold at least one metric")
   for name, values in history.items():
@@ -279,8 +385,15 @@ def training_curves_figure(history: dict[str, Sequence[float]], steps: Sequence[
     if best is not None:
       ax.axvline(best["step"], color="tab:green", linestyle=":", linewidth=1.0)
       if best.get("metric") == name:
-        ax.plot([best["step"]], [best["score"]], "*", color="tab:green", markersize=13,
-                markeredgecolor="black", label=f"best checkpoint (step {best['step']})")
+        ax.plot(
+          [best["step"]],
+          [best["score"]],
+          "*",
+          color="tab:green",
+          markersize=13,
+          markeredgecolor="black",
+          label=f"best checkpoint (step {best['step']})",
+        )
     if len(ax.get_legend_handles_labels()[0]) > 1:
       ax.legend(fontsize="small")
     ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
@@ -290,10 +403,16 @@ def training_curves_figure(history: dict[str, Sequence[float]], steps: Sequence[
   return fig
 
 
-def plot_regression_predictions(grid_x: np.ndarray, truth: np.ndarray, support_x: np.ndarray,
-                                support_y: np.ndarray, predictions: dict[str, np.ndarray],
-                                noise_std: float, path: PathLike,
-                                title: Optional[str] = None) -> PathLike:
+def plot_regression_predictions(
+  grid_x: np.ndarray,
+  truth: np.ndarray,
+  support_x: np.ndarray,
+  support_y: np.ndarray,
+  predictions: dict[str, np.ndarray],
+  noise_std: float,
+  path: PathLike,
+  title: Optional[str] = None,
+) -> PathLike:
   """Adapted predictions on a few tasks, one panel per task (the paper's Fig. 2a-b).
 
   A method with one weight draw (MAML) is drawn as a line. A method with
@@ -317,8 +436,10 @@ def plot_regression_predictions(grid_x: np.ndarray, truth: np.ndarray, support_x
   num_tasks = truth.shape[0]
   for name, p in predictions.items():
     if np.shape(p)[0] != num_tasks or np.shape(p)[2] != grid_x.shape[0]:
-      raise ValueError(f"predictions[{name!r}] has shape {np.shape(p)}; expected "
-                       f"[{num_tasks}, num_samples, {grid_x.shape[0]}]")
+      raise ValueError(
+        f"predictions[{name!r}] has shape {np.shape(p)}; expected "
+        f"[{num_tasks}, num_samples, {grid_x.shape[0]}]"
+      )
   fig, axes = _new_figure(num_tasks, panel_size=3.6)
   colours = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
   for i, ax in enumerate(axes):
@@ -329,12 +450,20 @@ def plot_regression_predictions(grid_x: np.ndarray, truth: np.ndarray, support_x
       if p.shape[0] == 1:
         ax.plot(grid_x, mean, "--", color=colour, linewidth=1.4, label=name)
         continue
-      std = np.sqrt(p.var(axis=0) + noise_std ** 2)
+      std = np.sqrt(p.var(axis=0) + noise_std**2)
       ax.plot(grid_x, mean, color=colour, linewidth=1.4, label=f"{name} mean")
-      ax.fill_between(grid_x, mean - 2 * std, mean + 2 * std, color=colour, alpha=0.15,
-                      linewidth=0, label=f"{name} ±2σ")
-      ax.fill_between(grid_x, mean - std, mean + std, color=colour, alpha=0.3, linewidth=0,
-                      label=f"{name} ±1σ")
+      ax.fill_between(
+        grid_x,
+        mean - 2 * std,
+        mean + 2 * std,
+        color=colour,
+        alpha=0.15,
+        linewidth=0,
+        label=f"{name} ±2σ",
+      )
+      ax.fill_between(
+        grid_x, mean - std, mean + std, color=colour, alpha=0.3, linewidth=0, label=f"{name} ±1σ"
+      )
     ax.plot(support_x[i], support_y[i], "o", color="red", markersize=5, label="support")
     ax.set(xlabel="x", ylabel="y")
     ax.grid(alpha=0.3)
@@ -342,8 +471,9 @@ def plot_regression_predictions(grid_x: np.ndarray, truth: np.ndarray, support_x
   return _save(fig, path, title)
 
 
-def plot_calibration_bars(errors: dict[str, tuple[float, float]], path: PathLike,
-                          title: Optional[str] = None) -> PathLike:
+def plot_calibration_bars(
+  errors: dict[str, tuple[float, float]], path: PathLike, title: Optional[str] = None
+) -> PathLike:
   """ECE and MCE side by side for each method (the paper's Fig. 2d).
 
   Args:
@@ -360,7 +490,10 @@ def plot_calibration_bars(errors: dict[str, tuple[float, float]], path: PathLike
   values = np.asarray([errors[n] for n in names], dtype=float)  # [methods, 2]
   fig, (ax,) = _new_figure(1, panel_size=max(4.0, 1.1 * len(names)))
   positions = np.arange(len(names))
-  for offset, column, label, colour in ((-0.2, 0, "ECE", "tab:blue"), (0.2, 1, "MCE", "tab:orange")):
+  for offset, column, label, colour in (
+    (-0.2, 0, "ECE", "tab:blue"),
+    (0.2, 1, "MCE", "tab:orange"),
+  ):
     bars = ax.bar(positions + offset, values[:, column], width=0.4, label=label, color=colour)
     ax.bar_label(bars, fmt="%.3f", fontsize="x-small")
   ax.set_xticks(positions, names)
@@ -370,12 +503,19 @@ def plot_calibration_bars(errors: dict[str, tuple[float, float]], path: PathLike
   return _save(fig, path, title)
 
 
-_OPEN_SET_LABELS = {"max_prob": "max prob", "entropy": "entropy",
-                    "mutual_information": "MI (epistemic)"}
+_OPEN_SET_LABELS = {
+  "max_prob": "max prob",
+  "entropy": "entropy",
+  "mutual_information": "MI (epistemic)",
+}
 
 
-def plot_open_set_roc(open_set: dict[str, dict], path: PathLike, title: Optional[str] = None,
-                      point_estimates: Sequence[str] = ()) -> PathLike:
+def plot_open_set_roc(
+  open_set: dict[str, dict],
+  path: PathLike,
+  title: Optional[str] = None,
+  point_estimates: Sequence[str] = (),
+) -> PathLike:
   """ROC curves of telling unknown-class queries from known ones: a panel per method.
 
   Args:
@@ -397,18 +537,28 @@ def plot_open_set_roc(open_set: dict[str, dict], path: PathLike, title: Optional
       shown = "–" if auroc is None else f"{auroc:.3f}"
       if score == "mutual_information" and name in point_estimates:
         label = "MI = 0 (point estimate)"
-      ax.plot(curve["false_positive_rate"], curve["true_positive_rate"], linewidth=1.5,
-              label=f"{label}: {shown}")
+      ax.plot(
+        curve["false_positive_rate"],
+        curve["true_positive_rate"],
+        linewidth=1.5,
+        label=f"{label}: {shown}",
+      )
     ax.plot([0, 1], [0, 1], "k:", linewidth=0.8)
-    ax.set(xlim=(0, 1), ylim=(0, 1.01), xlabel="known queries flagged (FPR)",
-           ylabel="unknown queries flagged (TPR)", title=name)
+    ax.set(
+      xlim=(0, 1),
+      ylim=(0, 1.01),
+      xlabel="known queries flagged (FPR)",
+      ylabel="unknown queries flagged (TPR)",
+      title=name,
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize="x-small", title="AUROC", title_fontsize="x-small")
   return _save(fig, path, title)
 
 
-def run_figures(workdir: PathLike, results: dict, label: str,
-                setting: Optional[str] = None) -> dict[str, str]:
+def run_figures(
+  workdir: PathLike, results: dict, label: str, setting: Optional[str] = None
+) -> dict[str, str]:
   """The figures of a finished run, from its results.json record and metrics.jsonl.
 
   Classification: `reliability.png` (with the confidence histogram) and
@@ -428,24 +578,35 @@ def run_figures(workdir: PathLike, results: dict, label: str,
     `{figure name: path}`.
   """
   workdir = Path(workdir)
-  curves = {name: calibration.from_record(record)
-            for name, record in results["calibration"].items()}
+  curves = {
+    name: calibration.from_record(record) for name, record in results["calibration"].items()
+  }
   tasks = results["test"]["num_tasks"]
   where = f"{label}, {setting}" if setting else label
   plots = {}
   if "reliability" in curves:
     plots["reliability"] = plot_reliability_diagram(
-        curves["reliability"], workdir / "reliability.png", title=f"{where}\n{tasks} test tasks")
+      curves["reliability"], workdir / "reliability.png", title=f"{where}\n{tasks} test tasks"
+    )
     plots["risk_coverage"] = plot_risk_coverage(
-        {label: curves["risk_coverage"]}, workdir / "risk_coverage.png",
-        title=f"Selective prediction: {setting or label}\n{tasks} test tasks")
+      {label: curves["risk_coverage"]},
+      workdir / "risk_coverage.png",
+      title=f"Selective prediction: {setting or label}\n{tasks} test tasks",
+    )
   else:
     name = "quantile_calibration" if "quantile_calibration" in curves else "pit_calibration"
-    point = [label] if results["config"].get("num_mc_test", 1) == 1 or \
-        results["config"]["algorithm"] in ("maml", "fomaml") else []
+    point = (
+      [label]
+      if results["config"].get("num_mc_test", 1) == 1
+      or results["config"]["algorithm"] in ("maml", "fomaml")
+      else []
+    )
     plots["quantile_calibration"] = plot_quantile_calibration(
-        {label: curves[name]}, workdir / "quantile_calibration.png",
-        title=f"{where}\n{tasks} test tasks", point_estimates=point)
+      {label: curves[name]},
+      workdir / "quantile_calibration.png",
+      title=f"{where}\n{tasks} test tasks",
+      point_estimates=point,
+    )
   rows = reporting.read_metrics(workdir)
   train = [r for r in rows if "train/loss" in r]
   if train:
@@ -453,17 +614,22 @@ def run_figures(workdir: PathLike, results: dict, label: str,
     score = kinds.of_results(results).score
     val = [r for r in rows if f"val/{score}" in r]
     plots["training_curves"] = plot_training_curves(
-        {k: [r[f"train/{k}"] for r in train] for k in names}, [r["step"] for r in train],
-        workdir / "training_curves.png", title=f"{where}: meta-training",
-        validation={score: ([r["step"] for r in val], [r[f"val/{score}"] for r in val])},
-        best=results.get("best_validation"))
+      {k: [r[f"train/{k}"] for r in train] for k in names},
+      [r["step"] for r in train],
+      workdir / "training_curves.png",
+      title=f"{where}: meta-training",
+      validation={score: ([r["step"] for r in val], [r[f"val/{score}"] for r in val])},
+      best=results.get("best_validation"),
+    )
   return {name: str(path) for name, path in plots.items()}
 
 
-def add_run_figures(workdir: PathLike, results: dict, label: str,
-                    setting: Optional[str] = None) -> dict:
+def add_run_figures(
+  workdir: PathLike, results: dict, label: str, setting: Optional[str] = None
+) -> dict:
   """Draws `run_figures` and records them under 'plots' in results.json."""
   from vampire_jax import training
+
   results["plots"] = run_figures(workdir, results, label, setting)
   training.write_results(workdir, results)
   return results

@@ -42,12 +42,14 @@ PAPER_MSE = {"maml": 1.96, "platipus": 1.86, "bmaml": 1.12, "abml": 2.32, "vampi
 SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
 
 
-def make_problem(config: RegressionConfig, workdir: Optional[Path] = None,
-                 print_fn=print) -> vj.Problem:
+def make_problem(
+  config: RegressionConfig, workdir: Optional[Path] = None, print_fn=print
+) -> vj.Problem:
   """The MLP, its Gaussian likelihood and the task sampler (tasks are generated, not loaded)."""
   del workdir, print_fn  # nothing to record or load
-  sizes = dict(num_support=config.num_support, num_query=config.num_query,
-               noise_std=config.noise_std)
+  sizes = dict(
+    num_support=config.num_support, num_query=config.num_query, noise_std=config.noise_std
+  )
 
   def split_keys(split_id, task_keys):  # the splits draw disjoint streams of tasks
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(task_keys, split_id)
@@ -59,52 +61,81 @@ def make_problem(config: RegressionConfig, workdir: Optional[Path] = None,
     return sine_line.query_truth_from_keys(split_keys(split_id, task_keys), **sizes)
 
   return vj.Problem(
-      model=vj.MLP(tuple(config.hidden_sizes), 1), input_shape=(1,),
-      splits={name: jnp.uint32(i) for name, i in SPLIT_IDS.items()}, sample_tasks=sample_tasks,
-      kind="regression", noise_std=config.noise_std, query_truth=query_truth,
-      data_info={"source": "generated: vampire_jax.data.sine_line", **sizes})
+    model=vj.MLP(tuple(config.hidden_sizes), 1),
+    input_shape=(1,),
+    splits={name: jnp.uint32(i) for name, i in SPLIT_IDS.items()},
+    sample_tasks=sample_tasks,
+    kind="regression",
+    noise_std=config.noise_std,
+    query_truth=query_truth,
+    data_info={"source": "generated: vampire_jax.data.sine_line", **sizes},
+  )
 
 
-def train_and_evaluate(config: RegressionConfig, workdir: Path, *, progress: bool = True,
-                       print_fn=print) -> dict:
+def train_and_evaluate(
+  config: RegressionConfig, workdir: Path, *, progress: bool = True, print_fn=print
+) -> dict:
   """One method: meta-trains, tests, draws its calibration and training figures."""
-  return train.train_and_evaluate(config, workdir, lambda: make_problem(config),
-                                  progress=progress, print_fn=print_fn)
+  return train.train_and_evaluate(
+    config, workdir, lambda: make_problem(config), progress=progress, print_fn=print_fn
+  )
 
 
-def plot_tasks(key: jax.Array, config: RegressionConfig, workdirs: dict[str, Path], path: Path,
-               num_grid: int = 200) -> Path:
+def plot_tasks(
+  key: jax.Array,
+  config: RegressionConfig,
+  workdirs: dict[str, Path],
+  path: Path,
+  num_grid: int = 200,
+) -> Path:
   """Draws `num_plot_tasks` test tasks, half sinusoids and half lines, with each method's fit.
 
   Args:
     workdirs: `{algorithm: its run folder}`; each is loaded with `vj.load_run`.
   """
   tasks, functions = sine_line.sample_tasks_and_functions(
-      key, 64, num_support=config.num_support, num_query=1, noise_std=config.noise_std)
+    key, 64, num_support=config.num_support, num_query=1, noise_std=config.noise_std
+  )
   is_sine = np.asarray(functions.is_sine)
   half = config.num_plot_tasks // 2
-  chosen = np.concatenate([np.flatnonzero(is_sine)[:config.num_plot_tasks - half],
-                           np.flatnonzero(~is_sine)[:half]])
+  chosen = np.concatenate(
+    [np.flatnonzero(is_sine)[: config.num_plot_tasks - half], np.flatnonzero(~is_sine)[:half]]
+  )
   pick = lambda tree: jax.tree_util.tree_map(lambda v: v[chosen], tree)
   tasks, functions = pick(tasks), pick(functions)
   grid_x = jnp.linspace(*sine_line.INPUT_RANGE, num_grid)
-  truth = sine_line.evaluate_functions(functions, jnp.broadcast_to(grid_x[None, :, None],
-                                                                   (len(chosen), num_grid, 1)))
+  truth = sine_line.evaluate_functions(
+    functions, jnp.broadcast_to(grid_x[None, :, None], (len(chosen), num_grid, 1))
+  )
   predictions = {}
   for name, workdir in workdirs.items():
     run = vj.load_run(workdir)
     keys = jax.random.split(jax.random.fold_in(key, 1), len(chosen))
-    predictions[name.upper()] = np.stack([
+    predictions[name.upper()] = np.stack(
+      [
         np.asarray(run.predict(sx, sy, grid_x[:, None], k))[..., 0]
-        for sx, sy, k in zip(tasks.support_x, tasks.support_y, keys)])
+        for sx, sy, k in zip(tasks.support_x, tasks.support_y, keys)
+      ]
+    )
   return plots.plot_regression_predictions(
-      np.asarray(grid_x), np.asarray(truth[..., 0]), np.asarray(tasks.support_x[..., 0]),
-      np.asarray(tasks.support_y[..., 0]), predictions, config.noise_std, path,
-      title=f"{config.num_support}-shot test tasks: mean ±1σ/±2σ of the predictive (noise included)")
+    np.asarray(grid_x),
+    np.asarray(truth[..., 0]),
+    np.asarray(tasks.support_x[..., 0]),
+    np.asarray(tasks.support_y[..., 0]),
+    predictions,
+    config.noise_std,
+    path,
+    title=f"{config.num_support}-shot test tasks: mean ±1σ/±2σ of the predictive (noise included)",
+  )
 
 
-def run(algorithms: list[str], preset: str, workdir: Path,
-        overrides: Optional[argparse.Namespace | dict] = None, progress: bool = True) -> dict:
+def run(
+  algorithms: list[str],
+  preset: str,
+  workdir: Path,
+  overrides: Optional[argparse.Namespace | dict] = None,
+  progress: bool = True,
+) -> dict:
   """Trains and tests each algorithm, then writes the joint figures and results.json.
 
   Args:
@@ -117,38 +148,59 @@ def run(algorithms: list[str], preset: str, workdir: Path,
     progress: show progress.
   """
   workdir = Path(workdir)
-  methods = compare.run_methods(sys.modules[__name__], algorithms, preset, workdir,
-                                overrides or {}, progress)
+  methods = compare.run_methods(
+    sys.modules[__name__], algorithms, preset, workdir, overrides or {}, progress
+  )
   for name, summary in methods.items():
     summary["paper_mse"] = PAPER_MSE.get(name)
   trained = {name: workdir / name for name, m in methods.items() if "diverged" not in m}
   if not trained:
     raise compare.every_method_diverged(methods)
   config = cli.apply_overrides(get_config(preset, next(iter(trained))), overrides or {})
-  figures = compare.write_comparison(methods, "regression", workdir,
-                                     f"{train.setting_name(config)} ({preset} preset), "
-                                     f"{config.num_test_tasks} test tasks",
-                                     figure_name="quantile_calibration.png")
-  figures["plots"]["tasks"] = str(plot_tasks(jax.random.key(config.seed + 1), config, trained,
-                                             workdir / "tasks.png"))
-  combined = {"preset": preset, "methods": methods, **figures,
-              "command": " ".join(["python -m experiments.regression"] + sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+  figures = compare.write_comparison(
+    methods,
+    "regression",
+    workdir,
+    f"{train.setting_name(config)} ({preset} preset), {config.num_test_tasks} test tasks",
+    figure_name="quantile_calibration.png",
+  )
+  figures["plots"]["tasks"] = str(
+    plot_tasks(jax.random.key(config.seed + 1), config, trained, workdir / "tasks.png")
+  )
+  combined = {
+    "preset": preset,
+    "methods": methods,
+    **figures,
+    "command": " ".join(["python -m experiments.regression"] + sys.argv[1:]),
+    "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+  }
   (workdir / "results.json").write_text(json.dumps(combined, indent=2, default=float))
   return combined
 
 
 def main(argv=None) -> dict:
   def add_flags(parser):
-    parser.add_argument("--algorithms", default="vampire,maml",
-                        help="comma-separated, trained in turn (default: vampire,maml)")
+    parser.add_argument(
+      "--algorithms",
+      default="vampire,maml",
+      help="comma-separated, trained in turn (default: vampire,maml)",
+    )
 
-  config, args = cli.parse(argv, __doc__, PRESETS, get_config, default_preset="cpu",
-                           algorithm_flag=False, add_flags=add_flags)
+  config, args = cli.parse(
+    argv,
+    __doc__,
+    PRESETS,
+    get_config,
+    default_preset="cpu",
+    algorithm_flag=False,
+    add_flags=add_flags,
+  )
   algorithms = compare.parse_algorithms(args.algorithms)
   workdir = args.workdir or Path("runs") / f"regression_{args.preset}_seed{config.seed}"
-  print(f"sine/line regression, {args.preset} preset, methods {algorithms}; workdir {workdir}; "
-        f"backend {jax.default_backend()}")
+  print(
+    f"sine/line regression, {args.preset} preset, methods {algorithms}; workdir {workdir}; "
+    f"backend {jax.default_backend()}"
+  )
   results = run(algorithms, args.preset, workdir, args, not args.no_progress)
   print(results["table"])
   return results

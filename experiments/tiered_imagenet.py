@@ -35,20 +35,29 @@ from vampire_jax import data
 
 
 def load_splits(config: FeaturesConfig) -> dict[str, data.FeatureSplit]:
-  return data.load_leo_embeddings(config.data_dir, config.dataset, crop=config.crop,
-                                  l2_normalize=config.l2_normalize)
+  return data.load_leo_embeddings(
+    config.data_dir, config.dataset, crop=config.crop, l2_normalize=config.l2_normalize
+  )
 
 
-def make_problem(config: FeaturesConfig, workdir: Optional[Path] = None,
-                 splits: Optional[dict[str, data.FeatureSplit]] = None) -> vj.Problem:
+def make_problem(
+  config: FeaturesConfig,
+  workdir: Optional[Path] = None,
+  splits: Optional[dict[str, data.FeatureSplit]] = None,
+) -> vj.Problem:
   """Loads the embeddings (unless `splits` is given) and puts them on the device."""
   splits = splits or load_splits(config)
   for split in splits.values():
-    data.check_class_counts(split.counts, ways=config.ways, shots=config.shots,
-                            query=config.query)
+    data.check_class_counts(split.counts, ways=config.ways, shots=config.shots, query=config.query)
   if workdir is not None:
-    record = {name: {"num_classes": len(split.wnids), "num_examples": int(split.counts.sum()),
-                     "wnids": split.wnids.tolist()} for name, split in splits.items()}
+    record = {
+      name: {
+        "num_classes": len(split.wnids),
+        "num_examples": int(split.counts.sum()),
+        "wnids": split.wnids.tolist(),
+      }
+      for name, split in splits.items()
+    }
     Path(workdir).mkdir(parents=True, exist_ok=True)
     (Path(workdir) / "split.json").write_text(json.dumps(record, indent=1))
 
@@ -61,42 +70,60 @@ def make_problem(config: FeaturesConfig, workdir: Optional[Path] = None,
 
   def sample_open_set_tasks(split, task_keys):
     features, counts = split
-    return data.open_set_tasks_from_keys(task_keys, features, **episode, class_counts=counts,
-                                         num_unknown=num_unknown)
+    return data.open_set_tasks_from_keys(
+      task_keys, features, **episode, class_counts=counts, num_unknown=num_unknown
+    )
 
   feature_size = next(iter(splits.values())).features.shape[-1]
   return vj.Problem(
-      model=vj.MLP(tuple(config.hidden_sizes), config.ways), input_shape=(feature_size,),
-      splits={name: (jax.device_put(split.features), jax.device_put(split.counts))
-              for name, split in splits.items()},
-      sample_tasks=sample_tasks, kind="classification",
-      data_info={"dataset": f"{config.dataset}_imagenet_leo_features", "crop": config.crop,
-                 "folder": config.data_dir},
-      sample_open_set_tasks=sample_open_set_tasks if num_unknown else None)
+    model=vj.MLP(tuple(config.hidden_sizes), config.ways),
+    input_shape=(feature_size,),
+    splits={
+      name: (jax.device_put(split.features), jax.device_put(split.counts))
+      for name, split in splits.items()
+    },
+    sample_tasks=sample_tasks,
+    kind="classification",
+    data_info={
+      "dataset": f"{config.dataset}_imagenet_leo_features",
+      "crop": config.crop,
+      "folder": config.data_dir,
+    },
+    sample_open_set_tasks=sample_open_set_tasks if num_unknown else None,
+  )
 
 
 def default_workdir(config: FeaturesConfig, preset: str) -> Path:
   return Path("runs") / f"{config.dataset}_features_{preset}_{config.algorithm}_seed{config.seed}"
 
 
-def train_and_evaluate(config: FeaturesConfig, workdir: Path, *, progress: bool = True,
-                       splits=None, print_fn=print) -> dict:
+def train_and_evaluate(
+  config: FeaturesConfig, workdir: Path, *, progress: bool = True, splits=None, print_fn=print
+) -> dict:
   """Checks the config, loads the features, meta-trains, tests and draws the figures."""
-  return train.train_and_evaluate(config, workdir, lambda: make_problem(config, workdir, splits),
-                                  progress=progress, print_fn=print_fn)
+  return train.train_and_evaluate(
+    config,
+    workdir,
+    lambda: make_problem(config, workdir, splits),
+    progress=progress,
+    print_fn=print_fn,
+  )
 
 
 def parse_args(argv=None):
   """`(config, workdir, args)` from the command line (flags as `--help` lists them)."""
-  config, args = cli.parse(argv, __doc__, PRESETS, get_config,
-                           add_flags=calibration_protocol.add_flags)
+  config, args = cli.parse(
+    argv, __doc__, PRESETS, get_config, add_flags=calibration_protocol.add_flags
+  )
   return config, args.workdir or default_workdir(config, args.preset), args
 
 
 def main(argv=None) -> dict:
   config, workdir, args = parse_args(argv)
-  print(f"{config.dataset}-ImageNet features {config.ways}-way {config.shots}-shot, "
-        f"{config.algorithm}; workdir {workdir}; backend {jax.default_backend()}")
+  print(
+    f"{config.dataset}-ImageNet features {config.ways}-way {config.shots}-shot, "
+    f"{config.algorithm}; workdir {workdir}; backend {jax.default_backend()}"
+  )
   vj.training.check_config(config)
   splits = load_splits(config)
   results = {}
@@ -105,7 +132,8 @@ def main(argv=None) -> dict:
     print(vj.training.test_summary_line(results["test"], results["kind"]))
   test = splits["test"]
   calibration = calibration_protocol.run_protocol(
-      workdir, args, jax.device_put(test.features), jax.device_put(test.counts))
+    workdir, args, jax.device_put(test.features), jax.device_put(test.counts)
+  )
   if calibration is not None:
     results["calibration_protocol"] = calibration
   return results

@@ -17,8 +17,14 @@ from experiments import plots
 from vampire_jax import reporting, run_folder
 
 
-def train_and_evaluate(config, workdir: Path, make_problem: Callable[[], vj.Problem], *,
-                       progress: bool = True, print_fn=print) -> dict:
+def train_and_evaluate(
+  config,
+  workdir: Path,
+  make_problem: Callable[[], vj.Problem],
+  *,
+  progress: bool = True,
+  print_fn=print,
+) -> dict:
   """Runs one experiment; returns the results written to `workdir/results.json`.
 
   Args:
@@ -34,8 +40,9 @@ def train_and_evaluate(config, workdir: Path, make_problem: Callable[[], vj.Prob
     run_folder.check_writable(workdir)
     run_folder.check_not_in_use(workdir)
   vj.training.check_resumable(workdir, config)
-  results = vj.train_and_evaluate(make_problem(), config, workdir, progress=progress,
-                                  print_fn=print_fn)
+  results = vj.train_and_evaluate(
+    make_problem(), config, workdir, progress=progress, print_fn=print_fn
+  )
   results = plots.add_run_figures(workdir, results, config.algorithm.upper(), setting_name(config))
   if jax.process_index() == 0:
     reporting.write_figures(workdir, results["plots"], step=results["meta_steps"])

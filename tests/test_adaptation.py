@@ -11,8 +11,9 @@ import vampire_jax as vj
 
 def _tiny_mlp(dtype=jnp.float32):
   model = vj.MLP((8,), 1)
-  params = jax.tree_util.tree_map(lambda p: p.astype(dtype),
-                                  vj.init_params(model, jax.random.key(0), (1, 1)))
+  params = jax.tree_util.tree_map(
+    lambda p: p.astype(dtype), vj.init_params(model, jax.random.key(0), (1, 1))
+  )
   apply_fn = vj.pure_apply(model)
   return params, apply_fn, vj.loss_from_apply(apply_fn, vj.gaussian_nll(0.5))
 
@@ -28,8 +29,16 @@ def _sine_task(key, n=10, dtype=jnp.float32):
 def test_vampire_with_tiny_std_and_no_kl_is_maml(num_steps):
   params, _, loss_fn = _tiny_mlp()
   x, y, _, _ = _sine_task(jax.random.key(1))
-  posterior = vj.adapt(vj.point_mass(params), x, y, jax.random.key(2), loss_fn=loss_fn,
-                       num_steps=num_steps, inner_lr=0.05, kl_weight=0.0)
+  posterior = vj.adapt(
+    vj.point_mass(params),
+    x,
+    y,
+    jax.random.key(2),
+    loss_fn=loss_fn,
+    num_steps=num_steps,
+    inner_lr=0.05,
+    kl_weight=0.0,
+  )
   maml = vj.maml_adapt(params, x, y, loss_fn=loss_fn, num_steps=num_steps, inner_lr=0.05)
   chex.assert_trees_all_close(posterior.mean, maml, atol=1e-6, rtol=1e-6)
 
@@ -42,7 +51,8 @@ def test_maml_adapt_is_plain_gradient_descent_step_by_step():
     grads = jax.grad(loss_fn)(expected, x, y)
     expected = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, expected, grads)
   chex.assert_trees_all_close(
-      vj.maml_adapt(params, x, y, loss_fn=loss_fn, num_steps=3, inner_lr=0.1), expected, atol=1e-6)
+    vj.maml_adapt(params, x, y, loss_fn=loss_fn, num_steps=3, inner_lr=0.1), expected, atol=1e-6
+  )
 
 
 def test_adapt_matches_closed_form_on_a_quadratic():
@@ -51,18 +61,36 @@ def test_adapt_matches_closed_form_on_a_quadratic():
   c, m, log_s, lr = 2.0, 0.5, np.log(0.3), 0.1
   prior = vj.Gaussian({"w": jnp.array(m)}, {"w": jnp.array(log_s)})
   loss_fn = lambda p, x, y: 0.5 * (p["w"] - c) ** 2  # noqa: E731
-  post = vj.adapt(prior, jnp.zeros((1, 1)), jnp.zeros((1, 1)), jax.random.key(0), loss_fn=loss_fn,
-                  num_steps=1, inner_lr=lr, num_mc_samples=100_000, kl_weight=1.0)
+  post = vj.adapt(
+    prior,
+    jnp.zeros((1, 1)),
+    jnp.zeros((1, 1)),
+    jax.random.key(0),
+    loss_fn=loss_fn,
+    num_steps=1,
+    inner_lr=lr,
+    num_mc_samples=100_000,
+    kl_weight=1.0,
+  )
   np.testing.assert_allclose(post.mean["w"], m - lr * (m - c), atol=2e-3)
-  np.testing.assert_allclose(post.log_std["w"], log_s - lr * 0.3 ** 2, atol=1e-3)
+  np.testing.assert_allclose(post.log_std["w"], log_s - lr * 0.3**2, atol=1e-3)
 
   # Second step: KL(q || p) now pulls back; its gradient is known in closed form.
-  post2 = vj.adapt(prior, jnp.zeros((1, 1)), jnp.zeros((1, 1)), jax.random.key(0), loss_fn=loss_fn,
-                   num_steps=2, inner_lr=lr, num_mc_samples=100_000, kl_weight=1.0)
+  post2 = vj.adapt(
+    prior,
+    jnp.zeros((1, 1)),
+    jnp.zeros((1, 1)),
+    jax.random.key(0),
+    loss_fn=loss_fn,
+    num_steps=2,
+    inner_lr=lr,
+    num_mc_samples=100_000,
+    kl_weight=1.0,
+  )
   m1, s1 = float(post.mean["w"]), float(np.exp(post.log_std["w"]))
   s0 = 0.3
-  grad_m = (m1 - c) + (m1 - m) / s0 ** 2
-  grad_log_s = s1 ** 2 + (s1 ** 2 / s0 ** 2 - 1.0)
+  grad_m = (m1 - c) + (m1 - m) / s0**2
+  grad_log_s = s1**2 + (s1**2 / s0**2 - 1.0)
   np.testing.assert_allclose(post2.mean["w"], m1 - lr * grad_m, atol=5e-3)
   np.testing.assert_allclose(post2.log_std["w"], np.log(s1) - lr * grad_log_s, atol=2e-3)
 
@@ -72,14 +100,25 @@ def test_zero_steps_returns_the_prior():
   prior = vj.gaussian_from_params(params, jax.random.key(0))
   x, y, _, _ = _sine_task(jax.random.key(1))
   chex.assert_trees_all_equal(
-      vj.adapt(prior, x, y, jax.random.key(0), loss_fn=loss_fn, num_steps=0, inner_lr=0.1), prior)
+    vj.adapt(prior, x, y, jax.random.key(0), loss_fn=loss_fn, num_steps=0, inner_lr=0.1), prior
+  )
 
 
 def _meta_loss(prior_mean, prior_log_std, task, *, first_order, loss_fn, apply_fn):
   x, y, xq, yq = task
   prior = vj.Gaussian(prior_mean, prior_log_std)
-  post = vj.adapt(prior, x, y, jax.random.key(7), loss_fn=loss_fn, num_steps=3, inner_lr=0.05,
-                  num_mc_samples=2, kl_weight=0.5, first_order=first_order)
+  post = vj.adapt(
+    prior,
+    x,
+    y,
+    jax.random.key(7),
+    loss_fn=loss_fn,
+    num_steps=3,
+    inner_lr=0.05,
+    num_mc_samples=2,
+    kl_weight=0.5,
+    first_order=first_order,
+  )
   logits = vj.predict(post, xq, jax.random.key(8), apply_fn=apply_fn, num_mc_samples=2)
   return jnp.mean((logits - yq[None]) ** 2)
 
@@ -90,8 +129,9 @@ def test_second_order_meta_gradient_matches_finite_differences():
     prior = vj.gaussian_from_params(params, jax.random.key(3), (-2.0, -1.0))
     task = _sine_task(jax.random.key(4), dtype=jnp.float64)
     f = lambda m, s: _meta_loss(m, s, task, first_order=False, loss_fn=loss_fn, apply_fn=apply_fn)  # noqa: E731
-    jax.test_util.check_grads(f, (prior.mean, prior.log_std), order=1, modes=["rev"], eps=1e-5,
-                              atol=1e-5, rtol=1e-4)
+    jax.test_util.check_grads(
+      f, (prior.mean, prior.log_std), order=1, modes=["rev"], eps=1e-5, atol=1e-5, rtol=1e-4
+    )
 
 
 def test_first_order_meta_gradient_is_the_query_gradient_at_the_posterior():
@@ -101,22 +141,39 @@ def test_first_order_meta_gradient_is_the_query_gradient_at_the_posterior():
     task = _sine_task(jax.random.key(4), dtype=jnp.float64)
     kw = dict(loss_fn=loss_fn, apply_fn=apply_fn)
     first = jax.grad(lambda m, s: _meta_loss(m, s, task, first_order=True, **kw), (0, 1))(
-        prior.mean, prior.log_std)
+      prior.mean, prior.log_std
+    )
     second = jax.grad(lambda m, s: _meta_loss(m, s, task, first_order=False, **kw), (0, 1))(
-        prior.mean, prior.log_std)
+      prior.mean, prior.log_std
+    )
     # First order: d posterior / d prior = I, so the meta-gradient is the
     # query loss's gradient w.r.t. the posterior's (mean, log_std).
     x, y, xq, yq = task
-    post = vj.adapt(prior, x, y, jax.random.key(7), loss_fn=loss_fn, num_steps=3, inner_lr=0.05,
-                    num_mc_samples=2, kl_weight=0.5)
+    post = vj.adapt(
+      prior,
+      x,
+      y,
+      jax.random.key(7),
+      loss_fn=loss_fn,
+      num_steps=3,
+      inner_lr=0.05,
+      num_mc_samples=2,
+      kl_weight=0.5,
+    )
 
     def query_loss(m, s):
-      out = vj.predict(vj.Gaussian(m, s), xq, jax.random.key(8), apply_fn=apply_fn, num_mc_samples=2)
+      out = vj.predict(
+        vj.Gaussian(m, s), xq, jax.random.key(8), apply_fn=apply_fn, num_mc_samples=2
+      )
       return jnp.mean((out - yq[None]) ** 2)
 
-    chex.assert_trees_all_close(first, jax.grad(query_loss, (0, 1))(post.mean, post.log_std), atol=1e-10)
-    diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
-               zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second)))
+    chex.assert_trees_all_close(
+      first, jax.grad(query_loss, (0, 1))(post.mean, post.log_std), atol=1e-10
+    )
+    diff = max(
+      float(jnp.max(jnp.abs(a - b)))
+      for a, b in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second))
+    )
     assert diff > 1e-4, "second-order terms should change the meta-gradient"
 
 
@@ -126,17 +183,20 @@ def test_maml_second_order_gradient_matches_finite_differences_and_first_order_d
     x, y, xq, yq = _sine_task(jax.random.key(4), dtype=jnp.float64)
 
     def meta_loss(p, first_order):
-      adapted = vj.maml_adapt(p, x, y, loss_fn=loss_fn, num_steps=2, inner_lr=0.1, first_order=first_order)
+      adapted = vj.maml_adapt(
+        p, x, y, loss_fn=loss_fn, num_steps=2, inner_lr=0.1, first_order=first_order
+      )
       return loss_fn(adapted, xq, yq)
 
-    jax.test_util.check_grads(lambda p: meta_loss(p, False), (params,), order=1, modes=["rev"], eps=1e-5)
+    jax.test_util.check_grads(
+      lambda p: meta_loss(p, False), (params,), order=1, modes=["rev"], eps=1e-5
+    )
     fo = jax.grad(lambda p: meta_loss(p, True))(params)
     adapted = vj.maml_adapt(params, x, y, loss_fn=loss_fn, num_steps=2, inner_lr=0.1)
     chex.assert_trees_all_close(fo, jax.grad(loss_fn)(adapted, xq, yq), atol=1e-10)
 
 
 class AdaptVariantsTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_jit_and_no_jit_agree_and_same_key_same_result(self):
     params, _, loss_fn = _tiny_mlp()
@@ -145,11 +205,14 @@ class AdaptVariantsTest(chex.TestCase):
 
     @self.variant
     def run(prior, x, y, key):
-      return vj.adapt(prior, x, y, key, loss_fn=loss_fn, num_steps=3, inner_lr=0.1, num_mc_samples=3)
+      return vj.adapt(
+        prior, x, y, key, loss_fn=loss_fn, num_steps=3, inner_lr=0.1, num_mc_samples=3
+      )
 
     a = run(prior, x, y, jax.random.key(5))
-    reference = vj.adapt(prior, x, y, jax.random.key(5), loss_fn=loss_fn, num_steps=3,
-                         inner_lr=0.1, num_mc_samples=3)
+    reference = vj.adapt(
+      prior, x, y, jax.random.key(5), loss_fn=loss_fn, num_steps=3, inner_lr=0.1, num_mc_samples=3
+    )
     chex.assert_trees_all_close(a, reference, atol=1e-6)
     chex.assert_trees_all_equal(a, run(prior, x, y, jax.random.key(5)))
     b = run(prior, x, y, jax.random.key(6))
@@ -160,7 +223,8 @@ def test_vmap_over_tasks_equals_a_loop():
   params, apply_fn, loss_fn = _tiny_mlp()
   prior = vj.gaussian_from_params(params, jax.random.key(0))
   tasks = [_sine_task(jax.random.key(i)) for i in range(4)]
-  xs = jnp.stack([t[0] for t in tasks]); ys = jnp.stack([t[1] for t in tasks])  # noqa: E702
+  xs = jnp.stack([t[0] for t in tasks])
+  ys = jnp.stack([t[1] for t in tasks])  # noqa: E702
   keys = jax.random.split(jax.random.key(9), 4)
 
   def one(x, y, key):
@@ -168,8 +232,9 @@ def test_vmap_over_tasks_equals_a_loop():
 
   batched = jax.vmap(one)(xs, ys, keys)
   for i in range(4):
-    chex.assert_trees_all_close(jax.tree_util.tree_map(lambda a: a[i], batched),
-                                one(xs[i], ys[i], keys[i]), atol=1e-5)
+    chex.assert_trees_all_close(
+      jax.tree_util.tree_map(lambda a: a[i], batched), one(xs[i], ys[i], keys[i]), atol=1e-5
+    )
 
 
 def test_predict_stacks_samples_and_averages_to_the_mean_for_a_linear_model():
@@ -194,8 +259,15 @@ def test_bad_inputs_get_clear_errors():
   with pytest.raises(ValueError, match="num_mc_samples"):
     vj.adapt(prior, x, y, key, loss_fn=loss_fn, num_steps=1, inner_lr=0.1, num_mc_samples=0)
   with pytest.raises(ValueError, match="same tree structure"):
-    vj.adapt(vj.Gaussian(prior.mean, {"other": jnp.zeros(1)}), x, y, key, loss_fn=loss_fn,
-             num_steps=1, inner_lr=0.1)
+    vj.adapt(
+      vj.Gaussian(prior.mean, {"other": jnp.zeros(1)}),
+      x,
+      y,
+      key,
+      loss_fn=loss_fn,
+      num_steps=1,
+      inner_lr=0.1,
+    )
   with pytest.raises(ValueError, match="num_steps"):
     vj.maml_adapt(params, x, y, loss_fn=loss_fn, num_steps=-2, inner_lr=0.1)
   with pytest.raises(ValueError, match="num_mc_samples"):
@@ -213,9 +285,11 @@ def test_second_order_steps_interpolates_between_first_and_full_second_order():
     x, y, xq, yq = _sine_task(jax.random.key(4), dtype=jnp.float64)
 
     def meta_gradient(num_steps, **kw):
-      return jax.grad(lambda p: loss_fn(vj.maml_adapt(p, x, y, loss_fn=loss_fn,
-                                                      num_steps=num_steps, inner_lr=0.1, **kw),
-                                        xq, yq))(params)
+      return jax.grad(
+        lambda p: loss_fn(
+          vj.maml_adapt(p, x, y, loss_fn=loss_fn, num_steps=num_steps, inner_lr=0.1, **kw), xq, yq
+        )
+      )(params)
 
     full, first = meta_gradient(3), meta_gradient(3, first_order=True)
     chex.assert_trees_all_close(meta_gradient(3, second_order_steps=3), full, atol=1e-12)
@@ -227,8 +301,9 @@ def test_second_order_steps_interpolates_between_first_and_full_second_order():
     # Two steps, k = 1: J = d theta_1 / d theta, and the gradient is J^T grad L(theta_2).
     theta_1 = vj.maml_adapt(params, x, y, loss_fn=loss_fn, num_steps=1, inner_lr=0.1)
     theta_2 = vj.maml_adapt(theta_1, x, y, loss_fn=loss_fn, num_steps=1, inner_lr=0.1)
-    _, pullback = jax.vjp(lambda p: vj.maml_adapt(p, x, y, loss_fn=loss_fn, num_steps=1,
-                                                  inner_lr=0.1), params)
+    _, pullback = jax.vjp(
+      lambda p: vj.maml_adapt(p, x, y, loss_fn=loss_fn, num_steps=1, inner_lr=0.1), params
+    )
     by_hand = pullback(jax.grad(loss_fn)(theta_2, xq, yq))[0]
     chex.assert_trees_all_close(meta_gradient(2, second_order_steps=1), by_hand, atol=1e-10)
 
@@ -243,18 +318,40 @@ def test_vampire_second_order_steps_keeps_the_kl_gradient():
 
     def meta_gradient(kl_weight, **kw):
       def loss(dist):
-        post = vj.adapt(dist, x, y, jax.random.key(7), loss_fn=loss_fn, num_steps=3,
-                        inner_lr=0.05, kl_weight=kl_weight, **kw)
+        post = vj.adapt(
+          dist,
+          x,
+          y,
+          jax.random.key(7),
+          loss_fn=loss_fn,
+          num_steps=3,
+          inner_lr=0.05,
+          kl_weight=kl_weight,
+          **kw,
+        )
         return loss_fn(post.mean, xq, yq)
+
       return jax.grad(loss)(prior)
 
-    chex.assert_trees_all_close(meta_gradient(0.0, second_order_steps=0),
-                                meta_gradient(0.0, first_order=True), atol=1e-12)
+    chex.assert_trees_all_close(
+      meta_gradient(0.0, second_order_steps=0), meta_gradient(0.0, first_order=True), atol=1e-12
+    )
     with_kl = meta_gradient(0.5, second_order_steps=0)
     flat = lambda t: jnp.concatenate([v.ravel() for v in jax.tree_util.tree_leaves(t)])  # noqa: E731
-    assert float(jnp.max(jnp.abs(flat(with_kl) - flat(meta_gradient(0.5, first_order=True))))) > 1e-6
-    chex.assert_trees_all_close(meta_gradient(0.5, second_order_steps=3), meta_gradient(0.5),
-                                atol=1e-10)
+    assert (
+      float(jnp.max(jnp.abs(flat(with_kl) - flat(meta_gradient(0.5, first_order=True))))) > 1e-6
+    )
+    chex.assert_trees_all_close(
+      meta_gradient(0.5, second_order_steps=3), meta_gradient(0.5), atol=1e-10
+    )
     with pytest.raises(ValueError, match="second_order_steps"):
-      vj.adapt(prior, x, y, jax.random.key(0), loss_fn=loss_fn, num_steps=1, inner_lr=0.1,
-               second_order_steps=-1)
+      vj.adapt(
+        prior,
+        x,
+        y,
+        jax.random.key(0),
+        loss_fn=loss_fn,
+        num_steps=1,
+        inner_lr=0.1,
+        second_order_steps=-1,
+      )

@@ -19,11 +19,12 @@ def _default(factory, name):
 def test_factory_defaults_keep_the_kl_step_factor_below_2(factory):
   model = vj.Conv4(num_classes=5, num_filters=8)
   learner = factory(vj.pure_apply(model), vj.categorical_nll)
-  prior = learner.init(vj.init_params(model, jax.random.key(0), (1, 28, 28, 1)),
-                       jax.random.key(1))
+  prior = learner.init(vj.init_params(model, jax.random.key(0), (1, 28, 28, 1)), jax.random.key(1))
   settings = learner.settings
-  assert (settings.inner_lr, settings.kl_weight) == (learners.DEFAULT_INNER_LR,
-                                                      _default(factory, "kl_weight"))
+  assert (settings.inner_lr, settings.kl_weight) == (
+    learners.DEFAULT_INNER_LR,
+    _default(factory, "kl_weight"),
+  )
   factor = float(vj.kl_step_factor(prior, settings.inner_lr, settings.kl_weight))
   # At most e^8 * inner_lr * kl_weight with log-stds in [-4, -3]: 0.6 at the defaults.
   assert 0.3 < factor < 2.0, factor
@@ -31,8 +32,10 @@ def test_factory_defaults_keep_the_kl_step_factor_below_2(factory):
 
 def test_run_config_defaults_are_stable_too():
   config = vj.RunConfig()
-  assert (config.inner_lr, config.kl_weight) == (learners.DEFAULT_INNER_LR,
-                                                  learners.DEFAULT_KL_WEIGHT)
+  assert (config.inner_lr, config.kl_weight) == (
+    learners.DEFAULT_INNER_LR,
+    learners.DEFAULT_KL_WEIGHT,
+  )
   assert config.inner_lr * config.kl_weight * np.exp(8) < 2.0
   # The paper's pair diverges: the warning's case.
   assert 0.1 * 0.1 * np.exp(8) > 2.0
@@ -45,8 +48,13 @@ def test_one_adaptation_at_the_defaults_does_not_blow_up(name):
   # support NLL reached 4.7e7; at the defaults the NLL must stay near log 5.
   model = vj.Conv4(num_classes=5, num_filters=8)
   apply_fn, nll = vj.pure_apply(model), vj.categorical_nll
-  factory = {"vampire": vj.vampire, "abml": vj.baselines.abml, "platipus": vj.baselines.platipus,
-             "maml": vj.maml, "bmaml": vj.baselines.bmaml}[name]
+  factory = {
+    "vampire": vj.vampire,
+    "abml": vj.baselines.abml,
+    "platipus": vj.baselines.platipus,
+    "maml": vj.maml,
+    "bmaml": vj.baselines.bmaml,
+  }[name]
   learner = factory(apply_fn, nll)
   meta = learner.init(vj.init_params(model, jax.random.key(0), (1, 28, 28, 1)), jax.random.key(1))
   x = jax.random.uniform(jax.random.key(2), (5, 28, 28, 1))
@@ -65,8 +73,9 @@ def test_paper_pair_is_the_unstable_case():
   assert algorithms.stability_factor(config, meta) > 10  # the runner warns
   # And it does blow up, where the defaults stay near log 5 (the test above).
   x, y = jax.random.uniform(jax.random.key(2), (5, 28, 28, 1)), jnp.arange(5)
-  outputs = learner.predict(jax.jit(learner.adapt)(meta, x, y, jax.random.key(3)), x,
-                            jax.random.key(4))
+  outputs = learner.predict(
+    jax.jit(learner.adapt)(meta, x, y, jax.random.key(3)), x, jax.random.key(4)
+  )
   assert float(jnp.mean(jax.vmap(vj.categorical_nll, in_axes=(0, None))(outputs, y))) > 1e3
   # PLATIPUS's KL is in its meta-loss only; MAML has none: no inner-loop limit.
   for other in ("platipus", "maml", "bmaml"):
@@ -74,17 +83,25 @@ def test_paper_pair_is_the_unstable_case():
 
 
 def test_registry_builds_each_algorithm_with_its_own_settings():
-  config = vj.RunConfig(num_particles=3, bmaml_meta_objective="mean_nll",
-                        abml_hyper_prior_weight=0.0, platipus_inference_data="query")
+  config = vj.RunConfig(
+    num_particles=3,
+    bmaml_meta_objective="mean_nll",
+    abml_hyper_prior_weight=0.0,
+    platipus_inference_data="query",
+  )
   assert set(algorithms.ALGORITHMS) == {"vampire", "maml", "fomaml", "platipus", "bmaml", "abml"}
   maml = algorithms.configure(config, "maml")
   assert (maml.kl_weight, maml.num_mc_train, maml.num_mc_test) == (0.0, 1, 1)
   assert algorithms.configure(config, "vampire").kl_weight == config.kl_weight
   model = vj.MLP((4,), 1)
   params = vj.init_params(model, jax.random.key(0), (1, 1))
-  bmaml = algorithms.learner_from_config(algorithms.configure(config, "bmaml"),
-                                         vj.pure_apply(model), vj.gaussian_nll(0.3),
-                                         num_mc_train=1, num_mc_query=1)
+  bmaml = algorithms.learner_from_config(
+    algorithms.configure(config, "bmaml"),
+    vj.pure_apply(model),
+    vj.gaussian_nll(0.3),
+    num_mc_train=1,
+    num_mc_query=1,
+  )
   particles = bmaml.init(params, jax.random.key(1))
   assert jax.tree_util.tree_leaves(particles)[0].shape[0] == 3  # num_particles reached BMAML
   with pytest.raises(vj.ConfigError, match="is unknown"):

@@ -13,11 +13,21 @@ import pytest
 from benchmarks import gpu_sweep, meta_step, suite
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-QUICK_OPTIONS = {"quick": True, "tasks": 2, "repeats": 1, "batching": None,
-                 "unroll_inner_steps": False, "remat": False, "compute_dtype": "float32",
-                 "peak_tflops": None}
-CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-                 "jax_persistent_cache_min_entry_size_bytes")
+QUICK_OPTIONS = {
+  "quick": True,
+  "tasks": 2,
+  "repeats": 1,
+  "batching": None,
+  "unroll_inner_steps": False,
+  "remat": False,
+  "compute_dtype": "float32",
+  "peak_tflops": None,
+}
+CACHE_OPTIONS = (
+  "jax_compilation_cache_dir",
+  "jax_persistent_cache_min_compile_time_secs",
+  "jax_persistent_cache_min_entry_size_bytes",
+)
 
 
 @pytest.fixture
@@ -36,7 +46,9 @@ def test_suite_row_counts_flops_in_proportion_to_tasks(keep_cache_config):
   assert two["tasks"] == 2 and two["step_s"] > 0 and two["loss_finite"]
   # Twice the tasks, twice the work (up to the shared optimiser update).
   assert four["gflop_per_step"] == pytest.approx(2 * two["gflop_per_step"], rel=0.05)
-  assert four["compiled_gflop_per_step"] == pytest.approx(2 * two["compiled_gflop_per_step"], rel=0.05)
+  assert four["compiled_gflop_per_step"] == pytest.approx(
+    2 * two["compiled_gflop_per_step"], rel=0.05
+  )
   table = suite.format_table([two, four])
   assert table.count("\n") == 3 and "| regression | maml | 4 |" in table
 
@@ -47,8 +59,13 @@ def test_suite_row_without_cost_or_memory_analysis(monkeypatch, keep_cache_confi
   monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: None)
   monkeypatch.setattr(jax.stages.Compiled, "memory_analysis", lambda self: None)
   row = suite.run_row("regression", "maml", QUICK_OPTIONS)
-  for name in ("gflop_per_step", "compiled_gflop_per_step", "gflop_per_s", "peak_fraction",
-               "xla_mb"):
+  for name in (
+    "gflop_per_step",
+    "compiled_gflop_per_step",
+    "gflop_per_s",
+    "peak_fraction",
+    "xla_mb",
+  ):
     assert row[name] is None, name
   assert math.isfinite(row["step_s"]) and row["step_s"] > 0 and row["steps_per_s"] > 0
   assert math.isfinite(row["loss"]) and row["loss_finite"]
@@ -80,16 +97,31 @@ def test_meta_step_fits_the_chunk_to_the_tasks():
   assert meta_step.resolve_strategies(None, 2) == [backend_default]
   assert meta_step.resolve_strategies("host_chunked:4", 2) == [("host_chunked", 2)]
   assert meta_step.resolve_strategies("host_chunked:4,chunked_unroll:4,vmap", 6) == [
-      ("host_chunked", 3), ("chunked_unroll", 3), ("vmap", 1)]
+    ("host_chunked", 3),
+    ("chunked_unroll", 3),
+    ("vmap", 1),
+  ]
   assert meta_step.resolve_strategies("chunked_vmap:8", 4) == [("chunked_vmap", 4)]
 
 
 def test_gpu_sweep_quick_rows(tmp_path):
   out = tmp_path / "sweep.json"
   done = subprocess.run(
-      [sys.executable, "-m", "benchmarks.gpu_sweep", "--quick", "--json", str(out),
-       "--configs", "baseline,autotune_0,no_command_buffers"],
-      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.gpu_sweep",
+      "--quick",
+      "--json",
+      str(out),
+      "--configs",
+      "baseline,autotune_0,no_command_buffers",
+    ],
+    cwd=REPO_ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   rows = {row["config"]: row for row in json.loads(out.read_text())}
   assert list(rows) == ["baseline", "autotune_0", "no_command_buffers"]
@@ -112,14 +144,31 @@ def test_gpu_sweep_lever_rows_and_budget():
   assert names[0] == "baseline" and len(set(names)) == len(names) == 12
   # Each lever changes the baseline in one field (maml: the algorithm).
   for lever in gpu_sweep.LEVERS[1:]:
-    changed = [field for field in ("algorithm", "sampling_inside", "donate", "steps_per_call",
-                                   "unroll_steps", "conv_impl", "remat", "compute_dtype",
-                                   "xla_flags")
-               if getattr(lever, field) != getattr(gpu_sweep.BASELINE, field)]
+    changed = [
+      field
+      for field in (
+        "algorithm",
+        "sampling_inside",
+        "donate",
+        "steps_per_call",
+        "unroll_steps",
+        "conv_impl",
+        "remat",
+        "compute_dtype",
+        "xla_flags",
+      )
+      if getattr(lever, field) != getattr(gpu_sweep.BASELINE, field)
+    ]
     assert len(changed) == 1, (lever.name, changed)
   # No budget left: every row is skipped with the reason, no child is started.
-  rows = gpu_sweep.sweep(gpu_sweep.LEVERS[:2], quick=True, backend="cpu", child_timeout_s=10,
-                         budget_s=0, print_fn=lambda line: None)
+  rows = gpu_sweep.sweep(
+    gpu_sweep.LEVERS[:2],
+    quick=True,
+    backend="cpu",
+    child_timeout_s=10,
+    budget_s=0,
+    print_fn=lambda line: None,
+  )
   assert [row["status"] for row in rows] == ["skipped", "skipped"]
   assert "budget" in rows[0]["note"] and rows[0]["vs_baseline"] is None
   assert "n/a" in gpu_sweep.format_table(rows)
@@ -127,7 +176,9 @@ def test_gpu_sweep_lever_rows_and_budget():
 
 def test_gpu_sweep_child_timeout_and_failure_become_rows():
   slow = gpu_sweep.run_child(gpu_sweep.BASELINE, quick=True, timeout_s=0.5)
-  assert slow["status"] == "timeout" and "0.5 s limit" in slow["note"] and slow["steps_per_s"] is None
+  assert (
+    slow["status"] == "timeout" and "0.5 s limit" in slow["note"] and slow["steps_per_s"] is None
+  )
   # XLA aborts on an unknown flag: the row says so and the sweep goes on.
   bad_flag = dataclasses.replace(gpu_sweep.BASELINE, xla_flags="--xla_no_such_flag=1")
   failed = gpu_sweep.run_child(bad_flag, quick=True, timeout_s=120)
@@ -136,27 +187,47 @@ def test_gpu_sweep_child_timeout_and_failure_become_rows():
 
 def test_benchmarks_import_no_tensorflow_distrax_or_tensorboard():
   # The GPU machine has only jax, flax, optax, orbax and numpy.
-  code = ("import sys, vampire_jax, benchmarks.gpu_sweep, benchmarks.suite, benchmarks.meta_step; "
-          "print([m for m in ('tensorflow', 'tensorflow_datasets', 'distrax', 'tensorboardX') "
-          "if m in sys.modules])")
-  done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                        text=True, timeout=120)
+  code = (
+    "import sys, vampire_jax, benchmarks.gpu_sweep, benchmarks.suite, benchmarks.meta_step; "
+    "print([m for m in ('tensorflow', 'tensorflow_datasets', 'distrax', 'tensorboardX') "
+    "if m in sys.modules])"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_conv_gradients_benchmark_rows():
   from benchmarks import conv_gradients
+
   rows = conv_gradients.measure((2, 6, 6, 2), features=3, repeats=1)
   assert [row["operation"] for row in rows] == [
-      "xla conv, input gradient", "xla conv, filter gradient", "loop_safe conv, input gradient",
-      "loop_safe conv, filter gradient", "2x2 max-pool gradient"]
+    "xla conv, input gradient",
+    "xla conv, filter gradient",
+    "loop_safe conv, input gradient",
+    "loop_safe conv, filter gradient",
+    "2x2 max-pool gradient",
+  ]
   assert all(row["top_ms"] > 0 and row["loop_ms"] > 0 for row in rows)
 
 
 def test_episode_rows_adapt_and_predict(keep_cache_config, capsys):
-  rows = suite.main(["--episodes", "--settings", "regression", "--episode-tasks", "1,2",
-                     "--episode-mc-samples", "3", "--repeats", "1", "--same-process"])
+  rows = suite.main(
+    [
+      "--episodes",
+      "--settings",
+      "regression",
+      "--episode-tasks",
+      "1,2",
+      "--episode-mc-samples",
+      "3",
+      "--repeats",
+      "1",
+      "--same-process",
+    ]
+  )
   assert [(r["tasks"], r["mc_samples"]) for r in rows] == [(1, 3), (2, 3)]
   for row in rows:
     assert row["compile_s"] > 0 and row["episode_s"] > 0 and row["score_finite"]
@@ -173,17 +244,21 @@ def test_episode_rows_adapt_and_predict(keep_cache_config, capsys):
 
 def test_profile_charges_each_operation_its_exclusive_time():
   from benchmarks import profile_step
-  events = [{"pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0, "name": "while.1"},
-            {"pid": 1, "tid": 1, "ts": 2.0, "dur": 3.0, "name": "fusion.2"},
-            {"pid": 1, "tid": 1, "ts": 6.0, "dur": 1.0, "name": "fusion.2"},
-            {"pid": 1, "tid": 2, "ts": 1.0, "dur": 4.0, "name": "dot.3"}]
+
+  events = [
+    {"pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0, "name": "while.1"},
+    {"pid": 1, "tid": 1, "ts": 2.0, "dur": 3.0, "name": "fusion.2"},
+    {"pid": 1, "tid": 1, "ts": 6.0, "dur": 1.0, "name": "fusion.2"},
+    {"pid": 1, "tid": 2, "ts": 1.0, "dur": 4.0, "name": "dot.3"},
+  ]
   assert profile_step.exclusive_times(events) == {"while.1": 6.0, "fusion.2": 4.0, "dot.3": 4.0}
   x = jax.numpy.ones((8, 8))
   text = jax.jit(lambda x: jax.numpy.tanh(x @ x).sum(0)).lower(x).compile().as_text()
   hlo = profile_step.parse_hlo(text)
   assert any("dot" in info["kind"] for info in hlo.values()), hlo
   assert profile_step.source_of("jit(f)/transpose(jvp(g))/conv_general_dilated") == (
-      "conv_general_dilated [backward]")
+    "conv_general_dilated [backward]"
+  )
   times = {name: 1.0 for name in hlo}
   summary = profile_step.summarise(times, hlo, top=3)
   assert sum(row["share"] for row in summary["by_kind"]) == pytest.approx(1.0)
@@ -192,8 +267,10 @@ def test_profile_charges_each_operation_its_exclusive_time():
 
 def test_profile_of_a_small_step(capsys):
   from benchmarks import profile_step
-  result = profile_step.main(["--settings", "regression", "--tasks", "2", "--mc-samples", "2",
-                              "--top", "3"])
+
+  result = profile_step.main(
+    ["--settings", "regression", "--tasks", "2", "--mc-samples", "2", "--top", "3"]
+  )
   assert result["traced_op_seconds"] > 0 and len(result["heaviest"]) == 3
   for grouping in ("by_kind", "by_source", "by_part"):
     assert sum(row["share"] for row in result[grouping]) == pytest.approx(1.0)

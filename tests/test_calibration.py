@@ -53,10 +53,14 @@ def test_overconfident_classifier():
 
 
 def test_hand_worked_example():
-  probs = np.array([[0.40, 0.30, 0.30],   # conf 0.40, predicts 0, label 1: wrong
-                    [0.20, 0.45, 0.35],   # conf 0.45, predicts 1, label 1: right
-                    [0.90, 0.05, 0.05],   # conf 0.90, predicts 0, label 0: right
-                    [0.10, 0.10, 0.80]])  # conf 0.80, predicts 2, label 0: wrong
+  probs = np.array(
+    [
+      [0.40, 0.30, 0.30],  # conf 0.40, predicts 0, label 1: wrong
+      [0.20, 0.45, 0.35],  # conf 0.45, predicts 1, label 1: right
+      [0.90, 0.05, 0.05],  # conf 0.90, predicts 0, label 0: right
+      [0.10, 0.10, 0.80],
+    ]
+  )  # conf 0.80, predicts 2, label 0: wrong
   labels = np.array([1, 1, 0, 0])
   # Two bins (0, .5], (.5, 1]: low bin conf (.4+.45)/2 = .425, acc 1/2 -> gap .075;
   # high bin conf (.9+.8)/2 = .85, acc 1/2 -> gap .35.
@@ -102,13 +106,16 @@ def test_counts_sum_to_n_and_task_axis_is_pooled():
   assert by_task.mce == pytest.approx(gaps.max()) and by_task.ece <= by_task.mce
 
 
-@pytest.mark.parametrize("probs_shape, labels_shape, kwargs", [
-    ((10,), (10,), {}),                 # no class axis
-    ((10, 3), (9,), {}),                # labels do not match
-    ((2, 5, 3), (10,), {}),             # task axis in probs only
+@pytest.mark.parametrize(
+  "probs_shape, labels_shape, kwargs",
+  [
+    ((10,), (10,), {}),  # no class axis
+    ((10, 3), (9,), {}),  # labels do not match
+    ((2, 5, 3), (10,), {}),  # task axis in probs only
     ((10, 3), (10,), {"num_bins": 0}),
-    ((0, 3), (0,), {}),                 # nothing to score
-])
+    ((0, 3), (0,), {}),  # nothing to score
+  ],
+)
 def test_classification_shape_errors(probs_shape, labels_shape, kwargs):
   with pytest.raises(ValueError):
     cal.classification_calibration(np.full(probs_shape, 0.3), np.zeros(labels_shape, int), **kwargs)
@@ -117,7 +124,7 @@ def test_classification_shape_errors(probs_shape, labels_shape, kwargs):
 def test_classification_value_errors():
   probs = np.full((4, 3), 1 / 3)
   with pytest.raises(ValueError, match="labels"):
-    cal.classification_calibration(probs, np.array([0, 1, 2, 3]))   # label out of range
+    cal.classification_calibration(probs, np.array([0, 1, 2, 3]))  # label out of range
   with pytest.raises(ValueError, match="integers"):
     cal.classification_calibration(probs, np.array([0, 1.5, 2, 0]))
   with pytest.raises(ValueError, match="logits"):
@@ -153,8 +160,9 @@ def test_normal_cdf_matches_erfc():
 def test_mixture_cdf_is_the_average_of_component_cdfs():
   means = np.array([[-1.0, 0.0], [2.0, 0.5], [0.3, 4.0]])  # [3 samples, 2 points]
   y = np.array([0.7, 1.1])
-  expected = [np.mean([statistics.NormalDist(m, 0.4).cdf(v) for m in means[:, i]])
-              for i, v in enumerate(y)]
+  expected = [
+    np.mean([statistics.NormalDist(m, 0.4).cdf(v) for m in means[:, i]]) for i, v in enumerate(y)
+  ]
   np.testing.assert_allclose(cal.mixture_cdf(y, means, 0.4), expected, rtol=1e-12)
 
 
@@ -203,7 +211,9 @@ def test_observed_equals_counting_targets_below_bisected_quantiles():
   result = cal.regression_quantile_calibration(means, targets, noise_std=0.3)
   quantiles = cal.mixture_quantile(LEVELS, means, 0.3)  # [9, N]
   # Targets within the bisection tolerance of a quantile may flip: allow 1 in N.
-  np.testing.assert_allclose(result.observed, np.mean(targets <= quantiles, axis=1), atol=1.5 / 20_000)
+  np.testing.assert_allclose(
+    result.observed, np.mean(targets <= quantiles, axis=1), atol=1.5 / 20_000
+  )
 
 
 def test_too_narrow_predictive_is_overconfident():
@@ -216,8 +226,10 @@ def test_too_narrow_predictive_is_overconfident():
   assert np.all(result.observed[high] < LEVELS[high])
   assert np.all(result.observed[low] > LEVELS[low])
   # Closed form: P(y <= m + s z_p) = Phi(s z_p / true_std).
-  expected = [statistics.NormalDist().cdf(noise_std / true_std * statistics.NormalDist().inv_cdf(p))
-              for p in LEVELS]
+  expected = [
+    statistics.NormalDist().cdf(noise_std / true_std * statistics.NormalDist().inv_cdf(p))
+    for p in LEVELS
+  ]
   np.testing.assert_allclose(result.observed, expected, atol=0.01)
 
 
@@ -236,10 +248,11 @@ def test_single_sample_matches_gaussian_closed_form():
 
 def test_task_axis_is_pooled():
   rng = np.random.default_rng(8)
-  means = rng.normal(size=(6, 3, 10))    # [tasks, samples, query]
-  targets = rng.normal(size=(6, 10))     # [tasks, query]
+  means = rng.normal(size=(6, 3, 10))  # [tasks, samples, query]
+  targets = rng.normal(size=(6, 10))  # [tasks, query]
   pooled = cal.regression_quantile_calibration(
-      np.moveaxis(means, 1, 0).reshape(3, 60), targets.reshape(60), 0.3)
+    np.moveaxis(means, 1, 0).reshape(3, 60), targets.reshape(60), 0.3
+  )
   by_task = cal.regression_quantile_calibration(means, targets, 0.3)
   evaluator_shaped = cal.regression_quantile_calibration(means[..., None], targets[..., None], 0.3)
   for result in (by_task, evaluator_shaped):
@@ -247,14 +260,17 @@ def test_task_axis_is_pooled():
     assert result.ece == pooled.ece and result.mce == pooled.mce
 
 
-@pytest.mark.parametrize("means_shape, targets_shape", [
-    ((5,), (5,)),            # no sample axis
-    ((2, 5), (4,)),          # points differ
-    ((2, 3, 5), (2, 4)),     # query differs
-    ((2, 3, 5), (3, 5)),     # tasks differ
+@pytest.mark.parametrize(
+  "means_shape, targets_shape",
+  [
+    ((5,), (5,)),  # no sample axis
+    ((2, 5), (4,)),  # points differ
+    ((2, 3, 5), (2, 4)),  # query differs
+    ((2, 3, 5), (3, 5)),  # tasks differ
     ((2, 3, 5, 2), (2, 5, 2)),
-    ((0, 5), (5,)),          # no samples
-])
+    ((0, 5), (5,)),  # no samples
+  ],
+)
 def test_regression_shape_errors(means_shape, targets_shape):
   with pytest.raises(ValueError):
     cal.regression_quantile_calibration(np.zeros(means_shape), np.zeros(targets_shape), 0.3)
@@ -281,19 +297,23 @@ def _is_png(path):
 def test_plots_write_png_files(tmp_path):
   rng = np.random.default_rng(9)
   confidence = rng.uniform(0.2, 1.0, size=5000)
-  probs, labels = _synthetic_classifier(rng, 5000, 5, confidence, confidence ** 2)
+  probs, labels = _synthetic_classifier(rng, 5000, 5, confidence, confidence**2)
   bins = cal.classification_calibration(probs, labels)
   means, targets = _two_component_problem(rng, 5000, true_std=0.5)
-  quantiles = {"VAMPIRE": cal.regression_quantile_calibration(means, targets, 0.3),
-               "MAML": cal.regression_quantile_calibration(means[:1], targets, 0.3)}
+  quantiles = {
+    "VAMPIRE": cal.regression_quantile_calibration(means, targets, 0.3),
+    "MAML": cal.regression_quantile_calibration(means[:1], targets, 0.3),
+  }
   paths = [
-      plots.plot_reliability_diagram(bins, tmp_path / "single.png", title="one"),
-      plots.plot_reliability_diagram({"MAML": bins, "VAMPIRE": bins}, tmp_path / "two.png"),
-      plots.plot_quantile_calibration(quantiles, tmp_path / "quantiles.png", title="sine+line",
-                                      point_estimates=["MAML"]),
-      plots.plot_risk_coverage({"A": cal.risk_coverage(probs, labels)}, tmp_path / "risk.png"),
-      plots.plot_training_curves({"loss": [3.0, 2.0, 1.5], "accuracy": [0.2, 0.5, 0.7]},
-                                 [0, 100, 200], tmp_path / "curves.png"),
+    plots.plot_reliability_diagram(bins, tmp_path / "single.png", title="one"),
+    plots.plot_reliability_diagram({"MAML": bins, "VAMPIRE": bins}, tmp_path / "two.png"),
+    plots.plot_quantile_calibration(
+      quantiles, tmp_path / "quantiles.png", title="sine+line", point_estimates=["MAML"]
+    ),
+    plots.plot_risk_coverage({"A": cal.risk_coverage(probs, labels)}, tmp_path / "risk.png"),
+    plots.plot_training_curves(
+      {"loss": [3.0, 2.0, 1.5], "accuracy": [0.2, 0.5, 0.7]}, [0, 100, 200], tmp_path / "curves.png"
+    ),
   ]
   for path in paths:
     assert path.stat().st_size > 1000 and _is_png(path)
@@ -317,8 +337,10 @@ def test_reliability_figure_has_one_title_and_a_histogram_of_the_bin_counts():
 def test_training_curves_show_validation_and_readable_step_labels():
   steps = list(range(0, 15001, 500))
   fig = plots.training_curves_figure(
-      {"loss": [1.0] * len(steps), "accuracy": [0.5] * len(steps)}, steps,
-      validation={"accuracy": ([5000, 10000, 15000], [0.6, 0.7, 0.8])})
+    {"loss": [1.0] * len(steps), "accuracy": [0.5] * len(steps)},
+    steps,
+    validation={"accuracy": ([5000, 10000, 15000], [0.6, 0.7, 0.8])},
+  )
   fig.canvas.draw()
   accuracy = fig.axes[1]
   assert [line.get_label() for line in accuracy.get_lines()] == ["training", "validation"]
@@ -329,8 +351,9 @@ def test_training_curves_show_validation_and_readable_step_labels():
 def test_reliability_figure_greys_low_count_bins_and_marks_the_mce_bin():
   # The hand-worked bins above: the MCE (0.55) is set by bin 2, a single prediction.
   probs = np.array([[0.9, 0.1]] * 4 + [[0.7, 0.3]] * 2 + [[0.55, 0.45]])
-  bins = cal.classification_calibration(probs, np.array([0, 0, 0, 1, 0, 0, 1]), num_bins=5,
-                                        min_count=2)
+  bins = cal.classification_calibration(
+    probs, np.array([0, 0, 0, 1, 0, 0, 1]), num_bins=5, min_count=2
+  )
   fig = plots.reliability_figure(bins, title="toy: 7 predictions")
   diagram, histogram = fig.axes[0], fig.axes[1]
   grey = [p for p in diagram.patches if np.allclose(p.get_facecolor()[:3], 211 / 255)]
@@ -370,13 +393,17 @@ def test_a_point_estimate_is_drawn_as_its_markers_not_as_a_calibrated_looking_li
 def test_training_curves_have_y_labels_and_mark_the_best_checkpoint():
   steps = list(range(0, 201, 5))
   fig = plots.training_curves_figure(
-      {"loss": [1.0] * len(steps)}, steps,
-      validation={"mse": ([50, 100, 150, 200], [0.9, 0.5, 0.6, 0.7])},
-      best={"step": 100, "score": 0.5, "metric": "mse"})
+    {"loss": [1.0] * len(steps)},
+    steps,
+    validation={"mse": ([50, 100, 150, 200], [0.9, 0.5, 0.6, 0.7])},
+    best={"step": 100, "score": 0.5, "metric": "mse"},
+  )
   loss, mse = fig.axes  # the validation-only metric gets a panel of its own
   assert loss.get_ylabel() and mse.get_ylabel() == "query MSE"
   star = [line for line in mse.get_lines() if line.get_marker() == "*"]
-  assert len(star) == 1 and list(star[0].get_xdata()) == [100] and list(star[0].get_ydata()) == [0.5]
+  assert (
+    len(star) == 1 and list(star[0].get_xdata()) == [100] and list(star[0].get_ydata()) == [0.5]
+  )
   assert star[0].get_label() == "best checkpoint (step 100)"
   for ax in (loss, mse):  # a dotted line at the best step on every panel
     assert any(list(line.get_xdata()) == [100, 100] for line in ax.get_lines())
@@ -389,8 +416,9 @@ def test_paper_quantile_calibration_by_hand():
   # Two draws at -1 and +1 around a truth of 0 with noise std 1: the outputs'
   # quantiles at levels 0, 0.5, 1 are -1, 0, 1, and the true N(0, 1) puts
   # Phi(-1), 1/2, Phi(1) of the observations below them.
-  result = cal.paper_quantile_calibration(np.array([[-1.0], [1.0]]), np.array([0.0]), 1.0,
-                                          levels=[0.0, 0.5, 1.0])
+  result = cal.paper_quantile_calibration(
+    np.array([[-1.0], [1.0]]), np.array([0.0]), 1.0, levels=[0.0, 0.5, 1.0]
+  )
   phi = statistics.NormalDist().cdf
   np.testing.assert_allclose(result.observed, [phi(-1), 0.5, phi(1)], atol=1e-12)
   gaps = [phi(-1), 0.0, 1 - phi(1)]
@@ -469,8 +497,9 @@ def test_mce_bin_and_mce_over_bins_with_a_minimum_count_by_hand():
   four = cal.classification_calibration(probs, labels, num_bins=5, min_count=4)
   assert four.mce == bins.mce and four.ece == bins.ece
   assert four.mce_min_count == pytest.approx(0.15)
-  assert math.isnan(cal.classification_calibration(probs, labels, num_bins=5,
-                                                   min_count=5).mce_min_count)
+  assert math.isnan(
+    cal.classification_calibration(probs, labels, num_bins=5, min_count=5).mce_min_count
+  )
   assert cal.classification_calibration(probs, labels).min_count == cal.MIN_BIN_COUNT
   back = cal.from_record(json.loads(json.dumps(cal.to_record(bins))))
   assert back.min_count == 2 and back.mce_min_count == pytest.approx(0.3)
@@ -483,8 +512,10 @@ def test_mce_bin_and_mce_over_bins_with_a_minimum_count_by_hand():
 def test_records_round_trip():
   probs = np.random.default_rng(0).dirichlet(np.ones(5), size=1000)
   labels = np.random.default_rng(1).integers(5, size=1000)
-  for result in (cal.classification_calibration(probs, labels),
-                 cal.paper_quantile_calibration(np.zeros((3, 4)), np.ones(4), 0.5)):
+  for result in (
+    cal.classification_calibration(probs, labels),
+    cal.paper_quantile_calibration(np.zeros((3, 4)), np.ones(4), 0.5),
+  ):
     back = cal.from_record(json.loads(json.dumps(cal.to_record(result))))
     for a, b in zip(back, result):
       np.testing.assert_allclose(a, b)

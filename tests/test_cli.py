@@ -22,16 +22,21 @@ def _run(argv, capsys):
 
 
 BAD_FLAGS = [  # (flags, what the one-line message must name)
-    (["--num-meta-steps", "-5"], "--num-meta-steps must be an integer >= 1, got -5"),
-    (["--inner-lr", "nan"], "--inner-lr must be a finite number > 0, got nan"),
-    (["--meta-lr", "0"], "--meta-lr must be a finite number > 0"),
-    (["--kl-weight", "-1"], "--kl-weight must be a finite number >= 0"),
-    (["--ways", "5000"], "--ways 5000: a 5000-way task needs 5000 distinct classes, but the "
-                         "original split's val part has only 151"),
-    (["--shots", "10", "--query", "15"], "--shots 10 --query 15: each class needs shots + query = "
-                                         "25 distinct examples, but has only 20"),
-    (["--log-std-init", "-3", "-4"], "--log-std-init must be two finite numbers LOW <= HIGH"),
-    (["--tasks-per-step", "0"], "--tasks-per-step must be an integer >= 1"),
+  (["--num-meta-steps", "-5"], "--num-meta-steps must be an integer >= 1, got -5"),
+  (["--inner-lr", "nan"], "--inner-lr must be a finite number > 0, got nan"),
+  (["--meta-lr", "0"], "--meta-lr must be a finite number > 0"),
+  (["--kl-weight", "-1"], "--kl-weight must be a finite number >= 0"),
+  (
+    ["--ways", "5000"],
+    "--ways 5000: a 5000-way task needs 5000 distinct classes, but the "
+    "original split's val part has only 151",
+  ),
+  (
+    ["--shots", "10", "--query", "15"],
+    "--shots 10 --query 15: each class needs shots + query = 25 distinct examples, but has only 20",
+  ),
+  (["--log-std-init", "-3", "-4"], "--log-std-init must be two finite numbers LOW <= HIGH"),
+  (["--tasks-per-step", "0"], "--tasks-per-step must be an integer >= 1"),
 ]
 
 
@@ -52,19 +57,24 @@ def test_data_problems_exit_2_naming_the_file(tmp_path, capsys, monkeypatch, omn
   empty = tmp_path / "empty"
   empty.mkdir()
   monkeypatch.setenv("OMNIGLOT_DIR", str(empty))
-  code, output, _ = _run(["--preset", "quick", "--workdir", str(tmp_path / "a"),
-                          "--cache-dir", str(omniglot_cache)], capsys)
+  code, output, _ = _run(
+    ["--preset", "quick", "--workdir", str(tmp_path / "a"), "--cache-dir", str(omniglot_cache)],
+    capsys,
+  )
   assert code == 2 and "not found in the Omniglot folder" in output and str(empty) in output
   assert "Traceback" not in output and not (tmp_path / "a").exists()
   # A truncated zip: the message names the file.
   broken = tmp_path / "broken"
   broken.mkdir()
   (broken / "images_background.zip").write_bytes(
-      (OMNIGLOT_DIR / "images_background.zip").read_bytes()[:100_000])
+    (OMNIGLOT_DIR / "images_background.zip").read_bytes()[:100_000]
+  )
   shutil.copy(OMNIGLOT_DIR / "images_evaluation.zip", broken)
   monkeypatch.setenv("OMNIGLOT_DIR", str(broken))
-  code, output, _ = _run(["--preset", "quick", "--workdir", str(tmp_path / "b"),
-                          "--cache-dir", str(tmp_path / "cache")], capsys)
+  code, output, _ = _run(
+    ["--preset", "quick", "--workdir", str(tmp_path / "b"), "--cache-dir", str(tmp_path / "cache")],
+    capsys,
+  )
   assert code == 2 and "images_background.zip is not a readable zip file" in output, output
   assert "Traceback" not in output and not (tmp_path / "cache" / "omniglot28.npz").exists()
 
@@ -73,8 +83,21 @@ def test_data_problems_exit_2_naming_the_file(tmp_path, capsys, monkeypatch, omn
 def test_resuming_with_another_config_is_refused_naming_the_fields(tiny_omniglot_run, capsys):
   workdir = tiny_omniglot_run[0]
   before = sorted(p.name for p in workdir.iterdir())
-  code, output, _ = _run(["--preset", "quick", "--workdir", str(workdir), "--ways", "20",
-                          "--algorithm", "maml", "--num-filters", "64"], capsys)
+  code, output, _ = _run(
+    [
+      "--preset",
+      "quick",
+      "--workdir",
+      str(workdir),
+      "--ways",
+      "20",
+      "--algorithm",
+      "maml",
+      "--num-filters",
+      "64",
+    ],
+    capsys,
+  )
   assert code == 2 and "holds a run with another config" in output
   for field in ("algorithm: 'vampire' -> 'maml'", "ways: 5 -> 20", "num_filters: 8 -> 64"):
     assert field in output
@@ -108,25 +131,38 @@ def test_help_describes_every_flag_with_the_presets_default(capsys):
 
 def test_help_groups_every_flag_and_says_each_default_once(capsys):
   from vampire_jax import configs
-  for config_class in (configs.OmniglotConfig, configs.MiniImagenetConfig,
-                       configs.FeaturesConfig, configs.RegressionConfig):
-    unplaced = [f.name for f in dataclasses.fields(config_class)
-                if f.name != "algorithm" and not any(f.name in g for g in cli.GROUPS.values())]
+
+  for config_class in (
+    configs.OmniglotConfig,
+    configs.MiniImagenetConfig,
+    configs.FeaturesConfig,
+    configs.RegressionConfig,
+  ):
+    unplaced = [
+      f.name
+      for f in dataclasses.fields(config_class)
+      if f.name != "algorithm" and not any(f.name in g for g in cli.GROUPS.values())
+    ]
     assert unplaced == [], f"{config_class.__name__}: give these fields a --help group"
   with pytest.raises(SystemExit):
     omniglot.main(["--help"])
   out = capsys.readouterr().out
   # The groups, in order, each with its own flags.
-  titles = [line for line in out.splitlines() if line and not line.startswith(" ")
-            and line.endswith(":") and line.split(":")[0] in cli.GROUPS]
+  titles = [
+    line
+    for line in out.splitlines()
+    if line and not line.startswith(" ") and line.endswith(":") and line.split(":")[0] in cli.GROUPS
+  ]
   assert [t.split(":")[0] for t in titles] == list(cli.GROUPS)
-  sections = dict(zip(cli.GROUPS, out.split("\n\n")[-len(cli.GROUPS):]))
-  for group, flags in {"run": ["--preset", "--workdir", "--num-meta-steps", "--seed"],
-                       "algorithm": ["--algorithm", "--inner-lr", "--kl-weight"],
-                       "task": ["--ways", "--shots", "--num-filters"],
-                       "data": ["--data-dir", "--split", "--cache-dir"],
-                       "speed": ["--task-batching", "--remat", "--conv-impl"],
-                       "evaluation": ["--num-mc-test", "--num-test-tasks", "--num-bins"]}.items():
+  sections = dict(zip(cli.GROUPS, out.split("\n\n")[-len(cli.GROUPS) :]))
+  for group, flags in {
+    "run": ["--preset", "--workdir", "--num-meta-steps", "--seed"],
+    "algorithm": ["--algorithm", "--inner-lr", "--kl-weight"],
+    "task": ["--ways", "--shots", "--num-filters"],
+    "data": ["--data-dir", "--split", "--cache-dir"],
+    "speed": ["--task-batching", "--remat", "--conv-impl"],
+    "evaluation": ["--num-mc-test", "--num-test-tasks", "--num-bins"],
+  }.items():
     assert sections[group].startswith(group + ":"), sections[group][:40]
     for flag in flags:
       assert re.search(rf"^  {flag}\b", sections[group], re.MULTILINE), (group, flag)

@@ -17,14 +17,22 @@ from conftest import OMNIGLOT_DIR, needs_omniglot
 def _summary(ece_shift: float) -> dict:
   levels = np.linspace(0.1, 0.9, 9)
   curve = calibration.QuantileCalibration(levels, levels + ece_shift, ece_shift, ece_shift)
-  return {"mse": 2.0 + ece_shift, "mse_ci95": 0.1, "nll": 3.0, "ece": ece_shift, "mce": ece_shift,
-          "num_tasks": 10, "wall_time_s": {"train": 12.0},
-          "calibration": {"quantile_calibration": calibration.to_record(curve)}}
+  return {
+    "mse": 2.0 + ece_shift,
+    "mse_ci95": 0.1,
+    "nll": 3.0,
+    "ece": ece_shift,
+    "mce": ece_shift,
+    "num_tasks": 10,
+    "wall_time_s": {"train": 12.0},
+    "calibration": {"quantile_calibration": calibration.to_record(curve)},
+  }
 
 
 def test_write_comparison_table_and_figures(tmp_path):
-  written = compare.write_comparison({"maml": _summary(0.1), "vampire": _summary(0.02)},
-                                     "regression", tmp_path, "test")
+  written = compare.write_comparison(
+    {"maml": _summary(0.1), "vampire": _summary(0.02)}, "regression", tmp_path, "test"
+  )
   rows = written["table"].splitlines()
   assert rows[2] == "| maml | 2.100 ± 0.100 | 3.0000 | 0.1000 | 0.1000 | 12 |"
   assert rows[3].startswith("| vampire | 2.020 ± 0.100 |")
@@ -35,8 +43,9 @@ def test_write_comparison_table_and_figures(tmp_path):
 
 def test_diverged_method_is_a_table_row_and_left_out_of_the_figures(tmp_path):
   message = "meta-training diverged at step 140: {'train/loss': nan}"
-  written = compare.write_comparison({"fomaml": {"diverged": message}, "vampire": _summary(0.02)},
-                                     "regression", tmp_path, "test")
+  written = compare.write_comparison(
+    {"fomaml": {"diverged": message}, "vampire": _summary(0.02)}, "regression", tmp_path, "test"
+  )
   rows = written["table"].splitlines()
   assert rows[2] == f"| fomaml | {message} | | | | |"
   assert rows[3].startswith("| vampire | 2.020 ± 0.100 |")
@@ -44,24 +53,48 @@ def test_diverged_method_is_a_table_row_and_left_out_of_the_figures(tmp_path):
 
 
 def test_every_method_diverging_is_an_error(tmp_path):
-  overrides = dict(num_meta_steps=2, hidden_sizes=(8,), num_test_tasks=10, num_val_tasks=10,
-                   eval_batch_tasks=10, eval_every=2, checkpoint_every=2, log_every=1,
-                   tasks_per_step=2, inner_lr=1e30)
+  overrides = dict(
+    num_meta_steps=2,
+    hidden_sizes=(8,),
+    num_test_tasks=10,
+    num_val_tasks=10,
+    eval_batch_tasks=10,
+    eval_every=2,
+    checkpoint_every=2,
+    log_every=1,
+    tasks_per_step=2,
+    inner_lr=1e30,
+  )
   with pytest.raises(FloatingPointError, match="every method diverged"):
     compare.run("regression", ("maml",), "quick", tmp_path, overrides, progress=False)
 
 
-@pytest.mark.parametrize("algorithms", [
+@pytest.mark.parametrize(
+  "algorithms",
+  [
     ("platipus", "bmaml", "abml"),  # MAML, VAMPIRE: tests/test_regression.py
-    pytest.param(compare.ALGORITHMS, marks=pytest.mark.slow)])
+    pytest.param(compare.ALGORITHMS, marks=pytest.mark.slow),
+  ],
+)
 def test_algorithms_train_through_the_loop_and_load_back(tmp_path, algorithms):
   # A few meta-steps per algorithm on a tiny MLP: each must plug into the
   # loop (meta-step, evaluation, checkpoint, calibration record) unchanged,
   # and load back with vj.load_run.
-  overrides = dict(num_meta_steps=4, hidden_sizes=(8, 8, 8), num_test_tasks=10,
-                   num_val_tasks=10, eval_batch_tasks=10, eval_every=4, checkpoint_every=4,
-                   log_every=2, num_mc_train=2, num_mc_query=2, num_mc_test=3, num_particles=2,
-                   tasks_per_step=2)
+  overrides = dict(
+    num_meta_steps=4,
+    hidden_sizes=(8, 8, 8),
+    num_test_tasks=10,
+    num_val_tasks=10,
+    eval_batch_tasks=10,
+    eval_every=4,
+    checkpoint_every=4,
+    log_every=2,
+    num_mc_train=2,
+    num_mc_query=2,
+    num_mc_test=3,
+    num_particles=2,
+    tasks_per_step=2,
+  )
   results = compare.run("regression", algorithms, "quick", tmp_path, overrides, progress=False)
   assert list(results["methods"]) == list(algorithms)
   x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]
@@ -82,13 +115,19 @@ def test_cli_errors():
   with pytest.raises(ConfigError, match="nonsense"):
     compare.parse_args(["--algorithms", "maml,nonsense"])
   benchmark, algorithms, preset, _, overrides, _ = compare.parse_args(
-      ["--benchmark", "omniglot", "--algorithms", "maml,abml", "--num-meta-steps", "7"])
+    ["--benchmark", "omniglot", "--algorithms", "maml,abml", "--num-meta-steps", "7"]
+  )
   assert (benchmark, algorithms, preset, overrides.num_meta_steps) == (
-      "omniglot", ["maml", "abml"], "5way1shot", 7)
+    "omniglot",
+    ["maml", "abml"],
+    "5way1shot",
+    7,
+  )
 
 
 def test_every_experiment_keeps_the_kl_term_of_variational_methods_only():
   from experiments import mini_imagenet, omniglot, regression, tiered_imagenet
+
   for module in (omniglot, mini_imagenet, tiered_imagenet):
     for algorithm in ("vampire", "platipus", "abml"):
       assert module.get_config("5way1shot", algorithm).kl_weight == 0.1, (module, algorithm)
@@ -104,21 +143,35 @@ def test_tiny_omniglot_comparison_sets_the_open_set_aurocs_side_by_side(omniglot
   # MAML (a point estimate) and VAMPIRE, a few meta-steps each: both get open-set episodes,
   # MAML's row shows its zero epistemic uncertainty (MI AUROC exactly 0.5), and the ROC
   # figure has a panel per method.
-  overrides = dict(num_filters=4, num_inner_steps=1, tasks_per_step=2, num_meta_steps=2,
-                   num_val_tasks=2, num_test_tasks=4, eval_batch_tasks=2, eval_every=2,
-                   checkpoint_every=2, log_every=1, num_mc_test=3, query=3,
-                   num_open_set_classes=2, data_dir=str(OMNIGLOT_DIR),
-                   cache_dir=str(omniglot_cache))
-  results = compare.run("omniglot", ("maml", "vampire"), "quick", tmp_path, overrides,
-                        progress=False)
+  overrides = dict(
+    num_filters=4,
+    num_inner_steps=1,
+    tasks_per_step=2,
+    num_meta_steps=2,
+    num_val_tasks=2,
+    num_test_tasks=4,
+    eval_batch_tasks=2,
+    eval_every=2,
+    checkpoint_every=2,
+    log_every=1,
+    num_mc_test=3,
+    query=3,
+    num_open_set_classes=2,
+    data_dir=str(OMNIGLOT_DIR),
+    cache_dir=str(omniglot_cache),
+  )
+  results = compare.run(
+    "omniglot", ("maml", "vampire"), "quick", tmp_path, overrides, progress=False
+  )
   maml, vampire = (results["methods"][name]["open_set"] for name in ("maml", "vampire"))
   assert maml["auroc"]["mutual_information"] == 0.5
   assert maml["misclassification_auroc"]["mutual_information"] in (0.5, None)
   assert vampire["auroc"]["mutual_information"] != 0.5
   assert (vampire["num_unknown_classes"], vampire["num_unknown_queries"]) == (2, 4 * 2 * 3)
   rows = results["open_set_table"].splitlines()
-  assert rows[0].startswith("| method | open-set AUROC: max prob | open-set AUROC: entropy | "
-                            "open-set AUROC: MI |")
+  assert rows[0].startswith(
+    "| method | open-set AUROC: max prob | open-set AUROC: entropy | open-set AUROC: MI |"
+  )
   assert rows[2].startswith("| maml (point estimate: MI = 0) | ")
   assert rows[2].split(" | ")[3] == "0.500"
   assert rows[3].startswith(f"| vampire | {vampire['auroc']['max_prob']:.3f} | ")

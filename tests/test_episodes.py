@@ -13,8 +13,7 @@ from vampire_jax.data import sample_tasks
 from vampire_jax.tasks import Task
 
 
-def _noise_images(num_characters=6, num_examples=20, size=8, channels=None,
-                  seed=0):
+def _noise_images(num_characters=6, num_examples=20, size=8, channels=None, seed=0):
   """uint8 `[C, E, size, size(, channels)]` random images."""
   shape = (num_characters, num_examples, size, size)
   shape += (channels,) if channels else ()
@@ -49,8 +48,9 @@ def _sources(x, table, squeeze_channel=True):
 
 def test_shapes_dtypes_and_values():
   images = _noise_images()
-  tasks = sample_tasks(jax.random.key(0), jax.device_put(images),
-                       num_tasks=3, ways=5, shots=2, query=4)
+  tasks = sample_tasks(
+    jax.random.key(0), jax.device_put(images), num_tasks=3, ways=5, shots=2, query=4
+  )
   assert isinstance(tasks, Task)
   assert tasks.support_x.shape == (3, 10, 8, 8, 1)
   assert tasks.query_x.shape == (3, 20, 8, 8, 1)
@@ -63,44 +63,49 @@ def test_shapes_dtypes_and_values():
     assert 0 <= np.min(x) and np.max(x) <= 1
     for t in range(3):
       for image, (c, e, k) in zip(np.asarray(x[t]), _sources(x[t], table)):
-        np.testing.assert_allclose(
-            image[..., 0], np.rot90(images[c, e], k) / 255, rtol=1e-6)
+        np.testing.assert_allclose(image[..., 0], np.rot90(images[c, e], k) / 255, rtol=1e-6)
 
 
 def test_channels_are_kept():
   images = _noise_images(channels=3)
-  tasks = sample_tasks(jax.random.key(0), images, num_tasks=2, ways=3,
-                       shots=1, query=2)
+  tasks = sample_tasks(jax.random.key(0), images, num_tasks=2, ways=3, shots=1, query=2)
   assert tasks.support_x.shape == (2, 3, 8, 8, 3)
   table = _source_table(images)
   sources = _sources(tasks.query_x[0], table, squeeze_channel=False)
   assert len(set(sources)) == 6
 
 
-@pytest.mark.parametrize('rotate, class_sampling', [
-    (True, 'character'), (True, 'class'), (False, 'character')])
+@pytest.mark.parametrize(
+  'rotate, class_sampling', [(True, 'character'), (True, 'class'), (False, 'character')]
+)
 def test_tasks_are_valid_episodes(rotate, class_sampling):
   ways, shots, query, num_tasks = 5, 3, 4, 64
   images = _noise_images(num_characters=6)
   table = _source_table(images)
-  tasks = sample_tasks(jax.random.key(1), images, num_tasks=num_tasks,
-                       ways=ways, shots=shots, query=query, rotate=rotate,
-                       class_sampling=class_sampling)
+  tasks = sample_tasks(
+    jax.random.key(1),
+    images,
+    num_tasks=num_tasks,
+    ways=ways,
+    shots=shots,
+    query=query,
+    rotate=rotate,
+    class_sampling=class_sampling,
+  )
   turns_seen, repeated_characters = set(), 0
   for t in range(num_tasks):
     # Labels grouped: each of 0..ways-1 exactly shots (query) times.
-    np.testing.assert_array_equal(tasks.support_y[t],
-                                  np.repeat(np.arange(ways), shots))
-    np.testing.assert_array_equal(tasks.query_y[t],
-                                  np.repeat(np.arange(ways), query))
+    np.testing.assert_array_equal(tasks.support_y[t], np.repeat(np.arange(ways), shots))
+    np.testing.assert_array_equal(tasks.query_y[t], np.repeat(np.arange(ways), query))
     support = _sources(tasks.support_x[t], table)
     queries = _sources(tasks.query_x[t], table)
     # No example repeats within a task, across support and query.
     assert len(set(support + queries)) == ways * (shots + query)
     classes = []
     for label in range(ways):
-      members = ([s for s, y in zip(support, tasks.support_y[t]) if y == label]
-                 + [s for s, y in zip(queries, tasks.query_y[t]) if y == label])
+      members = [s for s, y in zip(support, tasks.support_y[t]) if y == label] + [
+        s for s, y in zip(queries, tasks.query_y[t]) if y == label
+      ]
       # One (character, rotation) per label.
       assert len({(c, k) for c, _, k in members}) == 1
       classes.append(members[0][::2])
@@ -117,8 +122,7 @@ def test_tasks_are_valid_episodes(rotate, class_sampling):
 def test_character_sampling_turns_each_class_uniformly_and_independently():
   images = np.zeros((10, 20, 2, 2), np.uint8)
   images[:, :, 0, 1] = 255  # a marker that shows the quarter turn
-  tasks = sample_tasks(jax.random.key(9), images, num_tasks=2000, ways=5, shots=1,
-                       query=1)
+  tasks = sample_tasks(jax.random.key(9), images, num_tasks=2000, ways=5, shots=1, query=1)
   x = _to_uint8(tasks.support_x)[..., 0]  # [tasks, ways, 2, 2]
   corner = {(0, 1): 0, (0, 0): 1, (1, 0): 2, (1, 1): 3}  # np.rot90 of the top-right pixel
   turns = np.array([[corner[tuple(np.argwhere(image > 0)[0])] for image in task] for task in x])
@@ -133,37 +137,64 @@ def test_character_sampling_turns_each_class_uniformly_and_independently():
 def test_rotation_is_np_rot90():
   # One character: a 4-way task must use it at all four rotations.
   images = _noise_images(num_characters=1)
-  tasks = sample_tasks(jax.random.key(2), images, num_tasks=8, ways=4,
-                       shots=2, query=3, rotate=True, class_sampling='class')
+  tasks = sample_tasks(
+    jax.random.key(2),
+    images,
+    num_tasks=8,
+    ways=4,
+    shots=2,
+    query=3,
+    rotate=True,
+    class_sampling='class',
+  )
   x = _to_uint8(tasks.support_x)[..., 0]
   for t in range(8):
     turns = []
     for label in range(4):
       first = x[t, 2 * label]
-      matches = [(e, k) for e in range(20) for k in range(4)
-                 if np.array_equal(first, np.rot90(images[0, e], k))]
+      matches = [
+        (e, k)
+        for e in range(20)
+        for k in range(4)
+        if np.array_equal(first, np.rot90(images[0, e], k))
+      ]
       assert len(matches) == 1
       turns.append(matches[0][1])
       # The second support image of the class has the same rotation.
-      assert any(np.array_equal(x[t, 2 * label + 1],
-                                np.rot90(images[0, e], turns[-1]))
-                 for e in range(20))
+      assert any(
+        np.array_equal(x[t, 2 * label + 1], np.rot90(images[0, e], turns[-1])) for e in range(20)
+      )
     assert sorted(turns) == [0, 1, 2, 3]
   # Counter-clockwise, as np.rot90: the top-right pixel goes to top-left.
   dot = np.zeros((1, 20, 3, 3), np.uint8)
   dot[0, :, 0, 2] = 255
-  tasks = sample_tasks(jax.random.key(3), dot, num_tasks=1, ways=4, shots=1,
-                       query=1, rotate=True, class_sampling='class')
-  corners = {tuple(np.argwhere(np.asarray(x)[..., 0] > 0.5)[0])
-             for x in tasks.support_x[0]}
+  tasks = sample_tasks(
+    jax.random.key(3),
+    dot,
+    num_tasks=1,
+    ways=4,
+    shots=1,
+    query=1,
+    rotate=True,
+    class_sampling='class',
+  )
+  corners = {tuple(np.argwhere(np.asarray(x)[..., 0] > 0.5)[0]) for x in tasks.support_x[0]}
   assert corners == {(0, 2), (0, 0), (2, 0), (2, 2)}
 
 
 def test_pool_counts_rotations():
   # 2 characters x 4 rotations = 8 classes: an 8-way task uses them all.
   images = _noise_images(num_characters=2)
-  tasks = sample_tasks(jax.random.key(4), images, num_tasks=4, ways=8,
-                       shots=1, query=1, rotate=True, class_sampling='class')
+  tasks = sample_tasks(
+    jax.random.key(4),
+    images,
+    num_tasks=4,
+    ways=8,
+    shots=1,
+    query=1,
+    rotate=True,
+    class_sampling='class',
+  )
   table = _source_table(images)
   for t in range(4):
     classes = {(c, k) for c, _, k in _sources(tasks.support_x[t], table)}
@@ -189,8 +220,9 @@ def test_classes_labels_and_examples_are_uniform():
   images = np.zeros((num_characters, num_examples, 2, 2), np.uint8)
   images[:, :, 0, 0] = np.arange(num_characters)[:, None]
   images[:, :, 0, 1] = np.arange(num_examples)[None, :]
-  tasks = sample_tasks(jax.random.key(7), images, num_tasks=num_tasks,
-                       ways=ways, shots=1, query=1, rotate=False)
+  tasks = sample_tasks(
+    jax.random.key(7), images, num_tasks=num_tasks, ways=ways, shots=1, query=1, rotate=False
+  )
   raw = _to_uint8(tasks.support_x)[..., 0].astype(int)
   characters, examples = raw[:, :, 0, 0], raw[:, :, 0, 1]  # [tasks, ways]
 
@@ -211,27 +243,42 @@ def test_classes_labels_and_examples_are_uniform():
 
 def test_float_images_pass_through():
   images = _noise_images(num_characters=2).astype(np.float32) / 255
-  tasks = sample_tasks(jax.random.key(8), images, num_tasks=1, ways=2,
-                       shots=1, query=1, rotate=False)
+  tasks = sample_tasks(
+    jax.random.key(8), images, num_tasks=1, ways=2, shots=1, query=1, rotate=False
+  )
   x = np.asarray(tasks.support_x)[0, :, :, :, 0]
-  assert any(np.array_equal(x[0], images[c, e])
-             for c in range(2) for e in range(20))
+  assert any(np.array_equal(x[0], images[c, e]) for c in range(2) for e in range(20))
 
 
-@pytest.mark.parametrize('sizes, message', [
-    (dict(num_classes=4, examples_per_class=20, ways=5, shots=1, query=1),
-     '5-way task needs 5 distinct classes, but the pool has only 4'),
-    (dict(num_classes=10, examples_per_class=20, ways=5, shots=5, query=16),
-     r'shots \+ query = 5 \+ 16 = 21 .* only 20'),
-    (dict(num_classes=10, examples_per_class=20, ways=5, shots=1, query=0),
-     'query must be at least 1, got 0'),
-    (dict(num_classes=10, examples_per_class=20, ways=0, shots=1, query=1),
-     'ways must be at least 1'),
-    (dict(num_classes=10, examples_per_class=20, ways=2, shots=-1, query=1),
-     'shots must be at least 1'),
-    (dict(num_classes=0, examples_per_class=20, ways=1, shots=1, query=1),
-     'num_classes must be at least 1'),
-])
+@pytest.mark.parametrize(
+  'sizes, message',
+  [
+    (
+      dict(num_classes=4, examples_per_class=20, ways=5, shots=1, query=1),
+      '5-way task needs 5 distinct classes, but the pool has only 4',
+    ),
+    (
+      dict(num_classes=10, examples_per_class=20, ways=5, shots=5, query=16),
+      r'shots \+ query = 5 \+ 16 = 21 .* only 20',
+    ),
+    (
+      dict(num_classes=10, examples_per_class=20, ways=5, shots=1, query=0),
+      'query must be at least 1, got 0',
+    ),
+    (
+      dict(num_classes=10, examples_per_class=20, ways=0, shots=1, query=1),
+      'ways must be at least 1',
+    ),
+    (
+      dict(num_classes=10, examples_per_class=20, ways=2, shots=-1, query=1),
+      'shots must be at least 1',
+    ),
+    (
+      dict(num_classes=0, examples_per_class=20, ways=1, shots=1, query=1),
+      'num_classes must be at least 1',
+    ),
+  ],
+)
 def test_check_episode_spec_errors(sizes, message):
   num_classes = sizes.pop('num_classes')
   examples = sizes.pop('examples_per_class')
@@ -255,14 +302,12 @@ def test_sample_tasks_errors():
   with pytest.raises(ValueError, match='class_sampling'):
     sample_tasks(key, images, num_tasks=1, ways=2, shots=1, query=1, class_sampling='drawer')
   with pytest.raises(ValueError, match='pool has only 2'):
-    sample_tasks(key, images, num_tasks=1, ways=3, shots=1, query=1,
-                 rotate=False)
+    sample_tasks(key, images, num_tasks=1, ways=3, shots=1, query=1, rotate=False)
   with pytest.raises(ValueError, match='only 20'):
     sample_tasks(key, images, num_tasks=1, ways=2, shots=10, query=11)
   with pytest.raises(ValueError, match='num_tasks must be at least 1'):
     sample_tasks(key, images, num_tasks=0, ways=2, shots=1, query=1)
   with pytest.raises(ValueError, match='square'):
-    sample_tasks(key, images[:, :, :, :5], num_tasks=1, ways=2, shots=1,
-                 query=1)
+    sample_tasks(key, images[:, :, :, :5], num_tasks=1, ways=2, shots=1, query=1)
   with pytest.raises(ValueError, match=r'\[C, E, H, H\]'):
     sample_tasks(key, images[0], num_tasks=1, ways=2, shots=1, query=1)

@@ -40,6 +40,7 @@ def _sample_tasks(data, task_keys):
 
 # -- Shapes and dtypes where data enters ------------------------------------------------
 
+
 def _gaussian_nll_flat_targets():
   vj.gaussian_nll(0.3)(jnp.zeros((5, 1)), jnp.zeros(5))
 
@@ -47,22 +48,34 @@ def _gaussian_nll_flat_targets():
 def _adapt_flat_support_y():
   apply_fn, params, task = _regression_setup()
   loss_fn = vj.loss_from_apply(apply_fn, vj.gaussian_nll(0.3))
-  vj.adapt(vj.gaussian_from_params(params, jax.random.key(1)), task.support_x,
-           task.support_y[:, 0], jax.random.key(2), loss_fn=loss_fn, num_steps=1, inner_lr=1e-3)
+  vj.adapt(
+    vj.gaussian_from_params(params, jax.random.key(1)),
+    task.support_x,
+    task.support_y[:, 0],
+    jax.random.key(2),
+    loss_fn=loss_fn,
+    num_steps=1,
+    inner_lr=1e-3,
+  )
 
 
 def _maml_adapt_flat_support_y():
   apply_fn, params, task = _regression_setup()
   loss_fn = vj.loss_from_apply(apply_fn, vj.gaussian_nll(0.3))
-  vj.maml_adapt(params, task.support_x, task.support_y[:, 0], loss_fn=loss_fn, num_steps=1,
-                inner_lr=1e-3)
+  vj.maml_adapt(
+    params, task.support_x, task.support_y[:, 0], loss_fn=loss_fn, num_steps=1, inner_lr=1e-3
+  )
 
 
 def _learner_adapt_wide_support_y():
   apply_fn, params, task = _regression_setup()
   learner = vj.vampire(apply_fn, vj.gaussian_nll(0.3))
-  learner.adapt(learner.init(params, jax.random.key(1)), task.support_x,
-                jnp.tile(task.support_y, (1, 3)), jax.random.key(2))
+  learner.adapt(
+    learner.init(params, jax.random.key(1)),
+    task.support_x,
+    jnp.tile(task.support_y, (1, 3)),
+    jax.random.key(2),
+  )
 
 
 def _categorical_float_labels():
@@ -88,14 +101,20 @@ def _meta_step_flat_query_y():
 
 
 def _meta_step_empty_query():
-  _meta_step_on(lambda tasks: tasks._replace(query_x=tasks.query_x[:, :0],
-                                             query_y=tasks.query_y[:, :0]))
+  _meta_step_on(
+    lambda tasks: tasks._replace(query_x=tasks.query_x[:, :0], query_y=tasks.query_y[:, :0])
+  )
 
 
 def _predict_empty_query():
   apply_fn, params, _ = _regression_setup()
-  vj.predict(vj.gaussian_from_params(params, jax.random.key(1)), jnp.zeros((0, 1)),
-             jax.random.key(2), apply_fn=apply_fn, num_mc_samples=2)
+  vj.predict(
+    vj.gaussian_from_params(params, jax.random.key(1)),
+    jnp.zeros((0, 1)),
+    jax.random.key(2),
+    apply_fn=apply_fn,
+    num_mc_samples=2,
+  )
 
 
 def _conv4_uint8_images():
@@ -114,22 +133,32 @@ def _train_step_with_key_count_sampler():
 
 
 LIBRARY_ROWS = {
-    "gaussian_nll [K,1] outputs, [K] targets": (_gaussian_nll_flat_targets,
-                                                r"gaussian_nll: targets must be shaped like"),
-    "adapt, [K] support_y": (_adapt_flat_support_y, r"adapt: support_y does not fit"),
-    "maml_adapt, [K] support_y": (_maml_adapt_flat_support_y, r"maml_adapt: support_y does not fit"),
-    "learner.adapt, [K, 3] support_y": (_learner_adapt_wide_support_y,
-                                        r"adapt: support_y does not fit"),
-    "categorical_nll, float labels": (_categorical_float_labels, r"labels must be integer"),
-    "categorical_nll, [K, 1] labels": (_categorical_wrong_label_shape,
-                                       r"labels must be shaped \[4\]"),
-    "meta-step, [K] query_y": (_meta_step_flat_query_y, r"query_y does not fit"),
-    "meta-step, empty query set": (_meta_step_empty_query,
-                                   r"tasks.query_x must be at least one example"),
-    "predict, empty x": (_predict_empty_query, r"predict: x must be an array of at least one"),
-    "Conv4, uint8 images": (_conv4_uint8_images, r"Conv4: x must be floating point, preprocessed"),
-    "make_train_step, sampler(key, n)": (_train_step_with_key_count_sampler,
-                                         r"sample_tasks\(data, task_keys\)"),
+  "gaussian_nll [K,1] outputs, [K] targets": (
+    _gaussian_nll_flat_targets,
+    r"gaussian_nll: targets must be shaped like",
+  ),
+  "adapt, [K] support_y": (_adapt_flat_support_y, r"adapt: support_y does not fit"),
+  "maml_adapt, [K] support_y": (_maml_adapt_flat_support_y, r"maml_adapt: support_y does not fit"),
+  "learner.adapt, [K, 3] support_y": (
+    _learner_adapt_wide_support_y,
+    r"adapt: support_y does not fit",
+  ),
+  "categorical_nll, float labels": (_categorical_float_labels, r"labels must be integer"),
+  "categorical_nll, [K, 1] labels": (
+    _categorical_wrong_label_shape,
+    r"labels must be shaped \[4\]",
+  ),
+  "meta-step, [K] query_y": (_meta_step_flat_query_y, r"query_y does not fit"),
+  "meta-step, empty query set": (
+    _meta_step_empty_query,
+    r"tasks.query_x must be at least one example",
+  ),
+  "predict, empty x": (_predict_empty_query, r"predict: x must be an array of at least one"),
+  "Conv4, uint8 images": (_conv4_uint8_images, r"Conv4: x must be floating point, preprocessed"),
+  "make_train_step, sampler(key, n)": (
+    _train_step_with_key_count_sampler,
+    r"sample_tasks\(data, task_keys\)",
+  ),
 }
 
 
@@ -156,13 +185,23 @@ def test_checks_run_at_trace_time_only():
 
 # -- Run.predict: shapes, dtypes, values -----------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_regression_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("tiny_regression_run")
   config = dataclasses.replace(
-      regression.get_config("quick", "vampire"), num_meta_steps=2, tasks_per_step=2,
-      hidden_sizes=(8, 8), num_val_tasks=2, num_test_tasks=2, eval_every=2,
-      checkpoint_every=2, log_every=2, num_mc_test=2, eval_batch_tasks=2)
+    regression.get_config("quick", "vampire"),
+    num_meta_steps=2,
+    tasks_per_step=2,
+    hidden_sizes=(8, 8),
+    num_val_tasks=2,
+    num_test_tasks=2,
+    eval_every=2,
+    checkpoint_every=2,
+    log_every=2,
+    num_mc_test=2,
+    eval_batch_tasks=2,
+  )
   regression.train_and_evaluate(config, workdir, progress=False, print_fn=lambda m: None)
   return vj.load_run(workdir)
 
@@ -175,8 +214,10 @@ def test_run_predict_refuses_regression_targets_of_the_wrong_shape(tiny_regressi
   for bad in (task.support_y[:, 0], jnp.tile(task.support_y, (1, 3))):
     with pytest.raises(InputError, match=r"Run.predict: support_y must be \[5, 1\] targets"):
       run.predict(task.support_x, bad, task.query_x, jax.random.key(1))
-  for name, value in (("support_x", task.support_x.at[2, 0].set(jnp.nan)),
-                      ("query_x", task.query_x.at[0, 0].set(jnp.inf))):
+  for name, value in (
+    ("support_x", task.support_x.at[2, 0].set(jnp.nan)),
+    ("query_x", task.query_x.at[0, 0].set(jnp.inf)),
+  ):
     inputs = {"support_x": task.support_x, "query_x": task.query_x, name: value}
     with pytest.raises(InputError, match=f"Run.predict: {name} must be finite, got 1 NaN"):
       run.predict(inputs["support_x"], task.support_y, inputs["query_x"], jax.random.key(1))
@@ -191,15 +232,27 @@ def test_run_predict_refuses_bad_images_and_partial_labels(tiny_omniglot_run):
   labels = np.arange(5)
   assert np.allclose(run.predict(x[:5], labels, x, jax.random.key(0)).sum(1), 1.0, atol=1e-5)
   rows = {
-      "uint8 images": ((255 * x[:5]).astype(np.uint8), labels, x,
-                       r"support_x must be floating point, preprocessed as in training"),
-      "NaN in support_x": (np.where(x[:5] > 0.99, np.nan, x[:5]), labels, x,
-                           r"support_x must be finite"),
-      "inf in query_x": (x[:5], labels, np.where(x > 0.99, np.inf, x), r"query_x must be finite"),
-      "empty query set": (x[:5], labels, x[:0], r"query_x must be \[n, 28, 28, 1\] with n >= 1"),
-      "labels {0, 1, 2} of 5 ways": (x[:5], np.array([0, 1, 2, 0, 1]), x,
-                                     r"support_y must be labels covering every class 0..4"),
-      "float labels": (x[:5], labels.astype(np.float32), x, r"support_y must be \[5\] integer"),
+    "uint8 images": (
+      (255 * x[:5]).astype(np.uint8),
+      labels,
+      x,
+      r"support_x must be floating point, preprocessed as in training",
+    ),
+    "NaN in support_x": (
+      np.where(x[:5] > 0.99, np.nan, x[:5]),
+      labels,
+      x,
+      r"support_x must be finite",
+    ),
+    "inf in query_x": (x[:5], labels, np.where(x > 0.99, np.inf, x), r"query_x must be finite"),
+    "empty query set": (x[:5], labels, x[:0], r"query_x must be \[n, 28, 28, 1\] with n >= 1"),
+    "labels {0, 1, 2} of 5 ways": (
+      x[:5],
+      np.array([0, 1, 2, 0, 1]),
+      x,
+      r"support_y must be labels covering every class 0..4",
+    ),
+    "float labels": (x[:5], labels.astype(np.float32), x, r"support_y must be \[5\] integer"),
   }
   for name, (support_x, support_y, query_x, message) in rows.items():
     with pytest.raises(InputError, match=message):
@@ -208,14 +261,16 @@ def test_run_predict_refuses_bad_images_and_partial_labels(tiny_omniglot_run):
 
 # -- Defaults that hold, the inner-loop check, the finite flag ---------------------------
 
+
 @pytest.mark.parametrize("noise_std", [0.1, 0.3, 1.0])
 @pytest.mark.parametrize("factory", ["vampire", "maml", "abml", "platipus"])
 def test_factory_defaults_stay_finite_and_learn_for_gaussian_likelihoods(factory, noise_std):
   apply_fn, params, task = _regression_setup()
   make = getattr(vj, factory, None) or getattr(vj.baselines, factory)
   learner = make(apply_fn, vj.gaussian_nll(noise_std))
-  report = vj.check_inner_loop(learner, learner.init(params, jax.random.key(1)), task,
-                               jax.random.key(2))
+  report = vj.check_inner_loop(
+    learner, learner.init(params, jax.random.key(1)), task, jax.random.key(2)
+  )
   assert report.ok, report
   assert report.loss_after < 0.5 * report.loss_before  # the inner loop learns, not just survives
 
@@ -247,24 +302,28 @@ def test_check_inner_loop_finds_a_diverging_step_and_its_advice_works():
 
 def test_largest_curvature_is_the_top_hessian_eigenvalue():
   """Against a dense Hessian of a small quadratic-plus-softplus loss."""
+
   def loss_fn(w, x, y):
     return jnp.mean(jnp.square(x @ w["a"] - y)) + jnp.sum(jax.nn.softplus(w["b"]) ** 2)
+
   x = jax.random.normal(jax.random.key(0), (20, 4))
   y = jax.random.normal(jax.random.key(1), (20,))
   w = {"a": jnp.arange(4.0) / 4, "b": jnp.array([0.3, -0.2])}
   flat, unravel = jax.flatten_util.ravel_pytree(w)
   dense = jax.hessian(lambda f: loss_fn(unravel(f), x, y))(flat)
   top = float(np.max(np.linalg.eigvalsh(np.asarray(dense))))
-  got = float(diagnostics.largest_curvature(loss_fn, w, x, y, jax.random.key(2),
-                                            num_iterations=100))
+  got = float(
+    diagnostics.largest_curvature(loss_fn, w, x, y, jax.random.key(2), num_iterations=100)
+  )
   np.testing.assert_allclose(got, top, rtol=1e-3)
 
 
 def test_check_inner_loop_names_the_kl_factor():
   apply_fn, params, task = _regression_setup()
   learner = vj.vampire(apply_fn, vj.gaussian_nll(1.0), inner_lr=1e-3, kl_weight=50.0)
-  report = vj.check_inner_loop(learner, learner.init(params, jax.random.key(1)), task,
-                               jax.random.key(2))
+  report = vj.check_inner_loop(
+    learner, learner.init(params, jax.random.key(1)), task, jax.random.key(2)
+  )
   assert report.kl_factor > 2 and "KL term's step factor" in report.advice
 
 
@@ -275,13 +334,15 @@ def test_train_step_metrics_flag_non_finite_steps():
   for inner_lr in (1e-4, 1.0):
     learner = vj.maml(apply_fn, vj.gaussian_nll(0.1), inner_lr=inner_lr)
     state = vj.init_meta_state(learner, optimizer, params, jax.random.key(0))
-    step = jax.jit(vj.make_train_step(learner, optimizer, _sample_tasks, tasks_per_step=2,
-                                      steps_per_call=2))
+    step = jax.jit(
+      vj.make_train_step(learner, optimizer, _sample_tasks, tasks_per_step=2, steps_per_call=2)
+    )
     _, metrics = step(state, None, jax.random.key(1))
     flags[inner_lr] = np.asarray(metrics["finite"])
     assert flags[inner_lr].shape == (2,)
-    assert np.array_equal(flags[inner_lr], np.isfinite(metrics["loss"])
-                          & np.isfinite(metrics["grad_norm"]))
+    assert np.array_equal(
+      flags[inner_lr], np.isfinite(metrics["loss"]) & np.isfinite(metrics["grad_norm"])
+    )
   assert flags[1e-4].all() and not flags[1.0].any()
 
 
@@ -291,8 +352,9 @@ def test_debug_nonfinite_names_the_operation():
   adapt = vj.debug_nonfinite(lambda p: learner.adapt(p, task.support_x, task.support_y, None))
   with pytest.raises(FloatingPointError, match="nan generated by primitive"):
     adapt(params)
-  fine = vj.debug_nonfinite(lambda p: vj.maml(apply_fn, vj.gaussian_nll(0.1)).adapt(
-      p, task.support_x, task.support_y, None))
+  fine = vj.debug_nonfinite(
+    lambda p: vj.maml(apply_fn, vj.gaussian_nll(0.1)).adapt(p, task.support_x, task.support_y, None)
+  )
   chex.assert_tree_all_finite(fine(params))
 
 
@@ -300,8 +362,9 @@ def test_distribution_nll_takes_any_distrax_distribution():
   outputs = jax.random.normal(jax.random.key(0), (6, 1))
   targets = jax.random.normal(jax.random.key(1), (6, 1))
   normal = vj.distribution_nll(lambda out: distrax.Normal(out, 0.3))
-  np.testing.assert_allclose(normal(outputs, targets), vj.gaussian_nll(0.3)(outputs, targets),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    normal(outputs, targets), vj.gaussian_nll(0.3)(outputs, targets), rtol=1e-6
+  )
   laplace = vj.distribution_nll(lambda out: distrax.Laplace(out, 0.3))
   expected = np.mean(np.abs(targets - outputs) / 0.3 + np.log(2 * 0.3))
   np.testing.assert_allclose(laplace(outputs, targets), expected, rtol=1e-5)
@@ -310,9 +373,17 @@ def test_distribution_nll_takes_any_distrax_distribution():
 
 
 def _tiny_regression_config(**changes):
-  settings = dict(num_meta_steps=2, tasks_per_step=2, hidden_sizes=(8, 8), num_val_tasks=2,
-                  num_test_tasks=2, eval_every=2, checkpoint_every=2, log_every=2,
-                  eval_batch_tasks=2)
+  settings = dict(
+    num_meta_steps=2,
+    tasks_per_step=2,
+    hidden_sizes=(8, 8),
+    num_val_tasks=2,
+    num_test_tasks=2,
+    eval_every=2,
+    checkpoint_every=2,
+    log_every=2,
+    eval_batch_tasks=2,
+  )
   return dataclasses.replace(regression.get_config("quick", "maml"), **{**settings, **changes})
 
 
@@ -329,9 +400,15 @@ def test_training_refuses_an_inner_loop_that_diverges_at_initialisation(tmp_path
 
 def test_training_with_debug_nans_names_the_first_nan(tmp_path):
   # Stable at initialisation (the check passes), NaN within the first meta-step's outer update.
-  config = _tiny_regression_config(inner_lr=1e-3, meta_lr=1e30, num_meta_steps=4,
-                                   log_every=1, eval_every=4, checkpoint_every=4,
-                                   debug_nans=True)
+  config = _tiny_regression_config(
+    inner_lr=1e-3,
+    meta_lr=1e30,
+    num_meta_steps=4,
+    log_every=1,
+    eval_every=4,
+    checkpoint_every=4,
+    debug_nans=True,
+  )
   with pytest.raises(FloatingPointError, match="generated by primitive"):
     regression.train_and_evaluate(config, tmp_path, progress=False, print_fn=lambda m: None)
 
@@ -341,8 +418,13 @@ def test_training_refuses_a_split_with_nan_before_making_the_folder(tmp_path):
   problem = regression.make_problem(config)
   splits = dict(problem.splits, train={"images": np.array([[0.0, np.nan]], np.float32)})
   with pytest.raises(InputError, match=r"problem.splits\['train'\]\['images'\] must be finite"):
-    vj.train_and_evaluate(problem._replace(splits=splits), config, tmp_path / "run",
-                          progress=False, print_fn=lambda m: None)
+    vj.train_and_evaluate(
+      problem._replace(splits=splits),
+      config,
+      tmp_path / "run",
+      progress=False,
+      print_fn=lambda m: None,
+    )
   assert not (tmp_path / "run").exists()
 
 
@@ -350,7 +432,10 @@ def test_evaluate_split_refuses_non_finite_results_naming_the_tasks():
   def evaluate_indices(meta_params, key, indices):
     values = jnp.where(indices == 3, jnp.nan, 1.0)
     return {"nll": values, "labels": jnp.zeros_like(indices)}
-  with pytest.raises(FloatingPointError, match=r"1 of 5 tasks gave non-finite results \(tasks \[3\]"):
+
+  with pytest.raises(
+    FloatingPointError, match=r"1 of 5 tasks gave non-finite results \(tasks \[3\]"
+  ):
     vj.evaluate_split(evaluate_indices, None, jax.random.key(0), num_tasks=5, batch_tasks=2)
   ok = vj.evaluate_split(lambda p, k, i: {"nll": jnp.ones(len(i))}, None, jax.random.key(0), 5, 2)
   assert ok["nll"].shape == (5,)

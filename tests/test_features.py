@@ -44,9 +44,11 @@ def _write_leo(root, dataset="tieredImageNet", noise=1.5, seed=0, bytes_keys=Fal
         labels.append(label)
     order = rng.permutation(len(keys))
     keys = np.array(keys)[order]
-    content = {"embeddings": np.array(embeddings, np.float32)[order],
-               "labels": np.array(labels, np.int64)[order],
-               "keys": np.char.encode(keys, "latin1") if bytes_keys else keys}
+    content = {
+      "embeddings": np.array(embeddings, np.float32)[order],
+      "labels": np.array(labels, np.int64)[order],
+      "keys": np.char.encode(keys, "latin1") if bytes_keys else keys,
+    }
     with open(folder / f"{split}_embeddings.pkl", "wb") as f:
       pickle.dump(content, f, protocol=2)
     contents[split] = content
@@ -71,8 +73,8 @@ def test_loader_groups_rows_by_the_class_in_the_key(leo_root):
       rows = content["embeddings"][wnid_of_row == wnid]  # file order
       expected = rows / np.linalg.norm(rows, axis=1, keepdims=True)
       assert loaded.counts[c] == len(rows)
-      np.testing.assert_allclose(loaded.features[c, :len(rows)], expected, rtol=1e-6, atol=1e-7)
-      assert not np.any(loaded.features[c, len(rows):])  # zero padding
+      np.testing.assert_allclose(loaded.features[c, : len(rows)], expected, rtol=1e-6, atol=1e-7)
+      assert not np.any(loaded.features[c, len(rows) :])  # zero padding
       # The file's label of this class is one and the same for all its rows.
       assert len(set(content["labels"][wnid_of_row == wnid].tolist())) == 1
   raw = data.load_leo_embeddings(root / "tieredImageNet", "tiered", l2_normalize=False)
@@ -106,13 +108,31 @@ def test_loader_accepts_python2_bytes_keys_and_rejects_bad_files(tmp_path):
 
 def test_cli_presets():
   config, workdir, args = tiered_imagenet.parse_args(
-      ["--preset", "5way5shot", "--dataset", "mini", "--algorithm", "maml",
-       "--calibration-tasks", "all"])
-  assert (config.dataset, config.shots, config.algorithm, config.kl_weight) == ("mini", 5, "maml", 0.0)
+    [
+      "--preset",
+      "5way5shot",
+      "--dataset",
+      "mini",
+      "--algorithm",
+      "maml",
+      "--calibration-tasks",
+      "all",
+    ]
+  )
+  assert (config.dataset, config.shots, config.algorithm, config.kl_weight) == (
+    "mini",
+    5,
+    "maml",
+    0.0,
+  )
   assert args.calibration_tasks == -1 and "mini_features" in str(workdir) and not args.no_progress
   config = tiered_imagenet.get_config("5way1shot", "vampire")
   assert (config.hidden_sizes, config.inner_lr, config.num_inner_steps, config.kl_weight) == (
-      (128, 32), 0.01, 5, 0.1)
+    (128, 32),
+    0.01,
+    5,
+    0.1,
+  )
   assert config.num_test_tasks == 5000
   config, _, _ = tiered_imagenet.parse_args(["--hidden-sizes", "64", "16"])
   assert config.hidden_sizes == (64, 16)
@@ -121,18 +141,29 @@ def test_cli_presets():
 def test_short_maml_run_learns_and_scores_combinations(leo_root, tmp_path):
   root, _ = leo_root
   config = dataclasses.replace(
-      tiered_imagenet.get_config("quick", "maml"), data_dir=str(root), num_meta_steps=60,
-      eval_every=30, checkpoint_every=30, log_every=10, num_val_tasks=50, num_test_tasks=100)
+    tiered_imagenet.get_config("quick", "maml"),
+    data_dir=str(root),
+    num_meta_steps=60,
+    eval_every=30,
+    checkpoint_every=30,
+    log_every=10,
+    num_val_tasks=50,
+    num_test_tasks=100,
+  )
   splits = tiered_imagenet.load_splits(config)
   results = tiered_imagenet.train_and_evaluate(config, tmp_path, progress=False, splits=splits)
   args = SimpleNamespace(calibration_only=False, calibration_tasks=40, calibration_seed=0)
-  calibration_protocol.run_protocol(tmp_path, args, jax.device_put(splits["test"].features),
-                                    jax.device_put(splits["test"].counts))
+  calibration_protocol.run_protocol(
+    tmp_path, args, jax.device_put(splits["test"].features), jax.device_put(splits["test"].counts)
+  )
   # Chance is 20 %; the classes are separable and 60 steps of 8 tasks reach 45-60 % here.
   assert results["test"]["accuracy"] > 0.35, results["test"]
   assert results["test"]["num_tasks"] == 100
-  losses = [json.loads(line)["train/loss"] for line in
-            (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/loss" in line]
+  losses = [
+    json.loads(line)["train/loss"]
+    for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    if "train/loss" in line
+  ]
   assert len(losses) == 6 and np.all(np.isfinite(losses)) and losses[-1] < losses[0]
   saved = json.loads((tmp_path / "split.json").read_text())
   assert saved["test"]["wnids"] == splits["test"].wnids.tolist()
@@ -147,9 +178,19 @@ def test_short_maml_run_learns_and_scores_combinations(leo_root, tmp_path):
 def test_tiny_vampire_run(leo_root, tmp_path):
   root, _ = leo_root
   config = dataclasses.replace(
-      tiered_imagenet.get_config("quick", "vampire"), data_dir=str(root), num_inner_steps=1,
-      tasks_per_step=2, num_meta_steps=4, eval_every=4, checkpoint_every=4, log_every=2,
-      num_val_tasks=4, num_test_tasks=4, eval_batch_tasks=4, num_mc_test=2)
+    tiered_imagenet.get_config("quick", "vampire"),
+    data_dir=str(root),
+    num_inner_steps=1,
+    tasks_per_step=2,
+    num_meta_steps=4,
+    eval_every=4,
+    checkpoint_every=4,
+    log_every=2,
+    num_val_tasks=4,
+    num_test_tasks=4,
+    eval_batch_tasks=4,
+    num_mc_test=2,
+  )
   results = tiered_imagenet.train_and_evaluate(config, tmp_path, progress=False)
   logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [m["step"] for m in logged if "train/loss" in m] == [2, 4]
@@ -164,5 +205,6 @@ def test_tiny_vampire_run(leo_root, tmp_path):
   target_probabilities = np.take_along_axis(probabilities, targets[..., None], -1)[..., 0]
   np.testing.assert_allclose(per_task["nll"], -np.mean(np.log(target_probabilities), 1), rtol=1e-4)
   np.testing.assert_allclose(test["accuracy"], per_task["accuracy"].mean(), rtol=1e-6)
-  np.testing.assert_allclose(test["accuracy_ci95"], 1.959964 * per_task["accuracy"].std() / 2,
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    test["accuracy_ci95"], 1.959964 * per_task["accuracy"].std() / 2, rtol=1e-5
+  )

@@ -13,9 +13,15 @@ import vampire_jax as vj
 
 def _random_gaussian(key, scale=1.0):
   k = jax.random.split(key, 4)
-  mean = {"dense": {"kernel": jax.random.normal(k[0], (3, 4)), "bias": jax.random.normal(k[1], (4,))}}
-  log_std = {"dense": {"kernel": scale * jax.random.normal(k[2], (3, 4)),
-                       "bias": scale * jax.random.normal(k[3], (4,))}}
+  mean = {
+    "dense": {"kernel": jax.random.normal(k[0], (3, 4)), "bias": jax.random.normal(k[1], (4,))}
+  }
+  log_std = {
+    "dense": {
+      "kernel": scale * jax.random.normal(k[2], (3, 4)),
+      "bias": scale * jax.random.normal(k[3], (4,)),
+    }
+  }
   return vj.Gaussian(mean, log_std)
 
 
@@ -23,8 +29,11 @@ def test_kl_matches_distrax_summed_over_leaves():
   q = _random_gaussian(jax.random.key(0), 0.5)
   p = _random_gaussian(jax.random.key(1), 0.5)
   expected = sum(
-      jnp.sum(distrax.Normal(mq, jnp.exp(sq)).kl_divergence(distrax.Normal(mp, jnp.exp(sp))))
-      for mq, sq, mp, sp in zip(*(jax.tree_util.tree_leaves(t) for t in (q.mean, q.log_std, p.mean, p.log_std))))
+    jnp.sum(distrax.Normal(mq, jnp.exp(sq)).kl_divergence(distrax.Normal(mp, jnp.exp(sp))))
+    for mq, sq, mp, sp in zip(
+      *(jax.tree_util.tree_leaves(t) for t in (q.mean, q.log_std, p.mean, p.log_std))
+    )
+  )
   np.testing.assert_allclose(vj.kl_divergence(q, p), expected, rtol=1e-5)
 
 
@@ -43,8 +52,10 @@ def test_kl_is_stable_for_very_narrow_distributions():
 
 
 def test_sample_moments():
-  dist = vj.Gaussian({"a": jnp.array([1.0, -2.0]), "b": jnp.array(3.0)},
-                     {"a": jnp.log(jnp.array([0.5, 2.0])), "b": jnp.array(0.0)})
+  dist = vj.Gaussian(
+    {"a": jnp.array([1.0, -2.0]), "b": jnp.array(3.0)},
+    {"a": jnp.log(jnp.array([0.5, 2.0])), "b": jnp.array(0.0)},
+  )
   draws = vj.sample(dist, jax.random.key(0), 200_000)
   chex.assert_shape(draws["a"], (200_000, 2))
   chex.assert_shape(draws["b"], (200_000,))
@@ -58,7 +69,9 @@ def test_sample_is_deterministic_per_key_and_differs_across_keys():
   dist = _random_gaussian(jax.random.key(0))
   a = vj.sample(dist, jax.random.key(5), 3)
   chex.assert_trees_all_equal(a, vj.sample(dist, jax.random.key(5), 3))
-  assert not np.allclose(a["dense"]["kernel"], vj.sample(dist, jax.random.key(6), 3)["dense"]["kernel"])
+  assert not np.allclose(
+    a["dense"]["kernel"], vj.sample(dist, jax.random.key(6), 3)["dense"]["kernel"]
+  )
 
 
 def test_reparameterisation_gradients_match_finite_differences():
@@ -81,9 +94,11 @@ def test_reparameterisation_gradient_of_expected_square_is_exact():
     draws = vj.sample(vj.Gaussian({"w": mean}, {"w": log_std}), jax.random.key(0), 400_000)
     return jnp.mean(draws["w"] ** 2)
 
-  g_mean, g_log_std = jax.grad(expected_square, argnums=(0, 1))(jnp.array(0.7), jnp.log(jnp.array(0.4)))
+  g_mean, g_log_std = jax.grad(expected_square, argnums=(0, 1))(
+    jnp.array(0.7), jnp.log(jnp.array(0.4))
+  )
   np.testing.assert_allclose(g_mean, 1.4, rtol=0.01)
-  np.testing.assert_allclose(g_log_std, 2 * 0.4 ** 2, rtol=0.01)
+  np.testing.assert_allclose(g_log_std, 2 * 0.4**2, rtol=0.01)
 
 
 def test_gaussian_from_params_draws_log_std_in_range():
@@ -106,8 +121,9 @@ def test_gaussian_with_mismatched_trees_is_rejected():
 
 def test_every_weight_draw_is_fresh_noise():
   """No value of the noise repeats: fails if `_normal_like` drew its two halves with one key."""
-  dist = vj.Gaussian({"a": jnp.zeros(3), "b": jnp.zeros((2, 2))},
-                     {"a": jnp.zeros(3), "b": jnp.zeros((2, 2))})  # mean 0, std 1: draws are noise
+  dist = vj.Gaussian(
+    {"a": jnp.zeros(3), "b": jnp.zeros((2, 2))}, {"a": jnp.zeros(3), "b": jnp.zeros((2, 2))}
+  )  # mean 0, std 1: draws are noise
   for num_samples in (1, 2, 1001):  # totals of 7, 14 and 7007 numbers (odd and even)
     draws = vj.sample(dist, jax.random.key(0), num_samples)
     noise = np.concatenate([np.asarray(leaf).ravel() for leaf in jax.tree_util.tree_leaves(draws)])
@@ -127,9 +143,17 @@ def test_adapt_draws_new_noise_at_every_inner_step():
   prior = vj.Gaussian({"w": jnp.zeros(())}, {"w": jnp.zeros(())})
 
   def moved(key):
-    posterior = vj.adapt(prior, jnp.zeros((1, 1)), jnp.zeros((1, 1)), key,
-                         loss_fn=lambda params, x, y: params["w"], num_steps=num_steps,
-                         inner_lr=lr, num_mc_samples=1, kl_weight=0.0)
+    posterior = vj.adapt(
+      prior,
+      jnp.zeros((1, 1)),
+      jnp.zeros((1, 1)),
+      key,
+      loss_fn=lambda params, x, y: params["w"],
+      num_steps=num_steps,
+      inner_lr=lr,
+      num_mc_samples=1,
+      kl_weight=0.0,
+    )
     return posterior.log_std["w"] / lr
 
   moves = jax.jit(jax.vmap(moved))(jax.random.split(jax.random.key(0), 4000))

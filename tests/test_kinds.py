@@ -30,8 +30,9 @@ def test_predictive_outputs():
   np.testing.assert_allclose(draws, [[[0.9, 0.1]], [[0.1, 0.9]]], rtol=1e-6)
   np.testing.assert_allclose(kinds.CLASSIFICATION.predictive(draws), [[0.5, 0.5]], rtol=1e-6)
   samples = jnp.arange(6.0).reshape(3, 2, 1)
-  np.testing.assert_array_equal(kinds.REGRESSION.predictive(kinds.REGRESSION.draws(samples)),
-                                samples)
+  np.testing.assert_array_equal(
+    kinds.REGRESSION.predictive(kinds.REGRESSION.draws(samples)), samples
+  )
 
 
 def test_support_targets_each_kind_accepts():
@@ -46,23 +47,40 @@ def test_support_targets_each_kind_accepts():
 def test_a_new_kind_is_one_definition(tmp_path, monkeypatch):
   """A kind defined here, registered once, trains, validates and tests through the loop."""
   from experiments import regression
+
   absolute = kinds.REGRESSION._replace(
-      name="absolute_error", score="mae",
-      summarise=lambda per_task, num_bins, noise_std: (
-          {"mae": float(np.mean(np.abs(per_task["predictions"].mean(1) - per_task["targets"]))),
-           "mae_ci95": 0.0}, {}),
-      make_evaluator=lambda learner, noise_std, **kw: _with_mae(
-          vj.make_regression_evaluator(learner, noise_std, **kw)),
-      summary_line=lambda test: f"test MAE {test['mae']:.3f}",
-      columns=(("MAE", "mae", 1.0),))
+    name="absolute_error",
+    score="mae",
+    summarise=lambda per_task, num_bins, noise_std: (
+      {
+        "mae": float(np.mean(np.abs(per_task["predictions"].mean(1) - per_task["targets"]))),
+        "mae_ci95": 0.0,
+      },
+      {},
+    ),
+    make_evaluator=lambda learner, noise_std, **kw: _with_mae(
+      vj.make_regression_evaluator(learner, noise_std, **kw)
+    ),
+    summary_line=lambda test: f"test MAE {test['mae']:.3f}",
+    columns=(("MAE", "mae", 1.0),),
+  )
   monkeypatch.setitem(kinds.KINDS, "absolute_error", absolute)
   config = dataclasses.replace(
-      regression.get_config("quick", "maml"), num_meta_steps=2, tasks_per_step=2,
-      hidden_sizes=(8,), num_val_tasks=2, num_test_tasks=2, eval_every=2, checkpoint_every=2,
-      log_every=2, eval_batch_tasks=2)
+    regression.get_config("quick", "maml"),
+    num_meta_steps=2,
+    tasks_per_step=2,
+    hidden_sizes=(8,),
+    num_val_tasks=2,
+    num_test_tasks=2,
+    eval_every=2,
+    checkpoint_every=2,
+    log_every=2,
+    eval_batch_tasks=2,
+  )
   problem = regression.make_problem(config)._replace(kind="absolute_error")
-  results = vj.train_and_evaluate(problem, config, tmp_path, progress=False,
-                                  print_fn=lambda m: None)
+  results = vj.train_and_evaluate(
+    problem, config, tmp_path, progress=False, print_fn=lambda m: None
+  )
   assert results["kind"] == "absolute_error" and results["best_validation"]["metric"] == "mae"
   assert training.test_summary_line(results["test"], results["kind"]).startswith("test MAE ")
 
@@ -72,6 +90,7 @@ def _with_mae(evaluate):
     result = evaluate(meta_params, tasks, keys)
     mae = jnp.mean(jnp.abs(jnp.mean(result.predictions, axis=1) - tasks.query_y), axis=(1, 2))
     return _MaeEval(*result, mae)
+
   return with_mae
 
 

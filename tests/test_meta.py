@@ -28,8 +28,16 @@ def _regression_learner(algorithm, hidden=(40, 40), **kw):
   else:
     # kl_weight 0.1 keeps inner_lr * kl_weight / sigma_p^2 < 2 at the paper's
     # log-std init [-4, -3] (see vj.kl_step_factor).
-    learner = vj.vampire(apply_fn, nll, num_inner_steps=3, inner_lr=0.005, kl_weight=0.1,
-                         num_mc_train=4, num_mc_query=4, **kw)
+    learner = vj.vampire(
+      apply_fn,
+      nll,
+      num_inner_steps=3,
+      inner_lr=0.005,
+      kl_weight=0.1,
+      num_mc_train=4,
+      num_mc_query=4,
+      **kw,
+    )
   return learner, params
 
 
@@ -44,7 +52,8 @@ def test_all_task_batching_strategies_give_the_same_step(algorithm):
     step = jax.jit(vj.make_meta_step(learner, opt, task_batching=strategy, chunk_size=2))
     results[strategy] = step(state, tasks, jax.random.key(3))
   results["host_chunked"] = vj.make_host_chunked_meta_step(learner, opt, chunk_size=2)(
-      state, tasks, jax.random.key(3))
+    state, tasks, jax.random.key(3)
+  )
   reference = results.pop("vmap")
   for name, result in results.items():
     chex.assert_trees_all_close(result, reference, atol=1e-5, rtol=1e-4, custom_message=name)
@@ -55,12 +64,21 @@ def test_meta_step_gradient_is_the_mean_of_task_gradients():
   tasks = _sine_tasks(jax.random.key(2), 3)
   keys = jax.random.split(jax.random.key(3), 3)
   grads, metrics = vj.make_meta_gradient(learner)(params, tasks, keys)
-  per_task = [jax.grad(lambda p, i=i: vj.query_loss(
-      learner, p, jax.tree_util.tree_map(lambda x: x[i], tasks), keys[i])[0])(params) for i in range(3)]
-  chex.assert_trees_all_close(grads, jax.tree_util.tree_map(lambda *g: sum(g) / 3, *per_task),
-                              rtol=1e-5, atol=1e-6)
-  losses = [vj.query_loss(learner, params, jax.tree_util.tree_map(lambda x: x[i], tasks), keys[i])[0]
-            for i in range(3)]
+  per_task = [
+    jax.grad(
+      lambda p, i=i: vj.query_loss(
+        learner, p, jax.tree_util.tree_map(lambda x: x[i], tasks), keys[i]
+      )[0]
+    )(params)
+    for i in range(3)
+  ]
+  chex.assert_trees_all_close(
+    grads, jax.tree_util.tree_map(lambda *g: sum(g) / 3, *per_task), rtol=1e-5, atol=1e-6
+  )
+  losses = [
+    vj.query_loss(learner, params, jax.tree_util.tree_map(lambda x: x[i], tasks), keys[i])[0]
+    for i in range(3)
+  ]
   np.testing.assert_allclose(metrics["loss"], np.mean(losses), rtol=1e-6)
 
 
@@ -70,7 +88,7 @@ def test_meta_learning_rate_decays_by_099_every_10000_tasks():
   np.testing.assert_allclose(schedule(0), 1e-3, rtol=1e-6)
   np.testing.assert_allclose(schedule(312), 1e-3, rtol=1e-6)
   np.testing.assert_allclose(schedule(313), 0.99e-3, rtol=1e-6)
-  np.testing.assert_allclose(schedule(625), 0.99 ** 2 * 1e-3, rtol=1e-6)
+  np.testing.assert_allclose(schedule(625), 0.99**2 * 1e-3, rtol=1e-6)
   # And the optimiser uses it: Adam's first update is -lr * sign(g).
   opt = vj.meta_optimizer(1e-3, tasks_per_step=32)
   updates, _ = opt.update({"w": jnp.array(5.0)}, opt.init({"w": jnp.array(0.0)}))
@@ -81,11 +99,14 @@ def test_classification_evaluator_numbers():
   # A fixed "network" whose logits ignore the weights: check accuracy/NLL/probs.
   logits = jnp.log(jnp.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]]))
   learner = vj.MetaLearner(
-      init=lambda p, k: p, adapt=lambda p, x, y, k: p,
-      predict=lambda p, x, k: jnp.broadcast_to(logits, (2,) + logits.shape),
-      nll=vj.categorical_nll)
-  tasks = vj.Task(jnp.zeros((1, 2, 1)), jnp.zeros((1, 2), jnp.int32),
-                  jnp.zeros((1, 2, 1)), jnp.array([[0, 1]]))
+    init=lambda p, k: p,
+    adapt=lambda p, x, y, k: p,
+    predict=lambda p, x, k: jnp.broadcast_to(logits, (2,) + logits.shape),
+    nll=vj.categorical_nll,
+  )
+  tasks = vj.Task(
+    jnp.zeros((1, 2, 1)), jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2, 1)), jnp.array([[0, 1]])
+  )
   result = vj.make_classification_evaluator(learner)({}, tasks, jax.random.key(0))
   np.testing.assert_allclose(result.accuracy, [0.5])
   np.testing.assert_allclose(result.nll, [-(np.log(0.7) + np.log(0.3)) / 2], rtol=1e-5)
@@ -93,9 +114,14 @@ def test_classification_evaluator_numbers():
 
 
 def test_regression_evaluator_mixture_nll_is_exact_for_one_sample():
-  learner = vj.MetaLearner(init=lambda p, k: p, adapt=lambda p, x, y, k: p,
-                           predict=lambda p, x, k: x[None], nll=vj.gaussian_nll(0.5))
-  x = jnp.array([[[1.0], [2.0]]]); y = jnp.array([[[1.5], [2.0]]])  # noqa: E702
+  learner = vj.MetaLearner(
+    init=lambda p, k: p,
+    adapt=lambda p, x, y, k: p,
+    predict=lambda p, x, k: x[None],
+    nll=vj.gaussian_nll(0.5),
+  )
+  x = jnp.array([[[1.0], [2.0]]])
+  y = jnp.array([[[1.5], [2.0]]])  # noqa: E702
   result = vj.make_regression_evaluator(learner, 0.5)({}, vj.Task(x, y, x, y), jax.random.key(0))
   np.testing.assert_allclose(result.mse, [0.125])
   np.testing.assert_allclose(result.predictive_mean_mse, [0.125])  # one draw: the same
@@ -108,9 +134,14 @@ def test_regression_evaluator_mse_definitions_by_hand():
   # squared error over the draws: (1 + 1) / 2 = 1. The predictive mean (1) is
   # exact: its MSE is 0; the spread is in the NLL.
   draws = jnp.array([0.0, 2.0])[:, None, None]
-  learner = vj.MetaLearner(init=lambda p, k: p, adapt=lambda p, x, y, k: p,
-                           predict=lambda p, x, k: draws + 0 * x[None], nll=vj.gaussian_nll(1.0))
-  x = jnp.zeros((1, 1, 1)); y = jnp.ones((1, 1, 1))  # noqa: E702
+  learner = vj.MetaLearner(
+    init=lambda p, k: p,
+    adapt=lambda p, x, y, k: p,
+    predict=lambda p, x, k: draws + 0 * x[None],
+    nll=vj.gaussian_nll(1.0),
+  )
+  x = jnp.zeros((1, 1, 1))
+  y = jnp.ones((1, 1, 1))  # noqa: E702
   result = vj.make_regression_evaluator(learner, 1.0)({}, vj.Task(x, y, x, y), jax.random.key(0))
   np.testing.assert_allclose(result.mse, [1.0])
   np.testing.assert_allclose(result.predictive_mean_mse, [0.0])
@@ -121,7 +152,9 @@ def test_regression_evaluator_mse_definitions_by_hand():
 def test_bad_task_batches_are_rejected():
   learner, params = _regression_learner("maml")
   step = vj.make_meta_step(learner, vj.meta_optimizer(tasks_per_step=2))
-  state = vj.init_meta_state(learner, vj.meta_optimizer(tasks_per_step=2), params, jax.random.key(0))
+  state = vj.init_meta_state(
+    learner, vj.meta_optimizer(tasks_per_step=2), params, jax.random.key(0)
+  )
   tasks = _sine_tasks(jax.random.key(1), 2)
   with pytest.raises(ValueError, match=r"tasks.query_y must be 2 tasks, as tasks.support_x"):
     step(state, tasks._replace(query_y=tasks.query_y[:1]), jax.random.key(0))

@@ -13,9 +13,11 @@ import vampire_jax as vj
 
 
 def test_import_does_not_load_tensorflow():
-  code = ("import sys, vampire_jax, vampire_jax.data; "
-          "loaded = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')]; "
-          "assert not loaded, loaded")
+  code = (
+    "import sys, vampire_jax, vampire_jax.data; "
+    "loaded = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_datasets')]; "
+    "assert not loaded, loaded"
+  )
   subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -31,7 +33,17 @@ def test_conv4_variants_shapes_and_parameter_counts():
   # 84 -> 42 -> 21 -> 10 -> 5 with 2x2 max-pooling: 5*5*32 features.
   chex.assert_shape(params["head"]["kernel"], (800, 5))
   chex.assert_shape(params["conv0"]["kernel"], (3, 3, 3, 32))
-  assert set(params) == {"conv0", "conv1", "conv2", "conv3", "norm0", "norm1", "norm2", "norm3", "head"}
+  assert set(params) == {
+    "conv0",
+    "conv1",
+    "conv2",
+    "conv3",
+    "norm0",
+    "norm1",
+    "norm2",
+    "norm3",
+    "head",
+  }
 
 
 def test_patch_convolution_equals_xla_convolution_with_the_same_weights():
@@ -39,7 +51,9 @@ def test_patch_convolution_equals_xla_convolution_with_the_same_weights():
   patches = vj.Conv4(5, num_filters=16, conv_impl="patches")
   params = vj.init_params(xla, jax.random.key(0), (1, 28, 28, 1))
   x = jax.random.normal(jax.random.key(1), (4, 28, 28, 1))
-  np.testing.assert_allclose(vj.pure_apply(patches)(params, x), vj.pure_apply(xla)(params, x), atol=1e-4)
+  np.testing.assert_allclose(
+    vj.pure_apply(patches)(params, x), vj.pure_apply(xla)(params, x), atol=1e-4
+  )
 
 
 def test_batch_norm_uses_the_batch_statistics():
@@ -70,8 +84,10 @@ def test_max_pool_2x2_equals_flax_max_pool_at_odd_sizes():
   # A non-square odd input, and the gradient of a generic readout through all four.
   x = jax.random.normal(jax.random.key(1), (2, 84, 43, 2))
   weights = jax.random.normal(jax.random.key(2), (2, 5, 2, 2))
+
   def readout(pool):
     return jax.jit(jax.grad(lambda x: jnp.sum(weights * jnp.tanh(_pool_chain(pool, x)[-1]))))
+
   grad = readout(vj.models.max_pool_2x2)(x)
   np.testing.assert_allclose(grad, readout(flax_pool)(x), rtol=1e-6, atol=1e-7)
   assert int(jnp.sum(grad != 0)) == weights.size  # one maximum per window reaches the output

@@ -35,20 +35,36 @@ def test_there_are_three_notebooks_with_a_colab_badge_and_no_outputs():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
-  if "omniglot" in path.stem and not (OMNIGLOT_DIR / "images_background.zip").exists() \
-      and not os.environ.get("OMNIGLOT_DIR"):
+  if (
+    "omniglot" in path.stem
+    and not (OMNIGLOT_DIR / "images_background.zip").exists()
+    and not os.environ.get("OMNIGLOT_DIR")
+  ):
     pytest.skip(f"Omniglot zips not found at {OMNIGLOT_DIR}; set OMNIGLOT_DIR")
   # The notebooks import the experiments, which a clone has, not the wheel: the kernel
   # runs in a temporary folder, so the repository goes on its path.
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-      [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+  monkeypatch.setenv(
+    "PYTHONPATH",
+    os.pathsep.join(
+      [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    ),
+  )
   monkeypatch.setenv("VAMPIRE_JAX_SMALL", "1")
   monkeypatch.setenv("MPLBACKEND", "Agg")
   monkeypatch.setenv("OMNIGLOT_DIR", os.environ.get("OMNIGLOT_DIR", str(OMNIGLOT_DIR)))
   notebook = nbformat.read(path, as_version=4)
-  client = nbclient.NotebookClient(notebook, timeout=TIME_LIMIT_S, kernel_name="python3",
-                                   resources={"metadata": {"path": str(tmp_path)}})
+  client = nbclient.NotebookClient(
+    notebook,
+    timeout=TIME_LIMIT_S,
+    kernel_name="python3",
+    resources={"metadata": {"path": str(tmp_path)}},
+  )
   client.execute()
-  errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs
-            if o.output_type == "error"]
+  errors = [
+    o
+    for c in notebook.cells
+    if c.cell_type == "code"
+    for o in c.outputs
+    if o.output_type == "error"
+  ]
   assert not errors

@@ -31,48 +31,88 @@ from vampire_jax.data import split_indices
 from vampire_jax.data import omniglot
 from vampire_jax.errors import DataError
 
-DATA_DIR = Path(os.environ.get('OMNIGLOT_DIR') or
-                Path(__file__).resolve().parents[2] / 'shared/data/omniglot')
+DATA_DIR = Path(
+  os.environ.get('OMNIGLOT_DIR') or Path(__file__).resolve().parents[2] / 'shared/data/omniglot'
+)
 BIG_ZIPS = ('images_background.zip', 'images_evaluation.zip')
 SMALL_ZIPS = ('images_background_small1.zip', 'images_background_small2.zip')
 needs_data = pytest.mark.skipif(
-    not all((DATA_DIR / f).is_file() for f in BIG_ZIPS),
-    reason=f'Omniglot zips not found in {DATA_DIR} (set OMNIGLOT_DIR).')
+  not all((DATA_DIR / f).is_file() for f in BIG_ZIPS),
+  reason=f'Omniglot zips not found in {DATA_DIR} (set OMNIGLOT_DIR).',
+)
 needs_small_zips = pytest.mark.skipif(
-    not all((DATA_DIR / f).is_file() for f in SMALL_ZIPS),
-    reason=f'Omniglot small zips not found in {DATA_DIR}.')
+  not all((DATA_DIR / f).is_file() for f in SMALL_ZIPS),
+  reason=f'Omniglot small zips not found in {DATA_DIR}.',
+)
 
 # Characters per alphabet, from the data folder's README.
 ALPHABET_SIZES = {
-    'Alphabet_of_the_Magi': 20, 'Anglo-Saxon_Futhorc': 29, 'Arcadian': 26,
-    'Armenian': 41, 'Asomtavruli_(Georgian)': 40, 'Balinese': 24,
-    'Bengali': 46, 'Blackfoot_(Canadian_Aboriginal_Syllabics)': 14,
-    'Braille': 26, 'Burmese_(Myanmar)': 34, 'Cyrillic': 33,
-    'Early_Aramaic': 22, 'Futurama': 26, 'Grantha': 43, 'Greek': 24,
-    'Gujarati': 48, 'Hebrew': 22,
-    'Inuktitut_(Canadian_Aboriginal_Syllabics)': 16, 'Japanese_(hiragana)': 52,
-    'Japanese_(katakana)': 47, 'Korean': 40, 'Latin': 26,
-    'Malay_(Jawi_-_Arabic)': 40, 'Mkhedruli_(Georgian)': 41, 'N_Ko': 33,
-    'Ojibwe_(Canadian_Aboriginal_Syllabics)': 14, 'Sanskrit': 42,
-    'Syriac_(Estrangelo)': 23, 'Tagalog': 17, 'Tifinagh': 55,
-    'Angelic': 20, 'Atemayar_Qelisayer': 26, 'Atlantean': 26,
-    'Aurek-Besh': 26, 'Avesta': 26, 'Ge_ez': 26, 'Glagolitic': 45,
-    'Gurmukhi': 45, 'Kannada': 41, 'Keble': 26, 'Malayalam': 47,
-    'Manipuri': 40, 'Mongolian': 30, 'Old_Church_Slavonic_(Cyrillic)': 45,
-    'Oriya': 46, 'Sylheti': 28, 'Syriac_(Serto)': 23, 'Tengwar': 25,
-    'Tibetan': 42, 'ULOG': 26,
+  'Alphabet_of_the_Magi': 20,
+  'Anglo-Saxon_Futhorc': 29,
+  'Arcadian': 26,
+  'Armenian': 41,
+  'Asomtavruli_(Georgian)': 40,
+  'Balinese': 24,
+  'Bengali': 46,
+  'Blackfoot_(Canadian_Aboriginal_Syllabics)': 14,
+  'Braille': 26,
+  'Burmese_(Myanmar)': 34,
+  'Cyrillic': 33,
+  'Early_Aramaic': 22,
+  'Futurama': 26,
+  'Grantha': 43,
+  'Greek': 24,
+  'Gujarati': 48,
+  'Hebrew': 22,
+  'Inuktitut_(Canadian_Aboriginal_Syllabics)': 16,
+  'Japanese_(hiragana)': 52,
+  'Japanese_(katakana)': 47,
+  'Korean': 40,
+  'Latin': 26,
+  'Malay_(Jawi_-_Arabic)': 40,
+  'Mkhedruli_(Georgian)': 41,
+  'N_Ko': 33,
+  'Ojibwe_(Canadian_Aboriginal_Syllabics)': 14,
+  'Sanskrit': 42,
+  'Syriac_(Estrangelo)': 23,
+  'Tagalog': 17,
+  'Tifinagh': 55,
+  'Angelic': 20,
+  'Atemayar_Qelisayer': 26,
+  'Atlantean': 26,
+  'Aurek-Besh': 26,
+  'Avesta': 26,
+  'Ge_ez': 26,
+  'Glagolitic': 45,
+  'Gurmukhi': 45,
+  'Kannada': 41,
+  'Keble': 26,
+  'Malayalam': 47,
+  'Manipuri': 40,
+  'Mongolian': 30,
+  'Old_Church_Slavonic_(Cyrillic)': 45,
+  'Oriya': 46,
+  'Sylheti': 28,
+  'Syriac_(Serto)': 23,
+  'Tengwar': 25,
+  'Tibetan': 42,
+  'ULOG': 26,
 }
 ORIGINAL_VAL_ALPHABETS = [
-    'Ojibwe_(Canadian_Aboriginal_Syllabics)', 'Sanskrit',
-    'Syriac_(Estrangelo)', 'Tagalog', 'Tifinagh']
+  'Ojibwe_(Canadian_Aboriginal_Syllabics)',
+  'Sanskrit',
+  'Syriac_(Estrangelo)',
+  'Tagalog',
+  'Tifinagh',
+]
 
 
 def _fake_arrays():
   """Omniglot's layout with tiny images holding each row's index."""
-  alphabet = np.repeat(np.arange(50, dtype=np.int32),
-                       [ALPHABET_SIZES[a] for a in ALPHABETS])
-  return OmniglotArrays(images=np.arange(len(alphabet))[:, None],
-                        alphabet=alphabet, is_background=alphabet < 30)
+  alphabet = np.repeat(np.arange(50, dtype=np.int32), [ALPHABET_SIZES[a] for a in ALPHABETS])
+  return OmniglotArrays(
+    images=np.arange(len(alphabet))[:, None], alphabet=alphabet, is_background=alphabet < 30
+  )
 
 
 def _per_character_multisets(images):
@@ -152,14 +192,15 @@ def test_pixels_are_inverted_and_resized(arrays):
   assert np.mean(images[:, :, 0, :]) < 5 and np.mean(images[:, :, :, 0]) < 5
   # Ink is conserved by the resize (within 10%): ink in the 105x105 PNGs.
   gray, expected = _reference_image(
-      'images_background.zip',
-      'images_background/Alphabet_of_the_Magi/character01/0709_01.png')
+    'images_background.zip', 'images_background/Alphabet_of_the_Magi/character01/0709_01.png'
+  )
   np.testing.assert_array_equal(images[0, 0], expected)
   ink_105 = np.mean(gray == 0)
   assert abs(np.mean(images[0, 0]) / 255 - ink_105) < 0.1 * ink_105
   # Last drawing of the last character, the evaluation set's drawer 20.
   _, expected = _reference_image(
-      'images_evaluation.zip', 'images_evaluation/ULOG/character26/1623_20.png')
+    'images_evaluation.zip', 'images_evaluation/ULOG/character26/1623_20.png'
+  )
   np.testing.assert_array_equal(images[-1, -1], expected)
   # Drawings of one character differ from each other.
   assert len({d.tobytes() for d in images[0]}) == 20
@@ -183,7 +224,6 @@ def test_cache_is_written_and_read(arrays, cache_dir, monkeypatch):
   assert again.provenance['loaded'] == 'cache'
 
 
-
 @needs_data
 def test_data_folder_is_not_written(arrays, data_listing):
   del arrays  # Built by now.
@@ -198,8 +238,7 @@ def test_cache_dir_inside_data_folder_is_refused(tmp_path):
 
 @needs_data
 def test_split_images_on_real_data(arrays):
-  for split, sizes in (('original', (813, 151, 659)),
-                       ('random', (1100, 100, 423))):
+  for split, sizes in (('original', (813, 151, 659)), ('random', (1100, 100, 423))):
     parts = make_split(arrays, split)
     assert [len(parts[p]) for p in ('train', 'val', 'test')] == list(sizes)
     indices = split_indices(arrays, split)
@@ -218,8 +257,12 @@ def test_missing_folder_error_is_helpful(tmp_path):
       load_omniglot(missing, cache_dir=tmp_path / 'cache', source=source)
     message = str(error.value)
     assert str(missing) in message and 'does not exist' in message
-    for expected in ('images_background.zip', 'images_evaluation.zip',
-                     'github.com/brendenlake/omniglot', 'OMNIGLOT_DIR'):
+    for expected in (
+      'images_background.zip',
+      'images_evaluation.zip',
+      'github.com/brendenlake/omniglot',
+      'OMNIGLOT_DIR',
+    ):
       assert expected in message
 
 
@@ -261,8 +304,9 @@ def test_truncated_zip_is_an_error_that_names_the_file(tmp_path):
 def test_a_named_empty_folder_is_an_error_even_with_a_cache(tmp_path):
   cache = tmp_path / 'cache'
   fake = _fake_arrays()
-  omniglot._write_cache(cache / 'omniglot28.npz', fake, {'source': 'zip', 'folder': '/elsewhere',
-                                                         'fingerprint': None})
+  omniglot._write_cache(
+    cache / 'omniglot28.npz', fake, {'source': 'zip', 'folder': '/elsewhere', 'fingerprint': None}
+  )
   empty = tmp_path / 'empty'
   empty.mkdir()
   with pytest.raises(FileNotFoundError, match='not found in the Omniglot folder'):
@@ -280,6 +324,7 @@ def test_folder_with_a_zip_means_the_zip_reader(tmp_path, monkeypatch):
     def load(*args):
       calls.append(name)
       raise RuntimeError('stop here')
+
     return load
 
   monkeypatch.setattr(omniglot, '_load_zips', fake('zip'))
@@ -297,8 +342,11 @@ def test_a_cache_of_other_data_is_rebuilt_from_the_named_folder(tmp_path, monkey
   for name in BIG_ZIPS:
     (folder / name).write_bytes(b'new data')
   cache = tmp_path / 'cache'
-  omniglot._write_cache(cache / 'omniglot28.npz', _fake_arrays(),
-                        {'source': 'zip', 'folder': '/elsewhere', 'fingerprint': [['old']]})
+  omniglot._write_cache(
+    cache / 'omniglot28.npz',
+    _fake_arrays(),
+    {'source': 'zip', 'folder': '/elsewhere', 'fingerprint': [['old']]},
+  )
   monkeypatch.setattr(omniglot, '_validate', lambda arrays: None)  # the fake is not 28x28
   rebuilt = []
   monkeypatch.setattr(omniglot, '_load_zips', lambda f: rebuilt.append(f) or _fake_arrays())
@@ -328,8 +376,9 @@ def test_a_failed_tfds_build_leaves_no_files(tmp_path, monkeypatch):
 
 def test_tfds_without_tensorflow_says_what_to_install(tmp_path, monkeypatch):
   real = importlib.util.find_spec
-  monkeypatch.setattr(importlib.util, 'find_spec',
-                      lambda name, *a: None if name == 'tensorflow' else real(name, *a))
+  monkeypatch.setattr(
+    importlib.util, 'find_spec', lambda name, *a: None if name == 'tensorflow' else real(name, *a)
+  )
   monkeypatch.delenv('OMNIGLOT_DIR', raising=False)
   with pytest.raises(FileNotFoundError, match=r'pip install -e "\.\[data\]"'):
     load_omniglot(cache_dir=tmp_path / 'cache', source='auto')
@@ -356,8 +405,7 @@ def test_partial_set_fails_validation(small_folder, tmp_path):
 def test_extracted_folders_read_like_zips(small_folder, tmp_path):
   extracted = tmp_path / 'extracted'
   extracted.mkdir()
-  for zip_name, set_name in zip(SMALL_ZIPS, ('images_background',
-                                             'images_evaluation')):
+  for zip_name, set_name in zip(SMALL_ZIPS, ('images_background', 'images_evaluation')):
     with zipfile.ZipFile(DATA_DIR / zip_name) as archive:
       archive.extractall(tmp_path)
     # The small zips' top folders are images_background_small1 and 2.
@@ -385,8 +433,10 @@ def test_tfds_checksums_are_replaced_then_restored():
     local = builder_cls.url_infos
     assert local[url + 'images_background.zip'].checksum.startswith('512b4a')
     assert local[url + 'images_evaluation.zip'].checksum.startswith('98893e')
-    assert local[url + 'images_background_small1.zip'] == registered[
-        url + 'images_background_small1.zip']
+    assert (
+      local[url + 'images_background_small1.zip']
+      == registered[url + 'images_background_small1.zip']
+    )
   assert dict(builder_cls.url_infos) == registered
 
 
@@ -401,8 +451,9 @@ def test_tfds_offline_full_build_matches_zip_reader(arrays, tmp_path):
   assert dict(tfds.builder_cls('omniglot').url_infos) == registered
   np.testing.assert_array_equal(from_tfds.alphabet, arrays.alphabet)
   np.testing.assert_array_equal(from_tfds.is_background, arrays.is_background)
-  np.testing.assert_array_equal(_per_character_multisets(from_tfds.images),
-                                _per_character_multisets(arrays.images))
+  np.testing.assert_array_equal(
+    _per_character_multisets(from_tfds.images), _per_character_multisets(arrays.images)
+  )
   assert (tmp_path / 'omniglot28.npz').is_file()
 
 
@@ -416,13 +467,13 @@ def test_original_split():
   _assert_partition(parts, 1623)
   val_alphabets = sorted({ALPHABETS[a] for a in fake.alphabet[parts['val']]})
   assert val_alphabets == ORIGINAL_VAL_ALPHABETS
-  np.testing.assert_array_equal(np.sort(np.r_[parts['train'], parts['val']]),
-                                np.arange(964))
+  np.testing.assert_array_equal(np.sort(np.r_[parts['train'], parts['val']]), np.arange(964))
   np.testing.assert_array_equal(parts['test'], np.arange(964, 1623))
   # Whole alphabets: no alphabet in two parts. The seed is not used.
   alphabets = [set(fake.alphabet[parts[p]].tolist()) for p in parts]
-  assert not (alphabets[0] & alphabets[1] or alphabets[0] & alphabets[2]
-              or alphabets[1] & alphabets[2])
+  assert not (
+    alphabets[0] & alphabets[1] or alphabets[0] & alphabets[2] or alphabets[1] & alphabets[2]
+  )
   one_val = split_indices(fake, 'original', num_val_alphabets=1)
   assert [len(one_val[p]) for p in ('train', 'val')] == [909, 55]  # Tifinagh.
   # No held-out alphabet: all 964 train, and validation draws its tasks from them.
@@ -444,8 +495,7 @@ def test_random_split():
   # Characters from both sets in every part.
   assert 0 < np.sum(fake.is_background[parts['test']]) < 423
   bigger_val = split_indices(fake, 'random', num_val_characters=200)
-  assert [len(bigger_val[p]) for p in ('train', 'val', 'test')] == [
-      1000, 200, 423]
+  assert [len(bigger_val[p]) for p in ('train', 'val', 'test')] == [1000, 200, 423]
   np.testing.assert_array_equal(bigger_val['test'], parts['test'])
 
 
@@ -469,8 +519,7 @@ def test_save_split_indices(tmp_path):
   assert record['val']['alphabets'] == ORIGINAL_VAL_ALPHABETS
   assert record['val']['characters'][-1] == 'Tifinagh/character55'
   assert record['test']['characters'][0] == 'Angelic/character01'
-  random_record = save_split_indices(tmp_path / 'r.json', fake, 'random',
-                                     seed=7)
+  random_record = save_split_indices(tmp_path / 'r.json', fake, 'random', seed=7)
   assert json.loads((tmp_path / 'r.json').read_text())['seed'] == 7
   assert len(random_record['test']) == 423
 

@@ -21,13 +21,25 @@ pytestmark = needs_omniglot
 
 def test_quick_maml_run_learns(omniglot_cache, tmp_path):
   config = dataclasses.replace(
-      omniglot.get_config("quick", "maml"), num_meta_steps=150, num_test_tasks=100,
-      eval_every=150, checkpoint_every=150, cache_dir=str(omniglot_cache))
+    omniglot.get_config("quick", "maml"),
+    num_meta_steps=150,
+    num_test_tasks=100,
+    eval_every=150,
+    checkpoint_every=150,
+    cache_dir=str(omniglot_cache),
+  )
   results = omniglot.train_and_evaluate(config, tmp_path, progress=False)
   # Chance is 20 %; 150 meta-steps of 8 tasks on Conv4-16 reach about 55-60 % here.
   assert results["test"]["accuracy"] > 0.45, results["test"]
-  for name in ("results.json", "reliability.png", "risk_coverage.png", "training_curves.png",
-               "split.json", "metrics.jsonl", "run.json"):
+  for name in (
+    "results.json",
+    "reliability.png",
+    "risk_coverage.png",
+    "training_curves.png",
+    "split.json",
+    "metrics.jsonl",
+    "run.json",
+  ):
     assert (tmp_path / name).stat().st_size > 0, name
   saved = json.loads((tmp_path / "results.json").read_text())
   assert saved["config"]["algorithm"] == "maml" and saved["git_commit"]
@@ -59,8 +71,9 @@ def test_interrupted_run_resumes_to_the_same_result(omniglot_cache, tiny_omniglo
   assert resumed["test"]["accuracy"] == full["test"]["accuracy"]
 
 
-def test_sigterm_saves_a_checkpoint_and_the_rerun_finishes_the_same(omniglot_cache,
-                                                                   tiny_omniglot_run, tmp_path):
+def test_sigterm_saves_a_checkpoint_and_the_rerun_finishes_the_same(
+  omniglot_cache, tiny_omniglot_run, tmp_path
+):
   config = tiny_omniglot_config(omniglot_cache, log_every=1, checkpoint_every=6)
 
   def terminate_at_step_2(message):  # the loop prints a line per logged step
@@ -80,12 +93,34 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_finishes_the_same(omniglot_cac
 
 def test_cli_presets_and_overrides(tmp_path):
   config, workdir, args = omniglot.parse_args(
-      ["--preset", "20way5shot", "--algorithm", "maml", "--split", "random", "--workdir", str(tmp_path)])
+    [
+      "--preset",
+      "20way5shot",
+      "--algorithm",
+      "maml",
+      "--split",
+      "random",
+      "--workdir",
+      str(tmp_path),
+    ]
+  )
   assert (config.ways, config.shots, config.tasks_per_step, config.kl_weight) == (20, 5, 16, 0.0)
   assert config.split == "random" and workdir == tmp_path and not args.no_progress
-  config, _, _ = omniglot.parse_args(["--kl-weight", "0.05", "--log-std-init", "-5", "-4",
-                                      "--meta-grad-clip-norm", "0", "--first-order",
-                                      "--class-sampling", "class", "--no-batch-norm-affine"])
+  config, _, _ = omniglot.parse_args(
+    [
+      "--kl-weight",
+      "0.05",
+      "--log-std-init",
+      "-5",
+      "-4",
+      "--meta-grad-clip-norm",
+      "0",
+      "--first-order",
+      "--class-sampling",
+      "class",
+      "--no-batch-norm-affine",
+    ]
+  )
   assert config.kl_weight == 0.05 and config.log_std_init == (-5.0, -4.0)
   assert config.meta_grad_clip_norm is None and config.first_order
   assert config.class_sampling == "class" and not config.batch_norm_affine
@@ -98,8 +133,9 @@ def test_cli_presets_and_overrides(tmp_path):
 
 def test_authors_batch_norm_has_no_scale_or_offset():
   with_affine = vj.init_params(vj.Conv4(5, num_filters=4), jax.random.key(0), (1, 28, 28, 1))
-  without = vj.init_params(vj.Conv4(5, num_filters=4, batch_norm_affine=False), jax.random.key(0),
-                           (1, 28, 28, 1))
+  without = vj.init_params(
+    vj.Conv4(5, num_filters=4, batch_norm_affine=False), jax.random.key(0), (1, 28, 28, 1)
+  )
   assert set(with_affine["norm0"]) == {"scale", "offset"} and "norm0" not in without
   size = lambda tree: sum(x.size for x in jax.tree_util.tree_leaves(tree))  # noqa: E731
   assert size(with_affine) - size(without) == 4 * 2 * 4  # 4 blocks x (scale, offset) x 4 filters

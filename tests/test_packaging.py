@@ -26,18 +26,38 @@ from experiments import regression
 REPO = Path(__file__).resolve().parents[1]
 # What the wheel alone does not have: the experiments and benchmarks (a clone's), and
 # the extras' packages (figures, TFDS, TensorFlow, images, logs, progress bars).
-NOT_IN_THE_WHEEL = ("experiments", "benchmarks", "tensorflow", "tensorflow_datasets",
-                    "matplotlib", "PIL", "tensorboardX", "tqdm")
+NOT_IN_THE_WHEEL = (
+  "experiments",
+  "benchmarks",
+  "tensorflow",
+  "tensorflow_datasets",
+  "matplotlib",
+  "PIL",
+  "tensorboardX",
+  "tqdm",
+)
 
 
 def _tiny_regression_run(workdir: Path):
   config = dataclasses.replace(
-      regression.get_config("quick", "vampire"), hidden_sizes=(8, 8, 8), num_meta_steps=2,
-      num_inner_steps=1, tasks_per_step=2, num_mc_train=2, num_mc_query=2, num_mc_test=3,
-      num_val_tasks=2, num_test_tasks=2, eval_batch_tasks=2, eval_every=2, checkpoint_every=2,
-      log_every=2)
-  vj.train_and_evaluate(regression.make_problem(config), config, workdir, progress=False,
-                        print_fn=lambda message: None)
+    regression.get_config("quick", "vampire"),
+    hidden_sizes=(8, 8, 8),
+    num_meta_steps=2,
+    num_inner_steps=1,
+    tasks_per_step=2,
+    num_mc_train=2,
+    num_mc_query=2,
+    num_mc_test=3,
+    num_val_tasks=2,
+    num_test_tasks=2,
+    eval_batch_tasks=2,
+    eval_every=2,
+    checkpoint_every=2,
+    log_every=2,
+  )
+  vj.train_and_evaluate(
+    regression.make_problem(config), config, workdir, progress=False, print_fn=lambda message: None
+  )
   return config
 
 
@@ -93,8 +113,14 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
   # From the folder that holds the runs, outside the repository, importing the
   # vampire_jax under test (the blocker keeps the clone's other packages out).
   env = {**os.environ, "PYTHONPATH": str(Path(vj.__file__).parents[1])}
-  done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=300)
+  done = subprocess.run(
+    [sys.executable, "-c", script],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])
   assert result["loaded"] == []
@@ -133,9 +159,13 @@ def test_all_lists_every_public_name_once():
 
 def test_old_run_folders_name_the_library_configs():
   for name in ("OmniglotConfig", "MiniImagenetConfig", "FeaturesConfig", "RegressionConfig"):
-    assert vj.configs.recorded_class_name(f"experiments.configs.{name}") == \
-        f"vampire_jax.configs.{name}"
+    assert (
+      vj.configs.recorded_class_name(f"experiments.configs.{name}") == f"vampire_jax.configs.{name}"
+    )
   # Other names, and the experiments' preset functions, are left as they are.
-  for name in ("experiments.configs.get_config", "my_project.MyConfig",
-               "vampire_jax.configs.OmniglotConfig"):
+  for name in (
+    "experiments.configs.get_config",
+    "my_project.MyConfig",
+    "vampire_jax.configs.OmniglotConfig",
+  ):
     assert vj.configs.recorded_class_name(name) == name

@@ -20,10 +20,18 @@ def _configs_of(cell, flags) -> list[dict]:
   """The configs the cell's child process trains with (regression: one per method)."""
   if cell.group == "omniglot":
     return [dataclasses.asdict(omniglot.parse_args(flags)[0])]
-  _, args = cli.parse(flags, "", regression.PRESETS, regression.get_config, algorithm_flag=False,
-                      add_flags=lambda parser: parser.add_argument("--algorithms"))
-  return [dataclasses.asdict(cli.apply_overrides(regression.get_config(args.preset, name), args))
-          for name in args.algorithms.split(",")]
+  _, args = cli.parse(
+    flags,
+    "",
+    regression.PRESETS,
+    regression.get_config,
+    algorithm_flag=False,
+    add_flags=lambda parser: parser.add_argument("--algorithms"),
+  )
+  return [
+    dataclasses.asdict(cli.apply_overrides(regression.get_config(args.preset, name), args))
+    for name in args.algorithms.split(",")
+  ]
 
 
 def test_every_cell_trains_the_papers_protocol():
@@ -35,17 +43,25 @@ def test_every_cell_trains_the_papers_protocol():
       continue
     command = paper_runs.child_command(cell, Path("/tmp/cell"), False, [])
     assert command[1:3] == ["-m", cell.module] and command[-3:] == [
-        "--workdir", "/tmp/cell", "--no-progress"]
+      "--workdir",
+      "/tmp/cell",
+      "--no-progress",
+    ]
     for config in _configs_of(cell, command[3:]):
       run = paper_table.Run(Path("/tmp/cell"), cell.group, json.loads(json.dumps(config)), {}, None)
       placed = paper_table.sort_runs([run])  # lands in a cell of the table, not apart
       assert list(placed.cells.values()) == [[run]], (cell.name, placed)
   assert [c.name for c in paper_runs.select_cells(cells, "regression,omniglot_random_20way*")] == [
-      "omniglot_random_20way1shot_vampire", "omniglot_random_20way1shot_maml",
-      "omniglot_random_20way5shot_vampire", "omniglot_random_20way5shot_maml", "regression_paper"]
+    "omniglot_random_20way1shot_vampire",
+    "omniglot_random_20way1shot_maml",
+    "omniglot_random_20way5shot_vampire",
+    "omniglot_random_20way5shot_maml",
+    "regression_paper",
+  ]
   mini = [c for c in cells if c.group == "mini_imagenet"]
   assert [c.outputs for c in mini] == [("results.json", "calibration.json")] * 2 + [
-      ("results.json",)] * 2
+    ("results.json",)
+  ] * 2
   assert all(("--calibration-tasks" in c.flags) == ("5way1shot" in c.name) for c in mini)
 
 
@@ -103,12 +119,20 @@ def test_a_second_call_skips_finished_cells(child_env, capsys):
 
 
 @needs_omniglot
-def test_a_budget_stops_a_cell_cleanly_and_the_next_call_finishes_it(child_env, monkeypatch,
-                                                                      capsys):
+def test_a_budget_stops_a_cell_cleanly_and_the_next_call_finishes_it(
+  child_env, monkeypatch, capsys
+):
   folder = child_env / CELL
-  argv = ["--root", str(child_env), "--cells", CELL, "--tiny", "--grace", "30",
-          "--extra-flags=--num-meta-steps 400 --eval-every 200 --checkpoint-every 200 "
-          "--log-every 5"]
+  argv = [
+    "--root",
+    str(child_env),
+    "--cells",
+    CELL,
+    "--tiny",
+    "--grace",
+    "30",
+    "--extra-flags=--num-meta-steps 400 --eval-every 200 --checkpoint-every 200 --log-every 5",
+  ]
 
   def clock():  # the budget runs out once the child is training, however fast this machine is
     metrics = folder / "metrics.jsonl"
@@ -122,8 +146,9 @@ def test_a_budget_stops_a_cell_cleanly_and_the_next_call_finishes_it(child_env, 
   assert f"partial:\n  {CELL} (checkpoint step {step})\n" in out
   assert "stopped by the time budget: run the same command again" in out
   # The child saved its checkpoint on SIGTERM and said so (not a kill).
-  assert f"SIGTERM: stopped at step {step}, checkpoint saved" in (
-      child_env / f"{CELL}.log").read_text()
+  assert (
+    f"SIGTERM: stopped at step {step}, checkpoint saved" in (child_env / f"{CELL}.log").read_text()
+  )
 
   monkeypatch.setattr(paper_runs, "_now", time.monotonic)
   assert paper_runs.main(argv) == 0

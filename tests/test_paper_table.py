@@ -26,8 +26,15 @@ def _write(folder, name, record):
 
 
 def _accuracy(value, ci, num_tasks, **more) -> dict:
-  return {"accuracy": value, "accuracy_ci95": ci, "num_tasks": num_tasks, "nll": 0.3,
-          "ece": 0.02, "mce": 0.1, **more}
+  return {
+    "accuracy": value,
+    "accuracy_ci95": ci,
+    "num_tasks": num_tasks,
+    "nll": 0.3,
+    "ece": 0.02,
+    "mce": 0.1,
+    **more,
+  }
 
 
 def _regression(mse, ci, ece, mce) -> dict:
@@ -39,28 +46,61 @@ def runs_root(tmp_path):
   """A `runs/` folder: Omniglot, mini-ImageNet, a regression comparison, a compare folder."""
   root = tmp_path / "runs"
   omniglot = lambda **c: _config("omniglot", "5way1shot", "vampire", **c)  # noqa: E731
-  _write(root / "vampire_1000", "results.json",
-         {"config": omniglot(), "test": _accuracy(0.9512, 0.0041, 1000)})
-  _write(root / "vampire_200", "results.json",
-         {"config": omniglot(), "test": _accuracy(0.80, 0.02, 200)})
-  _write(root / "maml_random_20w5s_short", "results.json",
-         {"config": _config("omniglot", "20way5shot", "maml", split="random", num_meta_steps=300),
-          "test": _accuracy(0.7734, 0.0123, 1000)})
-  mini = _write(root / "mini_vampire", "results.json",
-                {"config": _config("mini_imagenet", "5way1shot", "vampire"),
-                 "test": _accuracy(0.5021, 0.0080, 600, ece=0.0210, mce=0.0900)})
+  _write(
+    root / "vampire_1000",
+    "results.json",
+    {"config": omniglot(), "test": _accuracy(0.9512, 0.0041, 1000)},
+  )
+  _write(
+    root / "vampire_200", "results.json", {"config": omniglot(), "test": _accuracy(0.80, 0.02, 200)}
+  )
+  _write(
+    root / "maml_random_20w5s_short",
+    "results.json",
+    {
+      "config": _config("omniglot", "20way5shot", "maml", split="random", num_meta_steps=300),
+      "test": _accuracy(0.7734, 0.0123, 1000),
+    },
+  )
+  mini = _write(
+    root / "mini_vampire",
+    "results.json",
+    {
+      "config": _config("mini_imagenet", "5way1shot", "vampire"),
+      "test": _accuracy(0.5021, 0.0080, 600, ece=0.0210, mce=0.0900),
+    },
+  )
   _write(mini, "calibration.json", {"config": {}, "ece": 0.0123, "mce": 0.0456, "num_tasks": 15504})
-  _write(root / "mini_maml", "results.json",
-         {"config": _config("mini_imagenet", "5way1shot", "maml"),
-          "test": _accuracy(0.4610, 0.0090, 600, ece=0.0350, mce=0.1500)})
+  _write(
+    root / "mini_maml",
+    "results.json",
+    {
+      "config": _config("mini_imagenet", "5way1shot", "maml"),
+      "test": _accuracy(0.4610, 0.0090, 600, ece=0.0350, mce=0.1500),
+    },
+  )
   paper = lambda name: _config("regression", "paper", name)  # noqa: E731
-  _write(root / "regression_paper", "results.json", {"preset": "paper", "methods": {
-      "vampire": {**_regression(2.5, 0.1, 0.031, 0.082), "config": paper("vampire")},
-      "maml": {"diverged": "meta-training diverged at step 140", "config": paper("maml")}}})
-  compare_folder = _write(root / "compare_regression", "comparison.json", {"methods": {
-      "platipus": {**_regression(9.0, 0.5, 0.5, 0.5), "config": paper("platipus")}}})
-  _write(compare_folder / "platipus", "results.json",  # the method's own file wins
-         {"config": paper("platipus"), "test": _regression(1.9, 0.08, 0.041, 0.120)})
+  _write(
+    root / "regression_paper",
+    "results.json",
+    {
+      "preset": "paper",
+      "methods": {
+        "vampire": {**_regression(2.5, 0.1, 0.031, 0.082), "config": paper("vampire")},
+        "maml": {"diverged": "meta-training diverged at step 140", "config": paper("maml")},
+      },
+    },
+  )
+  compare_folder = _write(
+    root / "compare_regression",
+    "comparison.json",
+    {"methods": {"platipus": {**_regression(9.0, 0.5, 0.5, 0.5), "config": paper("platipus")}}},
+  )
+  _write(
+    compare_folder / "platipus",
+    "results.json",  # the method's own file wins
+    {"config": paper("platipus"), "test": _regression(1.9, 0.08, 0.041, 0.120)},
+  )
   return root
 
 
@@ -85,49 +125,86 @@ def test_markdown_cells_and_runs_kept_apart(runs_root, capsys):
   original = _row(omniglot, "original", "VAMPIRE")
   assert original[2] == "95.12 ± 0.41 (paper 96.27 ± 0.38, Δ -1.15)"
   assert original[3] == "unmeasured (paper 98.77 ± 0.27)"
-  assert (f"- original 5-way 1-shot VAMPIRE: `{runs_root / 'vampire_1000'}` (1000 test tasks; the "
-          "one with the most test tasks of 2 matching runs)") in omniglot
+  assert (
+    f"- original 5-way 1-shot VAMPIRE: `{runs_root / 'vampire_1000'}` (1000 test tasks; the "
+    "one with the most test tasks of 2 matching runs)"
+  ) in omniglot
   # The 300-step run is not the paper's protocol: its cell stays unmeasured, and it is listed apart.
   assert _row(omniglot, "random", "MAML")[5] == "unmeasured (paper 98.9 ± 0.2)"
   assert "77.34" not in omniglot
   apart = _section(markdown, "Not the paper's protocol")
   row = _row(apart, f"`{runs_root / 'maml_random_20w5s_short'}`")
-  assert row[1:] == ["omniglot", "MAML", "random split, 20-way 5-shot",
-                     "accuracy 77.34 ± 1.23 % (1000 tasks)",
-                     "num_meta_steps 300 (paper preset 15000)"]
+  assert row[1:] == [
+    "omniglot",
+    "MAML",
+    "random split, 20-way 5-shot",
+    "accuracy 77.34 ± 1.23 % (1000 tasks)",
+    "num_meta_steps 300 (paper preset 15000)",
+  ]
   # mini-ImageNet, regression, calibration.
   mini = _section(markdown, "mini-ImageNet")
   assert _row(mini, "VAMPIRE")[1] == "50.21 ± 0.80 (paper 51.54 ± 0.74, Δ -1.33)"
   assert _row(mini, "MAML")[2] == "unmeasured (paper 63.15 ± 0.91)"
   regression = _section(markdown, "Sine/line regression")
-  assert _row(regression, "VAMPIRE") == ["VAMPIRE", "2.500 ± 0.100", "2.24", "+0.260", "0.0310",
-                                         "–", "0.0820", "–"]
+  assert _row(regression, "VAMPIRE") == [
+    "VAMPIRE",
+    "2.500 ± 0.100",
+    "2.24",
+    "+0.260",
+    "0.0310",
+    "–",
+    "0.0820",
+    "–",
+  ]
   assert _row(regression, "PLATIPUS")[1:4] == ["1.900 ± 0.080", "1.86", "+0.040"]
   assert _row(regression, "MAML")[1:4] == ["unmeasured", "1.96", "–"]
   calibration = _section(markdown, "Calibration")
   assert _row(calibration, "VAMPIRE") == [
-      "VAMPIRE", "0.0123", "0.008 ± 0.002", "0.0456", "0.038",
-      "calibration protocol (calibration.json), 15504 tasks"]
-  assert _row(calibration, "MAML") == ["MAML", "0.0350", "0.0410 ± 0.005", "0.1500", "0.124",
-                                       "test split (results.json), 600 tasks"]
+    "VAMPIRE",
+    "0.0123",
+    "0.008 ± 0.002",
+    "0.0456",
+    "0.038",
+    "calibration protocol (calibration.json), 15504 tasks",
+  ]
+  assert _row(calibration, "MAML") == [
+    "MAML",
+    "0.0350",
+    "0.0410 ± 0.005",
+    "0.1500",
+    "0.124",
+    "test split (results.json), 600 tasks",
+  ]
   assert _row(calibration, "BMAML")[1] == "unmeasured"
   other = _section(markdown, "Other runs")
-  assert "diverged: meta-training diverged at step 140" in _row(
-      other, f"`{runs_root / 'regression_paper' / 'maml'}`")[5]
+  assert (
+    "diverged: meta-training diverged at step 140"
+    in _row(other, f"`{runs_root / 'regression_paper' / 'maml'}`")[5]
+  )
 
 
 def test_json_output(runs_root, tmp_path, capsys):
   path = tmp_path / "out" / "table.json"
-  paper_table.main([str(runs_root / "vampire_1000"), str(runs_root / "regression_paper"),
-                    "--json", str(path)])
+  paper_table.main(
+    [str(runs_root / "vampire_1000"), str(runs_root / "regression_paper"), "--json", str(path)]
+  )
   capsys.readouterr()
   tables = json.loads(path.read_text())
-  cell = next(c for c in tables["omniglot"]
-              if (c["split"], c["algorithm"], c["setting"]) == ("original", "vampire", "5way1shot"))
+  cell = next(
+    c
+    for c in tables["omniglot"]
+    if (c["split"], c["algorithm"], c["setting"]) == ("original", "vampire", "5way1shot")
+  )
   assert cell["paper"] == {"value": 96.27, "ci95": 0.38, "text": "96.27 ± 0.38"}
-  assert cell["measured"] == pytest.approx({"value": 95.12, "ci95": 0.41, "num_tasks": 1000,
-                                            "run": str(runs_root / "vampire_1000"),
-                                            "matched_runs": 1})
+  assert cell["measured"] == pytest.approx(
+    {
+      "value": 95.12,
+      "ci95": 0.41,
+      "num_tasks": 1000,
+      "run": str(runs_root / "vampire_1000"),
+      "matched_runs": 1,
+    }
+  )
   assert cell["difference"] == pytest.approx(-1.15)
   assert len(tables["omniglot"]) == 16 and len(tables["mini_imagenet"]) == 4
   assert sum(c["measured"] is not None for c in tables["omniglot"]) == 1
@@ -135,7 +212,8 @@ def test_json_output(runs_root, tmp_path, capsys):
   assert vampire["paper"]["ece"] is None and vampire["paper"]["mse"]["value"] == 2.24
   assert vampire["measured"]["mse"] == 2.5 and vampire["difference"] == pytest.approx(0.26)
   assert [r["reason"] for r in tables["other_runs"]] == [
-      "diverged: meta-training diverged at step 140"]
+    "diverged: meta-training diverged at step 140"
+  ]
   assert tables["not_paper_protocol"] == []
 
 
@@ -152,8 +230,12 @@ def test_a_real_tiny_run_is_read_and_kept_apart(tiny_omniglot_run, capsys):
   [listed] = tables["not_paper_protocol"]
   test = results["test"]
   assert listed["run"] == str(workdir) and listed["algorithm"] == "vampire"
-  assert listed["measured"] == (f"accuracy {100 * test['accuracy']:.2f} ± "
-                                f"{100 * test['accuracy_ci95']:.2f} % ({test['num_tasks']} tasks)")
-  assert listed["reason"] == (f"num_meta_steps {config.num_meta_steps} (paper preset 15000); "
-                              f"tasks_per_step {config.tasks_per_step} (paper preset 32)")
+  assert listed["measured"] == (
+    f"accuracy {100 * test['accuracy']:.2f} ± "
+    f"{100 * test['accuracy_ci95']:.2f} % ({test['num_tasks']} tasks)"
+  )
+  assert listed["reason"] == (
+    f"num_meta_steps {config.num_meta_steps} (paper preset 15000); "
+    f"tasks_per_step {config.tasks_per_step} (paper preset 32)"
+  )
   assert all(cell["measured"] is None for cell in tables["omniglot"])

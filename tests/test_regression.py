@@ -17,7 +17,8 @@ from vampire_jax.errors import ConfigError
 
 def test_task_generator_ranges_and_mixture():
   tasks, functions = sine_line.sample_tasks_and_functions(
-      jax.random.key(0), 20_000, num_support=5, num_query=7, noise_std=0.3)
+    jax.random.key(0), 20_000, num_support=5, num_query=7, noise_std=0.3
+  )
   assert tasks.support_x.shape == tasks.support_y.shape == (20_000, 5, 1)
   assert tasks.query_x.shape == tasks.query_y.shape == (20_000, 7, 1)
   f = jax.tree_util.tree_map(np.asarray, functions)
@@ -39,11 +40,18 @@ def test_task_generator_ranges_and_mixture():
 
 def test_functions_by_hand_and_determinism():
   functions = sine_line.TaskFunctions(
-      is_sine=jnp.array([True, False]), amplitude=jnp.array([2.0, 9.0]),
-      phase=jnp.array([0.5, 9.0]), slope=jnp.array([9.0, -1.5]), intercept=jnp.array([9.0, 2.0]))
+    is_sine=jnp.array([True, False]),
+    amplitude=jnp.array([2.0, 9.0]),
+    phase=jnp.array([0.5, 9.0]),
+    slope=jnp.array([9.0, -1.5]),
+    intercept=jnp.array([9.0, 2.0]),
+  )
   x = jnp.array([[[0.0], [1.0]], [[0.0], [4.0]]])
-  np.testing.assert_allclose(sine_line.evaluate_functions(functions, x)[..., 0],
-                             [[2 * math.sin(0.5), 2 * math.sin(1.5)], [2.0, -4.0]], rtol=1e-6)
+  np.testing.assert_allclose(
+    sine_line.evaluate_functions(functions, x)[..., 0],
+    [[2 * math.sin(0.5), 2 * math.sin(1.5)], [2.0, -4.0]],
+    rtol=1e-6,
+  )
   a = sine_line.sample_tasks(jax.random.key(3), 4)
   b = jax.jit(sine_line.sample_tasks, static_argnums=1)(jax.random.key(3), 4)
   c = sine_line.sample_tasks(jax.random.key(4), 4)
@@ -77,8 +85,14 @@ def test_summary_of_a_perfectly_calibrated_regressor_is_the_diagonal():
   tasks, functions = sine_line.sample_tasks_and_functions(jax.random.key(1), 400, num_query=10)
   truth = np.asarray(sine_line.evaluate_functions(functions, tasks.query_x))  # [400, 10, 1]
   outputs = truth[:, None] + 0.3 * rng.normal(size=(400, 500, 10, 1))
-  per_task = {"mse": np.zeros(400), "predictive_mean_mse": np.zeros(400), "nll": np.zeros(400),
-              "predictions": outputs, "targets": np.asarray(tasks.query_y), "truth": truth}
+  per_task = {
+    "mse": np.zeros(400),
+    "predictive_mean_mse": np.zeros(400),
+    "nll": np.zeros(400),
+    "predictions": outputs,
+    "targets": np.asarray(tasks.query_y),
+    "truth": truth,
+  }
   summary = kinds.summarise("regression", per_task, noise_std=0.3)
   paper = summary.calibration["quantile_calibration"]
   np.testing.assert_allclose(paper.levels, np.linspace(0, 1, 11))
@@ -96,11 +110,37 @@ def test_short_run_of_both_methods_learns_and_writes_results(tmp_path):
   # 200 meta-steps of MAML and of VAMPIRE (2 draws) on an MLP 1-40-40-40-1.
   # Predicting zero scores an MSE of about 16 on this family (4.25 for
   # sinusoids, 28 for lines); both must get well below it on 100 test tasks.
-  argv = ["--preset", "quick", "--workdir", str(tmp_path), "--no-progress",
-          "--algorithms", "maml,vampire", "--num-meta-steps", "200",
-          "--num-mc-train", "2", "--num-mc-query", "2", "--num-mc-test", "4",
-          "--hidden-sizes", "40", "40", "40", "--num-test-tasks", "100", "--num-val-tasks", "20",
-          "--eval-batch-tasks", "20", "--eval-every", "100", "--log-every", "20"]
+  argv = [
+    "--preset",
+    "quick",
+    "--workdir",
+    str(tmp_path),
+    "--no-progress",
+    "--algorithms",
+    "maml,vampire",
+    "--num-meta-steps",
+    "200",
+    "--num-mc-train",
+    "2",
+    "--num-mc-query",
+    "2",
+    "--num-mc-test",
+    "4",
+    "--hidden-sizes",
+    "40",
+    "40",
+    "40",
+    "--num-test-tasks",
+    "100",
+    "--num-val-tasks",
+    "20",
+    "--eval-batch-tasks",
+    "20",
+    "--eval-every",
+    "100",
+    "--log-every",
+    "20",
+  ]
   results = regression.main(argv)
   maml, vampire = results["methods"]["maml"], results["methods"]["vampire"]
   print({k: (maml[k], vampire[k]) for k in ("mse", "mse_ci95", "nll", "ece", "mce")})
@@ -118,8 +158,12 @@ def test_short_run_of_both_methods_learns_and_writes_results(tmp_path):
   np.testing.assert_allclose(maml["mse"], maml["predictive_mean_mse"], rtol=1e-6)
   saved = json.loads((tmp_path / "results.json").read_text())
   assert saved["methods"]["vampire"]["mse"] == vampire["mse"]
-  for name in ("tasks.png", "quantile_calibration.png", "vampire/results.json",
-               "maml/quantile_calibration.png"):
+  for name in (
+    "tasks.png",
+    "quantile_calibration.png",
+    "vampire/results.json",
+    "maml/quantile_calibration.png",
+  ):
     assert (tmp_path / name).stat().st_size > 1000, name
   # Running the finished command again resumes at the end: nothing is retrained,
   # the test is repeated, and the training time reported is the original run's.

@@ -53,8 +53,10 @@ def _one_line_error(output: str, *needles: str) -> None:
 
 
 def _leaves_equal(a, b) -> bool:
-  return all(np.array_equal(np.asarray(x), np.asarray(y))
-             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+  return all(
+    np.array_equal(np.asarray(x), np.asarray(y))
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+  )
 
 
 def _checkpoint_params(workdir: Path, step: int):
@@ -93,8 +95,10 @@ def test_damaged_json_is_read_as_missing_and_a_torn_log_line_is_cut(tmp_path):
   writer = vj.reporting.MetricWriter(tmp_path)
   writer.write(6, {"train/loss": 1.25})
   writer.close()
-  assert vj.reporting.read_metrics(tmp_path) == [{"step": 3, "train/loss": 1.5},
-                                                 {"step": 6, "train/loss": 1.25}]
+  assert vj.reporting.read_metrics(tmp_path) == [
+    {"step": 3, "train/loss": 1.5},
+    {"step": 6, "train/loss": 1.25},
+  ]
 
 
 def _tensorboard_events(folder: Path):
@@ -104,26 +108,38 @@ def _tensorboard_events(folder: Path):
   4-byte CRC, the serialised `Event`, and the data's 4-byte CRC.
   """
   from tensorboardX.proto import event_pb2
+
   for path in sorted(folder.glob("events.out.tfevents.*")):
     data, i = path.read_bytes(), 0
     while i < len(data):
-      (length,) = struct.unpack("<Q", data[i:i + 8])
-      yield event_pb2.Event.FromString(data[i + 12:i + 12 + length])
+      (length,) = struct.unpack("<Q", data[i : i + 8])
+      yield event_pb2.Event.FromString(data[i + 12 : i + 12 + length])
       i += 12 + length + 4
 
 
 def _scalars(folder: Path) -> dict:
-  return {(v.tag, e.step): v.simple_value for e in _tensorboard_events(folder)
-          for v in e.summary.value if v.HasField("simple_value")}
+  return {
+    (v.tag, e.step): v.simple_value
+    for e in _tensorboard_events(folder)
+    for v in e.summary.value
+    if v.HasField("simple_value")
+  }
 
 
 def test_tensorboard_gets_the_config_as_hparams_the_test_metrics_and_the_figures(tmp_path):
   pytest.importorskip("tensorboardX", reason="tensorboardX (the experiments extra) not installed")
   from tensorboardX.proto import plugin_hparams_pb2
+
   writer = vj.reporting.MetricWriter(tmp_path)
   writer.write(10, {"train/loss": 1.25})
-  config = {"algorithm": "vampire", "inner_lr": 0.1, "num_mc_test": 4, "log_std_init": [-4, -3],
-            "data_dir": None, "remat": False}
+  config = {
+    "algorithm": "vampire",
+    "inner_lr": 0.1,
+    "num_mc_test": 4,
+    "log_std_init": [-4, -3],
+    "data_dir": None,
+    "remat": False,
+  }
   writer.write_test(10, config, {"accuracy": 0.75, "num_tasks": 6, "open_set": {"auroc": 0.5}})
   writer.close()
   scalars = _scalars(tmp_path)
@@ -131,25 +147,41 @@ def test_tensorboard_gets_the_config_as_hparams_the_test_metrics_and_the_figures
   assert scalars[("test/accuracy", 10)] == 0.75 and scalars[("test/num_tasks", 10)] == 6
   assert not any(tag.startswith("test/open_set") for tag, _ in scalars)  # not a number: skipped
   assert vj.reporting.read_metrics(tmp_path) == [{"step": 10, "train/loss": 1.25}]  # as before
-  starts = [v.metadata.plugin_data.content for e in _tensorboard_events(tmp_path / "hparams")
-            for v in e.summary.value if v.tag == "_hparams_/session_start_info"]
+  starts = [
+    v.metadata.plugin_data.content
+    for e in _tensorboard_events(tmp_path / "hparams")
+    for v in e.summary.value
+    if v.tag == "_hparams_/session_start_info"
+  ]
   assert len(starts) == 1
   hparams = plugin_hparams_pb2.HParamsPluginData.FromString(starts[0]).session_start_info.hparams
   assert hparams["algorithm"].string_value == "vampire" and hparams["inner_lr"].number_value == 0.1
   assert hparams["num_mc_test"].number_value == 4 and hparams["remat"].bool_value is False
-  assert hparams["log_std_init"].string_value == "[-4, -3]" and hparams["data_dir"].string_value == "None"
+  assert (
+    hparams["log_std_init"].string_value == "[-4, -3]"
+    and hparams["data_dir"].string_value == "None"
+  )
   assert _scalars(tmp_path / "hparams")[("test/accuracy", 10)] == 0.75
   # The figures: the PNG bytes as they are, with their size; other files skipped.
   png = tmp_path / "reliability.png"
-  png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + struct.pack(">II", 640, 480)
-                  + b"rest")
+  png.write_bytes(
+    b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + struct.pack(">II", 640, 480) + b"rest"
+  )
   (tmp_path / "table.md").write_text("# not a figure")
   for event in _tensorboard_events(tmp_path):  # nothing yet
     assert not any(v.HasField("image") for v in event.summary.value)
-  assert vj.reporting.write_figures(tmp_path, {"reliability": png, "table": tmp_path / "table.md"},
-                                    step=10) == 1
-  images = [(e.step, v.tag, v.image) for e in _tensorboard_events(tmp_path)
-            for v in e.summary.value if v.HasField("image")]
+  assert (
+    vj.reporting.write_figures(
+      tmp_path, {"reliability": png, "table": tmp_path / "table.md"}, step=10
+    )
+    == 1
+  )
+  images = [
+    (e.step, v.tag, v.image)
+    for e in _tensorboard_events(tmp_path)
+    for v in e.summary.value
+    if v.HasField("image")
+  ]
   assert [(step, tag) for step, tag, _ in images] == [(10, "figures/reliability")]
   assert images[0][2].encoded_image_string == png.read_bytes()
   assert (images[0][2].width, images[0][2].height) == (640, 480)
@@ -163,17 +195,21 @@ def test_a_run_hands_tensorboard_its_config_test_metrics_and_figures(tiny_omnigl
   hparams = _scalars(workdir / "hparams")
   for name in ("accuracy", "ece", "mce", "nll"):
     assert hparams[(f"test/{name}", step)] == pytest.approx(results["test"][name], rel=1e-6)
-    assert _scalars(workdir)[(f"test/{name}", step)] == pytest.approx(results["test"][name],
-                                                                      rel=1e-6)
-  figures = {v.tag for e in _tensorboard_events(workdir) for v in e.summary.value
-             if v.HasField("image")}
+    assert _scalars(workdir)[(f"test/{name}", step)] == pytest.approx(
+      results["test"][name], rel=1e-6
+    )
+  figures = {
+    v.tag for e in _tensorboard_events(workdir) for v in e.summary.value if v.HasField("image")
+  }
   assert figures == {f"figures/{name}" for name in results["plots"]}
   assert {"figures/reliability", "figures/risk_coverage", "figures/training_curves"} <= figures
 
 
 def test_tensorstore_errors_of_a_full_disk_are_storage_errors():
-  text = ("RESOURCE_EXHAUSTED: Error writing local file \"x/_sharding\": Failed to write 13635 "
-          "bytes to file 8: No space left on device [os_error_code='28']")
+  text = (
+    "RESOURCE_EXHAUSTED: Error writing local file \"x/_sharding\": Failed to write 13635 "
+    "bytes to file 8: No space left on device [os_error_code='28']"
+  )
   assert run_folder.storage_errno(ValueError(text)) == errno.ENOSPC
   wrapped = RuntimeError("save failed")
   wrapped.__cause__ = ValueError(text)
@@ -189,18 +225,25 @@ def _read_only_folder(tmp_path: Path, monkeypatch) -> tuple[Path, str]:
   else a simulated EROFS from the writability probe."""
   folder = tmp_path / "ro"
   folder.mkdir()
-  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(folder)],
-                           capture_output=True).returncode == 0
+  mounted = (
+    subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(folder)], capture_output=True
+    ).returncode
+    == 0
+  )
   if not mounted:
+
     def read_only(*args, **kwargs):
       raise OSError(errno.EROFS, "Read-only file system")
+
     monkeypatch.setattr(run_folder.tempfile, "mkstemp", read_only)
   return folder, "tmpfs" if mounted else "simulated"
 
 
 @pytest.mark.parametrize("case", ["a file", "under a file", "read-only"])
-def test_a_workdir_that_cannot_be_a_run_folder_exits_2_before_any_work(case, tmp_path, capsys,
-                                                                      monkeypatch):
+def test_a_workdir_that_cannot_be_a_run_folder_exits_2_before_any_work(
+  case, tmp_path, capsys, monkeypatch
+):
   (tmp_path / "afile").write_text("x")
   mounted = None
   if case == "a file":
@@ -213,9 +256,18 @@ def test_a_workdir_that_cannot_be_a_run_folder_exits_2_before_any_work(case, tmp
     workdir, needle = folder / "run", "Read-only file system"
   try:
     # The data folder does not exist: the workdir must be refused before data is looked at.
-    code = cli.main_entry(omniglot.main, ["--preset", "quick", "--workdir", str(workdir),
-                                          "--data-dir", str(tmp_path / "no_data"),
-                                          "--no-compilation-cache"])
+    code = cli.main_entry(
+      omniglot.main,
+      [
+        "--preset",
+        "quick",
+        "--workdir",
+        str(workdir),
+        "--data-dir",
+        str(tmp_path / "no_data"),
+        "--no-compilation-cache",
+      ],
+    )
   finally:
     if mounted is not None:
       subprocess.run(["umount", str(mounted)], check=True)
@@ -229,17 +281,27 @@ def test_a_workdir_that_cannot_be_a_run_folder_exits_2_before_any_work(case, tmp
 
 def test_a_second_process_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken(tmp_path):
   holder = subprocess.Popen(
-      [sys.executable, "-c", textwrap.dedent("""
+    [
+      sys.executable,
+      "-c",
+      textwrap.dedent("""
           import sys, time
           from vampire_jax import run_folder
           with run_folder.lock(sys.argv[1]):
             print("held", flush=True)
             time.sleep(120)
-      """), str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+      """),
+      str(tmp_path),
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   try:
     assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(vj.RunFolderError, match=f"in use by process {holder.pid} on host "
-                                                f"{os.uname().nodename}"):
+    with pytest.raises(
+      vj.RunFolderError, match=f"in use by process {holder.pid} on host {os.uname().nodename}"
+    ):
       with run_folder.lock(tmp_path):
         pass
     with pytest.raises(vj.RunFolderError, match=f"process {holder.pid}"):
@@ -266,8 +328,9 @@ def test_the_cli_refuses_a_folder_in_use_in_one_line(tiny_omniglot_run, tmp_path
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.write(fd, b"4242 otherhost\n")
     code = cli.main_entry(
-        lambda argv: omniglot.train_and_evaluate(tiny_omniglot_run[1], workdir, **QUIET),
-        ["--no-compilation-cache"])
+      lambda argv: omniglot.train_and_evaluate(tiny_omniglot_run[1], workdir, **QUIET),
+      ["--no-compilation-cache"],
+    )
   finally:
     os.close(fd)
   assert code == 2
@@ -277,11 +340,11 @@ def test_the_cli_refuses_a_folder_in_use_in_one_line(tiny_omniglot_run, tmp_path
 # -- Damaged files of a real run -----------------------------------------------------------------
 
 DAMAGE = {  # what is damaged -> what load_run must still do
-    "run.json truncated": lambda w: (w / "run.json").write_text('{"for'),
-    "run.json deleted": lambda w: (w / "run.json").unlink(),
-    "train_time.json empty": lambda w: (w / "train_time.json").write_text(""),
-    "best_score.json truncated": lambda w: (w / "best_score.json").write_text('{"st'),
-    "best/ truncated": lambda w: _truncate_data(w / "best"),
+  "run.json truncated": lambda w: (w / "run.json").write_text('{"for'),
+  "run.json deleted": lambda w: (w / "run.json").unlink(),
+  "train_time.json empty": lambda w: (w / "train_time.json").write_text(""),
+  "best_score.json truncated": lambda w: (w / "best_score.json").write_text('{"st'),
+  "best/ truncated": lambda w: _truncate_data(w / "best"),
 }
 
 
@@ -306,21 +369,27 @@ def test_load_run_survives_a_damaged_file(damage, tiny_omniglot_run, tmp_path):
 
 
 @needs_omniglot
-def test_load_run_with_nothing_restorable_is_one_error_naming_the_folder(tiny_omniglot_run,
-                                                                         tmp_path):
+def test_load_run_with_nothing_restorable_is_one_error_naming_the_folder(
+  tiny_omniglot_run, tmp_path
+):
   workdir = _copy(tiny_omniglot_run[0], tmp_path)
   for folder in [workdir / "best", *(workdir / "checkpoints").iterdir()]:
     _truncate_data(folder)
-  with pytest.warns(UserWarning), pytest.raises(vj.RunFolderError,
-                                                match=f"no checkpoint in {workdir}/checkpoints "
-                                                      "restores \\(tried steps 6, 3\\)"):
+  with (
+    pytest.warns(UserWarning),
+    pytest.raises(
+      vj.RunFolderError,
+      match=f"no checkpoint in {workdir}/checkpoints restores \\(tried steps 6, 3\\)",
+    ),
+  ):
     vj.load_run(workdir)
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["3", "6"]  # untouched
 
 
 @needs_omniglot
 def test_a_damaged_latest_checkpoint_walks_back_and_the_rerun_ends_the_same(
-    tiny_omniglot_run, omniglot_cache, tmp_path):
+  tiny_omniglot_run, omniglot_cache, tmp_path
+):
   straight, config, full = tiny_omniglot_run
   workdir = _copy(straight, tmp_path)
   _truncate_data(workdir / "checkpoints" / "6")
@@ -331,7 +400,9 @@ def test_a_damaged_latest_checkpoint_walks_back_and_the_rerun_ends_the_same(
   lines = []
   results = omniglot.train_and_evaluate(config, workdir, progress=False, print_fn=lines.append)
   said = "\n".join(lines)
-  assert "checkpoint 6 in" in said and "does not restore" in said and "trying the next older" in said
+  assert (
+    "checkpoint 6 in" in said and "does not restore" in said and "trying the next older" in said
+  )
   assert "resuming from step 3" in said and results["resumed_from_step"] == 3
   assert [p.name.split("_")[1] for p in (workdir / "damaged").iterdir()] == ["6"]
   # Step 6 again, bit for bit, and the same test.
@@ -343,26 +414,56 @@ def test_a_damaged_latest_checkpoint_walks_back_and_the_rerun_ends_the_same(
 
 # -- The config check never depends on run.json alone --------------------------------------------
 
-TINY_FLAGS = ["--num-filters", "8", "--num-inner-steps", "1", "--tasks-per-step", "2",
-              "--num-meta-steps", "6", "--num-val-tasks", "4", "--num-test-tasks", "6",
-              "--eval-batch-tasks", "3", "--eval-every", "3", "--checkpoint-every", "3",
-              "--log-every", "3", "--num-mc-test", "2"]  # conftest's tiny_omniglot_config
+TINY_FLAGS = [
+  "--num-filters",
+  "8",
+  "--num-inner-steps",
+  "1",
+  "--tasks-per-step",
+  "2",
+  "--num-meta-steps",
+  "6",
+  "--num-val-tasks",
+  "4",
+  "--num-test-tasks",
+  "6",
+  "--eval-batch-tasks",
+  "3",
+  "--eval-every",
+  "3",
+  "--checkpoint-every",
+  "3",
+  "--log-every",
+  "3",
+  "--num-mc-test",
+  "2",
+]  # conftest's tiny_omniglot_config
 REFUSED = [  # (flags, what the one line names)
-    (["--kl-weight", "0.5"], "kl_weight: 0.001 -> 0.5"),
-    (["--num-filters", "32"], "num_filters: 8 -> 32"),
-    (["--algorithm", "maml"], "algorithm: 'vampire' -> 'maml'"),
-    (["--num-meta-steps", "3"], "--num-meta-steps 3: "),  # fewer steps than trained
+  (["--kl-weight", "0.5"], "kl_weight: 0.001 -> 0.5"),
+  (["--num-filters", "32"], "num_filters: 8 -> 32"),
+  (["--algorithm", "maml"], "algorithm: 'vampire' -> 'maml'"),
+  (["--num-meta-steps", "3"], "--num-meta-steps 3: "),  # fewer steps than trained
 ]
 
 
 @needs_omniglot
 @pytest.mark.parametrize("flags, needle", REFUSED, ids=[f[0][0] for f in REFUSED])
 def test_without_run_json_another_config_is_refused_from_the_checkpoint(
-    flags, needle, tiny_omniglot_run, tmp_path, capsys):
+  flags, needle, tiny_omniglot_run, tmp_path, capsys
+):
   workdir = _copy(tiny_omniglot_run[0], tmp_path)
   (workdir / "run.json").unlink()
-  argv = ["--preset", "quick", "--workdir", str(workdir), "--no-compilation-cache",
-          "--data-dir", str(OMNIGLOT_DIR), "--cache-dir", tiny_omniglot_run[1].cache_dir]
+  argv = [
+    "--preset",
+    "quick",
+    "--workdir",
+    str(workdir),
+    "--no-compilation-cache",
+    "--data-dir",
+    str(OMNIGLOT_DIR),
+    "--cache-dir",
+    tiny_omniglot_run[1].cache_dir,
+  ]
   argv += TINY_FLAGS
   before = sorted(p.name for p in workdir.iterdir())
   code = cli.main_entry(omniglot.main, argv + flags)
@@ -375,23 +476,28 @@ def test_without_run_json_another_config_is_refused_from_the_checkpoint(
 
 
 @needs_omniglot
-def test_a_full_disk_at_a_checkpoint_names_it_and_the_intact_one(omniglot_cache, tmp_path,
-                                                                  monkeypatch):
+def test_a_full_disk_at_a_checkpoint_names_it_and_the_intact_one(
+  omniglot_cache, tmp_path, monkeypatch
+):
   """Simulated: orbax's save of step 6 fails as tensorstore fails on a full disk."""
   save = ocp.CheckpointManager.save
 
   def full_at_6(self, step, *args, **kwargs):
     if step == 6 and self.directory.name == "checkpoints":
-      raise ValueError("RESOURCE_EXHAUSTED: Error writing local file: Failed to write 6051 "
-                       "bytes to file 8: No space left on device [os_error_code='28']")
+      raise ValueError(
+        "RESOURCE_EXHAUSTED: Error writing local file: Failed to write 6051 "
+        "bytes to file 8: No space left on device [os_error_code='28']"
+      )
     return save(self, step, *args, **kwargs)
 
   monkeypatch.setattr(ocp.CheckpointManager, "save", full_at_6)
   config = tiny_omniglot_config(omniglot_cache)
   with pytest.raises(vj.StorageError) as error:
     omniglot.train_and_evaluate(config, tmp_path, **QUIET)
-  assert str(error.value) == (f"no space left on device writing {tmp_path}/checkpoints/6 "
-                              "(checkpoint 3 is intact; free space and run again)")
+  assert str(error.value) == (
+    f"no space left on device writing {tmp_path}/checkpoints/6 "
+    "(checkpoint 3 is intact; free space and run again)"
+  )
   assert not (tmp_path / "results.json").exists()
   monkeypatch.setattr(ocp.CheckpointManager, "save", save)  # space freed
   assert omniglot.train_and_evaluate(config, tmp_path, **QUIET)["resumed_from_step"] == 3
@@ -399,12 +505,17 @@ def test_a_full_disk_at_a_checkpoint_names_it_and_the_intact_one(omniglot_cache,
 
 @needs_omniglot
 def test_a_real_full_disk_is_one_line_and_the_rerun_resumes_once_space_is_freed(
-    omniglot_cache, tmp_path, capsys):
+  omniglot_cache, tmp_path, capsys
+):
   """A 600 kB tmpfs (skipped where mounting is not allowed): room for about one checkpoint."""
   disk = tmp_path / "disk"
   disk.mkdir()
-  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk)],
-                    capture_output=True).returncode != 0:
+  if (
+    subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk)], capture_output=True
+    ).returncode
+    != 0
+  ):
     pytest.skip("cannot mount a tmpfs here (not root, or no mount namespace)")
   try:
     workdir = disk / "run"
@@ -413,13 +524,17 @@ def test_a_real_full_disk_is_one_line_and_the_rerun_resumes_once_space_is_freed(
     assert cli.main_entry(run, ["--no-compilation-cache"]) == 2
     err = capsys.readouterr().err
     _one_line_error(err, "no space left on device writing")
-    found = re.search(r"writing (\S+)/checkpoints/(\d+) \(checkpoint (\d+) is intact; free "
-                      r"space and run again\)", err)
+    found = re.search(
+      r"writing (\S+)/checkpoints/(\d+) \(checkpoint (\d+) is intact; free "
+      r"space and run again\)",
+      err,
+    )
     assert found and found.group(1) == str(workdir), err
     failed, intact = int(found.group(2)), int(found.group(3))
     assert intact < failed and (workdir / "checkpoints" / str(intact)).is_dir()
-    assert not (workdir / "train_time.json").exists() or \
-        json.loads((workdir / "train_time.json").read_text())  # never left empty
+    assert not (workdir / "train_time.json").exists() or json.loads(
+      (workdir / "train_time.json").read_text()
+    )  # never left empty
     subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], check=True)  # space freed
     assert cli.main_entry(run, ["--no-compilation-cache"]) == 0
     results = json.loads((workdir / "results.json").read_text())
@@ -434,7 +549,8 @@ def test_a_real_full_disk_is_one_line_and_the_rerun_resumes_once_space_is_freed(
 @needs_omniglot
 @pytest.mark.parametrize("name, code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_a_signal_in_the_test_phase_is_one_line_and_128_plus_its_number(
-    name, code, tiny_omniglot_run, tmp_path):
+  name, code, tiny_omniglot_run, tmp_path
+):
   workdir = _copy(tiny_omniglot_run[0], tmp_path)
   script = textwrap.dedent(f"""
       import os, signal, sys
@@ -451,13 +567,16 @@ def test_a_signal_in_the_test_phase_is_one_line_and_128_plus_its_number(
       sys.exit(cli.main_entry(lambda argv: omniglot.train_and_evaluate(
           config, {str(workdir)!r}, progress=False), ["--no-compilation-cache"]))
   """)
-  out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
-                       timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == code, out.stderr[-3000:]
   assert "Traceback" not in out.stderr, out.stderr[-3000:]
   lines = [line for line in out.stderr.splitlines() if line.strip()]
-  assert lines[-1].startswith(f"{name}: stopped before the run finished") and \
-      "run the same command again" in lines[-1], out.stderr
+  assert (
+    lines[-1].startswith(f"{name}: stopped before the run finished")
+    and "run the same command again" in lines[-1]
+  ), out.stderr
   assert not (workdir / ".lock").read_text()  # the lock was released
 
 
@@ -469,11 +588,12 @@ def test_a_truncated_omniglot_cache_is_rebuilt_from_the_zips(omniglot_cache, tmp
   cache = tmp_path / "cache"
   cache.mkdir()
   data = (omniglot_cache / "omniglot28.npz").read_bytes()
-  (cache / "omniglot28.npz").write_bytes(data[:len(data) // 2])
+  (cache / "omniglot28.npz").write_bytes(data[: len(data) // 2])
   lines = []
   arrays = vj.data.load_omniglot(OMNIGLOT_DIR, cache_dir=cache, print_fn=lines.append)
-  assert any("rebuilding the cache" in line and "omniglot28.npz is damaged" in line
-             for line in lines), lines
+  assert any(
+    "rebuilding the cache" in line and "omniglot28.npz is damaged" in line for line in lines
+  ), lines
   assert arrays.provenance["loaded"] == "built" and arrays.images.shape[0] == 1623
   rebuilt = vj.data.load_omniglot(OMNIGLOT_DIR, cache_dir=cache, source="cache")
   np.testing.assert_array_equal(rebuilt.images, arrays.images)
@@ -484,6 +604,7 @@ def test_a_truncated_omniglot_cache_is_rebuilt_from_the_zips(omniglot_cache, tmp
 
 def test_a_corrupt_image_and_a_missing_one_name_the_file(tmp_path):
   from vampire_jax.data import mini_imagenet as mi
+
   broken = tmp_path / "n01532829_00000005.jpg"
   broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
   with pytest.raises(vj.DataError, match=f"{broken} is not a readable image"):
@@ -500,6 +621,7 @@ def test_a_field_added_since_the_run_was_recorded_counts_as_its_default():
   """Runs recorded before a config field existed resume with its default, and only with it."""
   import dataclasses as dc
   from vampire_jax import config as config_lib, configs
+
   current = configs.OmniglotConfig()
   saved = config_lib._jsonable(dc.asdict(current))
   del saved["num_val_alphabets"]

@@ -36,8 +36,9 @@ def test_load_run_and_predict_in_a_fresh_process_without_tensorflow(tiny_omniglo
                         "log_std_init": str(type(run.config.log_std_init)),
                         "tensorflow": "tensorflow" in sys.modules}}))
   """)
-  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                       timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
+  )
   result = json.loads(out.stdout.strip().splitlines()[-1])
   assert result["shape"] == [10, 5] and np.allclose(result["sums"], 1.0, atol=1e-5)
   assert result["config"] == "OmniglotConfig" and result["ways"] == 5
@@ -54,8 +55,9 @@ def test_predict_matches_the_runs_own_test_evaluation(tiny_omniglot_run, omniglo
   problem = omniglot.make_problem(config, print_fn=lambda message: None)
   test_key = jax.random.split(jax.random.key(config.seed), 4)[3]
   sample_keys, predict_keys = evaluation.index_keys(test_key, jnp.arange(6, dtype=jnp.uint32))
-  task = jax.tree_util.tree_map(lambda x: x[4], problem.sample_tasks(problem.splits["test"],
-                                                                     sample_keys))
+  task = jax.tree_util.tree_map(
+    lambda x: x[4], problem.sample_tasks(problem.splits["test"], sample_keys)
+  )
   probs = run.predict(task.support_x, task.support_y, task.query_x, predict_keys[4])
   saved = np.load(workdir / "test_per_task.npz")
   np.testing.assert_allclose(probs, saved["probabilities"][4], atol=2e-5)
@@ -80,8 +82,9 @@ def test_preprocess_omniglot_is_what_training_saw(omniglot_cache):
     drawing = np.asarray(png.convert("L"))  # uint8, strokes dark
   out = vj.data.preprocess_omniglot(drawing[None])
   assert out.shape == (1, 28, 28, 1) and out.dtype == np.float32
-  cached = vj.data.load_omniglot(cache_dir=omniglot_cache, source="cache",
-                                 print_fn=lambda message: None)
+  cached = vj.data.load_omniglot(
+    cache_dir=omniglot_cache, source="cache", print_fn=lambda message: None
+  )
   # Character 0, drawing 0 of the cache (drawer 01), scaled as the task sampler scales it.
   np.testing.assert_array_equal(out[0, ..., 0], vj.data.to_unit_range(cached.images[0, 0]))
   with pytest.raises(ValueError, match="105, 105"):
@@ -90,10 +93,12 @@ def test_preprocess_omniglot_is_what_training_saw(omniglot_cache):
 
 def test_scores_do_not_depend_on_the_evaluation_batch():
   model = vj.MLP((8,), 1)
-  learner = vj.vampire(vj.pure_apply(model), vj.gaussian_nll(0.3), num_inner_steps=2,
-                       num_mc_train=2, num_mc_query=3)
+  learner = vj.vampire(
+    vj.pure_apply(model), vj.gaussian_nll(0.3), num_inner_steps=2, num_mc_train=2, num_mc_query=3
+  )
   meta_params = learner.init(vj.init_params(model, jax.random.key(0), (1, 1)), jax.random.key(1))
   from experiments import regression
+
   problem = regression.make_problem(regression.get_config("quick"))
   evaluate = jax.jit(vj.make_regression_evaluator(learner, 0.3))
   split = training.split_evaluator(problem, evaluate, "test")
@@ -103,5 +108,6 @@ def test_scores_do_not_depend_on_the_evaluation_batch():
     for name in ("mse", "nll", "predictions", "truth"):
       np.testing.assert_allclose(other[name], results[0][name], rtol=1e-5, atol=1e-6)
   # Another evaluation key scores other tasks.
-  assert not np.allclose(vj.evaluate_split(split, meta_params, jax.random.key(6), 10, 10)["mse"],
-                         results[0]["mse"])
+  assert not np.allclose(
+    vj.evaluate_split(split, meta_params, jax.random.key(6), 10, 10)["mse"], results[0]["mse"]
+  )

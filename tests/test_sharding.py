@@ -41,15 +41,25 @@ def _regression_setup(num_tasks=NUM_TASKS):
 def _learners(apply_fn, **options):
   nll = vj.gaussian_nll(NOISE_STD)
   return {
-      "vampire": vj.vampire(apply_fn, nll, num_inner_steps=2, inner_lr=0.01, kl_weight=0.01,
-                            num_mc_train=1, num_mc_query=1, **options),
-      "maml": vj.maml(apply_fn, nll, num_inner_steps=2, inner_lr=0.01, **options),
+    "vampire": vj.vampire(
+      apply_fn,
+      nll,
+      num_inner_steps=2,
+      inner_lr=0.01,
+      kl_weight=0.01,
+      num_mc_train=1,
+      num_mc_query=1,
+      **options,
+    ),
+    "maml": vj.maml(apply_fn, nll, num_inner_steps=2, inner_lr=0.01, **options),
   }
 
 
 def _max_diff(a, b) -> float:
-  return max(float(jnp.max(jnp.abs(x - y))) for x, y in
-             zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+  return max(
+    float(jnp.max(jnp.abs(x - y)))
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+  )
 
 
 def _max_abs(a) -> float:
@@ -69,25 +79,34 @@ def _sharded_measurements() -> dict:
   for name, learner in _learners(apply_fn).items():
     state = vj.init_meta_state(learner, optimizer, params, jax.random.key(3))
     after_one, metrics_one = jax.jit(vj.make_meta_step(learner, optimizer))(
-        state, tasks, jax.random.key(4))
+      state, tasks, jax.random.key(4)
+    )
     # Unsharded task inputs: the step itself splits them (see the shardings below).
-    compiled = jax.jit(vj.make_meta_step(learner, optimizer, mesh=mesh)).lower(
-        vj.replicate(state, mesh), tasks, jax.random.key(4)).compile()
+    compiled = (
+      jax.jit(vj.make_meta_step(learner, optimizer, mesh=mesh))
+      .lower(vj.replicate(state, mesh), tasks, jax.random.key(4))
+      .compile()
+    )
     after_mesh, metrics_mesh = compiled(vj.replicate(state, mesh), tasks, jax.random.key(4))
-    grads_one, grads_mesh = (jax.tree_util.tree_map(jnp.subtract, state.meta_params,
-                                                    after.meta_params)
-                             for after in (after_one, after_mesh))
+    grads_one, grads_mesh = (
+      jax.tree_util.tree_map(jnp.subtract, state.meta_params, after.meta_params)
+      for after in (after_one, after_mesh)
+    )
     task_shardings = compiled.input_shardings[0][1]
     out[name] = {
-        "loss": [float(metrics_one["loss"]), float(metrics_mesh["loss"])],
-        "grad_norm": [float(metrics_one["grad_norm"]), float(metrics_mesh["grad_norm"])],
-        "grad_diff": _max_diff(grads_one, grads_mesh), "grad_scale": _max_abs(grads_one),
-        "state_replicated": all(x.sharding.is_fully_replicated and len(x.sharding.device_set) == 8
-                                for x in jax.tree_util.tree_leaves(after_mesh.meta_params)),
-        # The split, seen by the compiled step: XLA placed the task inputs
-        # `NUM_TASKS / 8` per device over the 8 devices.
-        "support_x_shard_shape": list(task_shardings.support_x.shard_shape(tasks.support_x.shape)),
-        "support_x_devices": len(task_shardings.support_x.device_set)}
+      "loss": [float(metrics_one["loss"]), float(metrics_mesh["loss"])],
+      "grad_norm": [float(metrics_one["grad_norm"]), float(metrics_mesh["grad_norm"])],
+      "grad_diff": _max_diff(grads_one, grads_mesh),
+      "grad_scale": _max_abs(grads_one),
+      "state_replicated": all(
+        x.sharding.is_fully_replicated and len(x.sharding.device_set) == 8
+        for x in jax.tree_util.tree_leaves(after_mesh.meta_params)
+      ),
+      # The split, seen by the compiled step: XLA placed the task inputs
+      # `NUM_TASKS / 8` per device over the 8 devices.
+      "support_x_shard_shape": list(task_shardings.support_x.shard_shape(tasks.support_x.shape)),
+      "support_x_devices": len(task_shardings.support_x.device_set),
+    }
     meta_params = state.meta_params
     sharded_tasks = vj.shard_tasks(tasks, mesh)
 
@@ -96,10 +115,11 @@ def _sharded_measurements() -> dict:
     eval_one = evaluate_one(meta_params, tasks, jax.random.key(5))
     eval_mesh = evaluate_mesh(meta_params, sharded_tasks, jax.random.key(5))
     out[name].update(
-        eval_mse=[np.asarray(eval_one.mse).tolist(), np.asarray(eval_mesh.mse).tolist()],
-        eval_nll_diff=_max_diff(eval_one.nll, eval_mesh.nll),
-        eval_output_shard_rows=eval_mesh.mse.sharding.shard_shape(eval_mesh.mse.shape)[0],
-        eval_output_devices=len(eval_mesh.mse.sharding.device_set))
+      eval_mse=[np.asarray(eval_one.mse).tolist(), np.asarray(eval_mesh.mse).tolist()],
+      eval_nll_diff=_max_diff(eval_one.nll, eval_mesh.nll),
+      eval_output_shard_rows=eval_mesh.mse.sharding.shard_shape(eval_mesh.mse.shape)[0],
+      eval_output_devices=len(eval_mesh.mse.sharding.device_set),
+    )
 
   # The split, seen by the learner: with tasks unrolled per device, each
   # device's program traces `adapt` once per task it holds.
@@ -114,7 +134,8 @@ def _sharded_measurements() -> dict:
   for mesh_or_none in (None, mesh):
     calls.clear()
     jax.jit(vj.make_meta_gradient(counting, task_batching="unroll", mesh=mesh_or_none)).trace(
-        params, tasks, task_keys)
+      params, tasks, task_keys
+    )
     out["adapt_traces_" + ("one_device" if mesh_or_none is None else "mesh")] = len(calls)
 
   # A split's scores with tasks drawn from the key and their index: the same
@@ -140,6 +161,7 @@ def _sharded_measurements() -> dict:
 
 def _regression_problem(hidden=(16,)):
   from experiments import regression
+
   config = dataclasses.replace(regression.get_config("quick"), hidden_sizes=hidden)
   return regression.make_problem(config)
 
@@ -147,32 +169,62 @@ def _regression_problem(hidden=(16,)):
 def _runner_measurements(workdir: Path) -> dict:
   """A short regression run through the training loop, sharded over 8 devices and not."""
   from experiments import regression
-  out = {"eval_batch_10_on_8_devices": vj.training.eval_batch_size(
-      vj.RunConfig(eval_batch_tasks=10), vj.task_mesh())}
+
+  out = {
+    "eval_batch_10_on_8_devices": vj.training.eval_batch_size(
+      vj.RunConfig(eval_batch_tasks=10), vj.task_mesh()
+    )
+  }
   for shard in ("auto", "off"):
     config = dataclasses.replace(
-        regression.get_config("quick", "vampire"), hidden_sizes=(16, 16, 16), tasks_per_step=8,
-        num_meta_steps=4, num_inner_steps=2, kl_weight=0.1, num_mc_train=2, num_mc_query=2,
-        num_mc_test=4, num_val_tasks=8, num_test_tasks=20, eval_batch_tasks=10, eval_every=4,
-        checkpoint_every=4, log_every=2, shard_tasks=shard)
-    results = vj.train_and_evaluate(regression.make_problem(config), config, workdir / shard,
-                                    progress=False)
-    out[shard] = {"mse": results["test"]["mse"], "nll": results["test"]["nll"],
-                  "num_tasks": results["test"]["num_tasks"],
-                  "mesh_devices": results["task_mesh_devices"],
-                  "train_loss": [json.loads(line)["train/loss"] for line in
-                                 (workdir / shard / "metrics.jsonl").read_text().splitlines()
-                                 if "train/loss" in line]}
+      regression.get_config("quick", "vampire"),
+      hidden_sizes=(16, 16, 16),
+      tasks_per_step=8,
+      num_meta_steps=4,
+      num_inner_steps=2,
+      kl_weight=0.1,
+      num_mc_train=2,
+      num_mc_query=2,
+      num_mc_test=4,
+      num_val_tasks=8,
+      num_test_tasks=20,
+      eval_batch_tasks=10,
+      eval_every=4,
+      checkpoint_every=4,
+      log_every=2,
+      shard_tasks=shard,
+    )
+    results = vj.train_and_evaluate(
+      regression.make_problem(config), config, workdir / shard, progress=False
+    )
+    out[shard] = {
+      "mse": results["test"]["mse"],
+      "nll": results["test"]["nll"],
+      "num_tasks": results["test"]["num_tasks"],
+      "mesh_devices": results["task_mesh_devices"],
+      "train_loss": [
+        json.loads(line)["train/loss"]
+        for line in (workdir / shard / "metrics.jsonl").read_text().splitlines()
+        if "train/loss" in line
+      ],
+    }
   return out
 
 
 def _run_child(*args, timeout=600) -> dict:
   # Lower XLA:CPU optimisation: both sides of every comparison compile alike, faster.
-  flags = (f"--xla_force_host_platform_device_count={NUM_FAKE_DEVICES}"
-           " --xla_backend_optimization_level=0")
+  flags = (
+    f"--xla_force_host_platform_device_count={NUM_FAKE_DEVICES} --xla_backend_optimization_level=0"
+  )
   env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-  result = subprocess.run([sys.executable, __file__, "--child", *args], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+  result = subprocess.run(
+    [sys.executable, __file__, "--child", *args],
+    env=env,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   assert result.returncode == 0, result.stderr[-4000:]
   return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -287,8 +339,14 @@ def test_mesh_choice_and_flags():
   with pytest.raises(vj.ConfigError, match="compute-dtype"):
     vj.RunConfig(compute_dtype="float16").validate()
   with pytest.raises(vj.ConfigError, match="host_chunked"):
-    training.build_train_step(_regression_problem(), vj.RunConfig(task_batching="host_chunked"),
-                              None, None, vj.task_mesh(), 1)
+    training.build_train_step(
+      _regression_problem(),
+      vj.RunConfig(task_batching="host_chunked"),
+      None,
+      None,
+      vj.task_mesh(),
+      1,
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["vampire", "maml"])
@@ -299,8 +357,9 @@ def test_remat_gives_the_same_meta_gradient(algorithm, unroll_steps):
   remat = _learners(apply_fn, unroll_steps=unroll_steps, remat=True)[algorithm]
   meta_params = remat.init(params, jax.random.key(3))
   grads, metrics = _float32_meta_gradient(algorithm)
-  remat_grads, remat_metrics = _run_fast_compiled(vj.make_meta_gradient(remat), meta_params,
-                                                  tasks, keys)
+  remat_grads, remat_metrics = _run_fast_compiled(
+    vj.make_meta_gradient(remat), meta_params, tasks, keys
+  )
   np.testing.assert_allclose(remat_metrics["loss"], metrics["loss"], rtol=1e-6)
   assert _max_abs(grads) > 1.0
   assert _max_diff(grads, remat_grads) <= 1e-5 * _max_abs(grads)
@@ -346,8 +405,9 @@ def test_mixed_precision_runs_the_network_in_bfloat16():
 
 
 def _cosine(a, b) -> float:
-  flat_a, flat_b = (jnp.concatenate([x.ravel() for x in jax.tree_util.tree_leaves(t)])
-                    for t in (a, b))
+  flat_a, flat_b = (
+    jnp.concatenate([x.ravel() for x in jax.tree_util.tree_leaves(t)]) for t in (a, b)
+  )
   return float(jnp.dot(flat_a, flat_b) / (jnp.linalg.norm(flat_a) * jnp.linalg.norm(flat_b)))
 
 
@@ -357,8 +417,9 @@ def test_mixed_precision_meta_gradient_is_close_to_float32():
   bf16_learner = _learners(vj.mixed_precision(apply_fn))["vampire"]
   prior = bf16_learner.init(params, jax.random.key(3))
   grads, metrics = _float32_meta_gradient("vampire")
-  bf16_grads, bf16_metrics = _run_fast_compiled(vj.make_meta_gradient(bf16_learner), prior,
-                                                tasks, keys)
+  bf16_grads, bf16_metrics = _run_fast_compiled(
+    vj.make_meta_gradient(bf16_learner), prior, tasks, keys
+  )
   assert all(g.dtype == jnp.float32 for g in jax.tree_util.tree_leaves(bf16_grads))
   # bfloat16 keeps 8 significant bits; over six task samples the meta-loss
   # differed from float32's by 0.1-3.4 % (BUILD_NOTES.md), the gradient's
@@ -383,14 +444,20 @@ def _multihost_measurements(process_id: int, port: int) -> dict:
   local_tasks = jax.tree_util.tree_map(lambda x: x[local], tasks)
   global_tasks = vj.shard_tasks(local_tasks, mesh)
   global_keys = vj.shard_tasks(jax.random.key_data(task_keys)[local], mesh)
-  gradient = jax.jit(lambda p, t, k: vj.make_meta_gradient(learner, mesh=mesh)(
-      p, t, jax.random.wrap_key_data(k)))
+  gradient = jax.jit(
+    lambda p, t, k: vj.make_meta_gradient(learner, mesh=mesh)(p, t, jax.random.wrap_key_data(k))
+  )
   grads, metrics = gradient(vj.replicate(meta_params, mesh), global_tasks, global_keys)
-  local_grads, local_metrics = jax.jit(vj.make_meta_gradient(learner))(meta_params, tasks, task_keys)
-  return {"process_count": jax.process_count(), "mesh_size": mesh.size,
-          "loss": [float(metrics["loss"]), float(local_metrics["loss"])],
-          "grad_diff": _max_diff(vj.sharding.gather(grads), local_grads),
-          "grad_scale": _max_abs(local_grads)}
+  local_grads, local_metrics = jax.jit(vj.make_meta_gradient(learner))(
+    meta_params, tasks, task_keys
+  )
+  return {
+    "process_count": jax.process_count(),
+    "mesh_size": mesh.size,
+    "loss": [float(metrics["loss"]), float(local_metrics["loss"])],
+    "grad_diff": _max_diff(vj.sharding.gather(grads), local_grads),
+    "grad_scale": _max_abs(local_grads),
+  }
 
 
 @pytest.mark.slow
@@ -398,11 +465,23 @@ def test_two_processes_give_the_one_device_meta_gradient():
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-  children = [subprocess.Popen([sys.executable, __file__, "--child", "multihost", str(i), str(port)],
-                               env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True) for i in range(2)]
+  env = dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=str(REPO),
+  )
+  children = [
+    subprocess.Popen(
+      [sys.executable, __file__, "--child", "multihost", str(i), str(port)],
+      env=env,
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   outputs = [child.communicate(timeout=600) for child in children]
   for child, (stdout, stderr) in zip(children, outputs):
     assert child.returncode == 0, stderr[-4000:]

@@ -40,8 +40,9 @@ def test_a_point_estimate_has_zero_epistemic_uncertainty():
   np.testing.assert_allclose(u.epistemic, np.zeros(7), atol=1e-7)
   np.testing.assert_allclose(u.total, u.aleatoric, rtol=1e-6)
   # Identical draws are a point estimate too.
-  np.testing.assert_allclose(vj.uncertainty(jnp.repeat(probs, 4, axis=0)).epistemic,
-                             np.zeros(7), atol=1e-6)
+  np.testing.assert_allclose(
+    vj.uncertainty(jnp.repeat(probs, 4, axis=0)).epistemic, np.zeros(7), atol=1e-6
+  )
 
 
 def test_uncertainty_is_finite_at_probabilities_zero():
@@ -69,10 +70,16 @@ def test_regression_uncertainty_is_the_law_of_total_variance():
 
 def test_regression_summary_splits_the_predictive_variance():
   # Two tasks, 3 draws, 2 queries: variances across draws by hand.
-  predictions = np.array([[[0.0, 1.0], [2.0, 1.0], [4.0, 1.0]],
-                          [[1.0, 1.0], [1.0, 1.0], [1.0, 4.0]]])[..., None]
-  per_task = {"mse": np.ones(2), "predictive_mean_mse": np.ones(2), "nll": np.ones(2),
-              "predictions": predictions, "targets": np.zeros((2, 2, 1))}
+  predictions = np.array(
+    [[[0.0, 1.0], [2.0, 1.0], [4.0, 1.0]], [[1.0, 1.0], [1.0, 1.0], [1.0, 4.0]]]
+  )[..., None]
+  per_task = {
+    "mse": np.ones(2),
+    "predictive_mean_mse": np.ones(2),
+    "nll": np.ones(2),
+    "predictions": predictions,
+    "targets": np.zeros((2, 2, 1)),
+  }
   metrics = vj.summarise("regression", per_task, noise_std=0.3).metrics
   epistemic = np.mean([8 / 3, 0.0, 0.0, 2.0])  # np.var of (0,2,4), (1,1,1), (1,1,1), (1,1,4)
   assert metrics["epistemic_variance"] == pytest.approx(epistemic)
@@ -117,18 +124,24 @@ def test_auroc_equals_brute_force_over_all_pairs_with_ties():
 def test_open_set_summary_by_hand():
   # One task, 2 ways x 2 queries known, then 1 unknown class x 2 queries.
   targets = np.array([[0, 0, 1, 1, -1, -1]])
-  per_task = {"targets": targets,
-              "max_prob": np.array([[0.9, 0.8, 0.7, 0.95, 0.6, 0.5]]),
-              "entropy": np.array([[0.1, 0.2, 0.3, 0.05, 0.4, 0.5]]),
-              "mutual_information": np.zeros((1, 6)),  # a point estimate
-              "correct": np.array([[True, True, False, True, False, False]])}
+  per_task = {
+    "targets": targets,
+    "max_prob": np.array([[0.9, 0.8, 0.7, 0.95, 0.6, 0.5]]),
+    "entropy": np.array([[0.1, 0.2, 0.3, 0.05, 0.4, 0.5]]),
+    "mutual_information": np.zeros((1, 6)),  # a point estimate
+    "correct": np.array([[True, True, False, True, False, False]]),
+  }
   summary = vj.open_set_summary(per_task)
   assert summary["auroc"] == {"max_prob": 1.0, "entropy": 1.0, "mutual_information": 0.5}
   # Known queries: the one mistake (0.7) is the least confident.
   assert summary["misclassification_auroc"]["max_prob"] == 1.0
   assert summary["misclassification_auroc"]["mutual_information"] == 0.5
-  assert (summary["num_unknown_classes"], summary["num_known_queries"],
-          summary["num_unknown_queries"], summary["known_accuracy"]) == (1, 4, 2, 0.75)
+  assert (
+    summary["num_unknown_classes"],
+    summary["num_known_queries"],
+    summary["num_unknown_queries"],
+    summary["known_accuracy"],
+  ) == (1, 4, 2, 0.75)
   roc = summary["roc"]["mutual_information"]
   np.testing.assert_allclose(roc["true_positive_rate"], roc["false_positive_rate"])
   json.dumps(summary)  # JSON-ready
@@ -170,8 +183,14 @@ def test_open_set_episode_is_the_task_plus_unknown_queries(class_sampling):
 
 def test_open_set_episode_needs_enough_classes():
   with pytest.raises(ValueError, match="needs 13 distinct classes"):
-    data.open_set_tasks_from_keys(jax.random.split(jax.random.key(0), 2), _labelled_images(),
-                                  ways=5, shots=1, query=2, num_unknown=8)
+    data.open_set_tasks_from_keys(
+      jax.random.split(jax.random.key(0), 2),
+      _labelled_images(),
+      ways=5,
+      shots=1,
+      query=2,
+      num_unknown=8,
+    )
 
 
 def test_open_set_evaluator_scores_each_query():
@@ -182,8 +201,12 @@ def test_open_set_evaluator_scores_each_query():
 
   learner = vj.maml(apply_fn, vj.categorical_nll, num_inner_steps=0)
   params = {"w": jnp.array([[1.0, -1.0, 0.5]])}
-  task = vj.Task(jnp.ones((1, 3, 2)), jnp.zeros((1, 3), jnp.int32),
-                 jnp.array([[[0.0, 0], [2.0, 0]]]), jnp.array([[0, -1]]))
+  task = vj.Task(
+    jnp.ones((1, 3, 2)),
+    jnp.zeros((1, 3), jnp.int32),
+    jnp.array([[[0.0, 0], [2.0, 0]]]),
+    jnp.array([[0, -1]]),
+  )
   result = jax.jit(vj.make_open_set_evaluator(learner))(params, task, jax.random.key(0))
   probs = jax.nn.softmax(jnp.array([[0.0, 0, 0], [2.0, -2.0, 1.0]]), axis=-1)
   np.testing.assert_allclose(result.max_prob[0], probs.max(axis=-1), rtol=1e-6)
@@ -207,8 +230,9 @@ def test_predict_draws_are_what_predict_averages(tiny_omniglot_run):
   draws = run.predict_draws(support_x, support_y, query_x, key)
   assert draws.shape == (config.num_mc_test, 7, 5)
   np.testing.assert_allclose(np.sum(draws, axis=-1), 1.0, rtol=1e-5)
-  np.testing.assert_array_equal(run.predict(support_x, support_y, query_x, key),
-                                jnp.mean(draws, axis=0))
+  np.testing.assert_array_equal(
+    run.predict(support_x, support_y, query_x, key), jnp.mean(draws, axis=0)
+  )
   u = vj.uncertainty(draws)
   assert np.all(np.asarray(u.epistemic) > 0)  # VAMPIRE's draws disagree
   with pytest.raises(vj.InputError, match="Run.predict_draws: support_y"):
@@ -223,15 +247,20 @@ def test_a_classification_run_reports_open_set_aurocs(tiny_omniglot_run):
     assert set(open_set[group]) == {"max_prob", "entropy", "mutual_information"}
   # As many unknown classes as ways (the default), `query` queries each, on every test task.
   assert open_set["num_unknown_classes"] == config.ways
-  assert open_set["num_unknown_queries"] == open_set["num_known_queries"] == \
-      config.num_test_tasks * config.ways * config.query
+  assert (
+    open_set["num_unknown_queries"]
+    == open_set["num_known_queries"]
+    == config.num_test_tasks * config.ways * config.query
+  )
   # The numbers are those of the saved per-query scores.
   per_task = np.load(workdir / "test_per_task.npz")
   unknown = per_task["open_set_targets"] < 0
   assert open_set["auroc"]["entropy"] == pytest.approx(
-      vj.auroc(per_task["open_set_entropy"], unknown))
+    vj.auroc(per_task["open_set_entropy"], unknown)
+  )
   assert open_set["auroc"]["max_prob"] == pytest.approx(
-      vj.auroc(-per_task["open_set_max_prob"], unknown))
+    vj.auroc(-per_task["open_set_max_prob"], unknown)
+  )
   saved = json.loads((workdir / "results.json").read_text())
   assert saved["test"]["open_set"]["auroc"] == open_set["auroc"]
 
@@ -241,6 +270,7 @@ def test_a_classification_run_reports_open_set_aurocs(tiny_omniglot_run):
 
 def test_open_set_config_checks():
   from experiments import configs
+
   config = configs.get_config("mini_imagenet", "5way1shot")
   assert vj.configs.open_set_classes(config) == 5  # default: as many as ways
   for value, message in ((16, "needs --ways \\+ unknown = 21"), (-1, ">= 0")):
@@ -259,6 +289,7 @@ def test_platipus_presets_are_the_authors_commands():
   # The VAMPIRE authors' platipus.py commands: inner_lr 1e-2, kl_reweight 0.1 for images;
   # inner_lr 1e-3, kl_reweight 1 for sine/line (BUILD_NOTES, "Library defaults").
   from experiments import configs
+
   for experiment in ("omniglot", "mini_imagenet", "features"):
     config = configs.get_config(experiment, "5way1shot", "platipus")
     assert (config.inner_lr, config.kl_weight) == (0.01, 0.1), experiment
@@ -268,13 +299,20 @@ def test_platipus_presets_are_the_authors_commands():
 
 def test_omniglot_validation_size_config():
   from experiments import configs
+
   assert configs.get_config("omniglot", "5way1shot").num_val_alphabets == 0  # the paper's
   assert configs.get_config("omniglot", "20way5shot").num_val_characters == 0
   assert configs.get_config("omniglot", "quick").num_val_alphabets == 5
   assert vj.configs.omniglot_split_characters("original", 0) == {
-      "train": 964, "val": 964, "test": 659}
+    "train": 964,
+    "val": 964,
+    "test": 659,
+  }
   assert vj.configs.omniglot_split_characters("original", 5) == {
-      "train": 813, "val": 151, "test": 659}
+    "train": 813,
+    "val": 151,
+    "test": 659,
+  }
   config = configs.get_config("omniglot", "quick")
   for name, value in (("num_val_alphabets", 30), ("num_val_characters", -1)):
     with pytest.raises(ConfigError, match=name.replace("_", "-")):

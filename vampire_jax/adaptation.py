@@ -32,8 +32,9 @@ def _check_support(where: str, loss_fn: LossFn, params: PyTree, support_x, suppo
 def check_inputs(where: str, x) -> None:
   """Refuses an input batch `x` without a leading axis of at least one example."""
   if jnp.ndim(x) < 1 or jnp.shape(x)[0] < 1:
-    raise checks.fail(where, "x", "an array of at least one example [batch, ...]",
-                      checks.describe(x))
+    raise checks.fail(
+      where, "x", "an array of at least one example [batch, ...]", checks.describe(x)
+    )
 
 
 def _check_steps(num_steps: int) -> None:
@@ -46,8 +47,9 @@ def _check_num_samples(num_mc_samples: int) -> None:
     raise ValueError(f"num_mc_samples must be an integer >= 1, got {num_mc_samples}")
 
 
-def _scan_steps(step: Callable, init: PyTree, xs, length: int, unroll_steps: bool,
-                remat: bool) -> PyTree:
+def _scan_steps(
+  step: Callable, init: PyTree, xs, length: int, unroll_steps: bool, remat: bool
+) -> PyTree:
   if remat:  # common-subexpression elimination is safe inside scan, not when unrolled
     step = jax.checkpoint(step, prevent_cse=bool(unroll_steps))
   final, _ = jax.lax.scan(step, init, xs, length=length, unroll=bool(unroll_steps))
@@ -61,9 +63,12 @@ def _sgd_step(params: PyTree, grads: PyTree, inner_lr: float, first_order: bool)
 
 
 def _check_second_order_steps(second_order_steps: Optional[int]) -> None:
-  if second_order_steps is not None and (int(second_order_steps) != second_order_steps
-                                         or second_order_steps < 0):
-    raise ValueError(f"second_order_steps must be None or an integer >= 0, got {second_order_steps}")
+  if second_order_steps is not None and (
+    int(second_order_steps) != second_order_steps or second_order_steps < 0
+  ):
+    raise ValueError(
+      f"second_order_steps must be None or an integer >= 0, got {second_order_steps}"
+    )
 
 
 def _split_steps(num_steps: int, second_order_steps: Optional[int]) -> tuple[int, int]:
@@ -74,8 +79,15 @@ def _split_steps(num_steps: int, second_order_steps: Optional[int]) -> tuple[int
   return differentiated, num_steps - differentiated
 
 
-def _two_phase_scan(make_step: Callable[[bool], Callable], init: PyTree, xs, num_steps: int,
-                    second_order_steps: Optional[int], unroll_steps: bool, remat: bool) -> PyTree:
+def _two_phase_scan(
+  make_step: Callable[[bool], Callable],
+  init: PyTree,
+  xs,
+  num_steps: int,
+  second_order_steps: Optional[int],
+  unroll_steps: bool,
+  remat: bool,
+) -> PyTree:
   """The first steps with `make_step(True)`, the rest with `make_step(False)`, as two loops.
 
   Two loops rather than one with a switch: a constant gradient then costs no
@@ -92,9 +104,16 @@ def _two_phase_scan(make_step: Callable[[bool], Callable], init: PyTree, xs, num
   return carry
 
 
-def expected_nll(dist: Gaussian, x: jax.Array, y: jax.Array, key: jax.Array, *,
-                 loss_fn: LossFn, num_mc_samples: int,
-                 sample_batching: batching.Batching = "vmap") -> jax.Array:
+def expected_nll(
+  dist: Gaussian,
+  x: jax.Array,
+  y: jax.Array,
+  key: jax.Array,
+  *,
+  loss_fn: LossFn,
+  num_mc_samples: int,
+  sample_batching: batching.Batching = "vmap",
+) -> jax.Array:
   """Monte-Carlo estimate of E_{w~dist}[loss_fn(w, x, y)], reparameterised.
 
   Args:
@@ -111,29 +130,54 @@ def expected_nll(dist: Gaussian, x: jax.Array, y: jax.Array, key: jax.Array, *,
   weights = sample(dist, key, num_mc_samples)
   if num_mc_samples == 1:  # no batching needed: keeps convolutions ungrouped
     return loss_fn(jax.tree_util.tree_map(lambda w: w[0], weights), x, y)
-  losses = batching.batched_map(lambda w: loss_fn(w, x, y), weights,
-                                strategy=sample_batching,
-                                chunk_size=num_mc_samples)
+  losses = batching.batched_map(
+    lambda w: loss_fn(w, x, y), weights, strategy=sample_batching, chunk_size=num_mc_samples
+  )
   return jnp.mean(losses)
 
 
-def variational_free_energy(posterior: Gaussian, prior: Gaussian, x: jax.Array,
-                            y: jax.Array, key: jax.Array, *, loss_fn: LossFn,
-                            num_mc_samples: int, kl_weight: float,
-                            sample_batching: batching.Batching = "vmap") -> jax.Array:
+def variational_free_energy(
+  posterior: Gaussian,
+  prior: Gaussian,
+  x: jax.Array,
+  y: jax.Array,
+  key: jax.Array,
+  *,
+  loss_fn: LossFn,
+  num_mc_samples: int,
+  kl_weight: float,
+  sample_batching: batching.Batching = "vmap",
+) -> jax.Array:
   """VFE = E_q[NLL(x, y | w)] + kl_weight * KL(q || prior), the inner-loop loss."""
-  nll = expected_nll(posterior, x, y, key, loss_fn=loss_fn,
-                     num_mc_samples=num_mc_samples, sample_batching=sample_batching)
+  nll = expected_nll(
+    posterior,
+    x,
+    y,
+    key,
+    loss_fn=loss_fn,
+    num_mc_samples=num_mc_samples,
+    sample_batching=sample_batching,
+  )
   return nll + kl_weight * kl_divergence(posterior, prior)
 
 
-def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
-          key: jax.Array, *, loss_fn: LossFn, num_steps: int, inner_lr: float,
-          num_mc_samples: int = 1, kl_weight: float = 1.0,
-          first_order: bool = False,
-          sample_batching: batching.Batching = "vmap",
-          unroll_steps: bool = False, remat: bool = False,
-          second_order_steps: Optional[int] = None) -> Gaussian:
+def adapt(
+  prior: Gaussian,
+  support_x: jax.Array,
+  support_y: jax.Array,
+  key: jax.Array,
+  *,
+  loss_fn: LossFn,
+  num_steps: int,
+  inner_lr: float,
+  num_mc_samples: int = 1,
+  kl_weight: float = 1.0,
+  first_order: bool = False,
+  sample_batching: batching.Batching = "vmap",
+  unroll_steps: bool = False,
+  remat: bool = False,
+  second_order_steps: Optional[int] = None,
+) -> Gaussian:
   """VAMPIRE's task adaptation (Alg. 1, lines 5-7).
 
   Starting from q = prior, each step draws `num_mc_samples` weights from q
@@ -174,25 +218,48 @@ def adapt(prior: Gaussian, support_x: jax.Array, support_y: jax.Array,
 
   def make_step(differentiated: bool):
     def step(posterior, step_key):
-      nll = nll_grad(posterior, support_x, support_y, step_key, loss_fn=loss_fn,
-                     num_mc_samples=num_mc_samples, sample_batching=sample_batching)
+      nll = nll_grad(
+        posterior,
+        support_x,
+        support_y,
+        step_key,
+        loss_fn=loss_fn,
+        num_mc_samples=num_mc_samples,
+        sample_batching=sample_batching,
+      )
       if not differentiated:  # the authors' steps 2..S: the likelihood's gradient is a constant
         nll = jax.lax.stop_gradient(nll)
-      grads = jax.tree_util.tree_map(lambda g, k: g + kl_weight * k, nll,
-                                     kl_grad(posterior, prior))
+      grads = jax.tree_util.tree_map(lambda g, k: g + kl_weight * k, nll, kl_grad(posterior, prior))
       return _sgd_step(posterior, grads, inner_lr, first_order), None
+
     return step
 
   if num_steps == 0:
     return prior
-  return _two_phase_scan(make_step, prior, jax.random.split(key, num_steps), num_steps,
-                         second_order_steps, unroll_steps, remat)
+  return _two_phase_scan(
+    make_step,
+    prior,
+    jax.random.split(key, num_steps),
+    num_steps,
+    second_order_steps,
+    unroll_steps,
+    remat,
+  )
 
 
-def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
-               loss_fn: LossFn, num_steps: int, inner_lr: float,
-               first_order: bool = False, unroll_steps: bool = False,
-               remat: bool = False, second_order_steps: Optional[int] = None) -> PyTree:
+def maml_adapt(
+  params: PyTree,
+  support_x: jax.Array,
+  support_y: jax.Array,
+  *,
+  loss_fn: LossFn,
+  num_steps: int,
+  inner_lr: float,
+  first_order: bool = False,
+  unroll_steps: bool = False,
+  remat: bool = False,
+  second_order_steps: Optional[int] = None,
+) -> PyTree:
   """MAML's task adaptation: `num_steps` SGD steps on the support loss.
 
   Args:
@@ -222,17 +289,25 @@ def maml_adapt(params: PyTree, support_x: jax.Array, support_y: jax.Array, *,
       if not differentiated:
         grads = jax.lax.stop_gradient(grads)
       return _sgd_step(task_params, grads, inner_lr, first_order), None
+
     return step
 
   if num_steps == 0:
     return params
-  return _two_phase_scan(make_step, params, None, num_steps,
-                         second_order_steps, unroll_steps, remat)
+  return _two_phase_scan(
+    make_step, params, None, num_steps, second_order_steps, unroll_steps, remat
+  )
 
 
-def predict(posterior: Gaussian, x: jax.Array, key: jax.Array, *,
-            apply_fn: ApplyFn, num_mc_samples: int,
-            sample_batching: batching.Batching = "vmap") -> jax.Array:
+def predict(
+  posterior: Gaussian,
+  x: jax.Array,
+  key: jax.Array,
+  *,
+  apply_fn: ApplyFn,
+  num_mc_samples: int,
+  sample_batching: batching.Batching = "vmap",
+) -> jax.Array:
   """Outputs of `apply_fn` under `num_mc_samples` weight draws.
 
   Args:
@@ -253,5 +328,6 @@ def predict(posterior: Gaussian, x: jax.Array, key: jax.Array, *,
   weights = sample(posterior, key, num_mc_samples)
   if num_mc_samples == 1:  # as in expected_nll: no vmap, so convolutions stay ungrouped
     return apply_fn(jax.tree_util.tree_map(lambda w: w[0], weights), x)[None]
-  return batching.batched_map(lambda w: apply_fn(w, x), weights,
-                              strategy=sample_batching, chunk_size=num_mc_samples)
+  return batching.batched_map(
+    lambda w: apply_fn(w, x), weights, strategy=sample_batching, chunk_size=num_mc_samples
+  )

@@ -45,6 +45,7 @@ class Algorithm(NamedTuple):
     config_defaults: fields set on a config that selects it.
     description: one line for `--help` and the docs.
   """
+
   build: Builder
   has_kl: bool
   inner_kl: bool
@@ -54,66 +55,117 @@ class Algorithm(NamedTuple):
 
 def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
   return learners.vampire(
-      apply_fn, nll, num_inner_steps=config.num_inner_steps, inner_lr=config.inner_lr,
-      kl_weight=config.kl_weight, num_mc_train=num_mc_train, num_mc_query=num_mc_query,
-      first_order=config.first_order, log_std_init=tuple(config.log_std_init),
-      sample_batching=sample_batching(config), unroll_steps=unroll, remat=config.remat,
-      second_order_steps=config.second_order_steps)
+    apply_fn,
+    nll,
+    num_inner_steps=config.num_inner_steps,
+    inner_lr=config.inner_lr,
+    kl_weight=config.kl_weight,
+    num_mc_train=num_mc_train,
+    num_mc_query=num_mc_query,
+    first_order=config.first_order,
+    log_std_init=tuple(config.log_std_init),
+    sample_batching=sample_batching(config),
+    unroll_steps=unroll,
+    remat=config.remat,
+    second_order_steps=config.second_order_steps,
+  )
 
 
 def _maml(first_order: bool):
   def build(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
     del num_mc_train, num_mc_query  # a point estimate: one prediction
-    return learners.maml(apply_fn, nll, num_inner_steps=config.num_inner_steps,
-                         inner_lr=config.inner_lr, first_order=config.first_order or first_order,
-                         unroll_steps=unroll, remat=config.remat,
-                         second_order_steps=config.second_order_steps)
+    return learners.maml(
+      apply_fn,
+      nll,
+      num_inner_steps=config.num_inner_steps,
+      inner_lr=config.inner_lr,
+      first_order=config.first_order or first_order,
+      unroll_steps=unroll,
+      remat=config.remat,
+      second_order_steps=config.second_order_steps,
+    )
+
   return build
 
 
 def _platipus(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
   return baselines.platipus(
-      apply_fn, nll, num_inner_steps=config.num_inner_steps, inner_lr=config.inner_lr,
-      kl_weight=config.kl_weight, num_mc_train=num_mc_train, num_mc_query=num_mc_query,
-      first_order=config.first_order, log_std_init=tuple(config.log_std_init),
-      inference_data=config.platipus_inference_data, sample_batching=sample_batching(config),
-      unroll_steps=unroll)
+    apply_fn,
+    nll,
+    num_inner_steps=config.num_inner_steps,
+    inner_lr=config.inner_lr,
+    kl_weight=config.kl_weight,
+    num_mc_train=num_mc_train,
+    num_mc_query=num_mc_query,
+    first_order=config.first_order,
+    log_std_init=tuple(config.log_std_init),
+    inference_data=config.platipus_inference_data,
+    sample_batching=sample_batching(config),
+    unroll_steps=unroll,
+  )
 
 
 def _bmaml(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
   del num_mc_train, num_mc_query  # the particles are the meta-parameters: M is fixed
   return baselines.bmaml(
-      apply_fn, nll, num_particles=config.num_particles, num_inner_steps=config.num_inner_steps,
-      inner_lr=config.inner_lr, meta_objective=config.bmaml_meta_objective,
-      num_leader_steps=config.bmaml_leader_steps, first_order=config.first_order,
-      particle_batching=sample_batching(config), unroll_steps=unroll)
+    apply_fn,
+    nll,
+    num_particles=config.num_particles,
+    num_inner_steps=config.num_inner_steps,
+    inner_lr=config.inner_lr,
+    meta_objective=config.bmaml_meta_objective,
+    num_leader_steps=config.bmaml_leader_steps,
+    first_order=config.first_order,
+    particle_batching=sample_batching(config),
+    unroll_steps=unroll,
+  )
 
 
 def _abml(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
   return baselines.abml(
-      apply_fn, nll, num_inner_steps=config.num_inner_steps, inner_lr=config.inner_lr,
-      kl_weight=config.kl_weight, num_mc_train=num_mc_train, num_mc_query=num_mc_query,
-      hyper_prior_weight=config.abml_hyper_prior_weight, first_order=config.first_order,
-      log_std_init=tuple(config.log_std_init), sample_batching=sample_batching(config),
-      unroll_steps=unroll)
+    apply_fn,
+    nll,
+    num_inner_steps=config.num_inner_steps,
+    inner_lr=config.inner_lr,
+    kl_weight=config.kl_weight,
+    num_mc_train=num_mc_train,
+    num_mc_query=num_mc_query,
+    hyper_prior_weight=config.abml_hyper_prior_weight,
+    first_order=config.first_order,
+    log_std_init=tuple(config.log_std_init),
+    sample_batching=sample_batching(config),
+    unroll_steps=unroll,
+  )
 
 
 # Point estimates have no KL term and one weight draw.
 _POINT_ESTIMATE = {"kl_weight": 0.0, "num_mc_train": 1, "num_mc_query": 1, "num_mc_test": 1}
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "vampire": Algorithm(_vampire, True, True, {},
-                         "VAMPIRE: Gaussian prior, variational inner loop (this paper)"),
-    "maml": Algorithm(_maml(False), False, False, dict(_POINT_ESTIMATE),
-                      "MAML: point estimate, second-order meta-gradient"),
-    "fomaml": Algorithm(_maml(True), False, False, dict(_POINT_ESTIMATE),
-                        "first-order MAML"),
-    "platipus": Algorithm(_platipus, True, False, {},
-                          "PLATIPUS: learned prior over the initial weights, mean-only adaptation"),
-    "bmaml": Algorithm(_bmaml, False, False, {"kl_weight": 0.0},
-                       "BMAML: SVGD particles, ensemble prediction"),
-    "abml": Algorithm(_abml, True, True, {},
-                      "ABML: VAMPIRE's inner loop, ELBO on support and query, hyper-prior"),
+  "vampire": Algorithm(
+    _vampire, True, True, {}, "VAMPIRE: Gaussian prior, variational inner loop (this paper)"
+  ),
+  "maml": Algorithm(
+    _maml(False),
+    False,
+    False,
+    dict(_POINT_ESTIMATE),
+    "MAML: point estimate, second-order meta-gradient",
+  ),
+  "fomaml": Algorithm(_maml(True), False, False, dict(_POINT_ESTIMATE), "first-order MAML"),
+  "platipus": Algorithm(
+    _platipus,
+    True,
+    False,
+    {},
+    "PLATIPUS: learned prior over the initial weights, mean-only adaptation",
+  ),
+  "bmaml": Algorithm(
+    _bmaml, False, False, {"kl_weight": 0.0}, "BMAML: SVGD particles, ensemble prediction"
+  ),
+  "abml": Algorithm(
+    _abml, True, True, {}, "ABML: VAMPIRE's inner loop, ELBO on support and query, hyper-prior"
+  ),
 }
 
 
@@ -129,12 +181,19 @@ def configure(config, name: str):
   return dataclasses.replace(config, algorithm=name, **get(name).config_defaults)
 
 
-def learner_from_config(config, apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
-                        num_mc_train: int, num_mc_query: int,
-                        unroll_steps: bool = False) -> MetaLearner:
+def learner_from_config(
+  config,
+  apply_fn: losses.ApplyFn,
+  nll: losses.Likelihood,
+  *,
+  num_mc_train: int,
+  num_mc_query: int,
+  unroll_steps: bool = False,
+) -> MetaLearner:
   """The configured algorithm's learner with the given Monte-Carlo sample counts."""
-  return get(config.algorithm).build(config, apply_fn, nll, num_mc_train, num_mc_query,
-                                     unroll_steps)
+  return get(config.algorithm).build(
+    config, apply_fn, nll, num_mc_train, num_mc_query, unroll_steps
+  )
 
 
 def stability_factor(config, meta_params: PyTree) -> Optional[float]:
@@ -172,10 +231,21 @@ def unroll_inner_steps(config) -> bool:
   return bool(config.unroll_inner_steps)
 
 
-def make_learner(model: nn.Module, kind: str, noise_std: Optional[float], config, *,
-                 num_mc_train: int, num_mc_query: int) -> MetaLearner:
+def make_learner(
+  model: nn.Module,
+  kind: str,
+  noise_std: Optional[float],
+  config,
+  *,
+  num_mc_train: int,
+  num_mc_query: int,
+) -> MetaLearner:
   """The configured algorithm on `model`, with the given Monte-Carlo sample counts."""
   return learner_from_config(
-      config, network(model, config.compute_dtype), likelihood(kind, noise_std),
-      num_mc_train=num_mc_train, num_mc_query=num_mc_query,
-      unroll_steps=unroll_inner_steps(config))
+    config,
+    network(model, config.compute_dtype),
+    likelihood(kind, noise_std),
+    num_mc_train=num_mc_train,
+    num_mc_query=num_mc_query,
+    unroll_steps=unroll_inner_steps(config),
+  )

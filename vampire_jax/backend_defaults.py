@@ -34,6 +34,7 @@ class BackendDefaults(NamedTuple):
     conv_loop_free: the convolution in a program with no loop around it.
     why: the reason, in one line.
   """
+
   task_batching: str
   chunk_size: int
   sample_batching: str
@@ -43,12 +44,22 @@ class BackendDefaults(NamedTuple):
 
 
 CPU = BackendDefaults(
-    "map", 1, "map", "loop_safe", "xla",
-    "vmap over per-task weights makes grouped convolutions, slow on XLA:CPU; convolution "
-    "gradients in loops are 5-130x slower with XLA's own convolution")
+  "map",
+  1,
+  "map",
+  "loop_safe",
+  "xla",
+  "vmap over per-task weights makes grouped convolutions, slow on XLA:CPU; convolution "
+  "gradients in loops are 5-130x slower with XLA's own convolution",
+)
 ACCELERATOR = BackendDefaults(
-    "vmap", 1, "vmap", "xla", "xla",
-    "grouped convolutions are fast; one wide batch keeps the device busy")
+  "vmap",
+  1,
+  "vmap",
+  "xla",
+  "xla",
+  "grouped convolutions are fast; one wide batch keeps the device busy",
+)
 DEFAULTS = {"cpu": CPU, "gpu": ACCELERATOR, "tpu": ACCELERATOR}
 
 
@@ -63,8 +74,9 @@ def default_task_batching() -> tuple[str, int]:
   return defaults.task_batching, defaults.chunk_size
 
 
-def task_batching(strategy: str, chunk_size: int, num_tasks: int, sharded: bool = False, *,
-                  dense_only: bool = False) -> tuple[str, int]:
+def task_batching(
+  strategy: str, chunk_size: int, num_tasks: int, sharded: bool = False, *, dense_only: bool = False
+) -> tuple[str, int]:
   """`(strategy, chunk)`: 'auto' resolved for the backend, the chunk fitted to `num_tasks`.
 
   Args:
@@ -108,10 +120,15 @@ def config_conv_impl(config) -> str:
   if config.conv_impl != "auto":
     return config.conv_impl
   strategy, _ = task_batching(config.task_batching, config.chunk_size, config.tasks_per_step)
-  mapped_draws = (sample_batching(config.sample_batching) == "map"
-                  and max(config.num_mc_train, config.num_mc_query) > 1)
-  return conv_impl(task_batching=strategy, inner_steps_unrolled=bool(config.unroll_inner_steps),
-                   draws_mapped=mapped_draws)
+  mapped_draws = (
+    sample_batching(config.sample_batching) == "map"
+    and max(config.num_mc_train, config.num_mc_query) > 1
+  )
+  return conv_impl(
+    task_batching=strategy,
+    inner_steps_unrolled=bool(config.unroll_inner_steps),
+    draws_mapped=mapped_draws,
+  )
 
 
 def steps_per_call(config, first_step: int) -> int:
@@ -123,5 +140,11 @@ def steps_per_call(config, first_step: int) -> int:
   only where it is not already hidden (see BUILD_NOTES.md, "Speed").
   """
   requested = config.steps_per_call or 1
-  return math.gcd(requested, config.log_every, config.eval_every, config.checkpoint_every,
-                  config.num_meta_steps, first_step or requested)
+  return math.gcd(
+    requested,
+    config.log_every,
+    config.eval_every,
+    config.checkpoint_every,
+    config.num_meta_steps,
+    first_step or requested,
+  )

@@ -36,8 +36,7 @@ def _unrolled(fn: Callable, xs, size: int):
   return jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *outputs)
 
 
-def batched_map(fn: Callable[..., T], xs, *, strategy: Batching = "vmap",
-                chunk_size: int = 1) -> T:
+def batched_map(fn: Callable[..., T], xs, *, strategy: Batching = "vmap", chunk_size: int = 1) -> T:
   """Maps `fn` over the leading axis of every leaf of `xs`.
 
   All strategies compute the same thing; they differ only in speed, memory
@@ -63,11 +62,14 @@ def batched_map(fn: Callable[..., T], xs, *, strategy: Batching = "vmap",
   if strategy == "unroll":
     return _unrolled(fn, xs, size)
   if strategy not in ("chunked_unroll", "chunked_vmap"):
-    raise ValueError(f"unknown batching strategy {strategy!r}; expected one of {BATCHING_STRATEGIES}")
+    raise ValueError(
+      f"unknown batching strategy {strategy!r}; expected one of {BATCHING_STRATEGIES}"
+    )
   if chunk_size < 1 or size % chunk_size:
     raise ValueError(f"chunk_size={chunk_size} must be >= 1 and divide the batch size {size}")
   chunks = jax.tree_util.tree_map(
-      lambda x: x.reshape((size // chunk_size, chunk_size) + x.shape[1:]), xs)
+    lambda x: x.reshape((size // chunk_size, chunk_size) + x.shape[1:]), xs
+  )
   if strategy == "chunked_vmap":
     per_chunk = jax.vmap(fn)
   else:

@@ -39,19 +39,21 @@ class ReliabilityBins(NamedTuple):
   alone; `mce_bin` says which bin does, and `mce_min_count`, an extra, is
   the MCE over the bins holding at least `min_count` predictions.
   """
-  edges: np.ndarray       # [num_bins + 1], equal-width on [0, 1]
+
+  edges: np.ndarray  # [num_bins + 1], equal-width on [0, 1]
   confidence: np.ndarray  # [num_bins], mean max-probability per bin; NaN if empty
-  accuracy: np.ndarray    # [num_bins], fraction correct per bin; NaN if empty
-  count: np.ndarray       # [num_bins] int, predictions per bin
-  ece: float              # sum_b (n_b / N) |accuracy_b - confidence_b|
-  mce: float              # max over non-empty b of |accuracy_b - confidence_b|
+  accuracy: np.ndarray  # [num_bins], fraction correct per bin; NaN if empty
+  count: np.ndarray  # [num_bins] int, predictions per bin
+  ece: float  # sum_b (n_b / N) |accuracy_b - confidence_b|
+  mce: float  # max over non-empty b of |accuracy_b - confidence_b|
   min_count: int = MIN_BIN_COUNT  # bins below it: greyed out, left out of mce_min_count
 
   @property
   def gap(self) -> np.ndarray:
     """`[num_bins]`, `|accuracy_b - confidence_b|`; NaN for an empty bin."""
-    return np.abs(np.asarray(self.accuracy, dtype=np.float64)
-                  - np.asarray(self.confidence, dtype=np.float64))
+    return np.abs(
+      np.asarray(self.accuracy, dtype=np.float64) - np.asarray(self.confidence, dtype=np.float64)
+    )
 
   @property
   def mce_bin(self) -> int:
@@ -68,9 +70,9 @@ class ReliabilityBins(NamedTuple):
     return float(np.max(self.gap[enough])) if np.any(enough) else math.nan
 
 
-def classification_calibration(probabilities: ArrayLike, labels: ArrayLike,
-                               num_bins: int = 15,
-                               min_count: int = MIN_BIN_COUNT) -> ReliabilityBins:
+def classification_calibration(
+  probabilities: ArrayLike, labels: ArrayLike, num_bins: int = 15, min_count: int = MIN_BIN_COUNT
+) -> ReliabilityBins:
   """Reliability bins, ECE and MCE of predicted class probabilities.
 
   Confidence is the largest predicted probability, a prediction is correct
@@ -104,11 +106,14 @@ def classification_calibration(probabilities: ArrayLike, labels: ArrayLike,
   if int(min_count) != min_count or min_count < 1:
     raise ValueError(f"min_count must be a positive integer, got {min_count}")
   if probabilities.ndim < 2:
-    raise ValueError("probabilities must be [N, C] or [tasks, query, C], "
-                     f"got shape {probabilities.shape}")
+    raise ValueError(
+      f"probabilities must be [N, C] or [tasks, query, C], got shape {probabilities.shape}"
+    )
   if labels.shape != probabilities.shape[:-1]:
-    raise ValueError(f"labels must have shape {probabilities.shape[:-1]} to match probabilities "
-                     f"{probabilities.shape}, got {labels.shape}")
+    raise ValueError(
+      f"labels must have shape {probabilities.shape[:-1]} to match probabilities "
+      f"{probabilities.shape}, got {labels.shape}"
+    )
   num_classes = probabilities.shape[-1]
   probabilities = probabilities.reshape(-1, num_classes)
   labels = labels.reshape(-1)
@@ -119,10 +124,15 @@ def classification_calibration(probabilities: ArrayLike, labels: ArrayLike,
       raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
     labels = labels.astype(np.int64)
   if labels.min() < 0 or labels.max() >= num_classes:
-    raise ValueError(f"labels must lie in [0, {num_classes}), got range "
-                     f"[{labels.min()}, {labels.max()}]")
+    raise ValueError(
+      f"labels must lie in [0, {num_classes}), got range [{labels.min()}, {labels.max()}]"
+    )
   # A small slack for float32 softmax; logits passed by mistake fail here.
-  if not np.all(np.isfinite(probabilities)) or probabilities.min() < -1e-6 or probabilities.max() > 1 + 1e-6:
+  if (
+    not np.all(np.isfinite(probabilities))
+    or probabilities.min() < -1e-6
+    or probabilities.max() > 1 + 1e-6
+  ):
     raise ValueError("probabilities must lie in [0, 1] (pass softmax outputs, not logits)")
 
   confidence = np.clip(probabilities.max(axis=-1), 0.0, 1.0)  # [N]
@@ -153,9 +163,10 @@ class RiskCoverage(NamedTuple):
   kept; a random ordering keeps the overall `error_rate` at every coverage,
   and `oracle_risk` is the best any ordering can do.
   """
+
   coverage: np.ndarray  # [N], k / N for k = 1..N
   accuracy: np.ndarray  # [N], accuracy of the k most confident predictions
-  aurc: float           # area under the risk (1 - accuracy) vs coverage curve, mean over k
+  aurc: float  # area under the risk (1 - accuracy) vs coverage curve, mean over k
 
   @property
   def risk(self) -> np.ndarray:
@@ -221,8 +232,10 @@ def risk_coverage(probabilities: ArrayLike, labels: ArrayLike) -> RiskCoverage:
   probabilities = np.asarray(probabilities, dtype=np.float64)
   labels = np.asarray(labels)
   if probabilities.ndim < 2 or labels.shape != probabilities.shape[:-1] or labels.size == 0:
-    raise ValueError(f"probabilities [..., C] and labels [...] must match and be non-empty; got "
-                     f"shapes {probabilities.shape} and {labels.shape}")
+    raise ValueError(
+      f"probabilities [..., C] and labels [...] must match and be non-empty; got "
+      f"shapes {probabilities.shape} and {labels.shape}"
+    )
   probabilities = probabilities.reshape(-1, probabilities.shape[-1])
   correct = probabilities.argmax(axis=-1) == labels.reshape(-1)
   order = np.argsort(-probabilities.max(axis=-1), kind="stable")
@@ -264,28 +277,66 @@ def mean_confidence_interval(values: ArrayLike, confidence: float = 0.95) -> tup
 
 class QuantileCalibration(NamedTuple):
   """Observed coverage of the predicted quantiles of a regressor."""
-  levels: np.ndarray    # [num_levels], expected quantile levels p
+
+  levels: np.ndarray  # [num_levels], expected quantile levels p
   observed: np.ndarray  # [num_levels], fraction of targets <= predicted p-quantile
-  ece: float            # mean_p |observed_p - p|
-  mce: float            # max_p |observed_p - p|
+  ece: float  # mean_p |observed_p - p|
+  mce: float  # max_p |observed_p - p|
 
 
 # Cephes ndtr.c (S. L. Moshier) rational approximations to erf and erfc,
 # accurate to about 1e-15; numpy has no erf and scipy is optional.
-_ERF_T = (9.60497373987051638749E0, 9.00260197203842689217E1, 2.23200534594684319226E3,
-          7.00332514112805075473E3, 5.55923013010394962768E4)
-_ERF_U = (3.35617141647503099647E1, 5.21357949780152679795E2, 4.59432382970980127987E3,
-          2.26290000613890934246E4, 4.92673942608635921086E4)
-_ERFC_P = (2.46196981473530512524E-10, 5.64189564831068821977E-1, 7.46321056442269912687E0,
-           4.86371970985681366614E1, 1.96520832956077098242E2, 5.26445194995477358631E2,
-           9.34528527171957607540E2, 1.02755188689515710272E3, 5.57535335369399327526E2)
-_ERFC_Q = (1.32281951154744992508E1, 8.67072140885989742329E1, 3.54937778887819891062E2,
-           9.75708501743205489753E2, 1.82390916687909736289E3, 2.24633760818710981792E3,
-           1.65666309194161350182E3, 5.57535340817727675546E2)
-_ERFC_R = (5.64189583547755073984E-1, 1.27536670759978104416E0, 5.01905042251180477414E0,
-           6.16021097993053585195E0, 7.40974269950448939160E0, 2.97886665372100240670E0)
-_ERFC_S = (2.26052863220117276590E0, 9.39603524938001434673E0, 1.20489539808096656605E1,
-           1.70814450747565897222E1, 9.60896809063285878198E0, 3.36907645100081516050E0)
+_ERF_T = (
+  9.60497373987051638749e0,
+  9.00260197203842689217e1,
+  2.23200534594684319226e3,
+  7.00332514112805075473e3,
+  5.55923013010394962768e4,
+)
+_ERF_U = (
+  3.35617141647503099647e1,
+  5.21357949780152679795e2,
+  4.59432382970980127987e3,
+  2.26290000613890934246e4,
+  4.92673942608635921086e4,
+)
+_ERFC_P = (
+  2.46196981473530512524e-10,
+  5.64189564831068821977e-1,
+  7.46321056442269912687e0,
+  4.86371970985681366614e1,
+  1.96520832956077098242e2,
+  5.26445194995477358631e2,
+  9.34528527171957607540e2,
+  1.02755188689515710272e3,
+  5.57535335369399327526e2,
+)
+_ERFC_Q = (
+  1.32281951154744992508e1,
+  8.67072140885989742329e1,
+  3.54937778887819891062e2,
+  9.75708501743205489753e2,
+  1.82390916687909736289e3,
+  2.24633760818710981792e3,
+  1.65666309194161350182e3,
+  5.57535340817727675546e2,
+)
+_ERFC_R = (
+  5.64189583547755073984e-1,
+  1.27536670759978104416e0,
+  5.01905042251180477414e0,
+  6.16021097993053585195e0,
+  7.40974269950448939160e0,
+  2.97886665372100240670e0,
+)
+_ERFC_S = (
+  2.26052863220117276590e0,
+  9.39603524938001434673e0,
+  1.20489539808096656605e1,
+  1.70814450747565897222e1,
+  9.60896809063285878198e0,
+  3.36907645100081516050e0,
+)
 
 
 def _polevl(x, coefficients, leading_one=False):
@@ -350,8 +401,9 @@ def mixture_cdf(y: ArrayLike, means: ArrayLike, noise_std: float) -> np.ndarray:
   return np.mean(_normal_cdf((y[None] - means) / noise_std), axis=0)
 
 
-def mixture_quantile(levels: ArrayLike, means: ArrayLike, noise_std: float,
-                     tol: float = 1e-6) -> np.ndarray:
+def mixture_quantile(
+  levels: ArrayLike, means: ArrayLike, noise_std: float, tol: float = 1e-6
+) -> np.ndarray:
   """Quantiles of the equal-weight Gaussian mixture, by vectorised bisection.
 
   Solves F(q) = p for each level p and each point. The root lies between the
@@ -399,8 +451,12 @@ def _pool_regression(predicted_means, targets):
   """[S, N] & [N], [T, S, Q] & [T, Q] or [T, S, Q, 1] & [T, Q, 1] -> [S, M] & [M]."""
   predicted_means = np.asarray(predicted_means, dtype=np.float64)
   targets = np.asarray(targets, dtype=np.float64)
-  if predicted_means.ndim == 4 and predicted_means.shape[-1] == 1 and targets.ndim == 3 \
-      and targets.shape[-1] == 1:
+  if (
+    predicted_means.ndim == 4
+    and predicted_means.shape[-1] == 1
+    and targets.ndim == 3
+    and targets.shape[-1] == 1
+  ):
     predicted_means, targets = predicted_means[..., 0], targets[..., 0]
   if predicted_means.ndim == 2 and targets.ndim == 1:
     expected = (targets.shape[0],)
@@ -409,12 +465,16 @@ def _pool_regression(predicted_means, targets):
     expected = targets.shape
     got = (predicted_means.shape[0], predicted_means.shape[2])
   else:
-    raise ValueError("predicted_means/targets must be [num_samples, N]/[N], "
-                     "[tasks, num_samples, query]/[tasks, query] or "
-                     "[tasks, num_samples, query, 1]/[tasks, query, 1]; got shapes "
-                     f"{predicted_means.shape} and {targets.shape}")
+    raise ValueError(
+      "predicted_means/targets must be [num_samples, N]/[N], "
+      "[tasks, num_samples, query]/[tasks, query] or "
+      "[tasks, num_samples, query, 1]/[tasks, query, 1]; got shapes "
+      f"{predicted_means.shape} and {targets.shape}"
+    )
   if got != expected:
-    raise ValueError(f"predicted_means {predicted_means.shape} does not match targets {targets.shape}")
+    raise ValueError(
+      f"predicted_means {predicted_means.shape} does not match targets {targets.shape}"
+    )
   if predicted_means.ndim == 3:
     # [T, S, Q] -> [S, T * Q]: pool the tasks' query points.
     predicted_means = np.moveaxis(predicted_means, 1, 0).reshape(predicted_means.shape[1], -1)
@@ -424,9 +484,12 @@ def _pool_regression(predicted_means, targets):
   return predicted_means, targets
 
 
-def regression_quantile_calibration(predicted_means: ArrayLike, targets: ArrayLike,
-                                    noise_std: float,
-                                    levels: ArrayLike = np.linspace(0.1, 0.9, 9)) -> QuantileCalibration:
+def regression_quantile_calibration(
+  predicted_means: ArrayLike,
+  targets: ArrayLike,
+  noise_std: float,
+  levels: ArrayLike = np.linspace(0.1, 0.9, 9),
+) -> QuantileCalibration:
   """Quantile calibration of the Monte-Carlo Gaussian-mixture predictive.
 
   For each point the predictive is p(y) = (1 / L) sum_l N(y; mean_l, noise_std^2)
@@ -471,8 +534,12 @@ def regression_quantile_calibration(predicted_means: ArrayLike, targets: ArrayLi
 PAPER_QUANTILE_LEVELS = np.linspace(0.0, 1.0, 11)
 
 
-def paper_quantile_calibration(predictions: ArrayLike, truth: ArrayLike, noise_std: float,
-                               levels: ArrayLike = PAPER_QUANTILE_LEVELS) -> QuantileCalibration:
+def paper_quantile_calibration(
+  predictions: ArrayLike,
+  truth: ArrayLike,
+  noise_std: float,
+  levels: ArrayLike = PAPER_QUANTILE_LEVELS,
+) -> QuantileCalibration:
   """The paper's regression calibration (Fig. 2c-d), as the authors' code computes it.
 
   For each level p and point x, q_p(x) is the p-quantile of the L network
@@ -509,8 +576,11 @@ def paper_quantile_calibration(predictions: ArrayLike, truth: ArrayLike, noise_s
 
 # -- Records: results as JSON, and back ----------------------------------------
 
-_RECORD_KINDS = {"ReliabilityBins": ReliabilityBins, "QuantileCalibration": QuantileCalibration,
-                 "RiskCoverage": RiskCoverage}
+_RECORD_KINDS = {
+  "ReliabilityBins": ReliabilityBins,
+  "QuantileCalibration": QuantileCalibration,
+  "RiskCoverage": RiskCoverage,
+}
 _RECORD_POINTS = 101  # a risk-coverage curve is kept at this many coverages
 
 
@@ -521,12 +591,20 @@ def to_record(result) -> dict:
   risk-coverage curve is kept at 101 evenly spaced coverages.
   """
   if isinstance(result, RiskCoverage) and len(result.coverage) > _RECORD_POINTS:
-    picks = np.unique(np.ceil(np.linspace(0.01, 1.0, _RECORD_POINTS) * len(result.coverage)
-                              - 1e-9).astype(int) - 1)
+    picks = np.unique(
+      np.ceil(np.linspace(0.01, 1.0, _RECORD_POINTS) * len(result.coverage) - 1e-9).astype(int) - 1
+    )
     result = RiskCoverage(result.coverage[picks], result.accuracy[picks], result.aurc)
-  fields = {k: (np.asarray(v).tolist() if np.ndim(v) else
-                int(v) if isinstance(v, (int, np.integer)) else float(v))
-            for k, v in result._asdict().items()}
+  fields = {
+    k: (
+      np.asarray(v).tolist()
+      if np.ndim(v)
+      else int(v)
+      if isinstance(v, (int, np.integer))
+      else float(v)
+    )
+    for k, v in result._asdict().items()
+  }
   return {"kind": type(result).__name__, **fields}
 
 
@@ -536,5 +614,10 @@ def from_record(record: dict):
   A field with a default that an older record lacks (`min_count`) takes the default.
   """
   kind = _RECORD_KINDS[record["kind"]]
-  return kind(**{f: (np.asarray(record[f], dtype=float) if isinstance(record[f], list)
-                     else record[f]) for f in kind._fields if f in record})
+  return kind(
+    **{
+      f: (np.asarray(record[f], dtype=float) if isinstance(record[f], list) else record[f])
+      for f in kind._fields
+      if f in record
+    }
+  )

@@ -44,8 +44,10 @@ def examples(where: str, names: tuple[str, str], x: Any, y: Any) -> int:
   return num
 
 
-IMAGE_HINT = ("preprocessed as in training (images as floats in [0, 1]: "
-              "vj.data.preprocess_omniglot / vj.data.preprocess_mini_imagenet)")
+IMAGE_HINT = (
+  "preprocessed as in training (images as floats in [0, 1]: "
+  "vj.data.preprocess_omniglot / vj.data.preprocess_mini_imagenet)"
+)
 
 
 def floating(where: str, name: str, x: Any, hint: str = "") -> None:
@@ -54,8 +56,9 @@ def floating(where: str, name: str, x: Any, hint: str = "") -> None:
     raise fail(where, name, "floating point" + (f", {hint}" if hint else ""), describe(x))
 
 
-def loss_fits(where: str, names: tuple[str, str], loss_fn: Callable, params: PyTree,
-              x: Any, y: Any) -> None:
+def loss_fits(
+  where: str, names: tuple[str, str], loss_fn: Callable, params: PyTree, x: Any, y: Any
+) -> None:
   """Traces `loss_fn(params, x, y)` (no computation) and checks it gives a scalar.
 
   A likelihood refuses targets that do not fit the network's outputs; this
@@ -65,12 +68,15 @@ def loss_fits(where: str, names: tuple[str, str], loss_fn: Callable, params: PyT
   try:
     out = jax.eval_shape(loss_fn, params, x, y)
   except InputError as error:
-    raise InputError(f"{where}: {y_name} does not fit the network's outputs on {x_name}: "
-                     f"{error}") from None
+    raise InputError(
+      f"{where}: {y_name} does not fit the network's outputs on {x_name}: {error}"
+    ) from None
   if jnp.shape(out) != ():
-    raise InputError(f"{where}: loss_fn must return a scalar (the mean NLL of the batch), got "
-                     f"shape {jnp.shape(out)} for {x_name} {describe(x)} and {y_name} "
-                     f"{describe(y)}")
+    raise InputError(
+      f"{where}: loss_fn must return a scalar (the mean NLL of the batch), got "
+      f"shape {jnp.shape(out)} for {x_name} {describe(x)} and {y_name} "
+      f"{describe(y)}"
+    )
 
 
 def check_finite(where: str, arrays: dict) -> None:

@@ -19,8 +19,9 @@ from typing import Any, Optional, Sequence
 from vampire_jax.errors import ConfigError
 
 
-def setting(default: Any, help: str, *, resumable: bool = False,
-            choices: Optional[Sequence[Any]] = None) -> Any:
+def setting(
+  default: Any, help: str, *, resumable: bool = False, choices: Optional[Sequence[Any]] = None
+) -> Any:
   """A dataclass field with its help text.
 
   Args:
@@ -30,17 +31,21 @@ def setting(default: Any, help: str, *, resumable: bool = False,
       evaluation and speed settings).
     choices: the allowed values, if they are a fixed set.
   """
-  return dataclasses.field(default=default, metadata={
-      "help": help, "resumable": resumable, "choices": tuple(choices) if choices else None})
+  return dataclasses.field(
+    default=default,
+    metadata={"help": help, "resumable": resumable, "choices": tuple(choices) if choices else None},
+  )
 
 
 @dataclasses.dataclass
 class RunConfig:
   """Settings shared by every experiment."""
+
   algorithm: str = setting("vampire", "meta-learning algorithm")
   tasks_per_step: int = setting(32, "T, tasks per meta-update")
-  num_meta_steps: int = setting(15_000, "meta-updates to train for (a resumed run may extend it)",
-                                resumable=True)
+  num_meta_steps: int = setting(
+    15_000, "meta-updates to train for (a resumed run may extend it)", resumable=True
+  )
   num_inner_steps: int = setting(5, "S, gradient steps of task adaptation")
   inner_lr: float = setting(0.01, "alpha, the task-adaptation learning rate")
   kl_weight: float = setting(0.02, "beta, weight of KL(posterior || prior) against the mean NLL")
@@ -49,15 +54,22 @@ class RunConfig:
   num_mc_test: int = setting(10, "L_t = L_v at validation and test time", resumable=True)
   first_order: bool = setting(False, "stop gradients through the inner updates")
   second_order_steps: Optional[int] = setting(
-      None, "inner steps whose likelihood gradient is differentiated (none: all, Alg. 1; "
-      "1: the authors' code)")
+    None,
+    "inner steps whose likelihood gradient is differentiated (none: all, Alg. 1; "
+    "1: the authors' code)",
+  )
   log_std_init: tuple[float, float] = setting((-4.0, -3.0), "range of the initial prior log-stds")
   # Options of single algorithms (used only by the algorithm named).
   num_particles: int = setting(8, "BMAML: number of particles M")
-  bmaml_meta_objective: str = setting("bfa", "BMAML: meta-loss", choices=("bfa", "mean_nll", "chaser"))
+  bmaml_meta_objective: str = setting(
+    "bfa", "BMAML: meta-loss", choices=("bfa", "mean_nll", "chaser")
+  )
   bmaml_leader_steps: int = setting(1, "BMAML: the leader's extra SVGD steps (chaser loss)")
   platipus_inference_data: str = setting(
-      "support_and_query", "PLATIPUS: data of q's gradient step", choices=("support_and_query", "query"))
+    "support_and_query",
+    "PLATIPUS: data of q's gradient step",
+    choices=("support_and_query", "query"),
+  )
   abml_hyper_prior_weight: float = setting(1e-4, "ABML: weight of -log p(theta), 0 = flat")
   # The meta-optimiser.
   meta_lr: float = setting(1e-3, "gamma, Adam's learning rate")
@@ -73,27 +85,45 @@ class RunConfig:
   num_bins: int = setting(15, "confidence bins of ECE/MCE", resumable=True)
   seed: int = setting(0, "seed of the initialisation, tasks and draws")
   # Speed knobs: none of them changes a result beyond float rounding.
-  task_batching: str = setting("auto", "how tasks are batched: auto, host_chunked, vmap, map, "
-                               "unroll, chunked_unroll, chunked_vmap", resumable=True)
+  task_batching: str = setting(
+    "auto",
+    "how tasks are batched: auto, host_chunked, vmap, map, unroll, chunked_unroll, chunked_vmap",
+    resumable=True,
+  )
   chunk_size: int = setting(0, "tasks per chunk (0: the backend's default)", resumable=True)
   eval_task_batching: str = setting("auto", "task batching at evaluation", resumable=True)
   eval_chunk_size: int = setting(0, "tasks per evaluation chunk (0: default)", resumable=True)
-  steps_per_call: int = setting(0, "meta-steps per jitted call, in lax.scan (0: the backend's "
-                                "default)", resumable=True)
-  unroll_inner_steps: bool = setting(False, "unroll the inner loop instead of lax.scan (longer "
-                                     "compile)", resumable=True)
-  sample_batching: str = setting("vmap", "how Monte-Carlo draws are batched: vmap, map, unroll, "
-                                 "or auto (map on a CPU, where vmapped convolutions are slow; "
-                                 "else vmap)", resumable=True,
-                                 choices=("auto", "vmap", "map", "unroll"))
-  shard_tasks: str = setting("auto", "split tasks over devices", resumable=True,
-                             choices=("auto", "on", "off"))
-  remat: bool = setting(False, "recompute inner steps in the backward pass (less memory)",
-                        resumable=True)
-  compute_dtype: str = setting("float32", "dtype of the network's matmuls and convolutions",
-                               resumable=True, choices=("float32", "bfloat16"))
-  debug_nans: bool = setting(False, "debugging: check every operation of the meta-step and name "
-                             "the first that makes a NaN (slow)", resumable=True)
+  steps_per_call: int = setting(
+    0, "meta-steps per jitted call, in lax.scan (0: the backend's default)", resumable=True
+  )
+  unroll_inner_steps: bool = setting(
+    False, "unroll the inner loop instead of lax.scan (longer compile)", resumable=True
+  )
+  sample_batching: str = setting(
+    "vmap",
+    "how Monte-Carlo draws are batched: vmap, map, unroll, "
+    "or auto (map on a CPU, where vmapped convolutions are slow; "
+    "else vmap)",
+    resumable=True,
+    choices=("auto", "vmap", "map", "unroll"),
+  )
+  shard_tasks: str = setting(
+    "auto", "split tasks over devices", resumable=True, choices=("auto", "on", "off")
+  )
+  remat: bool = setting(
+    False, "recompute inner steps in the backward pass (less memory)", resumable=True
+  )
+  compute_dtype: str = setting(
+    "float32",
+    "dtype of the network's matmuls and convolutions",
+    resumable=True,
+    choices=("float32", "bfloat16"),
+  )
+  debug_nans: bool = setting(
+    False,
+    "debugging: check every operation of the meta-step and name the first that makes a NaN (slow)",
+    resumable=True,
+  )
 
   def validate(self) -> None:
     """Raises ConfigError for an impossible setting; subclasses add their own checks."""
@@ -120,8 +150,11 @@ def config_differences(saved: dict, config) -> dict[str, tuple[Any, Any]]:
   allowed = resumable_fields(type(config))
   now = _jsonable(dataclasses.asdict(config))
   # A field added since the run was recorded had its default then.
-  defaults = {f.name: _jsonable(f.default) for f in dataclasses.fields(config)
-              if f.default is not dataclasses.MISSING}
+  defaults = {
+    f.name: _jsonable(f.default)
+    for f in dataclasses.fields(config)
+    if f.default is not dataclasses.MISSING
+  }
   saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
   keys = (set(saved) | set(now)) - allowed
   return {k: (saved.get(k), now.get(k)) for k in sorted(keys) if saved.get(k) != now.get(k)}
@@ -148,11 +181,28 @@ def validate(config) -> None:
   (ways, shots, query against the data) are the experiment's; the algorithm's
   name is checked by `algorithms.get`.
   """
-  positive = ("tasks_per_step", "num_meta_steps", "num_mc_train", "num_mc_query", "num_mc_test",
-              "num_particles", "num_val_tasks", "num_test_tasks", "eval_batch_tasks", "eval_every",
-              "checkpoint_every", "log_every", "num_bins")
-  non_negative = ("num_inner_steps", "chunk_size", "eval_chunk_size", "steps_per_call",
-                  "bmaml_leader_steps")
+  positive = (
+    "tasks_per_step",
+    "num_meta_steps",
+    "num_mc_train",
+    "num_mc_query",
+    "num_mc_test",
+    "num_particles",
+    "num_val_tasks",
+    "num_test_tasks",
+    "eval_batch_tasks",
+    "eval_every",
+    "checkpoint_every",
+    "log_every",
+    "num_bins",
+  )
+  non_negative = (
+    "num_inner_steps",
+    "chunk_size",
+    "eval_chunk_size",
+    "steps_per_call",
+    "bmaml_leader_steps",
+  )
   for name in positive + non_negative:
     value = getattr(config, name)
     lowest = 1 if name in positive else 0
@@ -165,21 +215,27 @@ def validate(config) -> None:
   if not 0.0 < config.meta_lr_decay <= 1.0:
     raise ConfigError(f"{_flag('meta_lr_decay')} must be in (0, 1], got {config.meta_lr_decay!r}")
   if config.second_order_steps is not None and (
-      isinstance(config.second_order_steps, bool) or not isinstance(config.second_order_steps, int)
-      or config.second_order_steps < 0):
-    raise ConfigError(f"{_flag('second_order_steps')} must be an integer >= 0, got "
-                      f"{config.second_order_steps!r}")
+    isinstance(config.second_order_steps, bool)
+    or not isinstance(config.second_order_steps, int)
+    or config.second_order_steps < 0
+  ):
+    raise ConfigError(
+      f"{_flag('second_order_steps')} must be an integer >= 0, got {config.second_order_steps!r}"
+    )
   if config.meta_grad_clip_norm is not None:
     _check_number("meta_grad_clip_norm", config.meta_grad_clip_norm, positive=True)
   low, high = config.log_std_init
   if not (math.isfinite(low) and math.isfinite(high) and low <= high):
-    raise ConfigError(f"{_flag('log_std_init')} must be two finite numbers LOW <= HIGH, "
-                      f"got {config.log_std_init!r}")
+    raise ConfigError(
+      f"{_flag('log_std_init')} must be two finite numbers LOW <= HIGH, got {config.log_std_init!r}"
+    )
   for f in dataclasses.fields(config):
     choices = f.metadata.get("choices")
     if choices and getattr(config, f.name) not in choices:
-      raise ConfigError(f"{_flag(f.name)} must be one of {', '.join(map(str, choices))}, "
-                        f"got {getattr(config, f.name)!r}")
+      raise ConfigError(
+        f"{_flag(f.name)} must be one of {', '.join(map(str, choices))}, "
+        f"got {getattr(config, f.name)!r}"
+      )
 
 
 def _check_number(name: str, value, *, positive: bool) -> None:

@@ -18,32 +18,57 @@ from vampire_jax.config import RunConfig, setting
 from vampire_jax.data import episodes
 from vampire_jax.errors import ConfigError
 
-__all__ = ("ConvNetConfig", "OmniglotConfig", "MiniImagenetConfig", "FeaturesConfig",
-           "RegressionConfig", "check_episodes", "open_set_classes", "omniglot_split_characters",
-           "recorded_class_name")
+__all__ = (
+  "ConvNetConfig",
+  "OmniglotConfig",
+  "MiniImagenetConfig",
+  "FeaturesConfig",
+  "RegressionConfig",
+  "check_episodes",
+  "open_set_classes",
+  "omniglot_split_characters",
+  "recorded_class_name",
+)
 
 # The config classes, by name (the names run folders record).
-_CLASSES = ("ConvNetConfig", "OmniglotConfig", "MiniImagenetConfig", "FeaturesConfig",
-            "RegressionConfig")
+_CLASSES = (
+  "ConvNetConfig",
+  "OmniglotConfig",
+  "MiniImagenetConfig",
+  "FeaturesConfig",
+  "RegressionConfig",
+)
 
 
 @dataclasses.dataclass
 class ConvNetConfig(RunConfig):
   """Fields of the Conv4 experiments (Omniglot, mini-ImageNet)."""
-  batch_norm_affine: bool = setting(True, "batch norm with scale and offset (the authors' has none)")
-  conv_impl: str = setting("auto", "convolution: xla, patches (im2col), loop_safe (fast "
-                           "gradients inside loops on a CPU) or auto (loop_safe on a CPU where "
-                           "gradients run in loops, else xla)", resumable=True,
-                           choices=("auto", "xla", "patches", "loop_safe"))
-  sample_batching: str = setting("auto", "how Monte-Carlo draws are batched (auto: lax.map on a "
-                                 "CPU, vmap elsewhere)", resumable=True,
-                                 choices=("auto", "vmap", "map", "unroll"))
+
+  batch_norm_affine: bool = setting(
+    True, "batch norm with scale and offset (the authors' has none)"
+  )
+  conv_impl: str = setting(
+    "auto",
+    "convolution: xla, patches (im2col), loop_safe (fast "
+    "gradients inside loops on a CPU) or auto (loop_safe on a CPU where "
+    "gradients run in loops, else xla)",
+    resumable=True,
+    choices=("auto", "xla", "patches", "loop_safe"),
+  )
+  sample_batching: str = setting(
+    "auto",
+    "how Monte-Carlo draws are batched (auto: lax.map on a CPU, vmap elsewhere)",
+    resumable=True,
+    choices=("auto", "vmap", "map", "unroll"),
+  )
 
 
 # Open-set episodes: a test-time setting of every classification config.
-_OPEN_SET_HELP = ("unknown classes added to each test episode, as many queries each as a known "
-                  "class (none: as many as --ways, at most the test classes left beside "
-                  "them; 0: no open-set episodes)")
+_OPEN_SET_HELP = (
+  "unknown classes added to each test episode, as many queries each as a known "
+  "class (none: as many as --ways, at most the test classes left beside "
+  "them; 0: no open-set episodes)"
+)
 
 
 def open_set_classes(config, test_classes: Optional[int] = None) -> int:
@@ -60,12 +85,15 @@ def open_set_classes(config, test_classes: Optional[int] = None) -> int:
   """
   value = getattr(config, "num_open_set_classes", 0)
   if value is None:
-    return config.ways if test_classes is None else max(0, min(config.ways,
-                                                               test_classes - config.ways))
+    return (
+      config.ways if test_classes is None else max(0, min(config.ways, test_classes - config.ways))
+    )
   if value and test_classes is not None and config.ways + value > test_classes:
-    raise ConfigError(f"--num-open-set-classes {value}: an open-set test episode needs "
-                      f"--ways + unknown = {config.ways + value} classes, but the test split has "
-                      f"{test_classes} (0 turns open-set episodes off)")
+    raise ConfigError(
+      f"--num-open-set-classes {value}: an open-set test episode needs "
+      f"--ways + unknown = {config.ways + value} classes, but the test split has "
+      f"{test_classes} (0 turns open-set episodes off)"
+    )
   return value
 
 
@@ -75,27 +103,62 @@ def _check_open_set(config, test_classes: Optional[int], what: str) -> None:
     raise ConfigError(f"--num-open-set-classes must be an integer >= 0, got {value!r}")
   unknown = open_set_classes(config)
   if unknown and test_classes is not None and config.ways + unknown > test_classes:
-    raise ConfigError(f"--num-open-set-classes {unknown}: an open-set test episode needs "
-                      f"--ways + unknown = {config.ways + unknown} distinct classes, but {what} "
-                      f"test part has only {test_classes} (0 turns open-set episodes off)")
+    raise ConfigError(
+      f"--num-open-set-classes {unknown}: an open-set test episode needs "
+      f"--ways + unknown = {config.ways + unknown} distinct classes, but {what} "
+      f"test part has only {test_classes} (0 turns open-set episodes off)"
+    )
 
 
 # -- Omniglot --------------------------------------------------------------------
 
 # Characters per split part, with the default validation sizes (data.split_indices).
-OMNIGLOT_SPLIT_CHARACTERS = {"original": {"train": 813, "val": 151, "test": 659},
-                             "random": {"train": 1100, "val": 100, "test": 423}}
+OMNIGLOT_SPLIT_CHARACTERS = {
+  "original": {"train": 813, "val": 151, "test": 659},
+  "random": {"train": 1100, "val": 100, "test": 423},
+}
 OMNIGLOT_DRAWINGS = 20
 # Characters of each background alphabet, in `data.BACKGROUND_ALPHABETS` order
 # (tests/test_uncertainty.py checks them against the data); the original
 # split validates on the last `num_val_alphabets`.
-OMNIGLOT_BACKGROUND_ALPHABET_SIZES = (20, 29, 26, 41, 40, 24, 46, 14, 26, 34, 33, 22, 26, 43, 24,
-                                      48, 22, 16, 52, 47, 40, 26, 40, 41, 33, 14, 42, 23, 17, 55)
+OMNIGLOT_BACKGROUND_ALPHABET_SIZES = (
+  20,
+  29,
+  26,
+  41,
+  40,
+  24,
+  46,
+  14,
+  26,
+  34,
+  33,
+  22,
+  26,
+  43,
+  24,
+  48,
+  22,
+  16,
+  52,
+  47,
+  40,
+  26,
+  40,
+  41,
+  33,
+  14,
+  42,
+  23,
+  17,
+  55,
+)
 OMNIGLOT_RANDOM_TRAIN_CHARACTERS = 1200
 
 
-def omniglot_split_characters(split: str, num_val_alphabets: int = 5,
-                              num_val_characters: int = 100) -> dict[str, int]:
+def omniglot_split_characters(
+  split: str, num_val_alphabets: int = 5, num_val_characters: int = 100
+) -> dict[str, int]:
   """Characters in the train, val and test parts (as `data.split_indices` makes them).
 
   With no held-out validation (`num_val_alphabets` 0 for 'original',
@@ -103,9 +166,15 @@ def omniglot_split_characters(split: str, num_val_alphabets: int = 5,
   validation draws its tasks from the training characters.
   """
   if split == "original":
-    held_out = sum(OMNIGLOT_BACKGROUND_ALPHABET_SIZES[len(OMNIGLOT_BACKGROUND_ALPHABET_SIZES)
-                                                      - num_val_alphabets:]) \
-        if num_val_alphabets else 0
+    held_out = (
+      sum(
+        OMNIGLOT_BACKGROUND_ALPHABET_SIZES[
+          len(OMNIGLOT_BACKGROUND_ALPHABET_SIZES) - num_val_alphabets :
+        ]
+      )
+      if num_val_alphabets
+      else 0
+    )
     train = sum(OMNIGLOT_BACKGROUND_ALPHABET_SIZES) - held_out
     return {"train": train, "val": held_out or train, "test": 659}
   train = OMNIGLOT_RANDOM_TRAIN_CHARACTERS - num_val_characters
@@ -115,46 +184,78 @@ def omniglot_split_characters(split: str, num_val_alphabets: int = 5,
 @dataclasses.dataclass
 class OmniglotConfig(ConvNetConfig):
   """Omniglot N-way k-shot classification with a Conv4 (paper Sec. 4.2, Table 1)."""
+
   ways: int = setting(5, "N, classes per task")
   shots: int = setting(1, "k, support examples per class")
   query: int = setting(15, "query examples per class")
-  split: str = setting("original", "character split: original (background/evaluation) or random",
-                       choices=("original", "random"))
+  split: str = setting(
+    "original",
+    "character split: original (background/evaluation) or random",
+    choices=("original", "random"),
+  )
   split_seed: int = setting(0, "seed of the random split")
-  num_val_alphabets: int = setting(5, "original split: background alphabets held out to "
-                                   "validate (the last N; 0: all 964 background characters "
-                                   "train and validation draws tasks from them)")
-  num_val_characters: int = setting(100, "random split: of its 1200 training characters, how "
-                                    "many validate (0: all 1200 train and validation draws "
-                                    "tasks from them)")
-  class_sampling: str = setting("character", "a task's classes: 'character' (MAML's: distinct "
-                                "characters, each at a random rotation) or 'class' (distinct "
-                                "(character, rotation) pairs)", choices=episodes.CLASS_SAMPLING)
+  num_val_alphabets: int = setting(
+    5,
+    "original split: background alphabets held out to "
+    "validate (the last N; 0: all 964 background characters "
+    "train and validation draws tasks from them)",
+  )
+  num_val_characters: int = setting(
+    100,
+    "random split: of its 1200 training characters, how "
+    "many validate (0: all 1200 train and validation draws "
+    "tasks from them)",
+  )
+  class_sampling: str = setting(
+    "character",
+    "a task's classes: 'character' (MAML's: distinct "
+    "characters, each at a random rotation) or 'class' (distinct "
+    "(character, rotation) pairs)",
+    choices=episodes.CLASS_SAMPLING,
+  )
   num_filters: int = setting(64, "Conv4 filters per layer")
-  data_dir: Optional[str] = setting(None, "folder with the Omniglot zips (default: $OMNIGLOT_DIR; "
-                                    "none: TFDS downloads)", resumable=True)
-  data_source: str = setting("auto", "auto (zips if a folder is given, else TFDS), zip, tfds, "
-                             "cache", resumable=True, choices=("auto", "zip", "tfds", "cache"))
-  cache_dir: Optional[str] = setting(None, "cache folder (default: $VAMPIRE_JAX_CACHE or "
-                                     "~/.cache/vampire_jax)", resumable=True)
+  data_dir: Optional[str] = setting(
+    None,
+    "folder with the Omniglot zips (default: $OMNIGLOT_DIR; none: TFDS downloads)",
+    resumable=True,
+  )
+  data_source: str = setting(
+    "auto",
+    "auto (zips if a folder is given, else TFDS), zip, tfds, cache",
+    resumable=True,
+    choices=("auto", "zip", "tfds", "cache"),
+  )
+  cache_dir: Optional[str] = setting(
+    None, "cache folder (default: $VAMPIRE_JAX_CACHE or ~/.cache/vampire_jax)", resumable=True
+  )
   num_open_set_classes: Optional[int] = setting(None, _OPEN_SET_HELP, resumable=True)
 
   def validate(self) -> None:
     super().validate()
     num_alphabets = len(OMNIGLOT_BACKGROUND_ALPHABET_SIZES)
-    for name, value, below in (("num_val_alphabets", self.num_val_alphabets, num_alphabets),
-                               ("num_val_characters", self.num_val_characters,
-                                OMNIGLOT_RANDOM_TRAIN_CHARACTERS)):
+    for name, value, below in (
+      ("num_val_alphabets", self.num_val_alphabets, num_alphabets),
+      ("num_val_characters", self.num_val_characters, OMNIGLOT_RANDOM_TRAIN_CHARACTERS),
+    ):
       if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < below:
-        raise ConfigError(f"--{name.replace('_', '-')} must be an integer in [0, {below}), "
-                          f"got {value!r}")
-    characters = omniglot_split_characters(self.split, self.num_val_alphabets,
-                                           self.num_val_characters)
-    classes = {part: episodes.num_classes_available(count, rotate=True,
-                                                    class_sampling=self.class_sampling)
-               for part, count in characters.items()}
-    check_episodes(self.ways, self.shots, self.query, OMNIGLOT_DRAWINGS, classes,
-                   what=f"the {self.split} split's")
+        raise ConfigError(
+          f"--{name.replace('_', '-')} must be an integer in [0, {below}), got {value!r}"
+        )
+    characters = omniglot_split_characters(
+      self.split, self.num_val_alphabets, self.num_val_characters
+    )
+    classes = {
+      part: episodes.num_classes_available(count, rotate=True, class_sampling=self.class_sampling)
+      for part, count in characters.items()
+    }
+    check_episodes(
+      self.ways,
+      self.shots,
+      self.query,
+      OMNIGLOT_DRAWINGS,
+      classes,
+      what=f"the {self.split} split's",
+    )
     _check_open_set(self, classes["test"], f"the {self.split} split's")
 
 
@@ -167,17 +268,24 @@ MINI_IMAGENET_IMAGES = 600
 @dataclasses.dataclass
 class MiniImagenetConfig(ConvNetConfig):
   """mini-ImageNet N-way k-shot classification with a Conv4 (paper Sec. 4.2, Table 3)."""
+
   ways: int = setting(5, "N, classes per task")
   shots: int = setting(1, "k, support examples per class")
   query: int = setting(15, "query examples per class")
   num_filters: int = setting(32, "Conv4 filters per layer")
   image_size: int = setting(84, "image side (84 in the paper; smaller only for fast tests)")
-  data_dir: Optional[str] = setting(None, "mini-ImageNet folder (default: $MINI_IMAGENET_DIR)",
-                                    resumable=True)
-  cache_dir: Optional[str] = setting(None, "cache folder (default: $VAMPIRE_JAX_CACHE or "
-                                     "~/.cache/vampire_jax)", resumable=True)
-  source: str = setting("auto", "auto, folder, pickle, tfds or cache", resumable=True,
-                        choices=("auto", "folder", "pickle", "tfds", "cache"))
+  data_dir: Optional[str] = setting(
+    None, "mini-ImageNet folder (default: $MINI_IMAGENET_DIR)", resumable=True
+  )
+  cache_dir: Optional[str] = setting(
+    None, "cache folder (default: $VAMPIRE_JAX_CACHE or ~/.cache/vampire_jax)", resumable=True
+  )
+  source: str = setting(
+    "auto",
+    "auto, folder, pickle, tfds or cache",
+    resumable=True,
+    choices=("auto", "folder", "pickle", "tfds", "cache"),
+  )
   existing_only: bool = setting(False, "use only the images present (partial copies)")
   num_open_set_classes: Optional[int] = setting(None, _OPEN_SET_HELP, resumable=True)
 
@@ -186,31 +294,38 @@ class MiniImagenetConfig(ConvNetConfig):
     if self.image_size < 8:
       raise ConfigError(f"--image-size must be at least 8, got {self.image_size}")
     images = None if self.existing_only else MINI_IMAGENET_IMAGES  # else checked on loading
-    check_episodes(self.ways, self.shots, self.query, images, MINI_IMAGENET_CLASSES,
-                   what="mini-ImageNet's")
+    check_episodes(
+      self.ways, self.shots, self.query, images, MINI_IMAGENET_CLASSES, what="mini-ImageNet's"
+    )
     _check_open_set(self, MINI_IMAGENET_CLASSES["test"], "mini-ImageNet's")
 
 
 # -- LEO features (tiered- or mini-ImageNet) -------------------------------------
 
-FEATURE_CLASSES = {"tiered": {"train": 351, "val": 97, "test": 160},
-                   "mini": {"train": 64, "val": 16, "test": 20}}
+FEATURE_CLASSES = {
+  "tiered": {"train": 351, "val": 97, "test": 160},
+  "mini": {"train": 64, "val": 16, "test": 20},
+}
 
 
 @dataclasses.dataclass
 class FeaturesConfig(RunConfig):
   """N-way k-shot classification of LEO's image embeddings with an MLP (tiered-ImageNet)."""
-  dataset: str = setting("tiered", "LEO features of tiered- or mini-ImageNet",
-                         choices=("tiered", "mini"))
-  crop: str = setting("center", "LEO's crop: center, or multiview (mini only)",
-                      choices=("center", "multiview"))
+
+  dataset: str = setting(
+    "tiered", "LEO features of tiered- or mini-ImageNet", choices=("tiered", "mini")
+  )
+  crop: str = setting(
+    "center", "LEO's crop: center, or multiview (mini only)", choices=("center", "multiview")
+  )
   l2_normalize: bool = setting(True, "scale each embedding to unit norm, as LEO")
   ways: int = setting(5, "N, classes per task")
   shots: int = setting(1, "k, support examples per class")
   query: int = setting(15, "query examples per class")
   hidden_sizes: tuple[int, int] = setting((128, 32), "MLP hidden widths")
-  data_dir: Optional[str] = setting(None, "LEO embeddings folder (default: $LEO_EMBEDDINGS_DIR)",
-                                    resumable=True)
+  data_dir: Optional[str] = setting(
+    None, "LEO embeddings folder (default: $LEO_EMBEDDINGS_DIR)", resumable=True
+  )
   # vmap over tasks: per-task MLP weights become batched matmuls, fast on a CPU too.
   task_batching: str = setting("vmap", "how tasks are batched", resumable=True)
   eval_task_batching: str = setting("vmap", "task batching at evaluation", resumable=True)
@@ -218,8 +333,14 @@ class FeaturesConfig(RunConfig):
 
   def validate(self) -> None:
     super().validate()
-    check_episodes(self.ways, self.shots, self.query, None, FEATURE_CLASSES[self.dataset],
-                   what=f"{self.dataset}-ImageNet's")
+    check_episodes(
+      self.ways,
+      self.shots,
+      self.query,
+      None,
+      FEATURE_CLASSES[self.dataset],
+      what=f"{self.dataset}-ImageNet's",
+    )
     _check_open_set(self, FEATURE_CLASSES[self.dataset]["test"], f"{self.dataset}-ImageNet's")
 
 
@@ -229,6 +350,7 @@ class FeaturesConfig(RunConfig):
 @dataclasses.dataclass
 class RegressionConfig(RunConfig):
   """The paper's regression settings (App. A, Table 6); the rest from RunConfig."""
+
   tasks_per_step: int = setting(10, "T, tasks per meta-update")
   num_meta_steps: int = setting(10_000, "meta-updates to train for", resumable=True)
   inner_lr: float = setting(0.001, "alpha, the task-adaptation learning rate")
@@ -236,11 +358,13 @@ class RegressionConfig(RunConfig):
   num_mc_train: int = setting(128, "L_t, weight draws per inner step")
   num_mc_query: int = setting(128, "L_v, weight draws on the query set")
   num_mc_test: int = setting(128, "draws at validation and test", resumable=True)
-  task_batching: str = setting("vmap", "how tasks are batched (vmap: fastest for an MLP)",
-                               resumable=True)
+  task_batching: str = setting(
+    "vmap", "how tasks are batched (vmap: fastest for an MLP)", resumable=True
+  )
   eval_task_batching: str = setting("vmap", "task batching at evaluation", resumable=True)
-  eval_batch_tasks: int = setting(10, "tasks per evaluation call (x 128 draws: ~3 GB)",
-                                  resumable=True)
+  eval_batch_tasks: int = setting(
+    10, "tasks per evaluation call (x 128 draws: ~3 GB)", resumable=True
+  )
   eval_every: int = setting(1000, "meta-steps between validations", resumable=True)
   checkpoint_every: int = setting(1000, "meta-steps between checkpoints", resumable=True)
   log_every: int = setting(100, "meta-steps between logged metrics", resumable=True)
@@ -262,19 +386,24 @@ class RegressionConfig(RunConfig):
 # -- Shared ---------------------------------------------------------------------------
 
 
-def check_episodes(ways: int, shots: int, query: int, examples: Optional[int],
-                   classes: dict[str, int], *, what: str) -> None:
+def check_episodes(
+  ways: int, shots: int, query: int, examples: Optional[int], classes: dict[str, int], *, what: str
+) -> None:
   """Raises ConfigError unless every split part can give the tasks asked for."""
   for name, value in (("ways", ways), ("shots", shots), ("query", query)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ConfigError(f"--{name} must be an integer >= 1, got {value!r}")
   part, fewest = min(classes.items(), key=lambda item: item[1])
   if ways > fewest:
-    raise ConfigError(f"--ways {ways}: a {ways}-way task needs {ways} distinct classes, but "
-                      f"{what} {part} part has only {fewest}")
+    raise ConfigError(
+      f"--ways {ways}: a {ways}-way task needs {ways} distinct classes, but "
+      f"{what} {part} part has only {fewest}"
+    )
   if examples is not None and shots + query > examples:
-    raise ConfigError(f"--shots {shots} --query {query}: each class needs shots + query = "
-                      f"{shots + query} distinct examples, but has only {examples}")
+    raise ConfigError(
+      f"--shots {shots} --query {query}: each class needs shots + query = "
+      f"{shots + query} distinct examples, but has only {examples}"
+    )
 
 
 # -- Run folders written before the classes moved here ------------------------------

@@ -66,8 +66,9 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, padding: Padding) -> ja
   Reverse-mode differentiable to any order; not forward mode (`jax.jvp`,
   `jax.jacfwd`, `jax.hessian` raise a TypeError; see the module docstring).
   """
-  return lax.conv_general_dilated(x, kernel, (stride, stride), padding,
-                                  dimension_numbers=_DIMENSIONS)
+  return lax.conv_general_dilated(
+    x, kernel, (stride, stride), padding, dimension_numbers=_DIMENSIONS
+  )
 
 
 def _forward(x, kernel, stride, padding):
@@ -81,25 +82,46 @@ def _backward(stride, padding, residuals, grad):
   padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
   out_h, out_w = grad.shape[1:3]
   # Each kernel tap sees the padded input from (i, j) on, every `stride`-th pixel.
-  taps = jnp.stack([lax.slice(padded, (0, i, j, 0),
-                              (padded.shape[0], i + (out_h - 1) * stride + 1,
-                               j + (out_w - 1) * stride + 1, padded.shape[3]),
-                              (1, stride, stride, 1))
-                    for i in range(kh) for j in range(kw)])  # [kh * kw, n, out_h, out_w, in]
+  taps = jnp.stack(
+    [
+      lax.slice(
+        padded,
+        (0, i, j, 0),
+        (
+          padded.shape[0],
+          i + (out_h - 1) * stride + 1,
+          j + (out_w - 1) * stride + 1,
+          padded.shape[3],
+        ),
+        (1, stride, stride, 1),
+      )
+      for i in range(kh)
+      for j in range(kw)
+    ]
+  )  # [kh * kw, n, out_h, out_w, in]
   # One matrix product for all taps. Nine products stacked (one per tap) gave a wrong
   # second-order meta-gradient under jit on XLA:CPU (its algebraic simplifier; correct
   # op by op): tests/test_convolution.py, `test_loop_safe_conv4_equals_xla_conv4`.
   d_kernel = jnp.einsum("tnhwc,nhwd->tcd", taps, grad).reshape(kernel.shape)
   # Full correlation of the stride-dilated gradient with the flipped kernel.
-  dilated = lax.pad(grad, jnp.zeros((), grad.dtype),
-                    ((0, 0, 0), (kh - 1, kh - 1, stride - 1), (kw - 1, kw - 1, stride - 1),
-                     (0, 0, 0)))
+  dilated = lax.pad(
+    grad,
+    jnp.zeros((), grad.dtype),
+    ((0, 0, 0), (kh - 1, kh - 1, stride - 1), (kw - 1, kw - 1, stride - 1), (0, 0, 0)),
+  )
   flipped = jnp.flip(kernel, (0, 1)).swapaxes(2, 3)
   d_padded = conv2d(dilated, flipped, 1, ((0, 0), (0, 0)))
   # Padded rows past the last window get no gradient; then drop the padding.
-  d_padded = jnp.pad(d_padded, ((0, 0), (0, padded.shape[1] - d_padded.shape[1]),
-                                (0, padded.shape[2] - d_padded.shape[2]), (0, 0)))
-  d_x = d_padded[:, low_h:low_h + x.shape[1], low_w:low_w + x.shape[2]]
+  d_padded = jnp.pad(
+    d_padded,
+    (
+      (0, 0),
+      (0, padded.shape[1] - d_padded.shape[1]),
+      (0, padded.shape[2] - d_padded.shape[2]),
+      (0, 0),
+    ),
+  )
+  d_x = d_padded[:, low_h : low_h + x.shape[1], low_w : low_w + x.shape[2]]
   return d_x, d_kernel
 
 

@@ -43,6 +43,7 @@ class InnerLoopReport(NamedTuple):
       learners), stable below 2.
     advice: empty when the loop works; else what to change, with a value.
   """
+
   loss_before: float
   loss_after: float
   curvature: Optional[float]
@@ -68,16 +69,21 @@ def _central_weights(meta_params: PyTree) -> PyTree:
 def _losses(learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array):
   adapt_key, predict_key = jax.random.split(key)
   if learner.settings is not None:
-    before = learner.settings.loss_fn(_central_weights(meta_params), task.support_x,
-                                      task.support_y)
+    before = learner.settings.loss_fn(_central_weights(meta_params), task.support_x, task.support_y)
   else:  # e.g. BMAML: the meta-parameters are the particles predict takes
     before = _support_nll(learner, meta_params, task, predict_key)
   task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
   return before, _support_nll(learner, task_params, task, predict_key)
 
 
-def largest_curvature(loss_fn: Callable, weights: PyTree, x: jax.Array, y: jax.Array,
-                      key: jax.Array, num_iterations: int = 20) -> jax.Array:
+def largest_curvature(
+  loss_fn: Callable,
+  weights: PyTree,
+  x: jax.Array,
+  y: jax.Array,
+  key: jax.Array,
+  num_iterations: int = 20,
+) -> jax.Array:
   """The largest eigenvalue of the Hessian of `loss_fn(weights, x, y)` in `weights`.
 
   Power iteration on Hessian-vector products (reverse over reverse, so it
@@ -91,7 +97,8 @@ def largest_curvature(loss_fn: Callable, weights: PyTree, x: jax.Array, y: jax.A
   leaves, treedef = jax.tree_util.tree_flatten(weights)
   keys = jax.random.split(key, len(leaves))
   v0 = jax.tree_util.tree_unflatten(
-      treedef, [jax.random.normal(k, jnp.shape(w), jnp.result_type(w)) for k, w in zip(keys, leaves)])
+    treedef, [jax.random.normal(k, jnp.shape(w), jnp.result_type(w)) for k, w in zip(keys, leaves)]
+  )
 
   def step(_, state):
     v, _ = state
@@ -106,11 +113,12 @@ def largest_curvature(loss_fn: Callable, weights: PyTree, x: jax.Array, y: jax.A
 def _round_down(value: float) -> float:
   """`value` rounded down to one significant digit (0.00374 -> 0.003)."""
   exponent = math.floor(math.log10(value))
-  return math.floor(value / 10 ** exponent) * 10 ** exponent
+  return math.floor(value / 10**exponent) * 10**exponent
 
 
-def check_inner_loop(learner: MetaLearner, meta_params: PyTree, task: Task,
-                     key: jax.Array) -> InnerLoopReport:
+def check_inner_loop(
+  learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array
+) -> InnerLoopReport:
   """Runs the learner's inner loop once on `task`'s support set and reports.
 
   Args:
@@ -124,8 +132,9 @@ def check_inner_loop(learner: MetaLearner, meta_params: PyTree, task: Task,
     and fell, and the KL step factor (if any) is below 2. Otherwise
     `.advice` names the knob and a value that works.
   """
-  before, after = (float(v) for v in jax.jit(
-      lambda p, t, k: _losses(learner, p, t, k))(meta_params, task, key))
+  before, after = (
+    float(v) for v in jax.jit(lambda p, t, k: _losses(learner, p, t, k))(meta_params, task, key)
+  )
   settings = learner.settings
   kl_factor = None
   if settings is not None and settings.kl_weight and isinstance(meta_params, Gaussian):
@@ -134,23 +143,29 @@ def check_inner_loop(learner: MetaLearner, meta_params: PyTree, task: Task,
   if finite and fell and (kl_factor is None or kl_factor < 2):
     return InnerLoopReport(before, after, None, None, kl_factor, "")
 
-  what = ("went non-finite" if not finite else "did not fall") + \
-      f" ({before:.4g} -> {after:.4g})"
+  what = ("went non-finite" if not finite else "did not fall") + f" ({before:.4g} -> {after:.4g})"
   curvature = stable = None
   advice = [f"the support loss {what} in the inner loop"]
   if settings is not None:
-    curvature = float(jax.jit(largest_curvature, static_argnums=0)(
-        settings.loss_fn, _central_weights(meta_params), task.support_x, task.support_y, key))
+    curvature = float(
+      jax.jit(largest_curvature, static_argnums=0)(
+        settings.loss_fn, _central_weights(meta_params), task.support_x, task.support_y, key
+      )
+    )
     if curvature > 0 and math.isfinite(curvature):
       stable = 2.0 / curvature
       if settings.inner_lr >= stable or not (finite and fell):
-        advice.append(f"the loss's curvature is {curvature:.4g}, so gradient steps are stable "
-                      f"only below inner_lr {stable:.3g}: use inner_lr "
-                      f"{_round_down(stable / 2):g} (now {settings.inner_lr:g})")
+        advice.append(
+          f"the loss's curvature is {curvature:.4g}, so gradient steps are stable "
+          f"only below inner_lr {stable:.3g}: use inner_lr "
+          f"{_round_down(stable / 2):g} (now {settings.inner_lr:g})"
+        )
   if kl_factor is not None and kl_factor >= 2:
-    advice.append(f"the KL term's step factor inner_lr * kl_weight / sigma_p^2 is "
-                  f"{kl_factor:.3g} (stable below 2): use kl_weight "
-                  f"{_round_down(settings.kl_weight / kl_factor):g} or lower inner_lr")
+    advice.append(
+      f"the KL term's step factor inner_lr * kl_weight / sigma_p^2 is "
+      f"{kl_factor:.3g} (stable below 2): use kl_weight "
+      f"{_round_down(settings.kl_weight / kl_factor):g} or lower inner_lr"
+    )
   if len(advice) == 1:
     advice.append("lower inner_lr (e.g. tenfold)")
   if finite and fell:  # only the KL factor is off

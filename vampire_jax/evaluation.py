@@ -38,17 +38,19 @@ PyTree = Any
 
 class ClassificationEval(NamedTuple):
   """Per-task results of evaluating a classifier on a batch of tasks."""
-  accuracy: jax.Array       # [tasks]
-  nll: jax.Array            # [tasks], mean -log p(y|x) of the predictive
+
+  accuracy: jax.Array  # [tasks]
+  nll: jax.Array  # [tasks], mean -log p(y|x) of the predictive
   probabilities: jax.Array  # [tasks, num_query, classes], averaged over draws
 
 
 class RegressionEval(NamedTuple):
   """Per-task results of evaluating a regressor on a batch of tasks."""
-  mse: jax.Array                  # [tasks], squared error averaged over draws (the paper's)
+
+  mse: jax.Array  # [tasks], squared error averaged over draws (the paper's)
   predictive_mean_mse: jax.Array  # [tasks], squared error of the predictive mean
-  nll: jax.Array                  # [tasks], -log of the Gaussian-mixture predictive
-  predictions: jax.Array          # [tasks, num_samples, num_query, 1]
+  nll: jax.Array  # [tasks], -log of the Gaussian-mixture predictive
+  predictions: jax.Array  # [tasks, num_samples, num_query, 1]
 
 
 def per_task_keys(key: jax.Array, num_tasks: int) -> jax.Array:
@@ -71,8 +73,12 @@ def _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_si
     return score(learner.predict(task_params, task.query_x, predict_key), task.query_y)
 
   def map_tasks(meta_params, tasks, task_keys):
-    return batching.batched_map(lambda args: one_task(meta_params, *args), (tasks, task_keys),
-                                strategy=task_batching, chunk_size=chunk_size)
+    return batching.batched_map(
+      lambda args: one_task(meta_params, *args),
+      (tasks, task_keys),
+      strategy=task_batching,
+      chunk_size=chunk_size,
+    )
 
   task_keys = per_task_keys(keys, num_tasks)
   if mesh is None:
@@ -81,9 +87,13 @@ def _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_si
   return sharding.map_over_task_shards(map_tasks, mesh)(meta_params, tasks, task_keys)
 
 
-def make_classification_evaluator(learner: MetaLearner, *,
-                                  task_batching: batching.Batching = "vmap",
-                                  chunk_size: int = 1, mesh: Optional[Mesh] = None):
+def make_classification_evaluator(
+  learner: MetaLearner,
+  *,
+  task_batching: batching.Batching = "vmap",
+  chunk_size: int = 1,
+  mesh: Optional[Mesh] = None,
+):
   """Builds `evaluate(meta_params, tasks, keys) -> ClassificationEval`.
 
   `keys` is one PRNG key (split into one per task) or `[tasks]` keys, task
@@ -92,6 +102,7 @@ def make_classification_evaluator(learner: MetaLearner, *,
   `num_mc_*` settings). With a `mesh` the tasks, and the per-task results,
   are split over its devices.
   """
+
   def score(logits, labels):
     probs = jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
     accuracy = jnp.mean(jnp.argmax(probs, axis=-1) == labels)
@@ -106,15 +117,20 @@ def make_classification_evaluator(learner: MetaLearner, *,
 
 class OpenSetEval(NamedTuple):
   """Per-query uncertainty of open-set episodes (known and unknown queries, predicted together)."""
-  max_prob: jax.Array            # [tasks, queries], largest probability of the predictive
-  entropy: jax.Array             # [tasks, queries], its entropy (total uncertainty), nats
+
+  max_prob: jax.Array  # [tasks, queries], largest probability of the predictive
+  entropy: jax.Array  # [tasks, queries], its entropy (total uncertainty), nats
   mutual_information: jax.Array  # [tasks, queries], epistemic uncertainty, nats
-  correct: jax.Array             # [tasks, queries], argmax == label (False for unknown queries)
+  correct: jax.Array  # [tasks, queries], argmax == label (False for unknown queries)
 
 
-def make_open_set_evaluator(learner: MetaLearner, *,
-                            task_batching: batching.Batching = "vmap",
-                            chunk_size: int = 1, mesh: Optional[Mesh] = None):
+def make_open_set_evaluator(
+  learner: MetaLearner,
+  *,
+  task_batching: batching.Batching = "vmap",
+  chunk_size: int = 1,
+  mesh: Optional[Mesh] = None,
+):
   """Builds `evaluate(meta_params, tasks, keys) -> OpenSetEval`; arguments as above.
 
   The tasks are open-set episodes (`data.open_set_tasks_from_keys`: query
@@ -123,12 +139,14 @@ def make_open_set_evaluator(learner: MetaLearner, *,
   draws), and each query's uncertainty is taken from the draws
   (`vj.uncertainty`).
   """
+
   def score(logits, labels):
     draws = jax.nn.softmax(logits, axis=-1)  # [draws, queries, ways]
     u = predictive_uncertainty.uncertainty(draws)
     probs = jnp.mean(draws, axis=0)
-    return OpenSetEval(jnp.max(probs, axis=-1), u.total, u.epistemic,
-                       jnp.argmax(probs, axis=-1) == labels)
+    return OpenSetEval(
+      jnp.max(probs, axis=-1), u.total, u.epistemic, jnp.argmax(probs, axis=-1) == labels
+    )
 
   def evaluate(meta_params, tasks: Task, keys: jax.Array) -> OpenSetEval:
     return _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_size, mesh)
@@ -136,10 +154,16 @@ def make_open_set_evaluator(learner: MetaLearner, *,
   return evaluate
 
 
-def make_regression_evaluator(learner: MetaLearner, noise_std: float, *,
-                              task_batching: batching.Batching = "vmap",
-                              chunk_size: int = 1, mesh: Optional[Mesh] = None):
+def make_regression_evaluator(
+  learner: MetaLearner,
+  noise_std: float,
+  *,
+  task_batching: batching.Batching = "vmap",
+  chunk_size: int = 1,
+  mesh: Optional[Mesh] = None,
+):
   """Builds `evaluate(meta_params, tasks, keys) -> RegressionEval`; arguments as above."""
+
   def score(means, targets):
     # The paper's MSE (App. A) averages the squared error over the draws; the
     # predictive mean's error (what the mean prediction scores) is the extra.
@@ -167,9 +191,14 @@ def index_keys(key: jax.Array, indices: jax.Array) -> tuple[jax.Array, jax.Array
   return fold(sample_key, indices), fold(predict_key, indices)
 
 
-def make_split_evaluator(evaluate: Callable, sample_tasks: SplitSampler, data: PyTree, *,
-                         query_truth: Optional[SplitSampler] = None,
-                         mesh: Optional[Mesh] = None):
+def make_split_evaluator(
+  evaluate: Callable,
+  sample_tasks: SplitSampler,
+  data: PyTree,
+  *,
+  query_truth: Optional[SplitSampler] = None,
+  mesh: Optional[Mesh] = None,
+):
   """Builds `evaluate_indices(meta_params, key, indices) -> dict of per-task arrays`.
 
   Task i is `sample_tasks(data, sample_keys[i])`, scored by `evaluate` with
@@ -203,9 +232,15 @@ def make_split_evaluator(evaluate: Callable, sample_tasks: SplitSampler, data: P
   return evaluate_indices
 
 
-def evaluate_split(evaluate_indices: Callable, meta_params: PyTree, key: jax.Array,
-                   num_tasks: int, batch_tasks: int, *,
-                   on_batch: Optional[Callable[[int, int], None]] = None) -> dict:
+def evaluate_split(
+  evaluate_indices: Callable,
+  meta_params: PyTree,
+  key: jax.Array,
+  num_tasks: int,
+  batch_tasks: int,
+  *,
+  on_batch: Optional[Callable[[int, int], None]] = None,
+) -> dict:
   """Per-task results of tasks 0 .. num_tasks - 1, `batch_tasks` per call.
 
   The last batch is filled up with tasks past the end, which are dropped: a
@@ -230,8 +265,9 @@ def evaluate_split(evaluate_indices: Callable, meta_params: PyTree, key: jax.Arr
     outputs.append(sharding.gather(evaluate_indices(meta_params, key, indices)))
     if on_batch is not None:
       on_batch(min(start + batch_tasks, num_tasks), num_tasks)
-  results = {name: np.concatenate([np.asarray(o[name]) for o in outputs])[:num_tasks]
-             for name in outputs[0]}
+  results = {
+    name: np.concatenate([np.asarray(o[name]) for o in outputs])[:num_tasks] for name in outputs[0]
+  }
   _refuse_non_finite(results)
   return results
 
@@ -244,9 +280,10 @@ def _refuse_non_finite(results: dict) -> None:
       bad |= ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
   if bad.any():
     raise FloatingPointError(
-        f"evaluate_split: {int(bad.sum())} of {len(bad)} tasks gave non-finite results (tasks "
-        f"{np.flatnonzero(bad)[:10].tolist()}...): non-finite data in the split, or "
-        "meta-parameters that diverged (vj.debug_nonfinite names the first NaN)")
+      f"evaluate_split: {int(bad.sum())} of {len(bad)} tasks gave non-finite results (tasks "
+      f"{np.flatnonzero(bad)[:10].tolist()}...): non-finite data in the split, or "
+      "meta-parameters that diverged (vj.debug_nonfinite names the first NaN)"
+    )
 
 
 # -- Summaries --------------------------------------------------------------------
@@ -260,6 +297,7 @@ class Summary(NamedTuple):
     calibration: `{name: calibration result}` for plots (`ReliabilityBins`,
       `RiskCoverage` or `QuantileCalibration`).
   """
+
   metrics: dict
   calibration: dict
 
@@ -274,13 +312,21 @@ def with_nll(metrics: dict, curves: dict, per_task: dict) -> Summary:
 def classification_summary(per_task: dict, num_bins: int) -> tuple[dict, dict]:
   """Accuracy with its CI, ECE/MCE, risk-coverage: `(metrics, curves)` (see `kinds.summarise`)."""
   mean, half = calibration.mean_confidence_interval(per_task["accuracy"])
-  bins = calibration.classification_calibration(per_task["probabilities"], per_task["targets"],
-                                                num_bins=num_bins)
+  bins = calibration.classification_calibration(
+    per_task["probabilities"], per_task["targets"], num_bins=num_bins
+  )
   selective = calibration.risk_coverage(per_task["probabilities"], per_task["targets"])
-  metrics = dict(accuracy=mean, accuracy_ci95=half, ece=bins.ece, mce=bins.mce,
-                 aurc=selective.aurc,
-                 **{f"accuracy_at_{int(100 * c)}_coverage": float(selective.accuracy_at(c))
-                    for c in (0.5, 0.8, 0.9)})
+  metrics = dict(
+    accuracy=mean,
+    accuracy_ci95=half,
+    ece=bins.ece,
+    mce=bins.mce,
+    aurc=selective.aurc,
+    **{
+      f"accuracy_at_{int(100 * c)}_coverage": float(selective.accuracy_at(c))
+      for c in (0.5, 0.8, 0.9)
+    },
+  )
   return metrics, {"reliability": bins, "risk_coverage": selective}
 
 
@@ -293,14 +339,16 @@ def regression_summary(per_task: dict, noise_std: Optional[float]) -> tuple[dict
     mean, half = calibration.mean_confidence_interval(per_task[name])
     metrics.update({name: mean, f"{name}_ci95": half})
   predictions = per_task["predictions"][..., 0]  # [tasks, samples, query]
-  pit = calibration.regression_quantile_calibration(predictions, per_task["targets"][..., 0],
-                                                    noise_std)
+  pit = calibration.regression_quantile_calibration(
+    predictions, per_task["targets"][..., 0], noise_std
+  )
   metrics.update(pit_ece=pit.ece, pit_mce=pit.mce)
   metrics.update(_variance_split(per_task["predictions"], noise_std))
   curves = {"pit_calibration": pit}
   if "truth" in per_task:
-    paper = calibration.paper_quantile_calibration(predictions, per_task["truth"][..., 0],
-                                                   noise_std)
+    paper = calibration.paper_quantile_calibration(
+      predictions, per_task["truth"][..., 0], noise_std
+    )
     metrics.update(ece=paper.ece, mce=paper.mce)
     curves["quantile_calibration"] = paper
   return metrics, curves
@@ -316,5 +364,9 @@ def _variance_split(predictions: np.ndarray, noise_std: float) -> dict:
   epistemic = float(np.mean(np.var(predictions, axis=1)))
   aleatoric = float(noise_std) ** 2
   total = epistemic + aleatoric
-  return dict(predictive_variance=total, epistemic_variance=epistemic,
-              aleatoric_variance=aleatoric, epistemic_fraction=epistemic / total)
+  return dict(
+    predictive_variance=total,
+    epistemic_variance=epistemic,
+    aleatoric_variance=aleatoric,
+    epistemic_fraction=epistemic / total,
+  )

@@ -21,6 +21,7 @@ class Gaussian(NamedTuple):
     mean: tree of arrays, the network's parameter structure.
     log_std: tree with exactly the structure and shapes of `mean`.
   """
+
   mean: PyTree
   log_std: PyTree
 
@@ -33,21 +34,24 @@ def check_gaussian(dist: Gaussian) -> None:
   std_def = jax.tree_util.tree_structure(dist.log_std)
   if mean_def != std_def:
     raise ValueError(
-        "Gaussian.mean and Gaussian.log_std must have the same tree structure;"
-        f" got {mean_def} and {std_def}")
+      "Gaussian.mean and Gaussian.log_std must have the same tree structure;"
+      f" got {mean_def} and {std_def}"
+    )
   for path, m, s in zip(
-      jax.tree_util.tree_leaves_with_path(dist.mean),
-      jax.tree_util.tree_leaves(dist.mean),
-      jax.tree_util.tree_leaves(dist.log_std)):
+    jax.tree_util.tree_leaves_with_path(dist.mean),
+    jax.tree_util.tree_leaves(dist.mean),
+    jax.tree_util.tree_leaves(dist.log_std),
+  ):
     if jnp.shape(m) != jnp.shape(s):
       raise ValueError(
-          f"Gaussian leaf {jax.tree_util.keystr(path[0])}: mean has shape"
-          f" {jnp.shape(m)} but log_std has shape {jnp.shape(s)}")
+        f"Gaussian leaf {jax.tree_util.keystr(path[0])}: mean has shape"
+        f" {jnp.shape(m)} but log_std has shape {jnp.shape(s)}"
+      )
 
 
-def gaussian_from_params(params: PyTree, key: jax.Array,
-                         log_std_range: tuple[float, float] = (-4.0, -3.0)
-                         ) -> Gaussian:
+def gaussian_from_params(
+  params: PyTree, key: jax.Array, log_std_range: tuple[float, float] = (-4.0, -3.0)
+) -> Gaussian:
   """Wraps a point estimate as a Gaussian with small random spread.
 
   Args:
@@ -66,16 +70,15 @@ def gaussian_from_params(params: PyTree, key: jax.Array,
   leaves, treedef = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(key, max(len(leaves), 1))
   log_std = [
-      jax.random.uniform(k, jnp.shape(leaf), jnp.result_type(leaf), low, high)
-      for k, leaf in zip(keys, leaves)
+    jax.random.uniform(k, jnp.shape(leaf), jnp.result_type(leaf), low, high)
+    for k, leaf in zip(keys, leaves)
   ]
   return Gaussian(params, jax.tree_util.tree_unflatten(treedef, log_std))
 
 
 def point_mass(params: PyTree, log_std: float = -30.0) -> Gaussian:
   """A Gaussian so narrow that its samples are `params` to float precision."""
-  return Gaussian(params, jax.tree_util.tree_map(
-      lambda p: jnp.full_like(p, log_std), params))
+  return Gaussian(params, jax.tree_util.tree_map(lambda p: jnp.full_like(p, log_std), params))
 
 
 def _normal_like(key: jax.Array, tree: PyTree, num_samples: int) -> PyTree:
@@ -97,8 +100,10 @@ def _normal_like(key: jax.Array, tree: PyTree, num_samples: int) -> PyTree:
   flat = jax.lax.map(lambda k: jax.random.normal(k, (half,), dtype), jax.random.split(key, 2))
   flat = flat.reshape(-1)[:total].reshape(num_samples, -1)
   offsets = np.cumsum([0] + sizes)
-  noise = [flat[:, start:stop].reshape((num_samples,) + jnp.shape(leaf)).astype(jnp.result_type(leaf))
-           for leaf, start, stop in zip(leaves, offsets[:-1], offsets[1:])]
+  noise = [
+    flat[:, start:stop].reshape((num_samples,) + jnp.shape(leaf)).astype(jnp.result_type(leaf))
+    for leaf, start, stop in zip(leaves, offsets[:-1], offsets[1:])
+  ]
   return jax.tree_util.tree_unflatten(treedef, noise)
 
 
@@ -119,8 +124,7 @@ def sample(dist: Gaussian, key: jax.Array, num_samples: int) -> PyTree:
   if int(num_samples) < 1:
     raise ValueError(f"num_samples must be >= 1, got {num_samples}")
   eps = _normal_like(key, dist.mean, int(num_samples))
-  return jax.tree_util.tree_map(
-      lambda m, s, e: m + e * jnp.exp(s), dist.mean, dist.log_std, eps)
+  return jax.tree_util.tree_map(lambda m, s, e: m + e * jnp.exp(s), dist.mean, dist.log_std, eps)
 
 
 def kl_divergence(q: Gaussian, p: Gaussian) -> jax.Array:
@@ -135,6 +139,7 @@ def kl_divergence(q: Gaussian, p: Gaussian) -> jax.Array:
   Returns:
     A float scalar.
   """
+
   def leaf_kl(m_q, s_q, m_p, s_p):
     # Written with exp(2 (s_q - s_p)) so that very narrow distributions do not
     # overflow the variance ratio.

@@ -38,6 +38,7 @@ class ProblemKind(NamedTuple):
     summary_line: `summary_line(test_metrics) -> str`, one line of a test.
     columns: `(title, metric, scale)` of a results table; scale None: no CI.
   """
+
   name: str
   likelihood: Callable[[Optional[float]], losses.Likelihood]
   train_metrics: Optional[meta_step.MetricsFn]
@@ -61,35 +62,54 @@ class ProblemKind(NamedTuple):
 def _check_labels(where: str, support_y, num_support: int, ways: int) -> None:
   labels = np.asarray(support_y)
   if labels.shape != (num_support,) or not np.issubdtype(labels.dtype, np.integer):
-    raise checks.fail(where, "support_y", f"[{num_support}] integer labels",
-                      checks.describe(labels))
+    raise checks.fail(
+      where, "support_y", f"[{num_support}] integer labels", checks.describe(labels)
+    )
   present = sorted(set(labels.tolist()))
   if labels.min() < 0 or labels.max() >= ways or len(present) != ways:
-    raise checks.fail(where, "support_y", f"labels covering every class 0..{ways - 1} of the "
-                      f"run's {ways} ways", f"labels {present}")
+    raise checks.fail(
+      where,
+      "support_y",
+      f"labels covering every class 0..{ways - 1} of the run's {ways} ways",
+      f"labels {present}",
+    )
 
 
 def _check_targets(where: str, support_y, num_support: int, num_outputs: int) -> None:
   if np.shape(support_y) != (num_support, num_outputs):
-    raise checks.fail(where, "support_y", f"[{num_support}, {num_outputs}] targets (one row "
-                      "per support example)", checks.describe(support_y))
+    raise checks.fail(
+      where,
+      "support_y",
+      f"[{num_support}, {num_outputs}] targets (one row per support example)",
+      checks.describe(support_y),
+    )
   checks.floating(where, "support_y", support_y)
 
 
 def _classification_line(test: dict) -> str:
   open_set = test.get("open_set", {}).get("auroc")
-  open_set_part = ("" if not open_set else "  open-set AUROC (max prob / MI) " + " / ".join(
+  open_set_part = (
+    ""
+    if not open_set
+    else "  open-set AUROC (max prob / MI) "
+    + " / ".join(
       "–" if open_set[k] is None else f"{open_set[k]:.3f}"
-      for k in ("max_prob", "mutual_information")))
-  return (f"test accuracy {100 * test['accuracy']:.2f} +- {100 * test['accuracy_ci95']:.2f} %"
-          f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}"
-          f"  AURC {test['aurc']:.4f}{open_set_part}  ({test['num_tasks']} tasks)")
+      for k in ("max_prob", "mutual_information")
+    )
+  )
+  return (
+    f"test accuracy {100 * test['accuracy']:.2f} +- {100 * test['accuracy_ci95']:.2f} %"
+    f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}"
+    f"  AURC {test['aurc']:.4f}{open_set_part}  ({test['num_tasks']} tasks)"
+  )
 
 
 def _regression_line(test: dict) -> str:
   calibration_part = f"  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}" if "ece" in test else ""
-  return (f"test MSE {test['mse']:.3f} +- {test['mse_ci95']:.3f}  NLL {test['nll']:.3f}"
-          f"{calibration_part}  ({test['num_tasks']} tasks)")
+  return (
+    f"test MSE {test['mse']:.3f} +- {test['mse_ci95']:.3f}  NLL {test['nll']:.3f}"
+    f"{calibration_part}  ({test['num_tasks']} tasks)"
+  )
 
 
 def _regression_likelihood(noise_std: Optional[float]) -> losses.Likelihood:
@@ -99,36 +119,45 @@ def _regression_likelihood(noise_std: Optional[float]) -> losses.Likelihood:
 
 
 CLASSIFICATION = ProblemKind(
-    name="classification",
-    likelihood=lambda noise_std: losses.categorical_nll,
-    train_metrics=meta_step.classification_metrics,
-    make_evaluator=lambda learner, noise_std, **kw: evaluation.make_classification_evaluator(
-        learner, **kw),
-    summarise=lambda per_task, num_bins, noise_std: evaluation.classification_summary(
-        per_task, num_bins),
-    score="accuracy", higher_is_better=True,
-    draws=lambda logits: jax.nn.softmax(logits, axis=-1),
-    predictive=lambda probabilities: jnp.mean(probabilities, axis=0),
-    check_support_y=_check_labels,
-    summary_line=_classification_line,
-    columns=(("accuracy (%)", "accuracy", 100.0), ("NLL", "nll", None), ("ECE", "ece", None),
-             ("MCE", "mce", None), ("AURC", "aurc", None)),
+  name="classification",
+  likelihood=lambda noise_std: losses.categorical_nll,
+  train_metrics=meta_step.classification_metrics,
+  make_evaluator=lambda learner, noise_std, **kw: evaluation.make_classification_evaluator(
+    learner, **kw
+  ),
+  summarise=lambda per_task, num_bins, noise_std: evaluation.classification_summary(
+    per_task, num_bins
+  ),
+  score="accuracy",
+  higher_is_better=True,
+  draws=lambda logits: jax.nn.softmax(logits, axis=-1),
+  predictive=lambda probabilities: jnp.mean(probabilities, axis=0),
+  check_support_y=_check_labels,
+  summary_line=_classification_line,
+  columns=(
+    ("accuracy (%)", "accuracy", 100.0),
+    ("NLL", "nll", None),
+    ("ECE", "ece", None),
+    ("MCE", "mce", None),
+    ("AURC", "aurc", None),
+  ),
 )
 
 REGRESSION = ProblemKind(
-    name="regression",
-    likelihood=_regression_likelihood,
-    train_metrics=None,
-    make_evaluator=evaluation.make_regression_evaluator,
-    summarise=lambda per_task, num_bins, noise_std: evaluation.regression_summary(
-        per_task, noise_std),
-    score="mse", higher_is_better=False,
-    draws=lambda samples: samples,
-    predictive=lambda samples: samples,
-    check_support_y=_check_targets,
-    summary_line=_regression_line,
-    columns=(("MSE", "mse", 1.0), ("NLL", "nll", None), ("ECE", "ece", None),
-             ("MCE", "mce", None)),
+  name="regression",
+  likelihood=_regression_likelihood,
+  train_metrics=None,
+  make_evaluator=evaluation.make_regression_evaluator,
+  summarise=lambda per_task, num_bins, noise_std: evaluation.regression_summary(
+    per_task, noise_std
+  ),
+  score="mse",
+  higher_is_better=False,
+  draws=lambda samples: samples,
+  predictive=lambda samples: samples,
+  check_support_y=_check_targets,
+  summary_line=_regression_line,
+  columns=(("MSE", "mse", 1.0), ("NLL", "nll", None), ("ECE", "ece", None), ("MCE", "mce", None)),
 )
 
 KINDS: dict[str, ProblemKind] = {kind.name: kind for kind in (CLASSIFICATION, REGRESSION)}
@@ -151,8 +180,9 @@ def of_results(results: dict) -> ProblemKind:
   return next(kind for kind in KINDS.values() if kind.score in results["test"])
 
 
-def summarise(kind: str, per_task: dict, *, num_bins: int = 15,
-              noise_std: Optional[float] = None) -> evaluation.Summary:
+def summarise(
+  kind: str, per_task: dict, *, num_bins: int = 15, noise_std: Optional[float] = None
+) -> evaluation.Summary:
   """Mean +- 95% CI of the per-task scores, the NLL, and calibration, for a `kind` problem.
 
   Classification: accuracy, ECE/MCE of `num_bins` confidence bins (Guo et

@@ -57,6 +57,7 @@ class MetaLearner(NamedTuple):
     settings: optional `InnerLoopSettings` (the loss and step sizes of the
       inner loop), read by `vj.check_inner_loop` to say which value to change.
   """
+
   init: Callable[[PyTree, jax.Array], PyTree]
   adapt: Callable[[PyTree, jax.Array, jax.Array, jax.Array], PyTree]
   predict: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
@@ -74,20 +75,29 @@ class InnerLoopSettings(NamedTuple):
     kl_weight: the KL term's weight (0 for point estimates).
     num_inner_steps: the number of inner steps.
   """
+
   loss_fn: losses.LossFn
   inner_lr: float
   kl_weight: float
   num_inner_steps: int
 
 
-def vampire(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
-            num_inner_steps: int = 5, inner_lr: Optional[float] = None,
-            kl_weight: float = DEFAULT_KL_WEIGHT, num_mc_train: int = 1,
-            num_mc_query: int = 1, first_order: bool = False,
-            log_std_init: tuple[float, float] = (-4.0, -3.0),
-            sample_batching: batching.Batching = "vmap",
-            unroll_steps: bool = False, remat: bool = False,
-            second_order_steps: Optional[int] = None) -> MetaLearner:
+def vampire(
+  apply_fn: losses.ApplyFn,
+  nll: losses.Likelihood,
+  *,
+  num_inner_steps: int = 5,
+  inner_lr: Optional[float] = None,
+  kl_weight: float = DEFAULT_KL_WEIGHT,
+  num_mc_train: int = 1,
+  num_mc_query: int = 1,
+  first_order: bool = False,
+  log_std_init: tuple[float, float] = (-4.0, -3.0),
+  sample_batching: batching.Batching = "vmap",
+  unroll_steps: bool = False,
+  remat: bool = False,
+  second_order_steps: Optional[int] = None,
+) -> MetaLearner:
   """VAMPIRE (Nguyen et al. 2020, Alg. 1): Gaussian prior, VI inner loop.
 
   Args:
@@ -117,25 +127,52 @@ def vampire(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
 
   def adapt(prior, support_x, support_y, key):
     return adaptation.adapt(
-        prior, support_x, support_y, key, loss_fn=loss_fn,
-        num_steps=num_inner_steps, inner_lr=inner_lr,
-        num_mc_samples=num_mc_train, kl_weight=kl_weight,
-        first_order=first_order, sample_batching=sample_batching,
-        unroll_steps=unroll_steps, remat=remat, second_order_steps=second_order_steps)
+      prior,
+      support_x,
+      support_y,
+      key,
+      loss_fn=loss_fn,
+      num_steps=num_inner_steps,
+      inner_lr=inner_lr,
+      num_mc_samples=num_mc_train,
+      kl_weight=kl_weight,
+      first_order=first_order,
+      sample_batching=sample_batching,
+      unroll_steps=unroll_steps,
+      remat=remat,
+      second_order_steps=second_order_steps,
+    )
 
   def predict(posterior, x, key):
-    return adaptation.predict(posterior, x, key, apply_fn=apply_fn,
-                              num_mc_samples=num_mc_query,
-                              sample_batching=sample_batching)
+    return adaptation.predict(
+      posterior,
+      x,
+      key,
+      apply_fn=apply_fn,
+      num_mc_samples=num_mc_query,
+      sample_batching=sample_batching,
+    )
 
-  return MetaLearner(init, adapt, predict, nll, settings=InnerLoopSettings(
-      loss_fn, inner_lr, kl_weight, num_inner_steps))
+  return MetaLearner(
+    init,
+    adapt,
+    predict,
+    nll,
+    settings=InnerLoopSettings(loss_fn, inner_lr, kl_weight, num_inner_steps),
+  )
 
 
-def maml(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
-         num_inner_steps: int = 5, inner_lr: Optional[float] = None,
-         first_order: bool = False, unroll_steps: bool = False,
-         remat: bool = False, second_order_steps: Optional[int] = None) -> MetaLearner:
+def maml(
+  apply_fn: losses.ApplyFn,
+  nll: losses.Likelihood,
+  *,
+  num_inner_steps: int = 5,
+  inner_lr: Optional[float] = None,
+  first_order: bool = False,
+  unroll_steps: bool = False,
+  remat: bool = False,
+  second_order_steps: Optional[int] = None,
+) -> MetaLearner:
   """MAML (Finn et al. 2017): the point-estimate special case; options as in `vampire`.
 
   `inner_lr` None: 0.1, or the likelihood's lower `default_inner_lr`.
@@ -150,21 +187,31 @@ def maml(apply_fn: losses.ApplyFn, nll: losses.Likelihood, *,
   def adapt(params, support_x, support_y, key):
     del key
     return adaptation.maml_adapt(
-        params, support_x, support_y, loss_fn=loss_fn,
-        num_steps=num_inner_steps, inner_lr=inner_lr, first_order=first_order,
-        unroll_steps=unroll_steps, remat=remat, second_order_steps=second_order_steps)
+      params,
+      support_x,
+      support_y,
+      loss_fn=loss_fn,
+      num_steps=num_inner_steps,
+      inner_lr=inner_lr,
+      first_order=first_order,
+      unroll_steps=unroll_steps,
+      remat=remat,
+      second_order_steps=second_order_steps,
+    )
 
   def predict(params, x, key):
     del key
     adaptation.check_inputs("maml.predict", x)
     return apply_fn(params, x)[None]
 
-  return MetaLearner(init, adapt, predict, nll,
-                     settings=InnerLoopSettings(loss_fn, inner_lr, 0.0, num_inner_steps))
+  return MetaLearner(
+    init, adapt, predict, nll, settings=InnerLoopSettings(loss_fn, inner_lr, 0.0, num_inner_steps)
+  )
 
 
-def query_loss(learner: MetaLearner, meta_params: PyTree, task: Task,
-               key: jax.Array) -> tuple[jax.Array, jax.Array]:
+def query_loss(
+  learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """One task's meta-training loss: adapt on support, mean NLL on query.
 
   Args:
@@ -197,4 +244,3 @@ def query_nll(nll: losses.Likelihood, outputs: jax.Array, query_y: jax.Array) ->
   except InputError as error:
     raise InputError(f"query_y does not fit the network's outputs on query_x: {error}") from None
   return jnp.mean(per_draw)
-

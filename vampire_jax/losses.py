@@ -38,12 +38,14 @@ def categorical_nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
   if jnp.ndim(logits) < 1:
     raise checks.fail("categorical_nll", "logits", "[batch, classes]", checks.describe(logits))
   if not jnp.issubdtype(jnp.result_type(labels), jnp.integer):
-    raise checks.fail("categorical_nll", "labels", "integer class indices",
-                      checks.describe(labels))
+    raise checks.fail("categorical_nll", "labels", "integer class indices", checks.describe(labels))
   if jnp.shape(labels) != jnp.shape(logits)[:-1]:
-    raise checks.fail("categorical_nll", "labels",
-                      f"shaped {list(jnp.shape(logits)[:-1])} for logits {checks.describe(logits)}",
-                      checks.describe(labels))
+    raise checks.fail(
+      "categorical_nll",
+      "labels",
+      f"shaped {list(jnp.shape(logits)[:-1])} for logits {checks.describe(logits)}",
+      checks.describe(labels),
+    )
   return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
 
 
@@ -54,8 +56,12 @@ categorical_nll = _with_default_inner_lr(categorical_nll, 0.1)
 def _check_targets(where: str, outputs: jax.Array, targets: jax.Array) -> None:
   checks.floating(where, "targets", targets)
   if jnp.shape(targets) != jnp.shape(outputs):
-    raise checks.fail(where, "targets", f"shaped like the outputs {checks.describe(outputs)}"
-                      " (no broadcasting)", checks.describe(targets))
+    raise checks.fail(
+      where,
+      "targets",
+      f"shaped like the outputs {checks.describe(outputs)} (no broadcasting)",
+      checks.describe(targets),
+    )
 
 
 def gaussian_nll(noise_std: float) -> Likelihood:
@@ -78,8 +84,9 @@ def gaussian_nll(noise_std: float) -> Likelihood:
     _check_targets("gaussian_nll", means, targets)
     residual = (means - targets) / noise_std
     return jnp.mean(jnp.sum(0.5 * jnp.square(residual) + log_norm, axis=-1))
+
   nll.noise_std = noise_std
-  return _with_default_inner_lr(nll, min(0.1, 0.005 * noise_std ** 2))
+  return _with_default_inner_lr(nll, min(0.1, 0.005 * noise_std**2))
 
 
 def distribution_nll(make_distribution: Callable[[jax.Array], Any]) -> Likelihood:
@@ -93,21 +100,28 @@ def distribution_nll(make_distribution: Callable[[jax.Array], Any]) -> Likelihoo
   Targets must be shaped like the outputs. It has no `default_inner_lr`:
   give the learners an `inner_lr`, and check it with `vj.check_inner_loop`.
   """
+
   def nll(outputs, targets):
     _check_targets("distribution_nll", outputs, targets)
     log_prob = make_distribution(outputs).log_prob(targets)
     if jnp.shape(log_prob) != jnp.shape(outputs):
-      raise checks.fail("distribution_nll", "make_distribution(outputs).log_prob(targets)",
-                        f"shaped like the outputs {checks.describe(outputs)}",
-                        checks.describe(log_prob))
+      raise checks.fail(
+        "distribution_nll",
+        "make_distribution(outputs).log_prob(targets)",
+        f"shaped like the outputs {checks.describe(outputs)}",
+        checks.describe(log_prob),
+      )
     return -jnp.mean(jnp.sum(log_prob.reshape(log_prob.shape[0], -1), axis=-1))
+
   return nll
 
 
 def loss_from_apply(apply_fn: ApplyFn, nll: Likelihood) -> LossFn:
   """`loss_fn(params, x, y) = nll(apply_fn(params, x), y)`."""
+
   def loss_fn(params, x, y):
     return nll(apply_fn(params, x), y)
+
   return loss_fn
 
 
@@ -126,8 +140,7 @@ def mixture_log_prob_categorical(logits: jax.Array, labels: jax.Array) -> jax.Ar
   return jax.nn.logsumexp(picked, axis=0) - math.log(logits.shape[0])
 
 
-def mixture_log_prob_gaussian(means: jax.Array, targets: jax.Array,
-                              noise_std: float) -> jax.Array:
+def mixture_log_prob_gaussian(means: jax.Array, targets: jax.Array, noise_std: float) -> jax.Array:
   """log of the predictive mixture mean_l N(y; means_l, noise_std^2).
 
   Args:

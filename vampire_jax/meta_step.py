@@ -35,26 +35,41 @@ PyTree = Any
 # closure: jit would embed a closed-over array in the program as a constant.
 TaskSampler = Callable[[PyTree, jax.Array], Task]
 
+
 class MetaState(NamedTuple):
   """Everything a meta-training run carries between steps."""
-  step: jax.Array          # [] int32, meta-updates done
-  meta_params: PyTree      # Gaussian (VAMPIRE) or a weight tree (MAML)
+
+  step: jax.Array  # [] int32, meta-updates done
+  meta_params: PyTree  # Gaussian (VAMPIRE) or a weight tree (MAML)
   opt_state: optax.OptState
 
 
-def meta_lr_schedule(learning_rate: float = 1e-3, *, tasks_per_step: int,
-                     decay_rate: float = 0.99, decay_every_tasks: int = 10_000) -> optax.Schedule:
+def meta_lr_schedule(
+  learning_rate: float = 1e-3,
+  *,
+  tasks_per_step: int,
+  decay_rate: float = 0.99,
+  decay_every_tasks: int = 10_000,
+) -> optax.Schedule:
   """The paper's meta learning rate: x `decay_rate` after every `decay_every_tasks` tasks."""
   if tasks_per_step < 1:
     raise ValueError(f"tasks_per_step must be >= 1, got {tasks_per_step}")
   return optax.exponential_decay(
-      learning_rate, transition_steps=decay_every_tasks / tasks_per_step,
-      decay_rate=decay_rate, staircase=True)
+    learning_rate,
+    transition_steps=decay_every_tasks / tasks_per_step,
+    decay_rate=decay_rate,
+    staircase=True,
+  )
 
 
-def meta_optimizer(learning_rate: float = 1e-3, *, tasks_per_step: int,
-                   decay_rate: float = 0.99, decay_every_tasks: int = 10_000,
-                   clip_norm: Optional[float] = None) -> optax.GradientTransformation:
+def meta_optimizer(
+  learning_rate: float = 1e-3,
+  *,
+  tasks_per_step: int,
+  decay_rate: float = 0.99,
+  decay_every_tasks: int = 10_000,
+  clip_norm: Optional[float] = None,
+) -> optax.GradientTransformation:
   """Adam with the paper's schedule: lr x `decay_rate` every `decay_every_tasks` tasks.
 
   Args:
@@ -65,15 +80,22 @@ def meta_optimizer(learning_rate: float = 1e-3, *, tasks_per_step: int,
     clip_norm: if set, clip the meta-gradient's global norm first (the
       authors' code clips at 10).
   """
-  adam = optax.adam(meta_lr_schedule(learning_rate, tasks_per_step=tasks_per_step,
-                                     decay_rate=decay_rate, decay_every_tasks=decay_every_tasks))
+  adam = optax.adam(
+    meta_lr_schedule(
+      learning_rate,
+      tasks_per_step=tasks_per_step,
+      decay_rate=decay_rate,
+      decay_every_tasks=decay_every_tasks,
+    )
+  )
   if clip_norm is None:
     return adam
   return optax.chain(optax.clip_by_global_norm(clip_norm), adam)
 
 
-def init_meta_state(learner: MetaLearner, optimizer: optax.GradientTransformation,
-                    params: PyTree, key: jax.Array) -> MetaState:
+def init_meta_state(
+  learner: MetaLearner, optimizer: optax.GradientTransformation, params: PyTree, key: jax.Array
+) -> MetaState:
   """Meta-parameters from initial network weights, and a fresh optimiser state."""
   meta_params = learner.init(params, key)
   return MetaState(jnp.zeros((), jnp.int32), meta_params, optimizer.init(meta_params))
@@ -99,11 +121,14 @@ def classification_metrics(outputs: jax.Array, labels: jax.Array) -> dict:
   return {"accuracy": jnp.mean(jnp.argmax(probs, axis=-1) == labels)}
 
 
-def make_meta_gradient(learner: MetaLearner, *,
-                       task_batching: batching.Batching = "vmap",
-                       chunk_size: int = 1,
-                       metrics_fn: Optional[MetricsFn] = None,
-                       mesh: Optional[Mesh] = None):
+def make_meta_gradient(
+  learner: MetaLearner,
+  *,
+  task_batching: batching.Batching = "vmap",
+  chunk_size: int = 1,
+  metrics_fn: Optional[MetricsFn] = None,
+  mesh: Optional[Mesh] = None,
+):
   """Builds `meta_gradient(meta_params, tasks, task_keys) -> (grads, metrics)`.
 
   Each task's query loss and its gradient w.r.t. the meta-parameters are
@@ -125,8 +150,8 @@ def make_meta_gradient(learner: MetaLearner, *,
     holds one PRNG key per task.
   """
   per_task = jax.value_and_grad(
-      lambda meta_params, task, key: query_loss(learner, meta_params, task, key),
-      has_aux=True)
+    lambda meta_params, task, key: query_loss(learner, meta_params, task, key), has_aux=True
+  )
 
   def one_task(meta_params, task, key):
     (loss, outputs), grads = per_task(meta_params, task, key)
@@ -137,8 +162,11 @@ def make_meta_gradient(learner: MetaLearner, *,
 
   def mean_over_tasks(meta_params, tasks: Task, task_keys: jax.Array):
     grads, metrics = batching.batched_map(
-        lambda args: one_task(meta_params, *args), (tasks, task_keys),
-        strategy=task_batching, chunk_size=chunk_size)
+      lambda args: one_task(meta_params, *args),
+      (tasks, task_keys),
+      strategy=task_batching,
+      chunk_size=chunk_size,
+    )
     return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), (grads, metrics))
 
   def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
@@ -151,17 +179,24 @@ def make_meta_gradient(learner: MetaLearner, *,
   return meta_gradient
 
 
-def apply_meta_gradient(optimizer: optax.GradientTransformation, state: MetaState,
-                        grads: PyTree) -> MetaState:
+def apply_meta_gradient(
+  optimizer: optax.GradientTransformation, state: MetaState, grads: PyTree
+) -> MetaState:
   """One optimiser step on the meta-parameters (Alg. 1, line 11)."""
   updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
   meta_params = optax.apply_updates(state.meta_params, updates)
   return MetaState(state.step + 1, meta_params, opt_state)
 
 
-def make_meta_step(learner: MetaLearner, optimizer: optax.GradientTransformation, *,
-                   task_batching: batching.Batching = "vmap", chunk_size: int = 1,
-                   metrics_fn: Optional[MetricsFn] = None, mesh: Optional[Mesh] = None):
+def make_meta_step(
+  learner: MetaLearner,
+  optimizer: optax.GradientTransformation,
+  *,
+  task_batching: batching.Batching = "vmap",
+  chunk_size: int = 1,
+  metrics_fn: Optional[MetricsFn] = None,
+  mesh: Optional[Mesh] = None,
+):
   """Builds `meta_step(state, tasks, key) -> (state, metrics)` (Alg. 1, lines 3-11).
 
   A pure function: wrap it in `jax.jit`. Arguments as in `make_meta_gradient`;
@@ -170,9 +205,9 @@ def make_meta_step(learner: MetaLearner, optimizer: optax.GradientTransformation
   norm. With a `mesh` the tasks are split over its devices and the state is
   replicated; the result equals the one-device step's up to float rounding.
   """
-  meta_gradient = make_meta_gradient(learner, task_batching=task_batching,
-                                     chunk_size=chunk_size, metrics_fn=metrics_fn,
-                                     mesh=mesh)
+  meta_gradient = make_meta_gradient(
+    learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
+  )
 
   def meta_step(state: MetaState, tasks: Task, key: jax.Array):
     task_keys = jax.random.split(key, check_task_batch(tasks, "meta_step"))
@@ -183,10 +218,13 @@ def make_meta_step(learner: MetaLearner, optimizer: optax.GradientTransformation
   return meta_step
 
 
-def make_host_chunked_meta_step(learner: MetaLearner,
-                                optimizer: optax.GradientTransformation, *,
-                                chunk_size: int,
-                                metrics_fn: Optional[MetricsFn] = None):
+def make_host_chunked_meta_step(
+  learner: MetaLearner,
+  optimizer: optax.GradientTransformation,
+  *,
+  chunk_size: int,
+  metrics_fn: Optional[MetricsFn] = None,
+):
   """The meta-step for CPUs: jitted, unrolled chunks of tasks, looped on the host.
 
   XLA:CPU runs convolutions inside loops (`lax.map`, `lax.scan`) several
@@ -199,8 +237,9 @@ def make_host_chunked_meta_step(learner: MetaLearner,
 
   Do not wrap the returned function in `jax.jit`: it jits its own pieces.
   """
-  chunk_gradient = jax.jit(make_meta_gradient(
-      learner, task_batching="unroll", metrics_fn=metrics_fn))
+  chunk_gradient = jax.jit(
+    make_meta_gradient(learner, task_batching="unroll", metrics_fn=metrics_fn)
+  )
   split_keys = jax.jit(jax.random.split, static_argnums=1)
 
   @jax.jit
@@ -215,16 +254,14 @@ def make_host_chunked_meta_step(learner: MetaLearner,
     task_keys = split_keys(key, num_tasks)
     total = None
     for start in range(0, num_tasks, chunk_size):
-      chunk = jax.tree_util.tree_map(lambda x: x[start:start + chunk_size], tasks)
-      result = chunk_gradient(state.meta_params, chunk, task_keys[start:start + chunk_size])
+      chunk = jax.tree_util.tree_map(lambda x: x[start : start + chunk_size], tasks)
+      result = chunk_gradient(state.meta_params, chunk, task_keys[start : start + chunk_size])
       total = result if total is None else jax.tree_util.tree_map(jnp.add, total, result)
     num_chunks = num_tasks // chunk_size
     grads, metrics = jax.tree_util.tree_map(lambda t: t / num_chunks, total)
     return finish(state, grads, metrics)
 
   return meta_step
-
-
 
 
 def step_keys(key: jax.Array, step: jax.Array, num_tasks: int) -> tuple[jax.Array, jax.Array]:
@@ -244,17 +281,22 @@ def draw_tasks(sample_tasks: TaskSampler, data: PyTree, task_keys: jax.Array) ->
     InputError: the sampler does not take `(data, task_keys)` or does not
       return a `Task` of `len(task_keys)` tasks.
   """
-  convention = ("the train step calls sample_tasks(data, task_keys) with task_keys [n] and "
-                "wants a vj.Task with a leading [n] axis, task i drawn from task_keys[i] alone")
+  convention = (
+    "the train step calls sample_tasks(data, task_keys) with task_keys [n] and "
+    "wants a vj.Task with a leading [n] axis, task i drawn from task_keys[i] alone"
+  )
   try:
     tasks = sample_tasks(data, task_keys)
   except (TypeError, ValueError, IndexError) as error:
-    raise InputError(f"make_train_step: sample_tasks failed ({type(error).__name__}: {error}); "
-                     f"{convention}") from error
+    raise InputError(
+      f"make_train_step: sample_tasks failed ({type(error).__name__}: {error}); {convention}"
+    ) from error
   num_tasks = check_task_batch(tasks, "make_train_step: sample_tasks(data, task_keys)")
   if num_tasks != task_keys.shape[0]:
-    raise InputError(f"make_train_step: sample_tasks(data, task_keys) returned {num_tasks} tasks "
-                     f"for {task_keys.shape[0]} keys; {convention}")
+    raise InputError(
+      f"make_train_step: sample_tasks(data, task_keys) returned {num_tasks} tasks "
+      f"for {task_keys.shape[0]} keys; {convention}"
+    )
   return tasks
 
 
@@ -262,10 +304,18 @@ def _stack_one(metrics: dict) -> dict:
   return {name: value[None] for name, value in metrics.items()}
 
 
-def make_train_step(learner: MetaLearner, optimizer: optax.GradientTransformation,
-                    sample_tasks: TaskSampler, *, tasks_per_step: int, steps_per_call: int = 1,
-                    task_batching: batching.Batching = "vmap", chunk_size: int = 1,
-                    metrics_fn: Optional[MetricsFn] = None, mesh: Optional[Mesh] = None):
+def make_train_step(
+  learner: MetaLearner,
+  optimizer: optax.GradientTransformation,
+  sample_tasks: TaskSampler,
+  *,
+  tasks_per_step: int,
+  steps_per_call: int = 1,
+  task_batching: batching.Batching = "vmap",
+  chunk_size: int = 1,
+  metrics_fn: Optional[MetricsFn] = None,
+  mesh: Optional[Mesh] = None,
+):
   """Builds `train_step(state, data, key) -> (state, metrics)`: `steps_per_call` meta-steps.
 
   Each meta-step samples its `tasks_per_step` tasks with
@@ -287,14 +337,16 @@ def make_train_step(learner: MetaLearner, optimizer: optax.GradientTransformatio
   """
   if steps_per_call < 1:
     raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
-  meta_gradient = make_meta_gradient(learner, task_batching=task_batching, chunk_size=chunk_size,
-                                     metrics_fn=metrics_fn, mesh=mesh)
+  meta_gradient = make_meta_gradient(
+    learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
+  )
 
   def one_step(state: MetaState, data: PyTree, key: jax.Array):
     task_keys, adapt_keys = step_keys(key, state.step, tasks_per_step)
     if mesh is not None:  # each device draws the tasks it adapts to
       task_keys, adapt_keys = jax.lax.with_sharding_constraint(
-          (task_keys, adapt_keys), sharding.task_sharding(mesh))
+        (task_keys, adapt_keys), sharding.task_sharding(mesh)
+      )
     tasks = draw_tasks(sample_tasks, data, task_keys)
     grads, metrics = meta_gradient(state.meta_params, tasks, adapt_keys)
     metrics = with_health(metrics, grads)
@@ -309,9 +361,15 @@ def make_train_step(learner: MetaLearner, optimizer: optax.GradientTransformatio
   return train_step
 
 
-def make_host_chunked_train_step(learner: MetaLearner, optimizer: optax.GradientTransformation,
-                                 sample_tasks: TaskSampler, *, tasks_per_step: int,
-                                 chunk_size: int, metrics_fn: Optional[MetricsFn] = None):
+def make_host_chunked_train_step(
+  learner: MetaLearner,
+  optimizer: optax.GradientTransformation,
+  sample_tasks: TaskSampler,
+  *,
+  tasks_per_step: int,
+  chunk_size: int,
+  metrics_fn: Optional[MetricsFn] = None,
+):
   """`make_train_step` for CPUs: `train_step(state, data, key)`, one meta-step per call.
 
   Each chunk of `chunk_size` tasks is sampled, adapted and differentiated in

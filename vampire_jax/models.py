@@ -42,6 +42,7 @@ class BatchStatNorm(nn.Module):
   the output has the input's dtype. `use_scale_offset=False` drops the
   scale and offset (y = (x - mean) / std).
   """
+
   epsilon: float = 1e-5
   use_scale_offset: bool = True
 
@@ -68,6 +69,7 @@ class PatchConv(nn.Module):
   product, where `nn.Conv` becomes a grouped convolution that XLA runs
   slowly on CPUs.
   """
+
   features: int
   kernel_size: tuple[int, int] = (3, 3)
   strides: int = 1
@@ -79,8 +81,12 @@ class PatchConv(nn.Module):
     bias = self.param("bias", nn.initializers.zeros, (self.features,))
     # Patch features come out ordered (in_channel, kh, kw).
     patches = jax.lax.conv_general_dilated_patches(
-        x, self.kernel_size, (self.strides, self.strides), "SAME",
-        dimension_numbers=("NHWC", "OIHW", "NHWC"))
+      x,
+      self.kernel_size,
+      (self.strides, self.strides),
+      "SAME",
+      dimension_numbers=("NHWC", "OIHW", "NHWC"),
+    )
     matrix = jnp.transpose(kernel, (2, 0, 1, 3)).reshape(-1, self.features)
     return jnp.einsum("bhwk,ko->bhwo", patches, matrix) + bias
 
@@ -92,6 +98,7 @@ class LoopSafeConv(nn.Module):
   `nn.Conv`; the convolution is `convolution.conv2d`, whose gradients are
   forward convolutions and matrix products (see that module).
   """
+
   features: int
   kernel_size: tuple[int, int] = (3, 3)
   strides: int = 1
@@ -121,20 +128,21 @@ def max_pool_2x2(x: jax.Array) -> jax.Array:
   tests/test_models.py.
   """
   n, height, width, channels = x.shape
-  x = x[:, :height // 2 * 2, :width // 2 * 2]  # VALID: an odd last row/column is dropped
+  x = x[:, : height // 2 * 2, : width // 2 * 2]  # VALID: an odd last row/column is dropped
   return x.reshape(n, height // 2, 2, width // 2, 2, channels).max(axis=(2, 4))
 
 
-def auto_conv_impl(*, task_batching: str, inner_steps_unrolled: bool,
-                   draws_mapped: bool) -> str:
+def auto_conv_impl(*, task_batching: str, inner_steps_unrolled: bool, draws_mapped: bool) -> str:
   """The fastest measured convolution for a meta-step's loop structure on this backend.
 
   `backend_defaults.conv_impl` decides: on a CPU 'loop_safe', unless the
   program has no loop around a convolution gradient; elsewhere XLA's.
   """
-  return backend_defaults.conv_impl(task_batching=task_batching,
-                                    inner_steps_unrolled=inner_steps_unrolled,
-                                    draws_mapped=draws_mapped)
+  return backend_defaults.conv_impl(
+    task_batching=task_batching,
+    inner_steps_unrolled=inner_steps_unrolled,
+    draws_mapped=draws_mapped,
+  )
 
 
 class Conv4(nn.Module):
@@ -147,6 +155,7 @@ class Conv4(nn.Module):
 
   Input `[batch, height, width, channels]`, output logits `[batch, num_classes]`.
   """
+
   num_classes: int
   num_filters: int = 64
   max_pool: bool = False
@@ -165,8 +174,14 @@ class Conv4(nn.Module):
       elif self.conv_impl == "loop_safe":
         x = LoopSafeConv(self.num_filters, (3, 3), strides=stride, name=f"conv{block}")(x)
       elif self.conv_impl == "xla":
-        x = nn.Conv(self.num_filters, (3, 3), strides=stride, padding="SAME",
-                    kernel_init=kernel_init, name=f"conv{block}")(x)
+        x = nn.Conv(
+          self.num_filters,
+          (3, 3),
+          strides=stride,
+          padding="SAME",
+          kernel_init=kernel_init,
+          name=f"conv{block}",
+        )(x)
       else:
         raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.conv_impl!r}")
       x = BatchStatNorm(use_scale_offset=self.batch_norm_affine, name=f"norm{block}")(x)
@@ -183,6 +198,7 @@ class MLP(nn.Module):
   Regression uses `MLP((100, 100, 100), 1)`; pre-extracted features use
   `MLP((128, 32), num_classes)`.
   """
+
   hidden_sizes: Sequence[int]
   num_outputs: int
 
@@ -202,8 +218,9 @@ def conv4_mini_imagenet(num_classes: int) -> Conv4:
   return Conv4(num_classes=num_classes, num_filters=32, max_pool=True)
 
 
-def mixed_precision(apply_fn: Callable[[dict, jax.Array], jax.Array],
-                    compute_dtype=jnp.bfloat16) -> Callable[[dict, jax.Array], jax.Array]:
+def mixed_precision(
+  apply_fn: Callable[[dict, jax.Array], jax.Array], compute_dtype=jnp.bfloat16
+) -> Callable[[dict, jax.Array], jax.Array]:
   """`apply_fn` computing in `compute_dtype`, with float32 weights in and outputs out.
 
   Floating-point weights and inputs are cast to `compute_dtype` on the way in
@@ -211,6 +228,7 @@ def mixed_precision(apply_fn: Callable[[dict, jax.Array], jax.Array],
   to float32, so the likelihood, the KL and the weight distributions stay in
   float32; the gradients reaching the float32 weights are float32.
   """
+
   def cast(x):
     return x.astype(compute_dtype) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x
 
@@ -223,8 +241,10 @@ def mixed_precision(apply_fn: Callable[[dict, jax.Array], jax.Array],
 
 def pure_apply(module: nn.Module) -> Callable[[dict, jax.Array], jax.Array]:
   """`apply_fn(params, x)` for a module whose only collection is 'params'."""
+
   def apply_fn(params, x):
     return module.apply({"params": params}, x)
+
   return apply_fn
 
 
@@ -245,8 +265,11 @@ def module_spec(module: nn.Module) -> dict[str, Any]:
   be JSON values (tuples come back as lists and are turned back into tuples).
   """
   cls = type(module)
-  fields = {f.name: getattr(module, f.name) for f in dataclasses.fields(module)
-            if f.name not in ("parent", "name")}
+  fields = {
+    f.name: getattr(module, f.name)
+    for f in dataclasses.fields(module)
+    if f.name not in ("parent", "name")
+  }
   return {"class": f"{cls.__module__}.{cls.__qualname__}", "fields": fields}
 
 

@@ -32,8 +32,16 @@ from numpy.typing import ArrayLike
 
 from vampire_jax import checks
 
-__all__ = ("Uncertainty", "entropy", "uncertainty", "regression_uncertainty", "auroc",
-           "roc_curve", "open_set_summary", "OPEN_SET_SCORES")
+__all__ = (
+  "Uncertainty",
+  "entropy",
+  "uncertainty",
+  "regression_uncertainty",
+  "auroc",
+  "roc_curve",
+  "open_set_summary",
+  "OPEN_SET_SCORES",
+)
 
 
 class Uncertainty(NamedTuple):
@@ -46,6 +54,7 @@ class Uncertainty(NamedTuple):
     epistemic: `[num_query]`, `total - aleatoric`: the mutual information
       between the label and the weights (or the variance of the means).
   """
+
   total: jax.Array
   aleatoric: jax.Array
   epistemic: jax.Array
@@ -72,8 +81,12 @@ def uncertainty(draws: jax.Array) -> Uncertainty:
     against rounding; the mutual information is never negative).
   """
   if jnp.ndim(draws) != 3 or jnp.shape(draws)[0] < 1:
-    raise checks.fail("vj.uncertainty", "draws", "[num_draws >= 1, num_query, ways] class "
-                      "probabilities", checks.describe(draws))
+    raise checks.fail(
+      "vj.uncertainty",
+      "draws",
+      "[num_draws >= 1, num_query, ways] class probabilities",
+      checks.describe(draws),
+    )
   draws = jnp.asarray(draws)
   total = entropy(jnp.mean(draws, axis=0))
   aleatoric = jnp.mean(entropy(draws), axis=0)
@@ -96,8 +109,9 @@ def regression_uncertainty(draws: jax.Array, noise_std: float) -> Uncertainty:
   if draws.ndim == 3:
     draws = draws[..., 0]
   if draws.ndim != 2:
-    raise checks.fail("vj.regression_uncertainty", "draws", "[num_draws, num_query, 1]",
-                      checks.describe(draws))
+    raise checks.fail(
+      "vj.regression_uncertainty", "draws", "[num_draws, num_query, 1]", checks.describe(draws)
+    )
   epistemic = jnp.var(draws, axis=0)
   aleatoric = jnp.full_like(epistemic, float(noise_std) ** 2)
   return Uncertainty(epistemic + aleatoric, aleatoric, epistemic)
@@ -110,8 +124,9 @@ def _check_scores(scores: ArrayLike, positives: ArrayLike) -> tuple[np.ndarray, 
   scores = np.asarray(scores, dtype=np.float64).reshape(-1)
   positives = np.asarray(positives).reshape(-1)
   if scores.shape != positives.shape:
-    raise ValueError(f"scores and positives must have the same size, got {scores.size} and "
-                     f"{positives.size}")
+    raise ValueError(
+      f"scores and positives must have the same size, got {scores.size} and {positives.size}"
+    )
   if not np.all(np.isfinite(scores)):
     raise ValueError(f"scores must be finite, got {int(np.sum(~np.isfinite(scores)))} non-finite")
   return scores, positives.astype(bool)
@@ -184,8 +199,10 @@ def _record_roc(scores: np.ndarray, positives: np.ndarray) -> dict:
   fpr, tpr = roc_curve(scores, positives)
   last = np.r_[np.flatnonzero(np.diff(fpr)), fpr.size - 1]  # the top of each vertical run
   grid = np.linspace(0.0, 1.0, _ROC_POINTS)
-  return {"false_positive_rate": grid.tolist(),
-          "true_positive_rate": np.interp(grid, fpr[last], tpr[last]).tolist()}
+  return {
+    "false_positive_rate": grid.tolist(),
+    "true_positive_rate": np.interp(grid, fpr[last], tpr[last]).tolist(),
+  }
 
 
 def _jsonable_auroc(value: float) -> Optional[float]:
@@ -223,10 +240,12 @@ def open_set_summary(per_task: dict) -> dict:
     result["roc"][name] = _record_roc(scores, unknown)
   ways = int(labels.max()) + 1 if known.any() else 0
   per_task_known = int(np.sum(labels[0] >= 0))
-  num_unknown_classes = (int(np.sum(labels[0] < 0)) * ways // per_task_known
-                         if per_task_known else 0)
-  result.update(known_accuracy=float(1.0 - wrong.mean()) if wrong.size else None,
-                num_unknown_classes=num_unknown_classes,
-                num_known_queries=int(known.sum()), num_unknown_queries=int(unknown.sum()),
-                num_tasks=int(np.shape(per_task["targets"])[0]))
+  num_unknown_classes = int(np.sum(labels[0] < 0)) * ways // per_task_known if per_task_known else 0
+  result.update(
+    known_accuracy=float(1.0 - wrong.mean()) if wrong.size else None,
+    num_unknown_classes=num_unknown_classes,
+    num_known_queries=int(known.sum()),
+    num_unknown_queries=int(unknown.sum()),
+    num_tasks=int(np.shape(per_task["targets"])[0]),
+  )
   return result

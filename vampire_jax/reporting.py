@@ -66,12 +66,14 @@ class MetricWriter:
     """
     if self._tensorboard is None:
       return
-    numbers = {f"test/{k}": float(v) for k, v in metrics.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    numbers = {
+      f"test/{k}": float(v)
+      for k, v in metrics.items()
+      if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     for name, value in numbers.items():
       self._tensorboard.add_scalar(name, value, step)
-    self._tensorboard.add_hparams(hparam_values(config), numbers, name="hparams",
-                                  global_step=step)
+    self._tensorboard.add_hparams(hparam_values(config), numbers, name="hparams", global_step=step)
 
   def close(self) -> None:
     if self._tensorboard is not None:
@@ -113,8 +115,12 @@ def write_figures(workdir: Union[str, os.PathLike], figures: dict, step: int) ->
     if data[:8] != b"\x89PNG\r\n\x1a\n":
       continue
     width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
-    images.append(Summary.Value(tag=f"figures/{name}", image=Summary.Image(
-        height=height, width=width, colorspace=4, encoded_image_string=data)))
+    images.append(
+      Summary.Value(
+        tag=f"figures/{name}",
+        image=Summary.Image(height=height, width=width, colorspace=4, encoded_image_string=data),
+      )
+    )
   if images:
     writer = SummaryWriter(str(workdir))
     try:
@@ -145,8 +151,15 @@ class Progress:
     interactive: draw a bar (default: when stdout is a terminal).
   """
 
-  def __init__(self, total: int, first: int, *, enabled: bool = True,
-               print_fn: Callable[[str], None] = print, interactive: Optional[bool] = None):
+  def __init__(
+    self,
+    total: int,
+    first: int,
+    *,
+    enabled: bool = True,
+    print_fn: Callable[[str], None] = print,
+    interactive: Optional[bool] = None,
+  ):
     self.total, self._step, self._enabled = total, first, enabled
     self._print = print_fn
     self._interactive = sys.stdout.isatty() if interactive is None else interactive
@@ -163,8 +176,7 @@ class Progress:
       except ImportError:
         self._interactive = False
         return
-      self._bar = tqdm(total=self.total, initial=step, unit="step", dynamic_ncols=True,
-                       leave=False)
+      self._bar = tqdm(total=self.total, initial=step, unit="step", dynamic_ncols=True, leave=False)
 
   def advance(self, step: int) -> None:
     if self._bar is not None:
@@ -188,8 +200,11 @@ class Progress:
       return
     shown = "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())
     rate = self.rate()
-    speed = "" if rate is None else (
-        f"  | {rate:.2f} steps/s, {format_duration((self.total - step) / rate)} left")
+    speed = (
+      ""
+      if rate is None
+      else (f"  | {rate:.2f} steps/s, {format_duration((self.total - step) / rate)} left")
+    )
     if self._bar is not None:
       self._bar.set_postfix_str(shown)
       return

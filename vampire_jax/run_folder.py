@@ -72,13 +72,23 @@ DAMAGED_FOLDER = "damaged"
 
 # -- Errors of the environment ----------------------------------------------------
 
-_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-                   errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
-                   errno.EPERM: "operation not permitted", errno.ENOTDIR: "not a folder",
-                   errno.EEXIST: "a file is in the way", errno.EISDIR: "a folder is in the way"}
+_STORAGE_ERRNOS = {
+  errno.ENOSPC: "no space left on device",
+  errno.EDQUOT: "disk quota exceeded",
+  errno.EROFS: "read-only file system",
+  errno.EACCES: "permission denied",
+  errno.EPERM: "operation not permitted",
+  errno.ENOTDIR: "not a folder",
+  errno.EEXIST: "a file is in the way",
+  errno.EISDIR: "a folder is in the way",
+}
 # What tensorstore (orbax's writer) says for the same errors; it raises plain exceptions.
-_STORAGE_TEXTS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
-                  "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
+_STORAGE_TEXTS = {
+  "No space left on device": errno.ENOSPC,
+  "Disk quota exceeded": errno.EDQUOT,
+  "Read-only file system": errno.EROFS,
+  "Permission denied": errno.EACCES,
+}
 
 
 def storage_errno(error: BaseException) -> Optional[int]:
@@ -138,8 +148,10 @@ def check_writable(workdir: os.PathLike | str) -> None:
     os.close(fd)
     os.unlink(probe)
   except OSError as error:
-    raise StorageError(error.errno or 0, f"run folder {path} cannot be written: {existing}: "
-                       f"{error.strerror or error}") from error
+    raise StorageError(
+      error.errno or 0,
+      f"run folder {path} cannot be written: {existing}: {error.strerror or error}",
+    ) from error
 
 
 # -- Whole-or-nothing files ----------------------------------------------------------
@@ -155,8 +167,9 @@ def write_atomic(path: os.PathLike | str, write: Callable[[Any], None], *, hint:
   temporary = None
   with writing(path, hint):
     try:
-      with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-                                       delete=False) as f:
+      with tempfile.NamedTemporaryFile(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+      ) as f:
         temporary = f.name
         write(f)
         f.flush()
@@ -189,8 +202,9 @@ def save_npz(path: os.PathLike | str, **arrays) -> None:
   write_atomic(path, lambda f: np.savez_compressed(f, **arrays))
 
 
-def read_json(path: os.PathLike | str, *, print_fn: Optional[Callable[[str], None]] = None,
-              default: Any = None) -> Any:
+def read_json(
+  path: os.PathLike | str, *, print_fn: Optional[Callable[[str], None]] = None, default: Any = None
+) -> Any:
   """The JSON in `path`; `default` if it is missing or damaged (said in a line to `print_fn`)."""
   path = Path(path)
   try:
@@ -260,8 +274,9 @@ def _describe_holder(text: str) -> str:
 
 
 @contextlib.contextmanager
-def lock(workdir: os.PathLike | str, *, is_main: bool = True,
-         print_fn: Callable[[str], None] = print) -> Iterator[None]:
+def lock(
+  workdir: os.PathLike | str, *, is_main: bool = True, print_fn: Callable[[str], None] = print
+) -> Iterator[None]:
   """Holds the run folder's lock (`workdir/.lock`) while the block runs.
 
   Only the first process of a job (`is_main`) takes it; the others share the
@@ -292,13 +307,16 @@ def lock(workdir: os.PathLike | str, *, is_main: bool = True,
   except BlockingIOError:
     holder = _holder(fd)
     os.close(fd)
-    raise RunFolderError(f"{workdir} is in use by {_describe_holder(holder)} (lock {path}); one "
-                         "process per run folder: wait for it, stop it, or use another --workdir")
+    raise RunFolderError(
+      f"{workdir} is in use by {_describe_holder(holder)} (lock {path}); one "
+      "process per run folder: wait for it, stop it, or use another --workdir"
+    )
   try:
     left = _holder(fd)
     if left:
-      print_fn(f"taking over {path} from {_describe_holder(left)}, which stopped without "
-               "releasing it")
+      print_fn(
+        f"taking over {path} from {_describe_holder(left)}, which stopped without releasing it"
+      )
     with contextlib.suppress(OSError):  # the holder's name is a courtesy (a full disk...)
       os.ftruncate(fd, 0)
       os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
@@ -328,9 +346,11 @@ def check_not_in_use(workdir: os.PathLike | str) -> None:
   try:
     fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
   except BlockingIOError:
-    raise RunFolderError(f"{workdir} is in use by {_describe_holder(_holder(fd))} (lock {path}); "
-                         "one process per run folder: wait for it, stop it, or use another "
-                         "--workdir") from None
+    raise RunFolderError(
+      f"{workdir} is in use by {_describe_holder(_holder(fd))} (lock {path}); "
+      "one process per run folder: wait for it, stop it, or use another "
+      "--workdir"
+    ) from None
   finally:
     os.close(fd)
 
@@ -345,18 +365,25 @@ def config_class_name(config) -> str:
 
 def run_record(problem, config) -> dict:
   """What `run.json` holds: enough to rebuild the trained model without the data."""
-  return {"format": RUN_RECORD_FORMAT, "config_class": config_class_name(config),
-          "config": dataclasses.asdict(config), "model": models.module_spec(problem.model),
-          "input_shape": list(problem.input_shape), "kind": problem.kind,
-          "noise_std": problem.noise_std, "data": problem.data_info}
+  return {
+    "format": RUN_RECORD_FORMAT,
+    "config_class": config_class_name(config),
+    "config": dataclasses.asdict(config),
+    "model": models.module_spec(problem.model),
+    "input_shape": list(problem.input_shape),
+    "kind": problem.kind,
+    "noise_std": problem.noise_std,
+    "data": problem.data_info,
+  }
 
 
 def _step_folders(folder: Path) -> list[int]:
   """The steps of the orbax checkpoints in `folder`, newest first."""
   if not folder.is_dir():
     return []
-  return sorted((int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()),
-                reverse=True)
+  return sorted(
+    (int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True
+  )
 
 
 def _step_metadata(folder: Path, step: int) -> dict:
@@ -383,8 +410,9 @@ def latest_checkpoint_step(workdir: os.PathLike | str) -> Optional[int]:
   return steps[0] if steps else None
 
 
-def read_run_record(workdir: os.PathLike | str, *,
-                    print_fn: Optional[Callable[[str], None]] = None) -> Optional[dict]:
+def read_run_record(
+  workdir: os.PathLike | str, *, print_fn: Optional[Callable[[str], None]] = None
+) -> Optional[dict]:
   """The run record: `run.json`, else (missing or damaged) the one the newest checkpoint carries.
 
   Returns None when the folder has neither.
@@ -395,13 +423,16 @@ def read_run_record(workdir: os.PathLike | str, *,
     return record
   record = checkpointed_record(workdir)
   if record is not None and print_fn is not None:
-    print_fn(f"{path} is {'damaged' if path.exists() else 'missing'}; using the run record "
-             "its checkpoints carry")
+    print_fn(
+      f"{path} is {'damaged' if path.exists() else 'missing'}; using the run record "
+      "its checkpoints carry"
+    )
   return record
 
 
-def check_resumable(workdir: os.PathLike | str, config, *,
-                    print_fn: Optional[Callable[[str], None]] = None) -> None:
+def check_resumable(
+  workdir: os.PathLike | str, config, *, print_fn: Optional[Callable[[str], None]] = None
+) -> None:
   """Raises ConfigError if `workdir` holds a run that `config` may not resume.
 
   Schedule, evaluation and speed settings may change on a resume (e.g. a
@@ -418,9 +449,11 @@ def check_resumable(workdir: os.PathLike | str, config, *,
   latest = latest_checkpoint_step(workdir)
   if saved is None:
     if latest is not None:
-      raise RunFolderError(f"{workdir} holds checkpoints but no run record ({RUN_RECORD} is "
-                           "missing and the checkpoints carry none), so they cannot be checked "
-                           "against this config; use another --workdir")
+      raise RunFolderError(
+        f"{workdir} holds checkpoints but no run record ({RUN_RECORD} is "
+        "missing and the checkpoints carry none), so they cannot be checked "
+        "against this config; use another --workdir"
+      )
     return
   differences = config_lib.config_differences(saved["config"], config)
   # Runs recorded before the experiments' configs moved into the library name
@@ -429,12 +462,16 @@ def check_resumable(workdir: os.PathLike | str, config, *,
     differences["config class"] = (saved["config_class"], config_class_name(config))
   if differences:
     listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in differences.items())
-    raise ConfigError(f"{workdir} holds a run with another config ({listed}). Use another "
-                      "--workdir, or the same settings to resume it.")
+    raise ConfigError(
+      f"{workdir} holds a run with another config ({listed}). Use another "
+      "--workdir, or the same settings to resume it."
+    )
   if latest is not None and latest > config.num_meta_steps:
-    raise ConfigError(f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run trained "
-                      f"to step {latest}; pass --num-meta-steps {latest} (or more) to test or "
-                      "continue it, or use another --workdir")
+    raise ConfigError(
+      f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run trained "
+      f"to step {latest}; pass --num-meta-steps {latest} (or more) to test or "
+      "continue it, or use another --workdir"
+    )
 
 
 def forget_unused_record(workdir: os.PathLike | str) -> None:
@@ -475,22 +512,27 @@ def write_results(workdir: os.PathLike | str, results: dict) -> None:
 
 def save_per_task(workdir: os.PathLike | str, per_task: dict) -> None:
   """The test's per-task arrays (but the predictions) to `workdir/test_per_task.npz`."""
-  save_npz(Path(workdir) / PER_TASK_FILE, **{k: v for k, v in per_task.items()
-                                             if k != "predictions"})
+  save_npz(
+    Path(workdir) / PER_TASK_FILE, **{k: v for k, v in per_task.items() if k != "predictions"}
+  )
 
 
 # -- Checkpoints ----------------------------------------------------------------------------
 
 
 def _manager(folder: Path, max_to_keep: int, create: bool) -> ocp.CheckpointManager:
-  return ocp.CheckpointManager(folder.absolute(), options=ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, create=create, cleanup_tmp_directories=create))
+  return ocp.CheckpointManager(
+    folder.absolute(),
+    options=ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=create, cleanup_tmp_directories=create
+    ),
+  )
 
 
 def _first_line(error: BaseException, limit: int = 160) -> str:
   text = (str(error).strip().splitlines() or [""])[0]
   text = f"{type(error).__name__}: {text}" if text else type(error).__name__
-  return text if len(text) <= limit else text[:limit - 3] + "..."
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _FailedSave(contextlib.AbstractContextManager):
@@ -512,11 +554,14 @@ class _FailedSave(contextlib.AbstractContextManager):
     with contextlib.suppress(Exception):  # let the saves still in flight finish (or fail)
       self._checkpoints._latest.wait_until_finished()
     folder = self._checkpoints.workdir / "checkpoints"
-    unfinished = sorted(int(p.name.split(".")[0]) for p in folder.glob("*.orbax-checkpoint-tmp*")
-                        if p.name.split(".")[0].isdigit())
+    unfinished = sorted(
+      int(p.name.split(".")[0])
+      for p in folder.glob("*.orbax-checkpoint-tmp*")
+      if p.name.split(".")[0].isdigit()
+    )
     failed = unfinished[-1] if unfinished else self._checkpoints._saving
     intact = [step for step in _step_folders(folder) if failed is None or step < failed]
-    hint = (f"checkpoint {intact[0]} is intact" if intact else "no checkpoint was complete yet")
+    hint = f"checkpoint {intact[0]} is intact" if intact else "no checkpoint was complete yet"
     target = folder / str(failed) if failed is not None else folder
     raise storage_error(error, target, f"{hint}; free space and run again") from error
 
@@ -539,9 +584,14 @@ class RunCheckpoints:
       default: a warning.
   """
 
-  def __init__(self, workdir: str | os.PathLike, *, create: bool = True,
-               record: Optional[dict] = None,
-               print_fn: Optional[Callable[[str], None]] = None):
+  def __init__(
+    self,
+    workdir: str | os.PathLike,
+    *,
+    create: bool = True,
+    record: Optional[dict] = None,
+    print_fn: Optional[Callable[[str], None]] = None,
+  ):
     self.workdir = Path(workdir)
     self._create = create
     self._record = record
@@ -579,16 +629,20 @@ class RunCheckpoints:
         state = self._latest.restore(step, args=ocp.args.StandardRestore(template))
       except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
         failed.append(step)
-        self._print(f"checkpoint {step} in {self.workdir / 'checkpoints'} does not restore "
-                    f"({_first_line(error)}); trying the next older one")
+        self._print(
+          f"checkpoint {step} in {self.workdir / 'checkpoints'} does not restore "
+          f"({_first_line(error)}); trying the next older one"
+        )
         continue
       if failed and self._create:
         self._move_aside(failed)
       return state
     tried = f" (tried steps {', '.join(map(str, failed))})" if failed else ""
-    raise RunFolderError(f"no checkpoint in {self.workdir / 'checkpoints'} restores{tried}; the "
-                         f"run folder {self.workdir} cannot be resumed or loaded: use another "
-                         "--workdir (or remove this one)")
+    raise RunFolderError(
+      f"no checkpoint in {self.workdir / 'checkpoints'} restores{tried}; the "
+      f"run folder {self.workdir} cannot be resumed or loaded: use another "
+      "--workdir (or remove this one)"
+    )
 
   def _move_aside(self, steps: list[int]) -> None:
     aside = self.workdir / DAMAGED_FOLDER
@@ -610,8 +664,12 @@ class RunCheckpoints:
     with self._guard():
       self._latest.check_for_errors()  # an earlier save that failed in the background
       self._saving = step
-      self._latest.save(step, args=ocp.args.StandardSave(state), force=True,
-                        custom_metadata={"record": self._record, "train_seconds": train_seconds})
+      self._latest.save(
+        step,
+        args=ocp.args.StandardSave(state),
+        force=True,
+        custom_metadata={"record": self._record, "train_seconds": train_seconds},
+      )
     self._train_seconds[str(step)] = train_seconds
     if write_files:
       write_json(self._time_path, self._train_seconds)
@@ -643,8 +701,12 @@ class RunCheckpoints:
     """Keeps `meta_params` as the best, with its validation record."""
     target = self.workdir / "best" / str(record["step"])
     with writing(target, "the previous best is intact; free space and run again"):
-      self._best.save(record["step"], args=ocp.args.StandardSave(meta_params), force=True,
-                      custom_metadata=dict(record))
+      self._best.save(
+        record["step"],
+        args=ocp.args.StandardSave(meta_params),
+        force=True,
+        custom_metadata=dict(record),
+      )
       self._best.wait_until_finished()
     if write_files:
       write_json(self._best_path, record)
@@ -658,8 +720,10 @@ class RunCheckpoints:
     try:
       return self._best.restore(step, args=ocp.args.StandardRestore(template))
     except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
-      self._print(f"{self.workdir / 'best'} does not restore ({_first_line(error)}); using the "
-                  "latest checkpoint instead")
+      self._print(
+        f"{self.workdir / 'best'} does not restore ({_first_line(error)}); using the "
+        "latest checkpoint instead"
+      )
       return None
 
   def restore_meta_params(self, template_state: PyTree) -> PyTree:
@@ -675,8 +739,9 @@ class RunCheckpoints:
     if best is not None:
       return best
     if self.latest_step() is None:
-      raise RunFolderError(f"no checkpoint in {self.workdir} (expected best/ or checkpoints/ "
-                           "from a training run)")
+      raise RunFolderError(
+        f"no checkpoint in {self.workdir} (expected best/ or checkpoints/ from a training run)"
+      )
     return self.restore_latest(template_state).meta_params
 
   def wait(self) -> None:

@@ -57,11 +57,16 @@ def config_from_record(record: dict):
   try:
     cls = getattr(importlib.import_module(module_name), class_name)
   except (ImportError, AttributeError) as error:
-    warnings.warn(f"cannot import the run's config class {record['config_class']} ({error}); "
-                  "using a stand-in dataclass with the same fields")
+    warnings.warn(
+      f"cannot import the run's config class {record['config_class']} ({error}); "
+      "using a stand-in dataclass with the same fields"
+    )
     known = {f.name for f in dataclasses.fields(RunConfig)}
-    extra = [(name, type(value), dataclasses.field(default=value))
-             for name, value in fields.items() if name not in known]
+    extra = [
+      (name, type(value), dataclasses.field(default=value))
+      for name, value in fields.items()
+      if name not in known
+    ]
     cls = dataclasses.make_dataclass(class_name, extra, bases=(RunConfig,))
   names = {f.name for f in dataclasses.fields(cls)}
   return cls(**{k: v for k, v in fields.items() if k in names})
@@ -81,8 +86,9 @@ class Run:
     learner: the test-time learner (`num_mc_test` draws).
   """
 
-  def __init__(self, workdir: Path, record: dict, config, meta_params: PyTree,
-               learner: MetaLearner):
+  def __init__(
+    self, workdir: Path, record: dict, config, meta_params: PyTree, learner: MetaLearner
+  ):
     self.workdir = workdir
     self.record = record
     self.config = config
@@ -105,13 +111,13 @@ class Run:
     wanted = f"[n, {', '.join(map(str, self.input_shape))}]"
     for name, x in (("support_x", support_x), ("query_x", query_x)):
       if tuple(np.shape(x)[1:]) != self.input_shape or np.shape(x)[0] < 1:
-        raise checks.fail(where, name, f"{wanted} with n >= 1, preprocessed as in training",
-                          checks.describe(x))
+        raise checks.fail(
+          where, name, f"{wanted} with n >= 1, preprocessed as in training", checks.describe(x)
+        )
       checks.floating(where, name, x, checks.IMAGE_HINT)
     num_support = checks.examples(where, ("support_x", "support_y"), support_x, support_y)
     kinds.get(self.kind).check_support_y(where, support_y, num_support, self.num_outputs)
-    checks.check_finite(where, {"support_x": support_x, "support_y": support_y,
-                                "query_x": query_x})
+    checks.check_finite(where, {"support_x": support_x, "support_y": support_y, "query_x": query_x})
 
   @functools.cached_property
   def num_outputs(self) -> int:
@@ -155,8 +161,9 @@ class Run:
 
   def _draws(self, support_x, support_y, query_x, key, where: str) -> jax.Array:
     self._check_inputs(support_x, support_y, query_x, where)
-    return self._predict_draws(self.meta_params, jnp.asarray(support_x), jnp.asarray(support_y),
-                               jnp.asarray(query_x), key)
+    return self._predict_draws(
+      self.meta_params, jnp.asarray(support_x), jnp.asarray(support_y), jnp.asarray(query_x), key
+    )
 
 
 def load_run(workdir: str | os.PathLike) -> Run:
@@ -179,16 +186,24 @@ def load_run(workdir: str | os.PathLike) -> Run:
   workdir = Path(workdir)
   record = run_folder.read_run_record(workdir, print_fn=_warn)
   if record is None:
-    raise MissingDataError(f"{workdir} has no {run_folder.RUN_RECORD}: not a run folder written "
-                           "by vampire_jax.train_and_evaluate (or written before runs were "
-                           "recorded)")
+    raise MissingDataError(
+      f"{workdir} has no {run_folder.RUN_RECORD}: not a run folder written "
+      "by vampire_jax.train_and_evaluate (or written before runs were "
+      "recorded)"
+    )
   config = config_from_record(record)
   model = models.module_from_spec(record["model"])
-  test_learner = algorithms.make_learner(model, record["kind"], record["noise_std"], config,
-                                         num_mc_train=config.num_mc_test,
-                                         num_mc_query=config.num_mc_test)
-  template = _template_state(model, tuple(record["input_shape"]), record["kind"],
-                             record["noise_std"], config)
+  test_learner = algorithms.make_learner(
+    model,
+    record["kind"],
+    record["noise_std"],
+    config,
+    num_mc_train=config.num_mc_test,
+    num_mc_query=config.num_mc_test,
+  )
+  template = _template_state(
+    model, tuple(record["input_shape"]), record["kind"], record["noise_std"], config
+  )
   checkpoints = RunCheckpoints(workdir, create=False, print_fn=_warn)
   try:
     meta_params = checkpoints.restore_meta_params(template)
@@ -199,15 +214,24 @@ def load_run(workdir: str | os.PathLike) -> Run:
 
 def _template_state(model, input_shape, kind: str, noise_std: Optional[float], config):
   """A `MetaState` of the run's structure, to restore checkpoints into."""
-  learner = algorithms.make_learner(model, kind, noise_std, config,
-                                    num_mc_train=config.num_mc_train,
-                                    num_mc_query=config.num_mc_query)
-  optimizer = meta_step.meta_optimizer(config.meta_lr, tasks_per_step=config.tasks_per_step,
-                                       decay_rate=config.meta_lr_decay,
-                                       clip_norm=config.meta_grad_clip_norm)
+  learner = algorithms.make_learner(
+    model,
+    kind,
+    noise_std,
+    config,
+    num_mc_train=config.num_mc_train,
+    num_mc_query=config.num_mc_query,
+  )
+  optimizer = meta_step.meta_optimizer(
+    config.meta_lr,
+    tasks_per_step=config.tasks_per_step,
+    decay_rate=config.meta_lr_decay,
+    clip_norm=config.meta_grad_clip_norm,
+  )
   params = models.init_params(model, jax.random.key(0), (1,) + input_shape)
-  return jax.eval_shape(functools.partial(meta_step.init_meta_state, learner, optimizer),
-                        params, jax.random.key(1))
+  return jax.eval_shape(
+    functools.partial(meta_step.init_meta_state, learner, optimizer), params, jax.random.key(1)
+  )
 
 
 def _warn(message: str) -> None:

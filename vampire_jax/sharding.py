@@ -24,17 +24,20 @@ PyTree = Any
 TASK_AXIS = "tasks"
 
 
-def initialize_multihost(coordinator_address: Optional[str] = None,
-                         num_processes: Optional[int] = None,
-                         process_id: Optional[int] = None) -> None:
+def initialize_multihost(
+  coordinator_address: Optional[str] = None,
+  num_processes: Optional[int] = None,
+  process_id: Optional[int] = None,
+) -> None:
   """`jax.distributed.initialize`; must run before any other JAX call.
 
   Without arguments JAX finds them in the cluster's environment (SLURM,
   Open MPI, Kubernetes, Cloud TPU) or in `JAX_COORDINATOR_ADDRESS`,
   `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID`.
   """
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  jax.distributed.initialize(
+    coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+  )
 
 
 def task_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
@@ -59,9 +62,10 @@ def check_divisible(num_tasks: int, mesh: Mesh) -> None:
   """Raises ValueError unless the mesh's devices share `num_tasks` equally."""
   if num_tasks % mesh.size:
     raise ValueError(
-        f"{num_tasks} tasks cannot be split evenly over {mesh.size} devices; use a task "
-        f"count divisible by {mesh.size} (e.g. --tasks-per-step), fewer devices, or no "
-        "sharding (--shard-tasks off)")
+      f"{num_tasks} tasks cannot be split evenly over {mesh.size} devices; use a task "
+      f"count divisible by {mesh.size} (e.g. --tasks-per-step), fewer devices, or no "
+      "sharding (--shard-tasks off)"
+    )
 
 
 def _global_array(sharding: NamedSharding, local: jax.Array) -> jax.Array:
@@ -91,7 +95,8 @@ def distribute(tasks: PyTree, mesh: Mesh) -> PyTree:
   if jax.process_count() == 1:
     return jax.device_put(tasks, sharding)
   return jax.tree_util.tree_map(
-      lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), tasks)
+    lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), tasks
+  )
 
 
 def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
@@ -108,6 +113,7 @@ def gather(tree: PyTree) -> PyTree:
   if jax.process_count() == 1:
     return jax.tree_util.tree_map(np.asarray, tree)
   from jax.experimental import multihost_utils
+
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
@@ -126,12 +132,17 @@ def mean_over_task_shards(fn: Callable, mesh: Mesh) -> Callable:
   returns the mean of the devices' means: the mean over all tasks, on every
   device.
   """
+
   def per_device(shared, tasks, keys):
     return jax.lax.pmean(fn(_per_device_copy(shared), tasks, keys), TASK_AXIS)
 
   task_spec = PartitionSpec(TASK_AXIS)
-  return jax.shard_map(per_device, mesh=mesh, in_specs=(PartitionSpec(), task_spec, task_spec),
-                       out_specs=PartitionSpec())
+  return jax.shard_map(
+    per_device,
+    mesh=mesh,
+    in_specs=(PartitionSpec(), task_spec, task_spec),
+    out_specs=PartitionSpec(),
+  )
 
 
 def map_over_task_shards(fn: Callable, mesh: Mesh) -> Callable:
@@ -140,9 +151,11 @@ def map_over_task_shards(fn: Callable, mesh: Mesh) -> Callable:
   Returns a function of the same arguments (call it inside `jit`) whose
   outputs keep the task axis split over the mesh.
   """
+
   def per_device(shared, tasks, keys):
     return fn(_per_device_copy(shared), tasks, keys)
 
   task_spec = PartitionSpec(TASK_AXIS)
-  return jax.shard_map(per_device, mesh=mesh, in_specs=(PartitionSpec(), task_spec, task_spec),
-                       out_specs=task_spec)
+  return jax.shard_map(
+    per_device, mesh=mesh, in_specs=(PartitionSpec(), task_spec, task_spec), out_specs=task_spec
+  )

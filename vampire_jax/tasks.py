@@ -20,6 +20,7 @@ class Task(NamedTuple):
     query_x: `[ways*query, 28, 28, 1]` inputs the adapted learner is scored on.
     query_y: `[ways*query]` integer labels (or `[query, 1]` targets).
   """
+
   support_x: jax.Array
   support_y: jax.Array
   query_x: jax.Array
@@ -36,23 +37,37 @@ def check_task_batch(tasks: Task, where: str = "tasks") -> int:
     InputError: naming the field, what it wants and what it got.
   """
   if not isinstance(tasks, Task):
-    raise checks.fail(where, "tasks", "a vampire_jax.Task(support_x, support_y, query_x, query_y)",
-                      type(tasks).__name__)
+    raise checks.fail(
+      where,
+      "tasks",
+      "a vampire_jax.Task(support_x, support_y, query_x, query_y)",
+      type(tasks).__name__,
+    )
   for name, value in tasks._asdict().items():
     if jnp.ndim(value) < 2:
-      raise checks.fail(where, f"tasks.{name}", "[tasks, examples, ...] (a leading task axis)",
-                        checks.describe(value))
+      raise checks.fail(
+        where,
+        f"tasks.{name}",
+        "[tasks, examples, ...] (a leading task axis)",
+        checks.describe(value),
+      )
   num_tasks = jnp.shape(tasks.support_x)[0]
   for name, value in tasks._asdict().items():
     if jnp.shape(value)[0] != num_tasks:
-      raise checks.fail(where, f"tasks.{name}", f"{num_tasks} tasks, as tasks.support_x",
-                        checks.describe(value))
+      raise checks.fail(
+        where, f"tasks.{name}", f"{num_tasks} tasks, as tasks.support_x", checks.describe(value)
+      )
   for x_name, y_name in (("support_x", "support_y"), ("query_x", "query_y")):
     x, y = getattr(tasks, x_name), getattr(tasks, y_name)
     if jnp.shape(x)[1] < 1:
-      raise checks.fail(where, f"tasks.{x_name}", "at least one example per task",
-                        checks.describe(x))
+      raise checks.fail(
+        where, f"tasks.{x_name}", "at least one example per task", checks.describe(x)
+      )
     if jnp.shape(y)[1] != jnp.shape(x)[1]:
-      raise checks.fail(where, f"tasks.{y_name}", f"[tasks, {jnp.shape(x)[1]}, ...], one entry "
-                        f"per example of tasks.{x_name}", checks.describe(y))
+      raise checks.fail(
+        where,
+        f"tasks.{y_name}",
+        f"[tasks, {jnp.shape(x)[1]}, ...], one entry per example of tasks.{x_name}",
+        checks.describe(y),
+      )
   return num_tasks

@@ -77,6 +77,7 @@ class Problem(NamedTuple):
       (`data.open_set_tasks_from_keys`). With it the test adds open-set
       episodes (`results['test']['open_set']`); None: no open-set test.
   """
+
   model: nn.Module
   input_shape: tuple[int, ...]
   splits: dict
@@ -136,33 +137,61 @@ def _mesh_size(mesh: Optional[Mesh]) -> int:
   return 1 if mesh is None else mesh.size
 
 
-def build_train_step(problem: Problem, config, learner: MetaLearner, optimizer,
-                     mesh: Optional[Mesh], num_steps: int) -> Callable:
+def build_train_step(
+  problem: Problem, config, learner: MetaLearner, optimizer, mesh: Optional[Mesh], num_steps: int
+) -> Callable:
   """`train_step(state, key) -> (state, metrics [num_steps])`, compiled on first call."""
   metrics_fn = kinds.get(problem.kind).train_metrics
   num_local_tasks = config.tasks_per_step // _mesh_size(mesh)
-  strategy, chunk = choose_batching(config.task_batching, config.chunk_size, num_local_tasks,
-                                    sharded=mesh is not None)
+  strategy, chunk = choose_batching(
+    config.task_batching, config.chunk_size, num_local_tasks, sharded=mesh is not None
+  )
   data = problem.splits["train"]
   if config.debug_nans:  # one checked program (vj.debug_nonfinite) names the first NaN
     strategy = "map" if strategy == "host_chunked" else strategy
-    step = diagnostics.debug_nonfinite(meta_step.make_train_step(
-        learner, optimizer, problem.sample_tasks, tasks_per_step=config.tasks_per_step,
-        steps_per_call=num_steps, task_batching=strategy, chunk_size=chunk,
-        metrics_fn=metrics_fn, mesh=mesh))
+    step = diagnostics.debug_nonfinite(
+      meta_step.make_train_step(
+        learner,
+        optimizer,
+        problem.sample_tasks,
+        tasks_per_step=config.tasks_per_step,
+        steps_per_call=num_steps,
+        task_batching=strategy,
+        chunk_size=chunk,
+        metrics_fn=metrics_fn,
+        mesh=mesh,
+      )
+    )
     return lambda state, key: step(state, data, key)
   if strategy == "host_chunked":
     if mesh is not None:
-      raise ConfigError("--task-batching host_chunked runs tasks from Python on one device; "
-                        "with tasks sharded over devices use vmap, or --shard-tasks off")
+      raise ConfigError(
+        "--task-batching host_chunked runs tasks from Python on one device; "
+        "with tasks sharded over devices use vmap, or --shard-tasks off"
+      )
     step = meta_step.make_host_chunked_train_step(
-        learner, optimizer, problem.sample_tasks, tasks_per_step=config.tasks_per_step,
-        chunk_size=chunk, metrics_fn=metrics_fn)
+      learner,
+      optimizer,
+      problem.sample_tasks,
+      tasks_per_step=config.tasks_per_step,
+      chunk_size=chunk,
+      metrics_fn=metrics_fn,
+    )
     return lambda state, key: step(state, data, key)
-  step = jax.jit(meta_step.make_train_step(
-      learner, optimizer, problem.sample_tasks, tasks_per_step=config.tasks_per_step,
-      steps_per_call=num_steps, task_batching=strategy, chunk_size=chunk,
-      metrics_fn=metrics_fn, mesh=mesh), donate_argnums=0)
+  step = jax.jit(
+    meta_step.make_train_step(
+      learner,
+      optimizer,
+      problem.sample_tasks,
+      tasks_per_step=config.tasks_per_step,
+      steps_per_call=num_steps,
+      task_batching=strategy,
+      chunk_size=chunk,
+      metrics_fn=metrics_fn,
+      mesh=mesh,
+    ),
+    donate_argnums=0,
+  )
   return lambda state, key: step(state, data, key)
 
 
@@ -172,34 +201,44 @@ def eval_batch_size(config, mesh: Optional[Mesh] = None) -> int:
   return -(-config.eval_batch_tasks // size) * size
 
 
-def build_evaluator(kind: str, noise_std: Optional[float], config, learner: MetaLearner,
-                    mesh: Optional[Mesh] = None) -> Callable:
+def build_evaluator(
+  kind: str, noise_std: Optional[float], config, learner: MetaLearner, mesh: Optional[Mesh] = None
+) -> Callable:
   """The jitted per-task evaluator of a `kind` problem, for batches of `eval_batch_size` tasks."""
   strategy, chunk = _eval_batching(config, mesh)
-  evaluate = kinds.get(kind).make_evaluator(learner, noise_std, task_batching=strategy,
-                                            chunk_size=chunk, mesh=mesh)
+  evaluate = kinds.get(kind).make_evaluator(
+    learner, noise_std, task_batching=strategy, chunk_size=chunk, mesh=mesh
+  )
   return jax.jit(evaluate)
 
 
 def _eval_batching(config, mesh: Optional[Mesh]) -> tuple[str, int]:
   """`(strategy, chunk)` of the evaluators, for batches of `eval_batch_size` tasks."""
   num_local_tasks = eval_batch_size(config, mesh) // _mesh_size(mesh)
-  strategy, chunk = choose_batching(config.eval_task_batching, config.eval_chunk_size,
-                                    num_local_tasks, sharded=mesh is not None)
+  strategy, chunk = choose_batching(
+    config.eval_task_batching, config.eval_chunk_size, num_local_tasks, sharded=mesh is not None
+  )
   if strategy == "host_chunked":  # evaluation has no gradient to accumulate
     strategy = "chunked_unroll" if chunk < num_local_tasks else "unroll"
   return strategy, chunk
 
 
-def split_evaluator(problem: Problem, evaluate: Callable, split: str,
-                    mesh: Optional[Mesh] = None) -> Callable:
+def split_evaluator(
+  problem: Problem, evaluate: Callable, split: str, mesh: Optional[Mesh] = None
+) -> Callable:
   """`evaluate_indices(meta_params, key, indices)` on `split` (see `evaluation`)."""
-  return evaluation.make_split_evaluator(evaluate, problem.sample_tasks, problem.splits[split],
-                                         query_truth=problem.query_truth, mesh=mesh)
+  return evaluation.make_split_evaluator(
+    evaluate,
+    problem.sample_tasks,
+    problem.splits[split],
+    query_truth=problem.query_truth,
+    mesh=mesh,
+  )
 
 
-def open_set_evaluator(problem: Problem, config, learner: MetaLearner,
-                       mesh: Optional[Mesh] = None) -> Optional[Callable]:
+def open_set_evaluator(
+  problem: Problem, config, learner: MetaLearner, mesh: Optional[Mesh] = None
+) -> Optional[Callable]:
   """`evaluate_indices` of the test split's open-set episodes, or None if there are none.
 
   Episode i is test task i (same sample key, same adaptation and draws) with
@@ -208,10 +247,12 @@ def open_set_evaluator(problem: Problem, config, learner: MetaLearner,
   if problem.sample_open_set_tasks is None:  # only classification samplers have them
     return None
   strategy, chunk = _eval_batching(config, mesh)
-  evaluate = jax.jit(evaluation.make_open_set_evaluator(learner, task_batching=strategy,
-                                                        chunk_size=chunk, mesh=mesh))
-  return evaluation.make_split_evaluator(evaluate, problem.sample_open_set_tasks,
-                                         problem.splits["test"], mesh=mesh)
+  evaluate = jax.jit(
+    evaluation.make_open_set_evaluator(learner, task_batching=strategy, chunk_size=chunk, mesh=mesh)
+  )
+  return evaluation.make_split_evaluator(
+    evaluate, problem.sample_open_set_tasks, problem.splits["test"], mesh=mesh
+  )
 
 
 def draw_tasks(problem: Problem, split: str, key: jax.Array, num_tasks: int) -> Task:
@@ -228,8 +269,14 @@ read_run_record = run_folder.read_run_record
 check_resumable = run_folder.check_resumable
 
 
-def prepare_workdir(workdir: Path, problem: Problem, config, *, is_main: bool,
-                    print_fn: Optional[Callable[[str], None]] = None) -> None:
+def prepare_workdir(
+  workdir: Path,
+  problem: Problem,
+  config,
+  *,
+  is_main: bool,
+  print_fn: Optional[Callable[[str], None]] = None,
+) -> None:
   """Checks that a resumed run matches, creates the run folder and records the run.
 
   Raises:
@@ -252,8 +299,10 @@ class TrainingInterrupted(Exception):
   def __init__(self, step: int, signum: int, workdir: Path):
     self.step, self.signum, self.workdir = step, signum, workdir
     name = signal.Signals(signum).name
-    super().__init__(f"{name}: stopped at step {step}, checkpoint saved in {workdir}; run the "
-                     "same command again to resume")
+    super().__init__(
+      f"{name}: stopped at step {step}, checkpoint saved in {workdir}; run the "
+      "same command again to resume"
+    )
 
 
 @contextlib.contextmanager
@@ -289,6 +338,7 @@ def _interrupt_requests():
 
 class Session(NamedTuple):
   """Everything the loop needs, built once."""
+
   problem: Problem
   config: Any
   workdir: Path
@@ -296,7 +346,7 @@ class Session(NamedTuple):
   mesh: Optional[Mesh]
   train_step: Callable
   steps_per_call: int
-  evaluate_val: Callable    # evaluate_indices(meta_params, key, indices) on the validation split
+  evaluate_val: Callable  # evaluate_indices(meta_params, key, indices) on the validation split
   evaluate_test: Callable
   train_key: jax.Array
   val_key: jax.Array
@@ -312,12 +362,12 @@ def _initial_state(problem: Problem, config, learner: MetaLearner, optimizer, ke
   params_key, prior_key = jax.random.split(key)
   params = models.init_params(problem.model, params_key, (1,) + tuple(problem.input_shape))
   state = jax.jit(functools.partial(meta_step.init_meta_state, learner, optimizer))(
-      params, prior_key)
+    params, prior_key
+  )
   return state if mesh is None else sharding.replicate(state, mesh)
 
 
-def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key,
-                      print_fn) -> None:
+def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key, print_fn) -> None:
   """One inner loop on a real training task before the meta-step compiles (`check_inner_loop`).
 
   Raises:
@@ -328,8 +378,10 @@ def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key
   report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
   if report.ok:
     return
-  message = (f"{config.algorithm}'s inner loop at initialisation, on a training task: "
-             f"{report.advice} (--inner-lr, --kl-weight; see vj.check_inner_loop)")
+  message = (
+    f"{config.algorithm}'s inner loop at initialisation, on a training task: "
+    f"{report.advice} (--inner-lr, --kl-weight; see vj.check_inner_loop)"
+  )
   if not math.isfinite(report.loss_after):
     raise DivergenceError(message)
   print_fn(f"warning: {message}")
@@ -342,20 +394,26 @@ def _mean_metrics(window: list[dict]) -> dict:
 
 class LoopState(NamedTuple):
   """What the loop carries between calls besides the meta-state."""
-  window: list         # metrics of the calls since the last log
-  validated: bool      # a validation has run (and compiled the evaluator)
-  compiled: bool       # the train step has run once (and compiled)
+
+  window: list  # metrics of the calls since the last log
+  validated: bool  # a validation has run (and compiled the evaluator)
+  compiled: bool  # the train step has run once (and compiled)
 
 
 def _validate(session: Session, state, step: int, first: bool) -> float:
   """Scores the validation split; keeps the meta-parameters if they are the best."""
   config = session.config
   if first:
-    session.progress.message(f"validating on {config.num_val_tasks} tasks (the first "
-                             "evaluation compiles the evaluator)...")
+    session.progress.message(
+      f"validating on {config.num_val_tasks} tasks (the first evaluation compiles the evaluator)..."
+    )
   per_task = evaluation.evaluate_split(
-      session.evaluate_val, state.meta_params, session.val_key, config.num_val_tasks,
-      eval_batch_size(config, session.mesh))
+    session.evaluate_val,
+    state.meta_params,
+    session.val_key,
+    config.num_val_tasks,
+    eval_batch_size(config, session.mesh),
+  )
   kind = kinds.get(session.problem.kind)
   name = kind.score
   score = float(np.mean(per_task[name]))
@@ -365,14 +423,16 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
   if improved:
     best = {"step": step, "score": score, "metric": name}
     session.checkpoints.save_best(state.meta_params, best, write_files=session.is_main)
-  session.progress.message(f"step {step}: validation {name} {score:.4f}"
-                           + (" (best so far)" if improved else
-                              f" (best {best['score']:.4f} at step {best['step']})"))
+  session.progress.message(
+    f"step {step}: validation {name} {score:.4f}"
+    + (" (best so far)" if improved else f" (best {best['score']:.4f} at step {best['step']})")
+  )
   return score
 
 
-def _after_call(session: Session, state, step: int, loop: LoopState,
-                train_seconds: float) -> LoopState:
+def _after_call(
+  session: Session, state, step: int, loop: LoopState, train_seconds: float
+) -> LoopState:
   """Logging, validation and checkpointing due at `step`."""
   config = session.config
   done = step == config.num_meta_steps
@@ -380,14 +440,22 @@ def _after_call(session: Session, state, step: int, loop: LoopState,
   if step % config.log_every == 0 or done:
     means = _mean_metrics(window)
     if not np.isfinite(means["train/loss"]):
-      raise FloatingPointError(f"meta-training diverged at step {step}: {means}; see "
-                               "vj.kl_step_factor and BUILD_NOTES.md for stable settings")
+      raise FloatingPointError(
+        f"meta-training diverged at step {step}: {means}; see "
+        "vj.kl_step_factor and BUILD_NOTES.md for stable settings"
+      )
     rate = session.progress.rate()
     if rate is not None:
       means.update({"train/steps_per_s": rate, "train/tasks_per_s": rate * config.tasks_per_step})
     session.writer.write(step, means)
-    session.progress.log(step, {k.split("/")[1]: v for k, v in means.items()
-                                if k not in ("train/steps_per_s", "train/tasks_per_s")})
+    session.progress.log(
+      step,
+      {
+        k.split("/")[1]: v
+        for k, v in means.items()
+        if k not in ("train/steps_per_s", "train/tasks_per_s")
+      },
+    )
     window = []
   start = time.perf_counter()
   if step % config.eval_every == 0 or done:
@@ -414,16 +482,18 @@ def _train(session: Session, state, earlier_seconds: float):
       step += session.steps_per_call
       loop = loop._replace(window=loop.window + [jax.device_get(metrics)], compiled=True)
       if compiling:
-        progress.message(f"compiled and ran the first call in "
-                         f"{format_duration(time.perf_counter() - start)}")
+        progress.message(
+          f"compiled and ran the first call in {format_duration(time.perf_counter() - start)}"
+        )
         progress.start_timing(step)
       progress.advance(step)
       # The training time up to this step, as checkpointed: a resumed run reports the same.
       train_seconds = earlier_seconds + time.perf_counter() - start
       loop = _after_call(session, state, step, loop, train_seconds)
       if received:
-        session.checkpoints.save(step, state, earlier_seconds + time.perf_counter() - start,
-                                 write_files=session.is_main)
+        session.checkpoints.save(
+          step, state, earlier_seconds + time.perf_counter() - start, write_files=session.is_main
+        )
         session.checkpoints.wait()
         raise TrainingInterrupted(step, received[0], session.workdir)
   session.checkpoints.wait()
@@ -434,39 +504,72 @@ def _test(session: Session, meta_params) -> tuple[evaluation.Summary, dict]:
   config = session.config
   session.progress.message(f"testing on {config.num_test_tasks} tasks...")
   per_task = evaluation.evaluate_split(
-      session.evaluate_test, meta_params, session.test_key, config.num_test_tasks,
-      eval_batch_size(config, session.mesh))
-  summary = kinds.summarise(session.problem.kind, per_task, num_bins=config.num_bins,
-                                 noise_std=session.problem.noise_std)
+    session.evaluate_test,
+    meta_params,
+    session.test_key,
+    config.num_test_tasks,
+    eval_batch_size(config, session.mesh),
+  )
+  summary = kinds.summarise(
+    session.problem.kind, per_task, num_bins=config.num_bins, noise_std=session.problem.noise_std
+  )
   if session.evaluate_open_set is not None:
-    session.progress.message(f"open-set episodes: the {config.num_test_tasks} test tasks with "
-                             "queries of unknown classes...")
+    session.progress.message(
+      f"open-set episodes: the {config.num_test_tasks} test tasks with "
+      "queries of unknown classes..."
+    )
     open_set = evaluation.evaluate_split(
-        session.evaluate_open_set, meta_params, session.test_key, config.num_test_tasks,
-        eval_batch_size(config, session.mesh))
+      session.evaluate_open_set,
+      meta_params,
+      session.test_key,
+      config.num_test_tasks,
+      eval_batch_size(config, session.mesh),
+    )
     summary.metrics["open_set"] = predictive_uncertainty.open_set_summary(open_set)
     per_task.update({f"open_set_{name}": values for name, values in open_set.items()})
   return summary, per_task
 
 
-def _setup(problem: Problem, config, workdir: Path, progress: bool,
-           print_fn: Callable[[str], None], record: dict) -> tuple[Session, Any, float]:
+def _setup(
+  problem: Problem,
+  config,
+  workdir: Path,
+  progress: bool,
+  print_fn: Callable[[str], None],
+  record: dict,
+) -> tuple[Session, Any, float]:
   """Builds the session and the state to start from (fresh, or the latest checkpoint)."""
   is_main = jax.process_index() == 0
   mesh = task_mesh_for(config, config.tasks_per_step)
   init_key, train_key, val_key, test_key = jax.random.split(jax.random.key(config.seed), 4)
-  train_learner = make_learner(problem.model, problem.kind, problem.noise_std, config,
-                               num_mc_train=config.num_mc_train, num_mc_query=config.num_mc_query)
-  test_learner = make_learner(problem.model, problem.kind, problem.noise_std, config,
-                              num_mc_train=config.num_mc_test, num_mc_query=config.num_mc_test)
+  train_learner = make_learner(
+    problem.model,
+    problem.kind,
+    problem.noise_std,
+    config,
+    num_mc_train=config.num_mc_train,
+    num_mc_query=config.num_mc_query,
+  )
+  test_learner = make_learner(
+    problem.model,
+    problem.kind,
+    problem.noise_std,
+    config,
+    num_mc_train=config.num_mc_test,
+    num_mc_query=config.num_mc_test,
+  )
   optimizer = meta_step.meta_optimizer(
-      config.meta_lr, tasks_per_step=config.tasks_per_step, decay_rate=config.meta_lr_decay,
-      clip_norm=config.meta_grad_clip_norm)
+    config.meta_lr,
+    tasks_per_step=config.tasks_per_step,
+    decay_rate=config.meta_lr_decay,
+    clip_norm=config.meta_grad_clip_norm,
+  )
   state = _initial_state(problem, config, train_learner, optimizer, init_key, mesh)
   if run_folder.latest_checkpoint_step(workdir) is None:  # a resumed run passed it at its start
     try:
-      _check_inner_loop(problem, config, train_learner, state, jax.random.fold_in(init_key, 1),
-                        print_fn)
+      _check_inner_loop(
+        problem, config, train_learner, state, jax.random.fold_in(init_key, 1), print_fn
+      )
     except DivergenceError:
       if is_main:  # nothing was trained: the corrected settings may use this folder
         run_folder.forget_unused_record(workdir)
@@ -479,26 +582,45 @@ def _setup(problem: Problem, config, workdir: Path, progress: bool,
     print_fn(f"resuming from step {int(state.step)} in {workdir}")
     if int(state.step) > config.num_meta_steps:
       checkpoints.close()
-      raise ConfigError(f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run "
-                        f"trained to step {int(state.step)}; pass --num-meta-steps "
-                        f"{int(state.step)} (or more) to test or continue it")
+      raise ConfigError(
+        f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run "
+        f"trained to step {int(state.step)}; pass --num-meta-steps "
+        f"{int(state.step)} (or more) to test or continue it"
+      )
   num_steps = steps_per_call(config, int(state.step))
   evaluate = build_evaluator(problem.kind, problem.noise_std, config, test_learner, mesh)
   session = Session(
-      problem, config, workdir, is_main, mesh,
-      build_train_step(problem, config, train_learner, optimizer, mesh, num_steps), num_steps,
-      split_evaluator(problem, evaluate, "val", mesh), split_evaluator(problem, evaluate, "test", mesh),
-      train_key, val_key, test_key,
-      checkpoints, MetricWriter(workdir, enabled=is_main),
-      Progress(config.num_meta_steps, int(state.step), enabled=progress and is_main,
-               print_fn=print_fn), print_fn,
-      open_set_evaluator(problem, config, test_learner, mesh))
+    problem,
+    config,
+    workdir,
+    is_main,
+    mesh,
+    build_train_step(problem, config, train_learner, optimizer, mesh, num_steps),
+    num_steps,
+    split_evaluator(problem, evaluate, "val", mesh),
+    split_evaluator(problem, evaluate, "test", mesh),
+    train_key,
+    val_key,
+    test_key,
+    checkpoints,
+    MetricWriter(workdir, enabled=is_main),
+    Progress(
+      config.num_meta_steps, int(state.step), enabled=progress and is_main, print_fn=print_fn
+    ),
+    print_fn,
+    open_set_evaluator(problem, config, test_learner, mesh),
+  )
   return session, state, earlier_seconds
 
 
-def train_and_evaluate(problem: Problem, config, workdir: str | os.PathLike, *,
-                       progress: bool = True,
-                       print_fn: Callable[[str], None] = print) -> dict:
+def train_and_evaluate(
+  problem: Problem,
+  config,
+  workdir: str | os.PathLike,
+  *,
+  progress: bool = True,
+  print_fn: Callable[[str], None] = print,
+) -> dict:
   """Meta-trains (resuming if `workdir` holds a checkpoint), validates, tests; writes results.
 
   Args:
@@ -523,10 +645,14 @@ def train_and_evaluate(problem: Problem, config, workdir: str | os.PathLike, *,
   start = time.time()
   check_config(config)
   for split, data in problem.splits.items():  # values, once, on the host: nothing NaN trains
-    checks.check_finite("train_and_evaluate", {
+    checks.check_finite(
+      "train_and_evaluate",
+      {
         f"problem.splits[{split!r}]{jax.tree_util.keystr(path)}": leaf
         for path, leaf in jax.tree_util.tree_leaves_with_path(data)
-        if getattr(leaf, "is_fully_addressable", True)})  # a host sees its own shards only
+        if getattr(leaf, "is_fully_addressable", True)
+      },
+    )  # a host sees its own shards only
   workdir = Path(workdir)
   is_main = jax.process_index() == 0
   if is_main:
@@ -551,16 +677,25 @@ def train_and_evaluate(problem: Problem, config, workdir: str | os.PathLike, *,
       session.writer.close()
       session.checkpoints.close()
     results = {
-        "config": dataclasses.asdict(config), "kind": problem.kind,
-        "test": summary.metrics,
-        "calibration": {name: calibration.to_record(curve)
-                        for name, curve in summary.calibration.items()},
-        "best_validation": session.checkpoints.best_record(),
-        "meta_steps": int(state.step), "resumed_from_step": first_step,
-        "wall_time_s": {"total": time.time() - start, "train": train_seconds,
-                        "test": time.time() - test_start},
-        "data": problem.data_info, "git_commit": _git_commit(), "device": device_description(),
-        "task_mesh_devices": _mesh_size(session.mesh), "jax_version": jax.__version__,
+      "config": dataclasses.asdict(config),
+      "kind": problem.kind,
+      "test": summary.metrics,
+      "calibration": {
+        name: calibration.to_record(curve) for name, curve in summary.calibration.items()
+      },
+      "best_validation": session.checkpoints.best_record(),
+      "meta_steps": int(state.step),
+      "resumed_from_step": first_step,
+      "wall_time_s": {
+        "total": time.time() - start,
+        "train": train_seconds,
+        "test": time.time() - test_start,
+      },
+      "data": problem.data_info,
+      "git_commit": _git_commit(),
+      "device": device_description(),
+      "task_mesh_devices": _mesh_size(session.mesh),
+      "jax_version": jax.__version__,
     }
     if is_main:
       write_results(workdir, results)
@@ -576,8 +711,13 @@ def write_results(workdir: str | os.PathLike, results: dict) -> None:
 
 def _git_commit() -> str:
   try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).parent, check=True).stdout.strip()
+    return subprocess.run(
+      ["git", "rev-parse", "HEAD"],
+      capture_output=True,
+      text=True,
+      cwd=Path(__file__).parent,
+      check=True,
+    ).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
 

@@ -16,12 +16,35 @@ baselines::
 """
 
 from vampire_jax.baselines.abml import abml, hyper_prior_nll
-from vampire_jax.baselines.bmaml import (bmaml, ensemble_nll, init_particles, kernel_gradient, median_bandwidth,
-                                         pairwise_squared_distances, rbf_kernel, svgd_adapt, svgd_direction)
+from vampire_jax.baselines.bmaml import (
+  bmaml,
+  ensemble_nll,
+  init_particles,
+  kernel_gradient,
+  median_bandwidth,
+  pairwise_squared_distances,
+  rbf_kernel,
+  svgd_adapt,
+  svgd_direction,
+)
 from vampire_jax.baselines.platipus import PlatipusParams, platipus, shifted_mean
 
-__all__ = ("LEARNERS", "PlatipusParams", "abml", "bmaml", "ensemble_nll", "hyper_prior_nll",
-           "init_particles", "kernel_gradient", "median_bandwidth", "pairwise_squared_distances",
-           "platipus", "rbf_kernel", "shifted_mean", "svgd_adapt", "svgd_direction")
+__all__ = (
+  "LEARNERS",
+  "PlatipusParams",
+  "abml",
+  "bmaml",
+  "ensemble_nll",
+  "hyper_prior_nll",
+  "init_particles",
+  "kernel_gradient",
+  "median_bandwidth",
+  "pairwise_squared_distances",
+  "platipus",
+  "rbf_kernel",
+  "shifted_mean",
+  "svgd_adapt",
+  "svgd_direction",
+)
 
 LEARNERS = {"platipus": platipus, "bmaml": bmaml, "abml": abml}

@@ -32,12 +32,15 @@ def map_members(fn: Callable, stacked: PyTree, strategy: batching.Batching = "vm
   """
   size = num_members(stacked)
   if size == 1:
-    return jax.tree_util.tree_map(lambda y: y[None], fn(jax.tree_util.tree_map(lambda w: w[0], stacked)))
+    return jax.tree_util.tree_map(
+      lambda y: y[None], fn(jax.tree_util.tree_map(lambda w: w[0], stacked))
+    )
   return batching.batched_map(fn, stacked, strategy=strategy, chunk_size=size)
 
 
-def apply_members(apply_fn: Callable, stacked: PyTree, x: jax.Array,
-                  strategy: batching.Batching = "vmap") -> jax.Array:
+def apply_members(
+  apply_fn: Callable, stacked: PyTree, x: jax.Array, strategy: batching.Batching = "vmap"
+) -> jax.Array:
   """Outputs `[members, batch, ...]` of the network under each member's weights."""
   return map_members(lambda params: apply_fn(params, x), stacked, strategy)
 

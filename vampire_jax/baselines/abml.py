@@ -27,15 +27,24 @@ from jax.scipy import stats
 from vampire_jax import adaptation, batching, losses
 from vampire_jax.baselines import _ensemble
 from vampire_jax.gaussian import Gaussian, kl_divergence
-from vampire_jax.learners import (DEFAULT_INNER_LR, DEFAULT_KL_WEIGHT, MetaLearner, default_inner_lr,
-                                  vampire)
+from vampire_jax.learners import (
+  DEFAULT_INNER_LR,
+  DEFAULT_KL_WEIGHT,
+  MetaLearner,
+  default_inner_lr,
+  vampire,
+)
 from vampire_jax.tasks import Task
 
 PyTree = Any
 
 
-def hyper_prior_nll(prior: Gaussian, *, mean_prior_std: float = 1.0,
-                    precision_prior: tuple[float, float] = (1.0, 0.01)) -> jax.Array:
+def hyper_prior_nll(
+  prior: Gaussian,
+  *,
+  mean_prior_std: float = 1.0,
+  precision_prior: tuple[float, float] = (1.0, 0.01),
+) -> jax.Array:
   """−log p(θ), summed over every weight.
 
   p(θ) = Π N(μ; 0, mean_prior_std²) · Gamma(τ; shape a, rate b), τ = exp(−2 log σ).
@@ -61,15 +70,23 @@ def hyper_prior_nll(prior: Gaussian, *, mean_prior_std: float = 1.0,
   return sum(jax.tree_util.tree_leaves(per_leaf), jnp.zeros(()))
 
 
-def abml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
-         num_inner_steps: int = 5, inner_lr: Optional[float] = None,
-         kl_weight: float = DEFAULT_KL_WEIGHT, num_mc_train: int = 1, num_mc_query: int = 1,
-         hyper_prior_weight: float = 1e-4, mean_prior_std: float = 1.0,
-         precision_prior: tuple[float, float] = (1.0, 0.01),
-         first_order: bool = False,
-         log_std_init: tuple[float, float] = (-4.0, -3.0),
-         sample_batching: batching.Batching = "vmap",
-         unroll_steps: bool = False) -> MetaLearner:
+def abml(
+  apply_fn: adaptation.ApplyFn,
+  nll: losses.Likelihood,
+  *,
+  num_inner_steps: int = 5,
+  inner_lr: Optional[float] = None,
+  kl_weight: float = DEFAULT_KL_WEIGHT,
+  num_mc_train: int = 1,
+  num_mc_query: int = 1,
+  hyper_prior_weight: float = 1e-4,
+  mean_prior_std: float = 1.0,
+  precision_prior: tuple[float, float] = (1.0, 0.01),
+  first_order: bool = False,
+  log_std_init: tuple[float, float] = (-4.0, -3.0),
+  sample_batching: batching.Batching = "vmap",
+  unroll_steps: bool = False,
+) -> MetaLearner:
   """ABML as a `MetaLearner`: VAMPIRE's adaptation, ABML's meta-loss.
 
   Args:
@@ -97,10 +114,19 @@ def abml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
     unroll_steps: unroll the inner loop.
   """
   inner_lr = default_inner_lr(nll, DEFAULT_INNER_LR) if inner_lr is None else inner_lr
-  base = vampire(apply_fn, nll, num_inner_steps=num_inner_steps, inner_lr=inner_lr,
-                 kl_weight=kl_weight, num_mc_train=num_mc_train, num_mc_query=num_mc_query,
-                 first_order=first_order, log_std_init=log_std_init,
-                 sample_batching=sample_batching, unroll_steps=unroll_steps)
+  base = vampire(
+    apply_fn,
+    nll,
+    num_inner_steps=num_inner_steps,
+    inner_lr=inner_lr,
+    kl_weight=kl_weight,
+    num_mc_train=num_mc_train,
+    num_mc_query=num_mc_query,
+    first_order=first_order,
+    log_std_init=log_std_init,
+    sample_batching=sample_batching,
+    unroll_steps=unroll_steps,
+  )
 
   def meta_loss(prior: Gaussian, task: Task, key):
     adapt_key, loss_key = jax.random.split(key)
@@ -111,8 +137,9 @@ def abml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
     data_nll = _ensemble.mean_member_nll(nll, outputs, y)
     loss = data_nll + kl_weight * kl_divergence(posterior, prior)
     if hyper_prior_weight:
-      loss += hyper_prior_weight * hyper_prior_nll(prior, mean_prior_std=mean_prior_std,
-                                                   precision_prior=precision_prior)
-    return loss, outputs[:, jnp.shape(task.support_x)[0]:]
+      loss += hyper_prior_weight * hyper_prior_nll(
+        prior, mean_prior_std=mean_prior_std, precision_prior=precision_prior
+      )
+    return loss, outputs[:, jnp.shape(task.support_x)[0] :]
 
   return base._replace(meta_loss=meta_loss)

@@ -50,8 +50,10 @@ def pairwise_squared_distances(particles: PyTree) -> jax.Array:
   Returns:
     `[M, M]`, symmetric with an exactly zero diagonal.
   """
-  flat = jnp.concatenate([jnp.reshape(leaf, (jnp.shape(leaf)[0], -1))
-                          for leaf in jax.tree_util.tree_leaves(particles)], axis=1)
+  flat = jnp.concatenate(
+    [jnp.reshape(leaf, (jnp.shape(leaf)[0], -1)) for leaf in jax.tree_util.tree_leaves(particles)],
+    axis=1,
+  )
   squared_norms = jnp.sum(jnp.square(flat), axis=1)
   gram = flat @ flat.T
   distances = jnp.maximum(squared_norms[:, None] + squared_norms[None, :] - 2.0 * gram, 0.0)
@@ -107,15 +109,22 @@ def svgd_direction(particles: PyTree, log_prob_grads: PyTree) -> PyTree:
   repulsion = kernel_gradient(particles, kernel, bandwidth)
   num_particles = kernel.shape[0]
   return jax.tree_util.tree_map(
-      lambda g, r: (jnp.tensordot(kernel, g, axes=1) + r) / num_particles,
-      log_prob_grads, repulsion)
+    lambda g, r: (jnp.tensordot(kernel, g, axes=1) + r) / num_particles, log_prob_grads, repulsion
+  )
 
 
-def svgd_adapt(particles: PyTree, x: jax.Array, y: jax.Array, *,
-               loss_fn: adaptation.LossFn, num_steps: int, inner_lr: float,
-               first_order: bool = False,
-               particle_batching: batching.Batching = "vmap",
-               unroll_steps: bool = False) -> PyTree:
+def svgd_adapt(
+  particles: PyTree,
+  x: jax.Array,
+  y: jax.Array,
+  *,
+  loss_fn: adaptation.LossFn,
+  num_steps: int,
+  inner_lr: float,
+  first_order: bool = False,
+  particle_batching: batching.Batching = "vmap",
+  unroll_steps: bool = False,
+) -> PyTree:
   """`num_steps` SVGD steps θ ← θ + inner_lr · φ(θ) towards exp(−loss_fn(θ; x, y)).
 
   Args:
@@ -137,7 +146,8 @@ def svgd_adapt(particles: PyTree, x: jax.Array, y: jax.Array, *,
 
   def step(current, _):
     log_prob_grads = jax.tree_util.tree_map(
-        jnp.negative, _ensemble.map_members(lambda p: loss_grad(p, x, y), current, particle_batching))
+      jnp.negative, _ensemble.map_members(lambda p: loss_grad(p, x, y), current, particle_batching)
+    )
     direction = svgd_direction(current, log_prob_grads)
     if first_order:
       direction = jax.lax.stop_gradient(direction)
@@ -178,19 +188,29 @@ def init_particles(params: PyTree, key: jax.Array, num_particles: int) -> PyTree
 
   def leaf_particles(leaf, leaf_key):
     flat = jnp.reshape(leaf, (-1,))
-    permuted = jax.vmap(lambda k: jax.random.permutation(k, flat))(jax.random.split(leaf_key, num_particles))
+    permuted = jax.vmap(lambda k: jax.random.permutation(k, flat))(
+      jax.random.split(leaf_key, num_particles)
+    )
     return jnp.reshape(permuted, (num_particles,) + jnp.shape(leaf))
 
-  return jax.tree_util.tree_unflatten(treedef, [leaf_particles(l, k) for l, k in zip(leaves, leaf_keys)])
+  return jax.tree_util.tree_unflatten(
+    treedef, [leaf_particles(l, k) for l, k in zip(leaves, leaf_keys)]
+  )
 
 
-def bmaml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
-          num_particles: int = 10, num_inner_steps: int = 5, inner_lr: Optional[float] = None,
-          meta_objective: Literal["bfa", "mean_nll", "chaser"] = "bfa",
-          num_leader_steps: int = 1,
-          first_order: bool = False,
-          particle_batching: batching.Batching = "vmap",
-          unroll_steps: bool = False) -> MetaLearner:
+def bmaml(
+  apply_fn: adaptation.ApplyFn,
+  nll: losses.Likelihood,
+  *,
+  num_particles: int = 10,
+  num_inner_steps: int = 5,
+  inner_lr: Optional[float] = None,
+  meta_objective: Literal["bfa", "mean_nll", "chaser"] = "bfa",
+  num_leader_steps: int = 1,
+  first_order: bool = False,
+  particle_batching: batching.Batching = "vmap",
+  unroll_steps: bool = False,
+) -> MetaLearner:
   """BMAML as a `MetaLearner`; meta-parameters are `num_particles` stacked weight trees.
 
   Args:
@@ -213,13 +233,23 @@ def bmaml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
   """
   inner_lr = default_inner_lr(nll, 0.1) if inner_lr is None else inner_lr
   if meta_objective not in ("bfa", "mean_nll", "chaser"):
-    raise ValueError(f"meta_objective must be 'bfa', 'mean_nll' or 'chaser', got {meta_objective!r}")
+    raise ValueError(
+      f"meta_objective must be 'bfa', 'mean_nll' or 'chaser', got {meta_objective!r}"
+    )
   loss_fn = losses.loss_from_apply(apply_fn, nll)
 
   def svgd(particles, x, y, num_steps):
-    return svgd_adapt(particles, x, y, loss_fn=loss_fn, num_steps=num_steps, inner_lr=inner_lr,
-                      first_order=first_order, particle_batching=particle_batching,
-                      unroll_steps=unroll_steps)
+    return svgd_adapt(
+      particles,
+      x,
+      y,
+      loss_fn=loss_fn,
+      num_steps=num_steps,
+      inner_lr=inner_lr,
+      first_order=first_order,
+      particle_batching=particle_batching,
+      unroll_steps=unroll_steps,
+    )
 
   def init(params, key):
     return init_particles(params, key, num_particles)
@@ -239,11 +269,18 @@ def bmaml(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
       return ensemble_nll(nll, outputs, task.query_y), outputs
     if meta_objective == "mean_nll":
       return _ensemble.mean_member_nll(nll, outputs, task.query_y), outputs
-    leader = jax.lax.stop_gradient(svgd(
-        follower, _ensemble.concat_examples(task.support_x, task.query_x),
-        _ensemble.concat_examples(task.support_y, task.query_y), num_leader_steps))
-    distance = sum(jnp.sum(jnp.square(f - l)) for f, l in
-                   zip(jax.tree_util.tree_leaves(follower), jax.tree_util.tree_leaves(leader)))
+    leader = jax.lax.stop_gradient(
+      svgd(
+        follower,
+        _ensemble.concat_examples(task.support_x, task.query_x),
+        _ensemble.concat_examples(task.support_y, task.query_y),
+        num_leader_steps,
+      )
+    )
+    distance = sum(
+      jnp.sum(jnp.square(f - l))
+      for f, l in zip(jax.tree_util.tree_leaves(follower), jax.tree_util.tree_leaves(leader))
+    )
     return distance, outputs
 
   return MetaLearner(init, adapt, predict, nll, meta_loss)

@@ -36,15 +36,23 @@ PyTree = Any
 
 class PlatipusParams(NamedTuple):
   """PLATIPUS's meta-parameters Θ; every field is a tree like the network's weights."""
-  mean: PyTree        # μ_θ
-  log_std: PyTree     # log σ_θ, the spread of the prior p(θ | D_tr)
-  log_std_q: PyTree   # log sqrt(v_q), the spread of the inference distribution q
+
+  mean: PyTree  # μ_θ
+  log_std: PyTree  # log σ_θ, the spread of the prior p(θ | D_tr)
+  log_std_q: PyTree  # log sqrt(v_q), the spread of the inference distribution q
   log_step_p: PyTree  # log γ_p, per-weight step size of the prior's gradient step
   log_step_q: PyTree  # log γ_q, per-weight step size of q's gradient step
 
 
-def shifted_mean(mean: PyTree, step_sizes: PyTree, x: jax.Array, y: jax.Array, *,
-                 loss_fn: adaptation.LossFn, first_order: bool = False) -> PyTree:
+def shifted_mean(
+  mean: PyTree,
+  step_sizes: PyTree,
+  x: jax.Array,
+  y: jax.Array,
+  *,
+  loss_fn: adaptation.LossFn,
+  first_order: bool = False,
+) -> PyTree:
   """μ − γ ⊙ ∇_μ L(μ; x, y): one gradient step with per-weight step sizes γ."""
   grads = jax.grad(loss_fn)(mean, x, y)
   if first_order:
@@ -56,15 +64,22 @@ def _exp(tree: PyTree) -> PyTree:
   return jax.tree_util.tree_map(jnp.exp, tree)
 
 
-def platipus(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
-             num_inner_steps: int = 5, inner_lr: Optional[float] = None,
-             kl_weight: float = 1.0, num_mc_train: int = 1, num_mc_query: int = 1,
-             first_order: bool = False,
-             log_std_init: tuple[float, float] = (-4.0, -3.0),
-             step_size_init: Optional[float] = None,
-             inference_data: Literal["support_and_query", "query"] = "support_and_query",
-             sample_batching: batching.Batching = "vmap",
-             unroll_steps: bool = False) -> MetaLearner:
+def platipus(
+  apply_fn: adaptation.ApplyFn,
+  nll: losses.Likelihood,
+  *,
+  num_inner_steps: int = 5,
+  inner_lr: Optional[float] = None,
+  kl_weight: float = 1.0,
+  num_mc_train: int = 1,
+  num_mc_query: int = 1,
+  first_order: bool = False,
+  log_std_init: tuple[float, float] = (-4.0, -3.0),
+  step_size_init: Optional[float] = None,
+  inference_data: Literal["support_and_query", "query"] = "support_and_query",
+  sample_batching: batching.Batching = "vmap",
+  unroll_steps: bool = False,
+) -> MetaLearner:
   """PLATIPUS as a `MetaLearner` (Alg. 1 for `meta_loss`, Alg. 2 for `adapt`).
 
   Args:
@@ -91,34 +106,55 @@ def platipus(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
   """
   inner_lr = default_inner_lr(nll, 0.1) if inner_lr is None else inner_lr
   if inference_data not in ("support_and_query", "query"):
-    raise ValueError(f"inference_data must be 'support_and_query' or 'query', got {inference_data!r}")
+    raise ValueError(
+      f"inference_data must be 'support_and_query' or 'query', got {inference_data!r}"
+    )
   loss_fn = losses.loss_from_apply(apply_fn, nll)
   initial_step = inner_lr if step_size_init is None else step_size_init
   if initial_step <= 0:
-    raise ValueError(f"step sizes γ are learned in log space and must start > 0, got {initial_step}")
+    raise ValueError(
+      f"step sizes γ are learned in log space and must start > 0, got {initial_step}"
+    )
 
   def prior(meta: PlatipusParams, support_x, support_y) -> Gaussian:
-    mean = shifted_mean(meta.mean, _exp(meta.log_step_p), support_x, support_y,
-                        loss_fn=loss_fn, first_order=first_order)
+    mean = shifted_mean(
+      meta.mean,
+      _exp(meta.log_step_p),
+      support_x,
+      support_y,
+      loss_fn=loss_fn,
+      first_order=first_order,
+    )
     return Gaussian(mean, meta.log_std)
 
   def adapt_draws(dist: Gaussian, support_x, support_y, key, num_draws):
     # θ_l ~ dist, then φ_l = S MAML steps from θ_l on the support set.
     draws = sample(dist, key, num_draws)
     return _ensemble.map_members(
-        lambda theta: adaptation.maml_adapt(
-            theta, support_x, support_y, loss_fn=loss_fn, num_steps=num_inner_steps,
-            inner_lr=inner_lr, first_order=first_order, unroll_steps=unroll_steps),
-        draws, sample_batching)
+      lambda theta: adaptation.maml_adapt(
+        theta,
+        support_x,
+        support_y,
+        loss_fn=loss_fn,
+        num_steps=num_inner_steps,
+        inner_lr=inner_lr,
+        first_order=first_order,
+        unroll_steps=unroll_steps,
+      ),
+      draws,
+      sample_batching,
+    )
 
   def init(params, key):
     prior_key, q_key = jax.random.split(key)
     log_steps = jax.tree_util.tree_map(lambda p: jnp.full_like(p, jnp.log(initial_step)), params)
     return PlatipusParams(
-        mean=params,
-        log_std=gaussian_from_params(params, prior_key, log_std_init).log_std,
-        log_std_q=gaussian_from_params(params, q_key, log_std_init).log_std,
-        log_step_p=log_steps, log_step_q=log_steps)
+      mean=params,
+      log_std=gaussian_from_params(params, prior_key, log_std_init).log_std,
+      log_std_q=gaussian_from_params(params, q_key, log_std_init).log_std,
+      log_step_p=log_steps,
+      log_step_q=log_steps,
+    )
 
   def adapt(meta: PlatipusParams, support_x, support_y, key):
     return adapt_draws(prior(meta, support_x, support_y), support_x, support_y, key, num_mc_query)
@@ -133,8 +169,9 @@ def platipus(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
       q_y = _ensemble.concat_examples(task.support_y, task.query_y)
     else:
       q_x, q_y = task.query_x, task.query_y
-    q_mean = shifted_mean(meta.mean, _exp(meta.log_step_q), q_x, q_y, loss_fn=loss_fn,
-                          first_order=first_order)
+    q_mean = shifted_mean(
+      meta.mean, _exp(meta.log_step_q), q_x, q_y, loss_fn=loss_fn, first_order=first_order
+    )
     q = Gaussian(q_mean, meta.log_std_q)
     task_params = adapt_draws(q, task.support_x, task.support_y, key, num_mc_train)
     outputs = predict(task_params, task.query_x, key)
@@ -143,5 +180,11 @@ def platipus(apply_fn: adaptation.ApplyFn, nll: losses.Likelihood, *,
     return query_nll + kl_weight * kl, outputs
 
   # The inner loop is MAML's: its KL term is in the meta-loss (kl_weight 0 here).
-  return MetaLearner(init, adapt, predict, nll, meta_loss,
-                     settings=InnerLoopSettings(loss_fn, inner_lr, 0.0, num_inner_steps))
+  return MetaLearner(
+    init,
+    adapt,
+    predict,
+    nll,
+    meta_loss,
+    settings=InnerLoopSettings(loss_fn, inner_lr, 0.0, num_inner_steps),
+  )

@@ -37,8 +37,7 @@ def combination_at(index: int, num_classes: int, ways: int) -> tuple[int, ...]:
   """
   total = num_combinations(num_classes, ways)
   if not 0 <= index < total:
-    raise ValueError(f'index must be in [0, C({num_classes}, {ways}) = '
-                     f'{total}), got {index}.')
+    raise ValueError(f'index must be in [0, C({num_classes}, {ways}) = {total}), got {index}.')
   combination, next_class = [], 0
   for slot in range(ways):
     while True:
@@ -53,11 +52,11 @@ def combination_at(index: int, num_classes: int, ways: int) -> tuple[int, ...]:
 
 
 def combination_ids(
-    num_classes: int,
-    ways: int,
-    num_tasks: Optional[int] = None,
-    *,
-    seed: int = 0,
+  num_classes: int,
+  ways: int,
+  num_tasks: Optional[int] = None,
+  *,
+  seed: int = 0,
 ) -> np.ndarray:
   """Indices of the combinations to evaluate, in increasing order.
 
@@ -81,23 +80,22 @@ def combination_ids(
   return np.sort(rng.choice(total, size=num_tasks, replace=False))
 
 
-def class_combinations(ids: np.ndarray, num_classes: int,
-                       ways: int) -> np.ndarray:
+def class_combinations(ids: np.ndarray, num_classes: int, ways: int) -> np.ndarray:
   """int32 `[len(ids), ways]`: row r is `combination_at(ids[r], ...)`."""
   rows = [combination_at(int(i), num_classes, ways) for i in ids]
   return np.array(rows, np.int32).reshape(len(rows), ways)
 
 
 def combination_tasks(
-    key: jax.Array,
-    class_images: jax.Array,
-    ids: np.ndarray,
-    *,
-    num_classes: int,
-    ways: int,
-    shots: int,
-    query: int,
-    class_counts: Optional[jax.Array] = None,
+  key: jax.Array,
+  class_images: jax.Array,
+  ids: np.ndarray,
+  *,
+  num_classes: int,
+  ways: int,
+  shots: int,
+  query: int,
+  class_counts: Optional[jax.Array] = None,
 ) -> Task:
   """One task per combination id, the same whatever else is in the batch.
 
@@ -120,14 +118,18 @@ def combination_tasks(
     `Task` as `episodes.tasks_from_keys` returns.
   """
   if class_images.shape[0] != num_classes:
-    raise ValueError(f'class_images has {class_images.shape[0]} classes, '
-                     f'the combinations choose from {num_classes}.')
+    raise ValueError(
+      f'class_images has {class_images.shape[0]} classes, '
+      f'the combinations choose from {num_classes}.'
+    )
   ids = np.asarray(ids, np.int64)
   if ids.size and ids.max() >= 2**32:
-    raise ValueError('Combination ids must fit in 32 bits (they key the '
-                     'tasks); choose a subset with ids below 2**32.')
+    raise ValueError(
+      'Combination ids must fit in 32 bits (they key the '
+      'tasks); choose a subset with ids below 2**32.'
+    )
   classes = jnp.asarray(class_combinations(ids, num_classes, ways))
-  keys = jax.vmap(jax.random.fold_in, (None, 0))(
-      key, jnp.asarray(ids, jnp.uint32))
-  return tasks_for_classes(keys, class_images, classes, shots=shots,
-                           query=query, class_counts=class_counts)
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.asarray(ids, jnp.uint32))
+  return tasks_for_classes(
+    keys, class_images, classes, shots=shots, query=query, class_counts=class_counts
+  )

@@ -38,12 +38,12 @@ CLASS_SAMPLING = ('character', 'class')
 
 
 def check_episode_spec(
-    num_classes: int,
-    examples_per_class: int,
-    *,
-    ways: int,
-    shots: int,
-    query: int,
+  num_classes: int,
+  examples_per_class: int,
+  *,
+  ways: int,
+  shots: int,
+  query: int,
 ) -> None:
   """Raises ValueError unless `ways`-way tasks can be drawn from the pool.
 
@@ -54,23 +54,31 @@ def check_episode_spec(
     shots: support examples per class.
     query: query examples per class (distinct from the support ones).
   """
-  sizes = dict(num_classes=num_classes, examples_per_class=examples_per_class,
-               ways=ways, shots=shots, query=query)
+  sizes = dict(
+    num_classes=num_classes,
+    examples_per_class=examples_per_class,
+    ways=ways,
+    shots=shots,
+    query=query,
+  )
   for name, value in sizes.items():
     if value < 1:
       raise ValueError(f'{name} must be at least 1, got {value}.')
   if ways > num_classes:
-    raise ValueError(f'A {ways}-way task needs {ways} distinct classes, but '
-                     f'the pool has only {num_classes}.')
+    raise ValueError(
+      f'A {ways}-way task needs {ways} distinct classes, but the pool has only {num_classes}.'
+    )
   if shots + query > examples_per_class:
     raise ValueError(
-        f'shots + query = {shots} + {query} = {shots + query} distinct '
-        f'examples per class are needed, but each class has only '
-        f'{examples_per_class}.')
+      f'shots + query = {shots} + {query} = {shots + query} distinct '
+      f'examples per class are needed, but each class has only '
+      f'{examples_per_class}.'
+    )
 
 
-def num_classes_available(num_characters: int, *, rotate: bool,
-                          class_sampling: str = 'character') -> int:
+def num_classes_available(
+  num_characters: int, *, rotate: bool, class_sampling: str = 'character'
+) -> int:
   """How many distinct classes a task can draw `ways` from."""
   if class_sampling not in CLASS_SAMPLING:
     raise ValueError(f'class_sampling must be one of {CLASS_SAMPLING}, got {class_sampling!r}.')
@@ -87,37 +95,43 @@ def to_unit_range(images: jax.Array) -> jax.Array:
 
 
 def sample_tasks(
-    key: jax.Array,
-    class_images: jax.Array,
-    *,
-    num_tasks: int,
-    ways: int,
-    shots: int,
-    query: int,
-    rotate: bool = True,
-    class_sampling: str = 'character',
-    class_counts: Optional[jax.Array] = None,
+  key: jax.Array,
+  class_images: jax.Array,
+  *,
+  num_tasks: int,
+  ways: int,
+  shots: int,
+  query: int,
+  rotate: bool = True,
+  class_sampling: str = 'character',
+  class_counts: Optional[jax.Array] = None,
 ) -> Task:
   """`num_tasks` tasks from one key: `tasks_from_keys(split(key, num_tasks), ...)`."""
   if num_tasks < 1:
     raise ValueError(f'num_tasks must be at least 1, got {num_tasks}.')
-  return tasks_from_keys(jax.random.split(key, num_tasks), class_images, ways=ways, shots=shots,
-                         query=query, rotate=rotate, class_sampling=class_sampling,
-                         class_counts=class_counts)
+  return tasks_from_keys(
+    jax.random.split(key, num_tasks),
+    class_images,
+    ways=ways,
+    shots=shots,
+    query=query,
+    rotate=rotate,
+    class_sampling=class_sampling,
+    class_counts=class_counts,
+  )
 
 
-@functools.partial(
-    jax.jit, static_argnames=('ways', 'shots', 'query', 'rotate', 'class_sampling'))
+@functools.partial(jax.jit, static_argnames=('ways', 'shots', 'query', 'rotate', 'class_sampling'))
 def tasks_from_keys(
-    task_keys: jax.Array,
-    class_images: jax.Array,
-    *,
-    ways: int,
-    shots: int,
-    query: int,
-    rotate: bool = True,
-    class_sampling: str = 'character',
-    class_counts: Optional[jax.Array] = None,
+  task_keys: jax.Array,
+  class_images: jax.Array,
+  *,
+  ways: int,
+  shots: int,
+  query: int,
+  rotate: bool = True,
+  class_sampling: str = 'character',
+  class_counts: Optional[jax.Array] = None,
 ) -> Task:
   """One N-way k-shot task per key (jitted; sizes are static).
 
@@ -157,13 +171,25 @@ def tasks_from_keys(
   """
   class_images = _check_class_images(class_images, rotate)
   num_characters, num_examples = class_images.shape[:2]
-  check_episode_spec(num_classes_available(num_characters, rotate=rotate,
-                                           class_sampling=class_sampling),
-                     num_examples, ways=ways, shots=shots, query=query)
+  check_episode_spec(
+    num_classes_available(num_characters, rotate=rotate, class_sampling=class_sampling),
+    num_examples,
+    ways=ways,
+    shots=shots,
+    query=query,
+  )
   example_keys, classes, turns = jax.vmap(
-      lambda key: _draw_classes(key, num_characters, ways, 0, rotate, class_sampling))(task_keys)
-  return tasks_for_classes(example_keys, class_images, classes, shots=shots, query=query,
-                           class_counts=class_counts, turns=turns)
+    lambda key: _draw_classes(key, num_characters, ways, 0, rotate, class_sampling)
+  )(task_keys)
+  return tasks_for_classes(
+    example_keys,
+    class_images,
+    classes,
+    shots=shots,
+    query=query,
+    class_counts=class_counts,
+    turns=turns,
+  )
 
 
 def _check_class_images(class_images: jax.Array, rotate: bool) -> jax.Array:
@@ -171,13 +197,16 @@ def _check_class_images(class_images: jax.Array, rotate: bool) -> jax.Array:
     class_images = class_images[..., None]
   if rotate:
     if class_images.ndim != 5 or class_images.shape[2] != class_images.shape[3]:
-      raise ValueError('Rotation needs square images [C, E, H, H] or [C, E, H, H, ch], '
-                       f'got shape {class_images.shape}.')
+      raise ValueError(
+        'Rotation needs square images [C, E, H, H] or [C, E, H, H, ch], '
+        f'got shape {class_images.shape}.'
+      )
   return class_images
 
 
-def _draw_classes(key: jax.Array, num_characters: int, ways: int, extra: int, rotate: bool,
-                  class_sampling: str):
+def _draw_classes(
+  key: jax.Array, num_characters: int, ways: int, extra: int, rotate: bool, class_sampling: str
+):
   """`(example_key, classes [ways + extra], turns [ways + extra] or None)` of one task.
 
   The first `ways` classes (and turns) do not depend on `extra`: the classes
@@ -203,19 +232,19 @@ UNKNOWN_LABEL = -1  # the label of an open-set query: from none of the task's cl
 
 
 @functools.partial(
-    jax.jit,
-    static_argnames=('ways', 'shots', 'query', 'num_unknown', 'rotate', 'class_sampling'))
+  jax.jit, static_argnames=('ways', 'shots', 'query', 'num_unknown', 'rotate', 'class_sampling')
+)
 def open_set_tasks_from_keys(
-    task_keys: jax.Array,
-    class_images: jax.Array,
-    *,
-    ways: int,
-    shots: int,
-    query: int,
-    num_unknown: int,
-    rotate: bool = True,
-    class_sampling: str = 'character',
-    class_counts: Optional[jax.Array] = None,
+  task_keys: jax.Array,
+  class_images: jax.Array,
+  *,
+  ways: int,
+  shots: int,
+  query: int,
+  num_unknown: int,
+  rotate: bool = True,
+  class_sampling: str = 'character',
+  class_counts: Optional[jax.Array] = None,
 ) -> Task:
   """`tasks_from_keys`' tasks, each with `query` extra queries of `num_unknown` other classes.
 
@@ -241,35 +270,51 @@ def open_set_tasks_from_keys(
   available = num_classes_available(num_characters, rotate=rotate, class_sampling=class_sampling)
   check_episode_spec(available, num_examples, ways=ways, shots=shots, query=query)
   if ways + num_unknown > available:
-    raise ValueError(f'An open-set {ways}-way task with {num_unknown} unknown classes needs '
-                     f'{ways + num_unknown} distinct classes, but the pool has only {available}.')
+    raise ValueError(
+      f'An open-set {ways}-way task with {num_unknown} unknown classes needs '
+      f'{ways + num_unknown} distinct classes, but the pool has only {available}.'
+    )
   example_keys, classes, turns = jax.vmap(
-      lambda key: _draw_classes(key, num_characters, ways, num_unknown, rotate,
-                                class_sampling))(task_keys)
+    lambda key: _draw_classes(key, num_characters, ways, num_unknown, rotate, class_sampling)
+  )(task_keys)
   known_turns = None if turns is None else turns[:, :ways]
-  tasks = tasks_for_classes(example_keys, class_images, classes[:, :ways], shots=shots,
-                            query=query, class_counts=class_counts, turns=known_turns)
+  tasks = tasks_for_classes(
+    example_keys,
+    class_images,
+    classes[:, :ways],
+    shots=shots,
+    query=query,
+    class_counts=class_counts,
+    turns=known_turns,
+  )
   unknown_keys = jax.vmap(jax.random.fold_in, (0, None))(example_keys, 1)
   unknown_turns = None if turns is None else turns[:, ways:]
   # Drawn as a task of the unknown classes; only its query examples are kept.
-  unknown = tasks_for_classes(unknown_keys, class_images, classes[:, ways:], shots=shots,
-                              query=query, class_counts=class_counts, turns=unknown_turns)
+  unknown = tasks_for_classes(
+    unknown_keys,
+    class_images,
+    classes[:, ways:],
+    shots=shots,
+    query=query,
+    class_counts=class_counts,
+    turns=unknown_turns,
+  )
   return tasks._replace(
-      query_x=jnp.concatenate([tasks.query_x, unknown.query_x], axis=1),
-      query_y=jnp.concatenate([tasks.query_y, jnp.full_like(unknown.query_y, UNKNOWN_LABEL)],
-                              axis=1))
+    query_x=jnp.concatenate([tasks.query_x, unknown.query_x], axis=1),
+    query_y=jnp.concatenate([tasks.query_y, jnp.full_like(unknown.query_y, UNKNOWN_LABEL)], axis=1),
+  )
 
 
 @functools.partial(jax.jit, static_argnames=('shots', 'query'))
 def tasks_for_classes(
-    keys: jax.Array,
-    class_images: jax.Array,
-    classes: jax.Array,
-    *,
-    shots: int,
-    query: int,
-    class_counts: Optional[jax.Array] = None,
-    turns: Optional[jax.Array] = None,
+  keys: jax.Array,
+  class_images: jax.Array,
+  classes: jax.Array,
+  *,
+  shots: int,
+  query: int,
+  class_counts: Optional[jax.Array] = None,
+  turns: Optional[jax.Array] = None,
 ) -> Task:
   """Tasks of the given classes, examples drawn at random (jitted).
 
@@ -297,7 +342,8 @@ def tasks_for_classes(
   def one_task(key, task_classes, task_turns):
     ways = task_classes.shape[0]
     examples = jax.vmap(lambda k, count: _random_subset(k, num_slots, shots + query, count))(
-        jax.random.split(key, ways), class_counts[task_classes])
+      jax.random.split(key, ways), class_counts[task_classes]
+    )
     images = class_images[task_classes[:, None], examples]  # [ways, s+q, ...]
     if task_turns is not None:
       images = _rotate(images, task_turns)
@@ -305,10 +351,11 @@ def tasks_for_classes(
     example_shape = images.shape[2:]
     labels = jnp.arange(ways, dtype=jnp.int32)
     return Task(
-        support_x=images[:, :shots].reshape(ways * shots, *example_shape),
-        support_y=jnp.repeat(labels, shots),
-        query_x=images[:, shots:].reshape(ways * query, *example_shape),
-        query_y=jnp.repeat(labels, query))
+      support_x=images[:, :shots].reshape(ways * shots, *example_shape),
+      support_y=jnp.repeat(labels, shots),
+      query_x=images[:, shots:].reshape(ways * query, *example_shape),
+      query_y=jnp.repeat(labels, query),
+    )
 
   return jax.vmap(one_task)(keys, classes, turns)
 
@@ -316,18 +363,19 @@ def tasks_for_classes(
 def check_class_counts(class_counts, *, ways: int, shots: int, query: int) -> None:
   """Raises ValueError unless every class can give `shots + query` examples (on the host)."""
   class_counts = np.asarray(class_counts)
-  check_episode_spec(len(class_counts), int(class_counts.max(initial=0)),
-                     ways=ways, shots=shots, query=query)
+  check_episode_spec(
+    len(class_counts), int(class_counts.max(initial=0)), ways=ways, shots=shots, query=query
+  )
   smallest = int(class_counts.min())
   if smallest < shots + query:
     raise ValueError(
-        f'shots + query = {shots} + {query} = {shots + query} distinct '
-        f'examples per class are needed, but the smallest class has only '
-        f'{smallest}.')
+      f'shots + query = {shots} + {query} = {shots + query} distinct '
+      f'examples per class are needed, but the smallest class has only '
+      f'{smallest}.'
+    )
 
 
-def _random_subset(key: jax.Array, n: int, k: int,
-                   count: Optional[jax.Array] = None) -> jax.Array:
+def _random_subset(key: jax.Array, n: int, k: int, count: Optional[jax.Array] = None) -> jax.Array:
   """`k` distinct ints from `range(count)` (default `n`), uniformly, in random order.
 
   The top-k of iid uniform noise (`lax.top_k` is much faster on CPU than the
@@ -341,6 +389,5 @@ def _random_subset(key: jax.Array, n: int, k: int,
 
 def _rotate(images: jax.Array, turns: jax.Array) -> jax.Array:
   """Turns `images[i]` (`[ways, n, H, H, ch]`) by `turns[i]` quarter turns."""
-  all_turns = jnp.stack(
-      [jnp.rot90(images, k, axes=(2, 3)) for k in range(NUM_ROTATIONS)])
+  all_turns = jnp.stack([jnp.rot90(images, k, axes=(2, 3)) for k in range(NUM_ROTATIONS)])
   return all_turns[turns, jnp.arange(images.shape[0])]

@@ -56,17 +56,18 @@ CACHE_FILENAME = 'mini_imagenet84.npz'
 
 _CACHE_FORMAT = 1
 _HELP = (
-    'Expected a mini-ImageNet folder in Ravi & Larochelle\'s layout: '
-    '<root>/images/<filename>.jpg (all 60,000 images, one flat folder) and '
-    '<root>/split/train.csv, val.csv, test.csv (header "filename,label", rows '
-    '"n0153282900000005.jpg,n01532829"; the CSVs of '
-    'github.com/twitter/meta-learning-lstm, data/miniImagenet/), or the '
-    'pickle caches <root>/mini-imagenet-cache-{train,val,test}.pkl (dicts '
-    'with "image_data" uint8 [N, 84, 84, 3] and "class_dict" {wnid: '
-    '[indices]}). Pass the folder as `data_dir` / --data-dir or set '
-    'MINI_IMAGENET_DIR. mini-ImageNet cannot be downloaded automatically: '
-    'its images come from ImageNet (image-net.org, non-commercial research '
-    'use only).')
+  'Expected a mini-ImageNet folder in Ravi & Larochelle\'s layout: '
+  '<root>/images/<filename>.jpg (all 60,000 images, one flat folder) and '
+  '<root>/split/train.csv, val.csv, test.csv (header "filename,label", rows '
+  '"n0153282900000005.jpg,n01532829"; the CSVs of '
+  'github.com/twitter/meta-learning-lstm, data/miniImagenet/), or the '
+  'pickle caches <root>/mini-imagenet-cache-{train,val,test}.pkl (dicts '
+  'with "image_data" uint8 [N, 84, 84, 3] and "class_dict" {wnid: '
+  '[indices]}). Pass the folder as `data_dir` / --data-dir or set '
+  'MINI_IMAGENET_DIR. mini-ImageNet cannot be downloaded automatically: '
+  'its images come from ImageNet (image-net.org, non-commercial research '
+  'use only).'
+)
 
 
 class MiniImagenetSplit(NamedTuple):
@@ -76,16 +77,17 @@ class MiniImagenetSplit(NamedTuple):
     images: uint8 `[classes, images_per_class, 84, 84, 3]`.
     wnids: str `[classes]`, the classes' WordNet ids, sorted.
   """
+
   images: np.ndarray
   wnids: np.ndarray
 
 
 def load_mini_imagenet(
-    data_dir: Optional[PathLike] = None,
-    *,
-    cache_dir: Optional[PathLike] = None,
-    source: str = 'auto',
-    existing_only: bool = False,
+  data_dir: Optional[PathLike] = None,
+  *,
+  cache_dir: Optional[PathLike] = None,
+  source: str = 'auto',
+  existing_only: bool = False,
 ) -> dict[str, MiniImagenetSplit]:
   """Loads mini-ImageNet at 84x84, building and caching it on first use.
 
@@ -129,18 +131,22 @@ def load_mini_imagenet(
   folder = Path(data_dir) if data_dir is not None else None
   cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
   if existing_only and folder is None:
-    raise ValueError('existing_only needs the data folder (its cache is '
-                     'named after it).')
+    raise ValueError('existing_only needs the data folder (its cache is named after it).')
   cache_path = cache_dir / _cache_name(folder, existing_only)
-  cached = read_cache_or_none(cache_path, lambda path: _read_cache(path, existing_only),
-                              source, 'mini-ImageNet', 'load_mini_imagenet', _HELP)
+  cached = read_cache_or_none(
+    cache_path,
+    lambda path: _read_cache(path, existing_only),
+    source,
+    'mini-ImageNet',
+    'load_mini_imagenet',
+    _HELP,
+  )
   if cached is not None:
     return cached
   if folder is None:
     raise FileNotFoundError(f'No mini-ImageNet folder given. {_HELP}')
   if not folder.is_dir():
-    raise FileNotFoundError(
-        f'mini-ImageNet folder {folder} does not exist. {_HELP}')
+    raise FileNotFoundError(f'mini-ImageNet folder {folder} does not exist. {_HELP}')
   if source == 'auto':
     source = _auto_source(folder)
 
@@ -150,13 +156,16 @@ def load_mini_imagenet(
     splits = _load_tfds(folder, tfds_dir, existing_only)
   else:
     read = _read_folder_split if source == 'folder' else _read_pickle_split
-    splits = {split: _assemble(read(folder, split, existing_only), split,
-                               existing_only) for split in SPLITS}
+    splits = {
+      split: _assemble(read(folder, split, existing_only), split, existing_only) for split in SPLITS
+    }
   _validate(splits, existing_only)
   _write_cache(cache_path, splits, source)
-  print(f'mini-ImageNet: built from {source} in '
-        f'{time.perf_counter() - start:.0f}s, cached in {cache_path}',
-        file=sys.stderr)
+  print(
+    f'mini-ImageNet: built from {source} in '
+    f'{time.perf_counter() - start:.0f}s, cached in {cache_path}',
+    file=sys.stderr,
+  )
   return splits
 
 
@@ -175,8 +184,7 @@ def read_split_csv(path: PathLike) -> list[tuple[str, str]]:
   with open(path, newline='') as f:
     rows = list(csv.reader(f))
   if not rows or [c.strip() for c in rows[0]] != ['filename', 'label']:
-    raise ValueError(f'{path} does not start with the header "filename,label"'
-                     f'. {_HELP}')
+    raise ValueError(f'{path} does not start with the header "filename,label". {_HELP}')
   return [(r[0].strip(), r[1].strip()) for r in rows[1:] if r]
 
 
@@ -189,17 +197,16 @@ def _auto_source(folder: Path) -> str:
   if all((folder / PICKLE_NAME.format(split=s)).is_file() for s in SPLITS):
     return 'pickle'
   raise FileNotFoundError(
-      f'{folder} holds neither split/{{train,val,test}}.csv nor '
-      f'{PICKLE_NAME.format(split="{train,val,test}")}. {_HELP}')
+    f'{folder} holds neither split/{{train,val,test}}.csv nor '
+    f'{PICKLE_NAME.format(split="{train,val,test}")}. {_HELP}'
+  )
 
 
-def _image_rows(folder: Path, split: str, existing_only: bool
-                ) -> list[tuple[Path, str, int]]:
+def _image_rows(folder: Path, split: str, existing_only: bool) -> list[tuple[Path, str, int]]:
   """[(image path, wnid, CSV row)] of a split, missing files checked."""
   csvs = find_csvs(folder)
   if csvs is None:
-    raise FileNotFoundError(
-        f'No split/{{train,val,test}}.csv in {folder}. {_HELP}')
+    raise FileNotFoundError(f'No split/{{train,val,test}}.csv in {folder}. {_HELP}')
   image_dir = folder / 'images'
   if not image_dir.is_dir():
     raise FileNotFoundError(f'No images/ folder in {folder}. {_HELP}')
@@ -214,10 +221,11 @@ def _image_rows(folder: Path, split: str, existing_only: bool
       missing.append(filename)
   if missing and not existing_only:
     raise MissingDataError(
-        f'{len(missing)} of the {len(missing) + len(rows)} images listed in '
-        f'{csvs[split]} are not in {image_dir} (first: {missing[:3]}). For a '
-        f'partial copy pass existing_only=True (--existing-only) to use the '
-        f'images present. {_HELP}')
+      f'{len(missing)} of the {len(missing) + len(rows)} images listed in '
+      f'{csvs[split]} are not in {image_dir} (first: {missing[:3]}). For a '
+      f'partial copy pass existing_only=True (--existing-only) to use the '
+      f'images present. {_HELP}'
+    )
   return rows
 
 
@@ -227,12 +235,14 @@ def _decode(path: Path) -> np.ndarray:
     with pil_image().open(path) as image:
       return resize_to_84(image)
   except (OSError, SyntaxError, ValueError) as error:  # PIL's UnidentifiedImageError is an OSError
-    raise DataError(f'{path} is not a readable image ({type(error).__name__}: {error}); '
-                    'replace or remove it') from error
+    raise DataError(
+      f'{path} is not a readable image ({type(error).__name__}: {error}); replace or remove it'
+    ) from error
 
 
-def _read_folder_split(folder: Path, split: str, existing_only: bool
-                       ) -> dict[str, list[np.ndarray]]:
+def _read_folder_split(
+  folder: Path, split: str, existing_only: bool
+) -> dict[str, list[np.ndarray]]:
   rows = _image_rows(folder, split, existing_only)
   # PIL decodes outside the GIL, so threads help on a many-core machine.
   with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
@@ -252,53 +262,55 @@ def _read_pickle(path: Path) -> dict:
       return pickle.load(f, encoding='latin1')
 
 
-def _read_pickle_split(folder: Path, split: str, existing_only: bool
-                       ) -> dict[str, list[np.ndarray]]:
+def _read_pickle_split(
+  folder: Path, split: str, existing_only: bool
+) -> dict[str, list[np.ndarray]]:
   del existing_only  # A pickle holds what it holds.
   path = folder / PICKLE_NAME.format(split=split)
   if not path.is_file():
     raise FileNotFoundError(f'{path} not found. {_HELP}')
   content = _read_pickle(path)
-  if not isinstance(content, dict) or not {'image_data', 'class_dict'} <= set(
-      content):
-    raise ValueError(f'{path} is not a dict with "image_data" and '
-                     f'"class_dict". {_HELP}')
+  if not isinstance(content, dict) or not {'image_data', 'class_dict'} <= set(content):
+    raise ValueError(f'{path} is not a dict with "image_data" and "class_dict". {_HELP}')
   image_data = np.asarray(content['image_data'])
   if image_data.ndim != 4 or image_data.shape[-1] != 3:
-    raise ValueError(f'{path}: image_data has shape {image_data.shape}, '
-                     f'expected [N, H, W, 3]. {_HELP}')
+    raise ValueError(
+      f'{path}: image_data has shape {image_data.shape}, expected [N, H, W, 3]. {_HELP}'
+    )
   classes = {}
   for wnid, indices in content['class_dict'].items():
     wnid = wnid.decode() if isinstance(wnid, bytes) else str(wnid)
     images = image_data[np.asarray(indices, np.int64)]
     if images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, 3):
-      images = [resize_to_84(pil_image().fromarray(np.asarray(i, np.uint8)))
-                for i in images]
+      images = [resize_to_84(pil_image().fromarray(np.asarray(i, np.uint8))) for i in images]
     classes[wnid] = [np.asarray(i, np.uint8) for i in images]
   return classes
 
 
-def _assemble(classes: dict[str, list[np.ndarray]], split: str,
-              existing_only: bool) -> MiniImagenetSplit:
+def _assemble(
+  classes: dict[str, list[np.ndarray]], split: str, existing_only: bool
+) -> MiniImagenetSplit:
   """{wnid: images} -> arrays, classes sorted; equal counts enforced."""
   if not classes:
     raise ValueError(f'The {split} split has no images. {_HELP}')
   wnids = sorted(classes)
   counts = {len(classes[w]) for w in wnids}
   if len(counts) > 1 and not existing_only:
-    raise ValueError(f'Classes of the {split} split have different numbers '
-                     f'of images: {sorted(counts)}. {_HELP}')
+    raise ValueError(
+      f'Classes of the {split} split have different numbers of images: {sorted(counts)}. {_HELP}'
+    )
   keep = min(counts)
   if len(counts) > 1:
-    print(f'mini-ImageNet: {split} classes have {min(counts)} to '
-          f'{max(counts)} images; keeping the first {keep} of each',
-          file=sys.stderr)
+    print(
+      f'mini-ImageNet: {split} classes have {min(counts)} to '
+      f'{max(counts)} images; keeping the first {keep} of each',
+      file=sys.stderr,
+    )
   images = np.stack([np.stack(classes[w][:keep]) for w in wnids])
   return MiniImagenetSplit(images, np.array(wnids))
 
 
-def _validate(splits: dict[str, MiniImagenetSplit],
-              existing_only: bool) -> None:
+def _validate(splits: dict[str, MiniImagenetSplit], existing_only: bool) -> None:
   """Raises ValueError unless the splits look like mini-ImageNet."""
   problems, seen = [], set()
   for split in SPLITS:
@@ -306,20 +318,19 @@ def _validate(splits: dict[str, MiniImagenetSplit],
     shape = images.shape
     if images.dtype != np.uint8 or shape[2:] != (IMAGE_SIZE, IMAGE_SIZE, 3):
       problems.append(f'{split} images are {images.dtype}{shape}')
-    if not existing_only and (len(wnids), shape[1]) != (
-        NUM_CLASSES[split], IMAGES_PER_CLASS):
-      problems.append(f'{split} has {len(wnids)} classes of {shape[1]} '
-                      f'images, expected {NUM_CLASSES[split]} of '
-                      f'{IMAGES_PER_CLASS} (existing_only=True accepts '
-                      'fewer)')
+    if not existing_only and (len(wnids), shape[1]) != (NUM_CLASSES[split], IMAGES_PER_CLASS):
+      problems.append(
+        f'{split} has {len(wnids)} classes of {shape[1]} '
+        f'images, expected {NUM_CLASSES[split]} of '
+        f'{IMAGES_PER_CLASS} (existing_only=True accepts '
+        'fewer)'
+      )
     shared = seen & set(wnids.tolist())
     if shared:
-      problems.append(f'{split} shares classes with an earlier split: '
-                      f'{sorted(shared)[:3]}')
+      problems.append(f'{split} shares classes with an earlier split: {sorted(shared)[:3]}')
     seen |= set(wnids.tolist())
   if problems:
-    raise ValueError(f'Not the mini-ImageNet split: {"; ".join(problems)}. '
-                     f'{_HELP}')
+    raise ValueError(f'Not the mini-ImageNet split: {"; ".join(problems)}. {_HELP}')
 
 
 # Cache.
@@ -332,30 +343,25 @@ def _cache_name(folder: Optional[Path], existing_only: bool) -> str:
   return f'mini_imagenet84_existing_{digest}.npz'
 
 
-def _read_cache(path: Path, existing_only: bool
-                ) -> dict[str, MiniImagenetSplit]:
+def _read_cache(path: Path, existing_only: bool) -> dict[str, MiniImagenetSplit]:
   try:
     with np.load(path, allow_pickle=False) as f:
       if int(f['format']) != _CACHE_FORMAT:
-        raise ValueError(f'{path} has format {int(f["format"])}, expected '
-                         f'{_CACHE_FORMAT}')
-      splits = {s: MiniImagenetSplit(f[f'{s}_images'], f[f'{s}_wnids'])
-                for s in SPLITS}
+        raise ValueError(f'{path} has format {int(f["format"])}, expected {_CACHE_FORMAT}')
+      splits = {s: MiniImagenetSplit(f[f'{s}_images'], f[f'{s}_wnids']) for s in SPLITS}
   except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, OSError) as error:
     raise ValueError(f'{path} is damaged ({type(error).__name__}: {error})') from error
   _validate(splits, existing_only)
   return splits
 
 
-def _write_cache(path: Path, splits: dict[str, MiniImagenetSplit],
-                 source: str) -> None:
+def _write_cache(path: Path, splits: dict[str, MiniImagenetSplit], source: str) -> None:
   """Writes atomically (temporary file, then rename)."""
   path.parent.mkdir(parents=True, exist_ok=True)
   arrays = {}
   for split, (images, wnids) in splits.items():
     arrays[f'{split}_images'], arrays[f'{split}_wnids'] = images, wnids
-  with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp',
-                                   delete=False) as f:
+  with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp', delete=False) as f:
     np.savez(f, format=_CACHE_FORMAT, source=source, **arrays)
   os.chmod(f.name, 0o644)
   os.replace(f.name, path)
@@ -389,32 +395,32 @@ def mini_imagenet_builder_class():
     RELEASE_NOTES = {'1.0.0': 'Ravi & Larochelle split, 84x84 LANCZOS.'}
     MANUAL_DOWNLOAD_INSTRUCTIONS = _HELP
     BUILDER_CONFIGS = [
-        tfds.core.BuilderConfig(
-            name='full', description='All 60,000 images; all must exist.'),
-        tfds.core.BuilderConfig(
-            name='existing_files',
-            description='Only the CSV rows whose image file exists.'),
+      tfds.core.BuilderConfig(name='full', description='All 60,000 images; all must exist.'),
+      tfds.core.BuilderConfig(
+        name='existing_files', description='Only the CSV rows whose image file exists.'
+      ),
     ]
 
     def _info(self):
       return self.dataset_info_from_configs(
-          features=tfds.features.FeaturesDict({
-              'image': tfds.features.Image(
-                  shape=(IMAGE_SIZE, IMAGE_SIZE, 3), encoding_format='png'),
-              'wnid': tfds.features.Text(),
-              'index': tfds.features.Scalar(np.int64),
-          }),
-          homepage='https://github.com/twitter/meta-learning-lstm',
-          citation='Ravi & Larochelle, Optimization as a Model for Few-Shot '
-                   'Learning, ICLR 2017.')
+        features=tfds.features.FeaturesDict(
+          {
+            'image': tfds.features.Image(shape=(IMAGE_SIZE, IMAGE_SIZE, 3), encoding_format='png'),
+            'wnid': tfds.features.Text(),
+            'index': tfds.features.Scalar(np.int64),
+          }
+        ),
+        homepage='https://github.com/twitter/meta-learning-lstm',
+        citation='Ravi & Larochelle, Optimization as a Model for Few-Shot Learning, ICLR 2017.',
+      )
 
     def _split_generators(self, dl_manager):
       folder = Path(dl_manager.manual_dir)
       source = _auto_source(folder)
       existing_only = self.builder_config.name == 'existing_files'
-      return {split: self._generate_examples(folder, split, source,
-                                             existing_only)
-              for split in SPLITS}
+      return {
+        split: self._generate_examples(folder, split, source, existing_only) for split in SPLITS
+      }
 
     def _generate_examples(self, folder, split, source, existing_only):
       if source == 'folder':
@@ -426,30 +432,30 @@ def mini_imagenet_builder_class():
           wnid = wnid.decode() if isinstance(wnid, bytes) else str(wnid)
           for index in indices:
             image = pil_image().fromarray(np.asarray(content['image_data'][index]))
-            yield int(index), {'image': resize_to_84(image), 'wnid': wnid,
-                               'index': int(index)}
+            yield int(index), {'image': resize_to_84(image), 'wnid': wnid, 'index': int(index)}
 
   return MiniImagenet
 
 
-def _load_tfds(folder: Path, tfds_dir: Path, existing_only: bool
-               ) -> dict[str, MiniImagenetSplit]:
+def _load_tfds(folder: Path, tfds_dir: Path, existing_only: bool) -> dict[str, MiniImagenetSplit]:
   """Prepares the TFDS builder from `folder` (offline) and reads it back."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   _auto_source(folder)  # A clear error before TFDS's own.
   builder = mini_imagenet_builder_class()(
-      config='existing_files' if existing_only else 'full',
-      data_dir=os.fspath(tfds_dir))
-  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-      manual_dir=os.fspath(folder), try_download_gcs=False))
+    config='existing_files' if existing_only else 'full', data_dir=os.fspath(tfds_dir)
+  )
+  builder.download_and_prepare(
+    download_config=tfds.download.DownloadConfig(
+      manual_dir=os.fspath(folder), try_download_gcs=False
+    )
+  )
   splits = {}
   for split in SPLITS:
     rows = []  # (wnid, index, image)
     dataset = builder.as_dataset(split=split, shuffle_files=False)
     for batch in tfds.as_numpy(dataset.batch(1000)):
-      rows += zip([w.decode() for w in batch['wnid']], batch['index'].tolist(),
-                  batch['image'])
+      rows += zip([w.decode() for w in batch['wnid']], batch['index'].tolist(), batch['image'])
     classes = {}
     for wnid, _, image in sorted(rows, key=lambda r: (r[0], r[1])):
       classes.setdefault(wnid, []).append(image)

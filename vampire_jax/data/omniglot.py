@@ -34,20 +34,59 @@ from vampire_jax.errors import ConfigError, DataError, MissingDataError
 PathLike = Union[str, os.PathLike]
 
 BACKGROUND_ALPHABETS = (
-    'Alphabet_of_the_Magi', 'Anglo-Saxon_Futhorc', 'Arcadian', 'Armenian',
-    'Asomtavruli_(Georgian)', 'Balinese', 'Bengali',
-    'Blackfoot_(Canadian_Aboriginal_Syllabics)', 'Braille',
-    'Burmese_(Myanmar)', 'Cyrillic', 'Early_Aramaic', 'Futurama', 'Grantha',
-    'Greek', 'Gujarati', 'Hebrew', 'Inuktitut_(Canadian_Aboriginal_Syllabics)',
-    'Japanese_(hiragana)', 'Japanese_(katakana)', 'Korean', 'Latin',
-    'Malay_(Jawi_-_Arabic)', 'Mkhedruli_(Georgian)', 'N_Ko',
-    'Ojibwe_(Canadian_Aboriginal_Syllabics)', 'Sanskrit', 'Syriac_(Estrangelo)',
-    'Tagalog', 'Tifinagh')
+  'Alphabet_of_the_Magi',
+  'Anglo-Saxon_Futhorc',
+  'Arcadian',
+  'Armenian',
+  'Asomtavruli_(Georgian)',
+  'Balinese',
+  'Bengali',
+  'Blackfoot_(Canadian_Aboriginal_Syllabics)',
+  'Braille',
+  'Burmese_(Myanmar)',
+  'Cyrillic',
+  'Early_Aramaic',
+  'Futurama',
+  'Grantha',
+  'Greek',
+  'Gujarati',
+  'Hebrew',
+  'Inuktitut_(Canadian_Aboriginal_Syllabics)',
+  'Japanese_(hiragana)',
+  'Japanese_(katakana)',
+  'Korean',
+  'Latin',
+  'Malay_(Jawi_-_Arabic)',
+  'Mkhedruli_(Georgian)',
+  'N_Ko',
+  'Ojibwe_(Canadian_Aboriginal_Syllabics)',
+  'Sanskrit',
+  'Syriac_(Estrangelo)',
+  'Tagalog',
+  'Tifinagh',
+)
 EVALUATION_ALPHABETS = (
-    'Angelic', 'Atemayar_Qelisayer', 'Atlantean', 'Aurek-Besh', 'Avesta',
-    'Ge_ez', 'Glagolitic', 'Gurmukhi', 'Kannada', 'Keble', 'Malayalam',
-    'Manipuri', 'Mongolian', 'Old_Church_Slavonic_(Cyrillic)', 'Oriya',
-    'Sylheti', 'Syriac_(Serto)', 'Tengwar', 'Tibetan', 'ULOG')
+  'Angelic',
+  'Atemayar_Qelisayer',
+  'Atlantean',
+  'Aurek-Besh',
+  'Avesta',
+  'Ge_ez',
+  'Glagolitic',
+  'Gurmukhi',
+  'Kannada',
+  'Keble',
+  'Malayalam',
+  'Manipuri',
+  'Mongolian',
+  'Old_Church_Slavonic_(Cyrillic)',
+  'Oriya',
+  'Sylheti',
+  'Syriac_(Serto)',
+  'Tengwar',
+  'Tibetan',
+  'ULOG',
+)
 # Global alphabet id = position here (background 0-29, evaluation 30-49).
 ALPHABETS = BACKGROUND_ALPHABETS + EVALUATION_ALPHABETS
 
@@ -67,11 +106,12 @@ _SETS = (('images_background', True), ('images_evaluation', False))
 _SMALL_ZIPS = ('images_background_small1.zip', 'images_background_small2.zip')
 _URL = 'https://github.com/brendenlake/omniglot/raw/master/python/'
 _HELP = (
-    'Expected a folder holding images_background.zip and '
-    'images_evaluation.zip (the TFDS source also needs '
-    f'{_SMALL_ZIPS[0]} and {_SMALL_ZIPS[1]}). Download them from '
-    f'{_URL}images_background.zip and {_URL}images_evaluation.zip, then pass '
-    'the folder as `data_dir` or set the OMNIGLOT_DIR environment variable.')
+  'Expected a folder holding images_background.zip and '
+  'images_evaluation.zip (the TFDS source also needs '
+  f'{_SMALL_ZIPS[0]} and {_SMALL_ZIPS[1]}). Download them from '
+  f'{_URL}images_background.zip and {_URL}images_evaluation.zip, then pass '
+  'the folder as `data_dir` or set the OMNIGLOT_DIR environment variable.'
+)
 
 
 class OmniglotArrays(NamedTuple):
@@ -86,6 +126,7 @@ class OmniglotArrays(NamedTuple):
       `folder` (the data folder, None for a TFDS download), `fingerprint`
       (of the zips), `cache` (the cache file) and `loaded` ('cache' or 'built').
   """
+
   images: np.ndarray
   alphabet: np.ndarray
   is_background: np.ndarray
@@ -98,8 +139,9 @@ def default_cache_dir() -> Path:
   return Path(env) if env else Path.home() / '.cache' / 'vampire_jax'
 
 
-def read_cache_or_none(cache_path: Path, read, source: str, dataset: str, loader: str,
-                       help_text: str):
+def read_cache_or_none(
+  cache_path: Path, read, source: str, dataset: str, loader: str, help_text: str
+):
   """`read(cache_path)` if the source allows the cache and it is valid, else None.
 
   With source 'cache', a missing or invalid cache is an error; with 'auto', an
@@ -114,8 +156,9 @@ def read_cache_or_none(cache_path: Path, read, source: str, dataset: str, loader
       print(f'{dataset}: rebuilding the cache ({e})', file=sys.stderr)
   if source == 'cache':
     raise FileNotFoundError(
-        f'No {dataset} cache at {cache_path}; call {loader} with another '
-        f'source once to build it. {help_text}')
+      f'No {dataset} cache at {cache_path}; call {loader} with another '
+      f'source once to build it. {help_text}'
+    )
   return None
 
 
@@ -124,11 +167,11 @@ def _print_stderr(message: str) -> None:
 
 
 def load_omniglot(
-    data_dir: Optional[PathLike] = None,
-    *,
-    cache_dir: Optional[PathLike] = None,
-    source: str = 'auto',
-    print_fn: Callable[[str], None] = _print_stderr,
+  data_dir: Optional[PathLike] = None,
+  *,
+  cache_dir: Optional[PathLike] = None,
+  source: str = 'auto',
+  print_fn: Callable[[str], None] = _print_stderr,
 ) -> OmniglotArrays:
   """Loads Omniglot at 28x28, building and caching it on first use.
 
@@ -186,13 +229,18 @@ def load_omniglot(
     return cached
   if source == 'auto':
     source = 'zip' if folder is not None else 'tfds'
-  print_fn(f'Omniglot: building 28x28 arrays from {_describe(source, folder)} (once; then '
-           f'cached)...')
+  print_fn(
+    f'Omniglot: building 28x28 arrays from {_describe(source, folder)} (once; then cached)...'
+  )
   start = time.perf_counter()
   arrays = _load_zips(folder) if source == 'zip' else _load_tfds(folder, cache_dir)
   _validate(arrays)
-  provenance = {'source': source, 'folder': None if folder is None else str(folder.resolve()),
-                'fingerprint': fingerprint, 'cache': str(cache_path.resolve())}
+  provenance = {
+    'source': source,
+    'folder': None if folder is None else str(folder.resolve()),
+    'fingerprint': fingerprint,
+    'cache': str(cache_path.resolve()),
+  }
   _write_cache(cache_path, arrays, provenance)
   print_fn(f'Omniglot: built in {time.perf_counter() - start:.0f} s; cached in {cache_path}')
   return arrays._replace(provenance=dict(provenance, loaded='built'))
@@ -204,15 +252,18 @@ def _describe(source: str, folder: Optional[Path]) -> str:
   return f'TFDS (offline, from the zips in {folder})' if folder else 'TFDS (downloading)'
 
 
-def _cached_if_current(cache_path: Path, source: str, folder: Optional[Path],
-                       fingerprint: Optional[list], print_fn) -> Optional[OmniglotArrays]:
+def _cached_if_current(
+  cache_path: Path, source: str, folder: Optional[Path], fingerprint: Optional[list], print_fn
+) -> Optional[OmniglotArrays]:
   """The cache, if the source allows it and it was built from `folder`'s data."""
   if source not in ('auto', 'cache'):
     return None
   if not cache_path.exists():
     if source == 'cache':
-      raise MissingDataError(f'No Omniglot cache at {cache_path}; load it once from the zips '
-                             f'(source "zip" or "auto") to build it. {_HELP}')
+      raise MissingDataError(
+        f'No Omniglot cache at {cache_path}; load it once from the zips '
+        f'(source "zip" or "auto") to build it. {_HELP}'
+      )
     return None
   try:
     arrays = _read_cache(cache_path)
@@ -223,11 +274,15 @@ def _cached_if_current(cache_path: Path, source: str, folder: Optional[Path],
     return None
   built_from = arrays.provenance.get('fingerprint')
   if source == 'auto' and folder is not None and built_from != fingerprint:
-    print_fn(f'Omniglot: the cache {cache_path} was not built from the zips in {folder} '
-             f'(it came from {arrays.provenance.get("folder") or "a download"}); rebuilding it')
+    print_fn(
+      f'Omniglot: the cache {cache_path} was not built from the zips in {folder} '
+      f'(it came from {arrays.provenance.get("folder") or "a download"}); rebuilding it'
+    )
     return None
-  print_fn(f'Omniglot: cached arrays {cache_path} (built from '
-           f'{_describe(arrays.provenance.get("source", "?"), _as_path(arrays.provenance))})')
+  print_fn(
+    f'Omniglot: cached arrays {cache_path} (built from '
+    f'{_describe(arrays.provenance.get("source", "?"), _as_path(arrays.provenance))})'
+  )
   return arrays._replace(provenance=dict(arrays.provenance, loaded='cache'))
 
 
@@ -236,12 +291,12 @@ def _as_path(provenance: dict) -> Optional[Path]:
 
 
 def split_indices(
-    arrays: OmniglotArrays,
-    split: str,
-    *,
-    seed: int = 0,
-    num_val_characters: int = 100,
-    num_val_alphabets: int = 5,
+  arrays: OmniglotArrays,
+  split: str,
+  *,
+  seed: int = 0,
+  num_val_characters: int = 100,
+  num_val_alphabets: int = 5,
 ) -> dict[str, np.ndarray]:
   """Which characters (rows of `arrays`) form train, val and test.
 
@@ -282,41 +337,44 @@ def split_indices(
   if split == 'original':
     if not 0 <= num_val_alphabets < len(BACKGROUND_ALPHABETS):
       raise ValueError(
-          f'num_val_alphabets must be in [0, {len(BACKGROUND_ALPHABETS)}), '
-          f'got {num_val_alphabets}.')
+        f'num_val_alphabets must be in [0, {len(BACKGROUND_ALPHABETS)}), got {num_val_alphabets}.'
+      )
     background = np.asarray(arrays.is_background, bool)
     background_alphabets = np.unique(arrays.alphabet[background])
-    val_alphabets = background_alphabets[
-        len(background_alphabets) - num_val_alphabets:]
+    val_alphabets = background_alphabets[len(background_alphabets) - num_val_alphabets :]
     is_val = background & np.isin(arrays.alphabet, val_alphabets)
     train = np.flatnonzero(background & ~is_val)
-    return {'train': train,
-            'val': np.flatnonzero(is_val) if num_val_alphabets else train,
-            'test': np.flatnonzero(~background)}
+    return {
+      'train': train,
+      'val': np.flatnonzero(is_val) if num_val_alphabets else train,
+      'test': np.flatnonzero(~background),
+    }
   if split == 'random':
     num_train = NUM_RANDOM_TRAIN_CHARACTERS
     if not 0 <= num_val_characters < num_train:
-      raise ValueError(f'num_val_characters must be in [0, {num_train}), got '
-                       f'{num_val_characters}.')
+      raise ValueError(f'num_val_characters must be in [0, {num_train}), got {num_val_characters}.')
     if num_characters <= num_train:
-      raise ValueError(f'The random split needs more than {num_train} '
-                       f'characters, got {num_characters}.')
+      raise ValueError(
+        f'The random split needs more than {num_train} characters, got {num_characters}.'
+      )
     order = np.random.default_rng(seed).permutation(num_characters)
     num_fit = num_train - num_val_characters
     train = np.sort(order[:num_fit])
-    return {'train': train,
-            'val': np.sort(order[num_fit:num_train]) if num_val_characters else train,
-            'test': np.sort(order[num_train:])}
+    return {
+      'train': train,
+      'val': np.sort(order[num_fit:num_train]) if num_val_characters else train,
+      'test': np.sort(order[num_train:]),
+    }
   raise ValueError(f'split must be one of {SPLITS}, got {split!r}.')
 
 
 def make_split(
-    arrays: OmniglotArrays,
-    split: str,
-    *,
-    seed: int = 0,
-    num_val_characters: int = 100,
-    num_val_alphabets: int = 5,
+  arrays: OmniglotArrays,
+  split: str,
+  *,
+  seed: int = 0,
+  num_val_characters: int = 100,
+  num_val_alphabets: int = 5,
 ) -> dict[str, np.ndarray]:
   """Images of the train, val and test characters (see `split_indices`).
 
@@ -332,20 +390,24 @@ def make_split(
     sizes: 'original' 813 / 151 / 659, 'random' 1100 / 100 / 423; with no
     held-out validation 964 / 964 / 659 and 1200 / 1200 / 423.
   """
-  indices = split_indices(arrays, split, seed=seed,
-                          num_val_characters=num_val_characters,
-                          num_val_alphabets=num_val_alphabets)
+  indices = split_indices(
+    arrays,
+    split,
+    seed=seed,
+    num_val_characters=num_val_characters,
+    num_val_alphabets=num_val_alphabets,
+  )
   return {part: arrays.images[idx] for part, idx in indices.items()}
 
 
 def save_split_indices(
-    path: PathLike,
-    arrays: OmniglotArrays,
-    split: str,
-    *,
-    seed: int = 0,
-    num_val_characters: int = 100,
-    num_val_alphabets: int = 5,
+  path: PathLike,
+  arrays: OmniglotArrays,
+  split: str,
+  *,
+  seed: int = 0,
+  num_val_characters: int = 100,
+  num_val_alphabets: int = 5,
 ) -> dict[str, np.ndarray]:
   """Writes a split's characters to a JSON file and returns the indices.
 
@@ -364,25 +426,29 @@ def save_split_indices(
   Returns:
     Same as `split_indices`.
   """
-  indices = split_indices(arrays, split, seed=seed,
-                          num_val_characters=num_val_characters,
-                          num_val_alphabets=num_val_alphabets)
+  indices = split_indices(
+    arrays,
+    split,
+    seed=seed,
+    num_val_characters=num_val_characters,
+    num_val_alphabets=num_val_alphabets,
+  )
   names = character_names(arrays)
   record = {
-      'dataset': 'omniglot',
-      'split': split,
-      'seed': seed,
-      'num_val_characters': num_val_characters,
-      'num_val_alphabets': num_val_alphabets,
-      'order': 'background then evaluation set; alphabets sorted by name; '
-               'characters by folder number',
+    'dataset': 'omniglot',
+    'split': split,
+    'seed': seed,
+    'num_val_characters': num_val_characters,
+    'num_val_alphabets': num_val_alphabets,
+    'order': 'background then evaluation set; alphabets sorted by name; '
+    'characters by folder number',
   }
   for part, idx in indices.items():
     record[part] = {
-        'num_characters': len(idx),
-        'alphabets': sorted({ALPHABETS[a] for a in arrays.alphabet[idx]}),
-        'indices': idx.tolist(),
-        'characters': [names[i] for i in idx],
+      'num_characters': len(idx),
+      'alphabets': sorted({ALPHABETS[a] for a in arrays.alphabet[idx]}),
+      'indices': idx.tolist(),
+      'characters': [names[i] for i in idx],
     }
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -412,13 +478,18 @@ def _check_folder(folder: Path, cache_dir: Path) -> None:
   if not folder.is_dir():
     raise MissingDataError(f'Omniglot folder {folder} does not exist. {_HELP}')
   if cache_dir.resolve().is_relative_to(folder.resolve()):
-    raise ConfigError(f'cache_dir {cache_dir} is inside the data folder '
-                      f'{folder}; the data folder is only read.')
-  missing = [f'{name}.zip' for name, _ in _SETS
-             if not (folder / f'{name}.zip').is_file() and not (folder / name).is_dir()]
+    raise ConfigError(
+      f'cache_dir {cache_dir} is inside the data folder {folder}; the data folder is only read.'
+    )
+  missing = [
+    f'{name}.zip'
+    for name, _ in _SETS
+    if not (folder / f'{name}.zip').is_file() and not (folder / name).is_dir()
+  ]
   if missing:
-    raise MissingDataError(f'{", ".join(missing)} not found in the Omniglot folder {folder}. '
-                           f'{_HELP}')
+    raise MissingDataError(
+      f'{", ".join(missing)} not found in the Omniglot folder {folder}. {_HELP}'
+    )
 
 
 def _fingerprint(folder: Path) -> list:
@@ -430,16 +501,14 @@ def _fingerprint(folder: Path) -> list:
   for name, _ in _SETS:
     path = folder / f'{name}.zip'
     if path.is_file():
-      parts.append([path.name, path.stat().st_size,
-                    hashlib.sha256(path.read_bytes()).hexdigest()])
+      parts.append([path.name, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()])
     else:
       pngs = list((folder / name).rglob('*.png'))
       parts.append([name, len(pngs), sum(p.stat().st_size for p in pngs)])
   return parts
 
 
-def _assemble(groups: dict[tuple[bool, str, int], list[np.ndarray]]
-              ) -> OmniglotArrays:
+def _assemble(groups: dict[tuple[bool, str, int], list[np.ndarray]]) -> OmniglotArrays:
   """{(is_background, alphabet, character number): drawings} -> arrays."""
   keys = sorted(groups, key=lambda k: (not k[0], k[1], k[2]))
   unknown = sorted({alphabet for _, alphabet, _ in keys} - set(ALPHABETS))
@@ -447,12 +516,15 @@ def _assemble(groups: dict[tuple[bool, str, int], list[np.ndarray]]
     raise DataError(f'Unknown Omniglot alphabets {unknown}. {_HELP}')
   for key in keys:
     if len(groups[key]) != NUM_DRAWINGS:
-      raise DataError(f'Character {key[1]}/{key[2]} has {len(groups[key])} '
-                       f'drawings, expected {NUM_DRAWINGS}. {_HELP}')
+      raise DataError(
+        f'Character {key[1]}/{key[2]} has {len(groups[key])} '
+        f'drawings, expected {NUM_DRAWINGS}. {_HELP}'
+      )
   return OmniglotArrays(
-      images=np.stack([np.stack(groups[k]) for k in keys]),
-      alphabet=np.array([ALPHABETS.index(k[1]) for k in keys], np.int32),
-      is_background=np.array([k[0] for k in keys], bool))
+    images=np.stack([np.stack(groups[k]) for k in keys]),
+    alphabet=np.array([ALPHABETS.index(k[1]) for k in keys], np.int32),
+    is_background=np.array([k[0] for k in keys], bool),
+  )
 
 
 def _load_zips(folder: Optional[Path]) -> OmniglotArrays:
@@ -467,13 +539,15 @@ def _load_zips(folder: Optional[Path]) -> OmniglotArrays:
     else:  # An extracted folder.
       files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in tree.rglob('*.png')}
     # '<set>/<alphabet>/<characterNN>/<id>_<drawer>.png', in drawer order.
-    names = sorted(n for n in files if n.endswith('.png')
-                   and n.count('/') == 3 and not n.startswith('__MACOSX'))
+    names = sorted(
+      n for n in files if n.endswith('.png') and n.count('/') == 3 and not n.startswith('__MACOSX')
+    )
     for name in names:  # (a thread pool was slower: these small images hold the GIL)
       _, alphabet, character, _ = name.split('/')
       image = omniglot_drawing_to_28(pil_image().open(io.BytesIO(files[name])))
-      groups.setdefault((is_background, alphabet, int(character[len('character'):])),
-                        []).append(image)
+      groups.setdefault((is_background, alphabet, int(character[len('character') :])), []).append(
+        image
+      )
   return _assemble(groups)
 
 
@@ -483,8 +557,10 @@ def _read_zip(path: Path) -> dict[str, bytes]:
     with zipfile.ZipFile(path) as archive:
       return {name: archive.read(name) for name in archive.namelist() if name.endswith('.png')}
   except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as error:
-    raise DataError(f'{path} is not a readable zip file ({error}); it may be truncated. '
-                    f'Download it again. {_HELP}') from None
+    raise DataError(
+      f'{path} is not a readable zip file ({error}); it may be truncated. '
+      f'Download it again. {_HELP}'
+    ) from None
 
 
 @contextlib.contextmanager
@@ -499,8 +575,9 @@ def _local_checksums(tfds, folder: Path):
   had_own = 'url_infos' in vars(builder_cls)
   previous = vars(builder_cls).get('url_infos')
   builder_cls.url_infos = {
-      url: tfds.core.download.checksums.compute_url_info(folder / info.filename)
-      for url, info in builder_cls.url_infos.items()}
+    url: tfds.core.download.checksums.compute_url_info(folder / info.filename)
+    for url, info in builder_cls.url_infos.items()
+  }
   try:
     yield
   finally:
@@ -518,11 +595,13 @@ def _load_tfds(folder: Optional[Path], cache_dir: Path) -> OmniglotArrays:
   """
   if importlib.util.find_spec('tensorflow') is None:
     raise MissingDataError(
-        'Building Omniglot with TFDS needs TensorFlow, which is not installed: '
-        'run `pip install -e ".[data]"` (or pip install tensorflow), or give a folder with the '
-        f'zips, which is read without TensorFlow. {_HELP}')
+      'Building Omniglot with TFDS needs TensorFlow, which is not installed: '
+      'run `pip install -e ".[data]"` (or pip install tensorflow), or give a folder with the '
+      f'zips, which is read without TensorFlow. {_HELP}'
+    )
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   tfds.disable_progress_bar()
   tfds_dir = cache_dir / 'tfds'
   if folder is not None:
@@ -536,8 +615,10 @@ def _load_tfds(folder: Optional[Path], cache_dir: Path) -> OmniglotArrays:
       _prepare_tfds(tfds, folder, building)
     except Exception as error:
       shutil.rmtree(building, ignore_errors=True)
-      raise DataError(f'TFDS could not build Omniglot ({type(error).__name__}: {error}); '
-                      f'nothing was kept. {_HELP}') from error
+      raise DataError(
+        f'TFDS could not build Omniglot ({type(error).__name__}: {error}); '
+        f'nothing was kept. {_HELP}'
+      ) from error
     os.replace(building, tfds_dir)
   builder = tfds.builder('omniglot', data_dir=os.fspath(tfds_dir))
   names = builder.info.features['alphabet'].names
@@ -547,7 +628,8 @@ def _load_tfds(folder: Optional[Path], cache_dir: Path) -> OmniglotArrays:
     dataset = dataset.map(lambda ex: {**ex, 'image': ex['image'][..., 0]})
     for batch in tfds.as_numpy(dataset.batch(1000)):
       for image, alphabet, character in zip(
-          batch['image'], batch['alphabet'], batch['alphabet_char_id']):
+        batch['image'], batch['alphabet'], batch['alphabet_char_id']
+      ):
         # alphabet_char_id is the character folder's number minus one.
         key = (is_background, names[alphabet], int(character) + 1)
         groups.setdefault(key, []).append(omniglot_drawing_to_28(pil_image().fromarray(image)))
@@ -560,7 +642,8 @@ def _prepare_tfds(tfds, folder: Optional[Path], tfds_dir: Path) -> None:
     if folder is not None:
       stack.enter_context(_local_checksums(tfds, folder))
       download_config = tfds.download.DownloadConfig(
-          manual_dir=os.fspath(folder), try_download_gcs=False)
+        manual_dir=os.fspath(folder), try_download_gcs=False
+      )
     builder = tfds.builder('omniglot', data_dir=os.fspath(tfds_dir))
     builder.download_and_prepare(download_config=download_config)
 
@@ -570,23 +653,20 @@ def _validate(arrays: OmniglotArrays) -> None:
   shape = (NUM_CHARACTERS, NUM_DRAWINGS, IMAGE_SIZE, IMAGE_SIZE)
   problems = []
   if arrays.images.shape != shape or arrays.images.dtype != np.uint8:
-    problems.append(f'images are {arrays.images.dtype}{arrays.images.shape}, '
-                    f'expected uint8{shape}')
+    problems.append(f'images are {arrays.images.dtype}{arrays.images.shape}, expected uint8{shape}')
   num_background = int(np.sum(arrays.is_background))
   if num_background != NUM_BACKGROUND_CHARACTERS:
-    problems.append(f'{num_background} background characters, expected '
-                    f'{NUM_BACKGROUND_CHARACTERS}')
+    problems.append(f'{num_background} background characters, expected {NUM_BACKGROUND_CHARACTERS}')
   elif not np.all(arrays.is_background[:num_background]):
     problems.append('background characters do not come first')
-  elif (set(arrays.alphabet[:num_background].tolist())
-        != set(range(len(BACKGROUND_ALPHABETS)))
-        or set(arrays.alphabet[num_background:].tolist())
-        != set(range(len(BACKGROUND_ALPHABETS), len(ALPHABETS)))):
-    problems.append('alphabets are not the 30 background and 20 evaluation '
-                    'ones')
+  elif set(arrays.alphabet[:num_background].tolist()) != set(
+    range(len(BACKGROUND_ALPHABETS))
+  ) or set(arrays.alphabet[num_background:].tolist()) != set(
+    range(len(BACKGROUND_ALPHABETS), len(ALPHABETS))
+  ):
+    problems.append('alphabets are not the 30 background and 20 evaluation ones')
   if problems:
-    raise DataError(f'Not the full Omniglot set: {"; ".join(problems)}. '
-                     f'{_HELP}')
+    raise DataError(f'Not the full Omniglot set: {"; ".join(problems)}. {_HELP}')
 
 
 def _read_cache(path: Path) -> OmniglotArrays:
@@ -594,10 +674,10 @@ def _read_cache(path: Path) -> OmniglotArrays:
   try:
     with np.load(path, allow_pickle=False) as f:
       if int(f['format']) != _CACHE_FORMAT:
-        raise ValueError(f'{path} has format {int(f["format"])}, expected '
-                         f'{_CACHE_FORMAT}')
-      arrays = OmniglotArrays(f['images'], f['alphabet'], f['is_background'],
-                              json.loads(str(f['provenance'])))
+        raise ValueError(f'{path} has format {int(f["format"])}, expected {_CACHE_FORMAT}')
+      arrays = OmniglotArrays(
+        f['images'], f['alphabet'], f['is_background'], json.loads(str(f['provenance']))
+      )
   except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, OSError) as error:
     raise ValueError(f'{path} is damaged ({type(error).__name__}: {error})') from error
   _validate(arrays)
@@ -607,9 +687,15 @@ def _read_cache(path: Path) -> OmniglotArrays:
 def _write_cache(path: Path, arrays: OmniglotArrays, provenance: dict) -> None:
   """Writes atomically (temporary file, then rename)."""
   path.parent.mkdir(parents=True, exist_ok=True)
-  with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp',
-                                   delete=False) as f:
-    np.savez(f, format=_CACHE_FORMAT, provenance=json.dumps(provenance), resample='lanczos',
-             images=arrays.images, alphabet=arrays.alphabet, is_background=arrays.is_background)
+  with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp', delete=False) as f:
+    np.savez(
+      f,
+      format=_CACHE_FORMAT,
+      provenance=json.dumps(provenance),
+      resample='lanczos',
+      images=arrays.images,
+      alphabet=arrays.alphabet,
+      is_background=arrays.is_background,
+    )
   os.chmod(f.name, 0o644)  # Not the temporary file's 0o600.
   os.replace(f.name, path)

@@ -32,8 +32,10 @@ def pil_image():
   try:
     from PIL import Image
   except ImportError as error:
-    raise ImportError("reading and resizing images needs Pillow: pip install pillow "
-                      "(or the library's extra: pip install 'vampire-jax[experiments]')") from error
+    raise ImportError(
+      "reading and resizing images needs Pillow: pip install pillow "
+      "(or the library's extra: pip install 'vampire-jax[experiments]')"
+    ) from error
   return Image
 
 
@@ -45,8 +47,7 @@ def omniglot_drawing_to_28(image: 'Image.Image') -> np.ndarray:
   """
   if image.size != (OMNIGLOT_ORIGINAL_SIZE, OMNIGLOT_ORIGINAL_SIZE):
     raise ValueError(f'Expected 105x105 Omniglot drawings, got {image.size[0]}x{image.size[1]}.')
-  small = image.convert('L').resize((OMNIGLOT_SIZE, OMNIGLOT_SIZE),
-                                   pil_image().Resampling.LANCZOS)
+  small = image.convert('L').resize((OMNIGLOT_SIZE, OMNIGLOT_SIZE), pil_image().Resampling.LANCZOS)
   return 255 - np.asarray(small, np.uint8)
 
 
@@ -54,8 +55,7 @@ def resize_to_84(image: 'Image.Image') -> np.ndarray:
   """PIL image -> uint8 `[84, 84, 3]` RGB (LANCZOS if not 84x84 already)."""
   image = image.convert('RGB')
   if image.size != (MINI_IMAGENET_SIZE, MINI_IMAGENET_SIZE):
-    image = image.resize((MINI_IMAGENET_SIZE, MINI_IMAGENET_SIZE),
-                         pil_image().Resampling.LANCZOS)
+    image = image.resize((MINI_IMAGENET_SIZE, MINI_IMAGENET_SIZE), pil_image().Resampling.LANCZOS)
   return np.asarray(image, np.uint8)
 
 

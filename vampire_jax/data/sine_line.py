@@ -28,10 +28,11 @@ class TaskFunctions(NamedTuple):
   A task is a sinusoid where `is_sine`, else a line; both parameter pairs are
   always drawn, and the other pair is ignored.
   """
-  is_sine: jax.Array    # bool
+
+  is_sine: jax.Array  # bool
   amplitude: jax.Array  # A
-  phase: jax.Array      # phi
-  slope: jax.Array      # a
+  phase: jax.Array  # phi
+  slope: jax.Array  # a
   intercept: jax.Array  # b
 
 
@@ -43,11 +44,12 @@ def _one_function(key: jax.Array) -> TaskFunctions:
     return jax.random.uniform(k, (), minval=bounds[0], maxval=bounds[1])
 
   return TaskFunctions(
-      is_sine=jax.random.bernoulli(keys[0], 0.5),
-      amplitude=uniform(keys[1], AMPLITUDE_RANGE),
-      phase=uniform(keys[2], PHASE_RANGE),
-      slope=uniform(keys[3], SLOPE_RANGE),
-      intercept=uniform(keys[4], INTERCEPT_RANGE))
+    is_sine=jax.random.bernoulli(keys[0], 0.5),
+    amplitude=uniform(keys[1], AMPLITUDE_RANGE),
+    phase=uniform(keys[2], PHASE_RANGE),
+    slope=uniform(keys[3], SLOPE_RANGE),
+    intercept=uniform(keys[4], INTERCEPT_RANGE),
+  )
 
 
 def sample_functions(key: jax.Array, num_tasks: int) -> TaskFunctions:
@@ -63,9 +65,9 @@ def evaluate_functions(functions: TaskFunctions, x: jax.Array) -> jax.Array:
   return jnp.where(expand(functions.is_sine), sine, line)
 
 
-def tasks_and_functions_from_keys(task_keys: jax.Array, *, num_support: int = 5,
-                                  num_query: int = 10, noise_std: float = NOISE_STD
-                                  ) -> tuple[Task, TaskFunctions]:
+def tasks_and_functions_from_keys(
+  task_keys: jax.Array, *, num_support: int = 5, num_query: int = 10, noise_std: float = NOISE_STD
+) -> tuple[Task, TaskFunctions]:
   """One task per key, and the function behind it; task i depends on key i alone.
 
   Returns:
@@ -89,33 +91,53 @@ def tasks_and_functions_from_keys(task_keys: jax.Array, *, num_support: int = 5,
   return jax.vmap(one_task)(task_keys)
 
 
-def tasks_from_keys(task_keys: jax.Array, *, num_support: int = 5, num_query: int = 10,
-                    noise_std: float = NOISE_STD) -> Task:
+def tasks_from_keys(
+  task_keys: jax.Array, *, num_support: int = 5, num_query: int = 10, noise_std: float = NOISE_STD
+) -> Task:
   """One task per key (see `tasks_and_functions_from_keys`)."""
-  return tasks_and_functions_from_keys(task_keys, num_support=num_support, num_query=num_query,
-                                       noise_std=noise_std)[0]
+  return tasks_and_functions_from_keys(
+    task_keys, num_support=num_support, num_query=num_query, noise_std=noise_std
+  )[0]
 
 
-def query_truth_from_keys(task_keys: jax.Array, *, num_support: int = 5, num_query: int = 10,
-                          noise_std: float = NOISE_STD) -> jax.Array:
+def query_truth_from_keys(
+  task_keys: jax.Array, *, num_support: int = 5, num_query: int = 10, noise_std: float = NOISE_STD
+) -> jax.Array:
   """The noiseless targets `[tasks, num_query, 1]` at the query inputs of the keys' tasks."""
-  tasks, functions = tasks_and_functions_from_keys(task_keys, num_support=num_support,
-                                                   num_query=num_query, noise_std=noise_std)
+  tasks, functions = tasks_and_functions_from_keys(
+    task_keys, num_support=num_support, num_query=num_query, noise_std=noise_std
+  )
   return evaluate_functions(functions, tasks.query_x)
 
 
-def sample_tasks_and_functions(key: jax.Array, num_tasks: int, *, num_support: int = 5,
-                               num_query: int = 10,
-                               noise_std: float = NOISE_STD) -> tuple[Task, TaskFunctions]:
+def sample_tasks_and_functions(
+  key: jax.Array,
+  num_tasks: int,
+  *,
+  num_support: int = 5,
+  num_query: int = 10,
+  noise_std: float = NOISE_STD,
+) -> tuple[Task, TaskFunctions]:
   """`num_tasks` tasks from one key, and the functions behind them."""
   if num_tasks < 1:
     raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
-  return tasks_and_functions_from_keys(jax.random.split(key, num_tasks), num_support=num_support,
-                                       num_query=num_query, noise_std=noise_std)
+  return tasks_and_functions_from_keys(
+    jax.random.split(key, num_tasks),
+    num_support=num_support,
+    num_query=num_query,
+    noise_std=noise_std,
+  )
 
 
-def sample_tasks(key: jax.Array, num_tasks: int, *, num_support: int = 5, num_query: int = 10,
-                 noise_std: float = NOISE_STD) -> Task:
+def sample_tasks(
+  key: jax.Array,
+  num_tasks: int,
+  *,
+  num_support: int = 5,
+  num_query: int = 10,
+  noise_std: float = NOISE_STD,
+) -> Task:
   """`num_tasks` regression tasks (see `tasks_and_functions_from_keys`)."""
-  return sample_tasks_and_functions(key, num_tasks, num_support=num_support,
-                                    num_query=num_query, noise_std=noise_std)[0]
+  return sample_tasks_and_functions(
+    key, num_tasks, num_support=num_support, num_query=num_query, noise_std=noise_std
+  )[0]
