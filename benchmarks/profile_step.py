@@ -4,6 +4,7 @@
     python -m benchmarks.profile_step --tasks 1 --mc-samples 2   # the same step, ~10x less work
     python -m benchmarks.profile_step --settings omniglot_5w1s --tasks 4 --json profile.json
     python -m benchmarks.profile_step --sample-batching vmap --conv-impl patches   # a lever
+    python -m benchmarks.profile_step --settings omniglot_5w1s --algorithm maml --tasks 8
 
 Builds the training step of `benchmarks.suite` (tasks sampled inside the
 step, the library's batching and convolution for this backend), compiles it,
@@ -37,6 +38,7 @@ import json
 import re
 import tempfile
 import time
+from typing import Optional
 
 from benchmarks import suite
 
@@ -178,20 +180,26 @@ def profile(
   top: int,
   conv_impl: str = "auto",
   sample_batching: str = "auto",
+  algorithm: str = "vampire",
+  batching: Optional[str] = None,
 ) -> dict:
-  """Compiles, runs once, traces `repeats` steps of `suite`'s VAMPIRE step; returns `summarise`'s dict.
+  """Compiles, runs once, traces `repeats` steps of `suite`'s step; returns `summarise`'s dict.
 
   `conv_impl` and `sample_batching` "auto": the library's choices (as `suite`).
+  `algorithm`: "vampire" or "maml" (one weight draw, as in `suite`).
+  `batching`: the tasks' STRATEGY[:CHUNK] (e.g. "vmap"); None: the library's choice.
   """
   import jax
   import vampire_jax as vj
   from vampire_jax import backend_defaults
 
+  if algorithm == "maml":
+    mc_samples = 1
   setting = dataclasses.replace(
     suite.SETTINGS[name], tasks=tasks, mc_samples=mc_samples, conv_impl=conv_impl
   )
   draws = None if sample_batching == "auto" else sample_batching
-  strategy, chunk = suite.choose_batching(setting, None)
+  strategy, chunk = suite.choose_batching(setting, batching)
   strategy, chunk = backend_defaults.task_batching(strategy, chunk, tasks)
   if setting.conv_impl == "auto":
     setting = dataclasses.replace(
@@ -204,7 +212,7 @@ def profile(
     )
   apply_fn, params, nll = suite.network(setting)
   learner = suite.make_learner(
-    setting, "vampire", apply_fn, nll, unroll_steps=False, remat=remat, sample_batching=draws
+    setting, algorithm, apply_fn, nll, unroll_steps=False, remat=remat, sample_batching=draws
   )
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
@@ -239,6 +247,7 @@ def profile(
   result = summarise(exclusive_times(read_trace(folder)), hlo, top)
   result.update(
     setting=name,
+    algorithm=algorithm,
     tasks=tasks,
     mc_samples=mc_samples,
     remat=remat,
@@ -255,7 +264,7 @@ def profile(
 
 def format_report(result: dict, rows: int = 12) -> str:
   header = (
-    f"{result['setting']} VAMPIRE, T={result['tasks']}, L={result['mc_samples']},"
+    f"{result['setting']} {result.get('algorithm', 'vampire').upper()}, T={result['tasks']}, L={result['mc_samples']},"
     f" tasks {result['batching']}, draws {result['sample_batching']},"
     f" conv {result['conv_impl']}, remat {result['remat']}:"
     f" {result['repeats']} traced step(s); operations {result['traced_op_seconds']:.1f} s"
@@ -300,6 +309,10 @@ def main(argv=None) -> dict:
     choices=("auto", "map", "vmap"),
     help="how the L draws are batched (auto: lax.map for a ConvNet on a CPU)",
   )
+  parser.add_argument("--algorithm", default="vampire", choices=("vampire", "maml"))
+  parser.add_argument(
+    "--batching", default=None, help="the tasks' STRATEGY[:CHUNK] (default: the library's)"
+  )
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)
   result = profile(
@@ -311,6 +324,8 @@ def main(argv=None) -> dict:
     args.top,
     args.conv_impl,
     args.sample_batching,
+    args.algorithm,
+    args.batching,
   )
   print(format_report(result))
   if args.json:

@@ -18,7 +18,7 @@ import pytest
 import vampire_jax as vj
 from conftest import needs_omniglot
 from experiments import regression
-from vampire_jax import diagnostics
+from vampire_jax import diagnostics, training
 from vampire_jax.data import sine_line
 from vampire_jax.errors import InputError
 
@@ -428,6 +428,35 @@ def test_training_refuses_a_split_with_nan_before_making_the_folder(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_validation_with_a_non_finite_task_is_never_the_best_and_training_goes_on(
+  tmp_path, monkeypatch
+):
+  # One validation task's result overflows at the first validation (as one adapted
+  # weight draw of PLATIPUS did at the cpu preset): the loop names it, does not keep
+  # those meta-parameters, trains on and tests the best of the later validations.
+  evaluate_split, calls = vj.evaluate_split, []
+
+  def first_validation_overflows(*args, refuse_non_finite=True, **kwargs):
+    results = evaluate_split(*args, refuse_non_finite=refuse_non_finite, **kwargs)
+    if not refuse_non_finite:  # the loop's validation
+      calls.append(len(calls))
+      if len(calls) == 1:
+        results["mse"][1] = np.nan  # a mean of NaN would never be beaten
+    return results
+
+  monkeypatch.setattr(training.evaluation, "evaluate_split", first_validation_overflows)
+  config = _tiny_regression_config(num_meta_steps=4, log_every=2, eval_every=2, checkpoint_every=2)
+  lines = []
+  results = regression.train_and_evaluate(config, tmp_path, progress=False, print_fn=lines.append)
+  assert len(calls) == 2
+  assert any(
+    "step 2: validation: 1 of" in line and "tasks [1]" in line and "not kept" in line
+    for line in lines
+  ), lines
+  assert results["best_validation"]["step"] == 4
+  assert np.isfinite(results["test"]["mse"])
+
+
 def test_evaluate_split_refuses_non_finite_results_naming_the_tasks():
   def evaluate_indices(meta_params, key, indices):
     values = jnp.where(indices == 3, jnp.nan, 1.0)
@@ -439,3 +468,5 @@ def test_evaluate_split_refuses_non_finite_results_naming_the_tasks():
     vj.evaluate_split(evaluate_indices, None, jax.random.key(0), num_tasks=5, batch_tasks=2)
   ok = vj.evaluate_split(lambda p, k, i: {"nll": jnp.ones(len(i))}, None, jax.random.key(0), 5, 2)
   assert ok["nll"].shape == (5,)
+  kept = vj.evaluate_split(evaluate_indices, None, jax.random.key(0), 5, 2, refuse_non_finite=False)
+  assert np.isnan(kept["nll"][3]) and vj.evaluation.non_finite_tasks(kept).tolist() == [3]

@@ -240,6 +240,7 @@ def evaluate_split(
   batch_tasks: int,
   *,
   on_batch: Optional[Callable[[int, int], None]] = None,
+  refuse_non_finite: bool = True,
 ) -> dict:
   """Per-task results of tasks 0 .. num_tasks - 1, `batch_tasks` per call.
 
@@ -253,6 +254,10 @@ def evaluate_split(
     num_tasks: how many tasks.
     batch_tasks: tasks per call (a multiple of the devices, with a mesh).
     on_batch: called as `on_batch(done, total)` after each batch (progress).
+    refuse_non_finite: raise FloatingPointError naming the tasks whose results
+      hold NaN or inf (the default); False returns them as they are
+      (`non_finite_tasks` finds them), for a caller that says what it does
+      with them.
 
   Returns:
     `{field: numpy array [num_tasks, ...]}`, gathered from every host.
@@ -268,22 +273,24 @@ def evaluate_split(
   results = {
     name: np.concatenate([np.asarray(o[name]) for o in outputs])[:num_tasks] for name in outputs[0]
   }
-  _refuse_non_finite(results)
+  if refuse_non_finite:
+    bad = non_finite_tasks(results)
+    if bad.size:
+      raise FloatingPointError(
+        f"evaluate_split: {bad.size} of {num_tasks} tasks gave non-finite results (tasks "
+        f"{bad[:10].tolist()}...): non-finite data in the split, or "
+        "meta-parameters that diverged (vj.debug_nonfinite names the first NaN)"
+      )
   return results
 
 
-def _refuse_non_finite(results: dict) -> None:
-  """Raises FloatingPointError naming the tasks whose results are NaN or infinite."""
+def non_finite_tasks(results: dict) -> np.ndarray:
+  """The indices of the tasks any of whose floating-point results is NaN or infinite."""
   bad = np.zeros(len(next(iter(results.values()))), bool)
   for values in results.values():
     if np.issubdtype(values.dtype, np.floating):
       bad |= ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
-  if bad.any():
-    raise FloatingPointError(
-      f"evaluate_split: {int(bad.sum())} of {len(bad)} tasks gave non-finite results (tasks "
-      f"{np.flatnonzero(bad)[:10].tolist()}...): non-finite data in the split, or "
-      "meta-parameters that diverged (vj.debug_nonfinite names the first NaN)"
-    )
+  return np.flatnonzero(bad)
 
 
 # -- Summaries --------------------------------------------------------------------

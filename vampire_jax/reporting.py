@@ -210,6 +210,13 @@ class Progress:
       return
     self._print(f"step {step:>{len(str(self.total))}}/{self.total}  {shown}{speed}")
 
+  def warn(self, text: str) -> None:
+    """A warning line, printed even when progress is off (above the bar, if one is shown)."""
+    if self._bar is not None:
+      self._bar.write(f"warning: {text}")
+    else:
+      self._print(f"warning: {text}")
+
   def message(self, text: str) -> None:
     """A line that stays (above the bar, on a terminal)."""
     if not self._enabled:

@@ -401,7 +401,13 @@ class LoopState(NamedTuple):
 
 
 def _validate(session: Session, state, step: int, first: bool) -> float:
-  """Scores the validation split; keeps the meta-parameters if they are the best."""
+  """Scores the validation split; keeps the meta-parameters if they are the best.
+
+  Meta-parameters under which some validation task's results are NaN or
+  infinite (an adapted weight draw that overflowed, say) are never kept as
+  the best: the loop says so, naming the tasks, and trains on; the test
+  still refuses non-finite results.
+  """
   config = session.config
   if first:
     session.progress.message(
@@ -413,9 +419,18 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
     session.val_key,
     config.num_val_tasks,
     eval_batch_size(config, session.mesh),
+    refuse_non_finite=False,
   )
   kind = kinds.get(session.problem.kind)
   name = kind.score
+  bad = evaluation.non_finite_tasks(per_task)
+  if bad.size and session.is_main:
+    session.progress.warn(
+      f"step {step}: validation: {bad.size} of {config.num_val_tasks} tasks gave non-finite "
+      f"results (tasks {bad[:10].tolist()}): these meta-parameters are not kept as the best"
+    )
+  if bad.size:
+    return float("nan")
   score = float(np.mean(per_task[name]))
   session.writer.write(step, {f"val/{name}": score, "val/nll": float(np.mean(per_task["nll"]))})
   best = session.checkpoints.best_record()
