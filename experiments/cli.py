@@ -60,6 +60,7 @@ GROUPS = {
     "num_support",
     "num_query",
     "noise_std",
+    "likelihood_std",
     "class_sampling",
     "num_filters",
     "hidden_sizes",

@@ -1,10 +1,12 @@
 """The sine/line task family, the regression experiment's summary, and short runs that must learn."""
 
+import dataclasses
 import json
 import math
 
 import jax
 import jax.numpy as jnp
+import chex
 import numpy as np
 import pytest
 
@@ -178,3 +180,37 @@ def test_cli_rejects_unknown_algorithms():
     regression.main(["--algorithms", "vampire,nonsense"])
   with pytest.raises(ConfigError, match="preset"):
     regression.get_config("nonsense")
+
+
+def test_likelihood_std_is_the_noise_the_learner_trains_and_adapts_with():
+  # --likelihood-std 0.7071 (the authors' MSE up to a constant) changes the learner's
+  # likelihood only: the same learner as one built for data of that noise.
+  config = dataclasses.replace(regression.get_config("quick", "vampire"), hidden_sizes=(8, 8))
+  model = vj.MLP(tuple(config.hidden_sizes), 1)
+  sizes = dict(num_mc_train=2, num_mc_query=2)
+  as_mse = vj.algorithms.make_learner(
+    model, "regression", 0.3, dataclasses.replace(config, likelihood_std=0.7071), **sizes
+  )
+  noisier = vj.algorithms.make_learner(model, "regression", 0.7071, config, **sizes)
+  default = vj.algorithms.make_learner(model, "regression", 0.3, config, **sizes)
+  outputs, targets = jnp.array([[0.5], [1.0]]), jnp.array([[1.5], [-1.0]])
+  expected = np.mean(
+    0.5 * ((outputs - targets) / 0.7071) ** 2 + np.log(0.7071 * np.sqrt(2 * np.pi))
+  )
+  np.testing.assert_allclose(as_mse.nll(outputs, targets), expected, rtol=1e-5)
+  np.testing.assert_allclose(noisier.nll(outputs, targets), expected, rtol=1e-5)
+  assert abs(float(default.nll(outputs, targets)) - expected) > 1.0
+  params = vj.init_params(model, jax.random.key(0), (1, 1))
+  meta = as_mse.init(params, jax.random.key(1))
+  x, y = jnp.linspace(-1, 1, 5)[:, None], jnp.sin(jnp.linspace(-1, 1, 5))[:, None]
+  adapted = [learner.adapt(meta, x, y, jax.random.key(2)) for learner in (as_mse, noisier)]
+  chex.assert_trees_all_close(adapted[0], adapted[1])
+  with pytest.raises(ConfigError, match="--likelihood-std must be > 0"):
+    dataclasses.replace(config, likelihood_std=0.0).validate()
+
+
+@pytest.mark.parametrize("preset", regression.PRESETS)
+def test_regression_presets_train_abml_with_the_flat_hyper_prior(preset):
+  # The paper trained ABML for regression with a uniform hyper-posterior: weight 0.
+  assert regression.get_config(preset, "abml").abml_hyper_prior_weight == 0.0
+  assert regression.get_config(preset, "vampire").abml_hyper_prior_weight > 0.0  # the default

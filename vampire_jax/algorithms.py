@@ -240,11 +240,17 @@ def make_learner(
   num_mc_train: int,
   num_mc_query: int,
 ) -> MetaLearner:
-  """The configured algorithm on `model`, with the given Monte-Carlo sample counts."""
+  """The configured algorithm on `model`, with the given Monte-Carlo sample counts.
+
+  The likelihood's noise is `config.likelihood_std` where a config has one
+  set (regression: train on another noise than the data's, e.g. the authors'
+  MSE), else `noise_std`.
+  """
+  likelihood_std = getattr(config, "likelihood_std", None)
   return learner_from_config(
     config,
     network(model, config.compute_dtype),
-    likelihood(kind, noise_std),
+    likelihood(kind, noise_std if likelihood_std is None else likelihood_std),
     num_mc_train=num_mc_train,
     num_mc_query=num_mc_query,
     unroll_steps=unroll_inner_steps(config),

@@ -371,6 +371,11 @@ class RegressionConfig(RunConfig):
   num_support: int = setting(5, "support points per task (k-shot)")
   num_query: int = setting(10, "query points per task (not given in the paper)")
   noise_std: float = setting(0.3, "the targets' noise standard deviation")
+  likelihood_std: Optional[float] = setting(
+    None,
+    "the Gaussian likelihood's std in training and adaptation (none: --noise-std; "
+    "0.7071: the authors' MSE loss, up to a constant)",
+  )
   hidden_sizes: tuple[int, int, int] = setting((100, 100, 100), "MLP hidden widths")
   num_plot_tasks: int = setting(4, "test tasks drawn in tasks.png", resumable=True)
 
@@ -381,6 +386,8 @@ class RegressionConfig(RunConfig):
         raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
     if not self.noise_std > 0:
       raise ConfigError(f"--noise-std must be > 0, got {self.noise_std}")
+    if self.likelihood_std is not None and not self.likelihood_std > 0:
+      raise ConfigError(f"--likelihood-std must be > 0, got {self.likelihood_std}")
 
 
 # -- Shared ---------------------------------------------------------------------------
