@@ -3,9 +3,12 @@
     python -m benchmarks.suite                 # the paper's settings (for a GPU; hours on a CPU)
     python -m benchmarks.suite --quick         # the whole table in about 15 min on a 2-core CPU
     python -m benchmarks.suite --settings regression --algorithms vampire --repeats 10
+    python -m benchmarks.suite --settings mini_imagenet_5w1s --algorithms vampire --second-order-steps 1
 
 Settings (second order, float32 unless --compute-dtype bfloat16; MAML always
-uses one weight draw):
+uses one weight draw; `--second-order-steps 1` differentiates the likelihood's
+gradient in the first inner step only, as the authors' code; `--mc-samples L`
+sets every VAMPIRE row's L):
   omniglot_5w1s       Conv4-64, 28x28x1, 5-way 1-shot, 15 queries per class, T=32, S=5, L=1
   omniglot_20w1s      Conv4-64, 28x28x1, 20-way 1-shot, 15 queries per class, T=16, S=5, L=1
   mini_imagenet_5w1s  Conv4-32 with max-pool, 84x84x3, 5-way 1-shot, 15 queries, T=2, S=5, L=10
@@ -458,7 +461,11 @@ def _row_setting(name: str, options: dict) -> Setting:
   setting = SETTINGS[name]
   if options["quick"]:
     setting = dataclasses.replace(setting, **QUICK[name])
-  return dataclasses.replace(setting, tasks=options["tasks"] or setting.tasks)
+  return dataclasses.replace(
+    setting,
+    tasks=options["tasks"] or setting.tasks,
+    mc_samples=options.get("mc_samples") or setting.mc_samples,
+  )
 
 
 def run_row(name: str, algorithm: str, options: dict) -> dict:
@@ -487,7 +494,13 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   if options["compute_dtype"] == "bfloat16":
     apply_fn = vj.mixed_precision(apply_fn)
   learner = make_learner(
-    setting, algorithm, apply_fn, nll, unroll_steps=unroll_steps, remat=options["remat"]
+    setting,
+    algorithm,
+    apply_fn,
+    nll,
+    unroll_steps=unroll_steps,
+    remat=options["remat"],
+    second_order_steps=options.get("second_order_steps"),
   )
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
@@ -512,7 +525,15 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   compiled_flops, xla_mb, has_loops = _compiled_costs(
     step, strategy, learner, sample_tasks, state, data, jax.random.key(3), chunk, num_tasks
   )
-  twin = make_learner(setting, algorithm, apply_fn, nll, unroll_steps=True, remat=options["remat"])
+  twin = make_learner(
+    setting,
+    algorithm,
+    apply_fn,
+    nll,
+    unroll_steps=True,
+    remat=options["remat"],
+    second_order_steps=options.get("second_order_steps"),
+  )
   tasks = sample_tasks(data, jax.random.split(jax.random.key(4), num_tasks))
   hlo_flops = _twin_flops(twin, optimizer, state, tasks, mesh)
   devices = 1 if mesh is None else mesh.size
@@ -527,6 +548,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     "batching": f"{strategy}:{chunk}" + (f" x{mesh.size} devices" if mesh else ""),
     "inner_loop": "unrolled" if unroll_steps else "scan",
     "remat": options["remat"],
+    "second_order_steps": options.get("second_order_steps"),
     "compute_dtype": options["compute_dtype"],
     "compile_s": compile_s,
     "step_s": step_s,
@@ -698,6 +720,19 @@ def main(argv=None) -> list[dict]:
     "--unroll-inner-steps", action="store_true", help="unroll the inner loop instead of lax.scan"
   )
   parser.add_argument("--remat", action="store_true", help="jax.checkpoint every inner step")
+  parser.add_argument(
+    "--mc-samples",
+    type=int,
+    default=0,
+    help="L of every VAMPIRE row (0: the setting's, or --quick's); not --episodes'",
+  )
+  parser.add_argument(
+    "--second-order-steps",
+    type=int,
+    default=None,
+    help="differentiate the likelihood's gradient in the first K inner steps only"
+    " (1: the authors' code); default: all",
+  )
   parser.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument(
     "--peak-tflops",
@@ -731,6 +766,8 @@ def main(argv=None) -> list[dict]:
   options = {
     "quick": args.quick,
     "tasks": args.tasks,
+    "mc_samples": args.mc_samples,
+    "second_order_steps": args.second_order_steps,
     "repeats": args.repeats or (2 if args.quick else 5),
     "batching": args.batching,
     "unroll_inner_steps": args.unroll_inner_steps,
@@ -751,7 +788,9 @@ def main(argv=None) -> list[dict]:
   print(
     f"backend {jax.default_backend()} ({getattr(device, 'device_kind', '')}) x{jax.device_count()},"
     f" jax {jax.__version__}; {'quick' if args.quick else 'full'} settings, {options['repeats']}"
-    f" timed steps, second order, {args.compute_dtype}, remat {args.remat}",
+    f" timed steps, second order through"
+    f" {'all' if args.second_order_steps is None else args.second_order_steps} inner steps,"
+    f" {args.compute_dtype}, remat {args.remat}",
     flush=True,
   )
   rows, start = [], time.time()
