@@ -85,9 +85,11 @@ def run_methods(
   methods = {}
   for algorithm in algorithms:
     config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
+    # An algorithm without a KL term (MAML, BMAML) ignores kl_weight, whatever the overrides set.
+    kl = f", KL weight {config.kl_weight}" if algorithm_registry.get(algorithm).has_kl else ""
     print(
       f"== {algorithm}: {config.num_meta_steps} meta-steps of {config.tasks_per_step} tasks,"
-      f" inner lr {config.inner_lr}, KL weight {config.kl_weight}; {workdir / algorithm}"
+      f" inner lr {config.inner_lr}{kl}; {workdir / algorithm}"
     )
     try:
       results = experiment.train_and_evaluate(config, workdir / algorithm, progress=progress)
