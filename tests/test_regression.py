@@ -205,8 +205,11 @@ def test_likelihood_std_is_the_noise_the_learner_trains_and_adapts_with():
   x, y = jnp.linspace(-1, 1, 5)[:, None], jnp.sin(jnp.linspace(-1, 1, 5))[:, None]
   adapted = [learner.adapt(meta, x, y, jax.random.key(2)) for learner in (as_mse, noisier)]
   chex.assert_trees_all_close(adapted[0], adapted[1])
-  with pytest.raises(ConfigError, match="--likelihood-std must be > 0"):
-    dataclasses.replace(config, likelihood_std=0.0).validate()
+  for bad in (0.0, float("inf"), float("nan")):
+    with pytest.raises(ConfigError, match="--likelihood-std must be > 0"):
+      dataclasses.replace(config, likelihood_std=bad).validate()
+  with pytest.raises(ConfigError, match="--noise-std must be > 0 and finite"):
+    dataclasses.replace(config, noise_std=float("inf")).validate()
 
 
 @pytest.mark.parametrize("preset", regression.PRESETS)

@@ -12,6 +12,7 @@ this module's.
 """
 
 import dataclasses
+import math
 from typing import Optional
 
 from vampire_jax.config import RunConfig, setting
@@ -384,10 +385,10 @@ class RegressionConfig(RunConfig):
     for name in ("num_support", "num_query"):
       if getattr(self, name) < 1:
         raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-    if not self.noise_std > 0:
-      raise ConfigError(f"--noise-std must be > 0, got {self.noise_std}")
-    if self.likelihood_std is not None and not self.likelihood_std > 0:
-      raise ConfigError(f"--likelihood-std must be > 0, got {self.likelihood_std}")
+    for name in ("noise_std", "likelihood_std"):
+      value = getattr(self, name)
+      if (value is not None or name == "noise_std") and not 0 < value < math.inf:
+        raise ConfigError(f"--{name.replace('_', '-')} must be > 0 and finite, got {value}")
 
 
 # -- Shared ---------------------------------------------------------------------------

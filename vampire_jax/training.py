@@ -424,12 +424,12 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
   kind = kinds.get(session.problem.kind)
   name = kind.score
   bad = evaluation.non_finite_tasks(per_task)
-  if bad.size and session.is_main:
-    session.progress.warn(
-      f"step {step}: validation: {bad.size} of {config.num_val_tasks} tasks gave non-finite "
-      f"results (tasks {bad[:10].tolist()}): these meta-parameters are not kept as the best"
-    )
   if bad.size:
+    if session.is_main:
+      session.progress.warn(
+        f"step {step}: validation: {bad.size} of {config.num_val_tasks} tasks gave non-finite "
+        f"results (tasks {bad[:10].tolist()}): these meta-parameters are not kept as the best"
+      )
     return float("nan")
   score = float(np.mean(per_task[name]))
   session.writer.write(step, {f"val/{name}": score, "val/nll": float(np.mean(per_task["nll"]))})
