@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import vampire_jax as vj
+from experiments import regression
 from vampire_jax import algorithms, meta_step
-from vampire_jax.data import sine_line
 
 
 def flat(tree) -> np.ndarray:
@@ -35,16 +35,13 @@ def main(argv=None) -> dict:
   parser.add_argument("--tasks", type=int, default=100)
   parser.add_argument("--draws", default="8,128", help="comma list of L")
   parser.add_argument("--seed", type=int, default=123)
+  parser.add_argument("--per-task", action="store_true", help="also each task's gradient norm")
   args = parser.parse_args(argv)
   run = vj.load_run(args.run_dir)
   config = run.config
+  problem = regression.make_problem(config)  # the run's training split, as it was trained on
   task_keys = jax.random.split(jax.random.key(args.seed), args.tasks)
-  tasks = sine_line.tasks_from_keys(
-    task_keys,
-    num_support=config.num_support,
-    num_query=config.num_query,
-    noise_std=config.noise_std,
-  )
+  tasks = problem.sample_tasks(problem.splits["train"], task_keys)
   draw_keys = jax.random.split(jax.random.key(args.seed + 1), args.tasks)
   gradients = {}
   for num_draws in [int(n) for n in args.draws.split(",")]:
@@ -64,6 +61,21 @@ def main(argv=None) -> dict:
       f"L = {num_draws}: mean d loss / d log_std {g.mean():+.4g}, positive (narrowing) "
       f"{(g > 0).mean():.1%}, norm {np.linalg.norm(g):.4g}"
     )
+    if args.per_task:  # one task at a time: which tasks dominate the average
+      norms = np.array(
+        [
+          np.linalg.norm(flat(meta_gradient(run.meta_params, one, keys)[0].log_std))
+          for one, keys in (
+            (jax.tree_util.tree_map(lambda x: x[i : i + 1], tasks), draw_keys[i : i + 1])
+            for i in range(args.tasks)
+          )
+        ]
+      )
+      heaviest = np.argsort(-norms)[:3]
+      print(
+        f"  per task: median norm {np.median(norms):.4g}; heaviest tasks "
+        + ", ".join(f"{i} ({norms[i]:.4g})" for i in heaviest)
+      )
   first, last = gradients[min(gradients)], gradients[max(gradients)]
   cosine = float(first @ last / np.linalg.norm(first) / np.linalg.norm(last))
   log_std = flat(run.meta_params.log_std)
