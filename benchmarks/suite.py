@@ -468,6 +468,15 @@ def _row_setting(name: str, options: dict) -> Setting:
   )
 
 
+def _draw_batching(setting: Setting, options: dict) -> str:
+  """How the row batches VAMPIRE's draws: --sample-batching, else the backend's choice."""
+  from vampire_jax import backend_defaults
+
+  return backend_defaults.sample_batching(
+    options.get("sample_batching") or "auto", dense_only=setting.kind == "regression"
+  )
+
+
 def run_row(name: str, algorithm: str, options: dict) -> dict:
   """Times one setting and algorithm's training step; run it in a fresh process."""
   _fresh_compilation_cache()
@@ -481,13 +490,14 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   strategy, chunk = choose_batching(setting, options["batching"])
   strategy, chunk = backend_defaults.task_batching(strategy, chunk, num_tasks)
   unroll_steps = options["unroll_inner_steps"]
+  draws = _draw_batching(setting, options)
   if setting.conv_impl == "auto":
     setting = dataclasses.replace(
       setting,
       conv_impl=backend_defaults.conv_impl(
         task_batching=strategy,
         inner_steps_unrolled=unroll_steps,
-        draws_mapped=setting.mc_samples > 1,
+        draws_mapped=setting.mc_samples > 1 and draws in vj.MAPPED_STRATEGIES,
       ),
     )
   apply_fn, params, nll = network(setting)
@@ -501,6 +511,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     unroll_steps=unroll_steps,
     remat=options["remat"],
     second_order_steps=options.get("second_order_steps"),
+    sample_batching=draws,
   )
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
@@ -525,6 +536,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   compiled_flops, xla_mb, has_loops = _compiled_costs(
     step, strategy, learner, sample_tasks, state, data, jax.random.key(3), chunk, num_tasks
   )
+  # The twin's draws unrolled too: a `lax.map` over draws would be counted once, not L times.
   twin = make_learner(
     setting,
     algorithm,
@@ -533,6 +545,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     unroll_steps=True,
     remat=options["remat"],
     second_order_steps=options.get("second_order_steps"),
+    sample_batching="unroll",
   )
   tasks = sample_tasks(data, jax.random.split(jax.random.key(4), num_tasks))
   hlo_flops = _twin_flops(twin, optimizer, state, tasks, mesh)
@@ -547,6 +560,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     "mc_samples": setting.mc_samples if algorithm == "vampire" else 1,
     "batching": f"{strategy}:{chunk}" + (f" x{mesh.size} devices" if mesh else ""),
     "inner_loop": "unrolled" if unroll_steps else "scan",
+    "sample_batching": draws,
     "remat": options["remat"],
     "second_order_steps": options.get("second_order_steps"),
     "compute_dtype": options["compute_dtype"],
@@ -670,6 +684,12 @@ def _percent(fraction: Optional[float]) -> Optional[float]:
   return None if fraction is None else 100 * fraction
 
 
+def _batching(row: dict) -> str:
+  """The tasks' batching, and the draws' where there is more than one."""
+  draws = row.get("sample_batching")
+  return row["batching"] + (f", draws {draws}" if draws and row["mc_samples"] > 1 else "")
+
+
 def format_table(rows: list[dict]) -> str:
   """The rows as one markdown table; "n/a" where a backend gave no number."""
   lines = [
@@ -682,7 +702,7 @@ def format_table(rows: list[dict]) -> str:
       " (loops once)" if r["compiled_has_loops"] else ""
     )
     lines.append(
-      f"| {r['setting']} | {r['algorithm']} | {r['tasks']} | {r['mc_samples']} | {r['batching']} |"
+      f"| {r['setting']} | {r['algorithm']} | {r['tasks']} | {r['mc_samples']} | {_batching(r)} |"
       f" {r['compile_s']:.1f} | {r['step_s']:.3f} | {r['steps_per_s']:.2f} |"
       f" {r['tasks_per_s']:.1f} | {fmt(r['gflop_per_step'], '.2f')} | {compiled} |"
       f" {fmt(r['gflop_per_s'], '.1f')} | {fmt(_percent(r['peak_fraction']), '.1f')} |"
@@ -720,6 +740,12 @@ def main(argv=None) -> list[dict]:
     "--unroll-inner-steps", action="store_true", help="unroll the inner loop instead of lax.scan"
   )
   parser.add_argument("--remat", action="store_true", help="jax.checkpoint every inner step")
+  parser.add_argument(
+    "--sample-batching",
+    default="auto",
+    choices=("auto", "vmap", "map", "remat_map", "unroll"),
+    help="how VAMPIRE's L draws are batched (auto: the backend's choice)",
+  )
   parser.add_argument(
     "--mc-samples",
     type=int,
@@ -772,6 +798,7 @@ def main(argv=None) -> list[dict]:
     "batching": args.batching,
     "unroll_inner_steps": args.unroll_inner_steps,
     "remat": args.remat,
+    "sample_batching": args.sample_batching,
     "compute_dtype": args.compute_dtype,
     "peak_tflops": args.peak_tflops,
   }

@@ -185,3 +185,41 @@ def test_meta_training_on_sine_regression_learns(algorithm):
     assert float(vj.kl_step_factor(state.meta_params, 0.005, 0.1)) < 2.0
   # Stated margin: 300 meta-steps must cut the adapted query MSE by 60 %.
   assert after < 0.4 * before, (before, after)
+
+
+def test_every_draw_batching_gives_the_same_vampire_meta_gradient():
+  """VAMPIRE's L draws on a convolutional network (`loop_safe`, max-pool, second order):
+  `lax.map`, `remat_map` (the CPU default) and `vmap` give one meta-gradient. `remat_map`
+  recomputes each draw's forward pass in the backward pass; a recomputation that dropped
+  or reordered a draw's noise would differ. (With max-pool as a max over a reshaped
+  window, XLA:CPU miscompiled these meta-gradients: `models.max_pool_2x2`.)"""
+  model = vj.Conv4(num_classes=3, num_filters=4, max_pool=True, conv_impl="loop_safe")
+  params = vj.init_params(model, jax.random.key(0), (1, 16, 16, 1))
+  kx, kq = jax.random.split(jax.random.key(1))
+  task = vj.Task(
+    jax.random.uniform(kx, (3, 16, 16, 1)),
+    jnp.arange(3),
+    jax.random.uniform(kq, (6, 16, 16, 1)),
+    jnp.arange(6) % 3,
+  )
+  tasks = jax.tree_util.tree_map(lambda x: x[None], task)
+  keys = jax.random.split(jax.random.key(2), 1)
+  gradients = {}
+  for draws in ("vmap", "map", "remat_map"):
+    learner = vj.vampire(
+      vj.pure_apply(model),
+      vj.categorical_nll,
+      num_inner_steps=1,
+      inner_lr=0.01,
+      kl_weight=0.1,
+      num_mc_train=3,
+      num_mc_query=3,
+      sample_batching=draws,
+    )
+    meta_params = learner.init(params, jax.random.key(3))
+    gradient = jax.jit(vj.make_meta_gradient(learner, task_batching="map"))
+    gradients[draws] = gradient(meta_params, tasks, keys)[0]
+  reference = gradients.pop("vmap")
+  assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(reference)) > 1e-3
+  for draws, grads in gradients.items():
+    chex.assert_trees_all_close(grads, reference, atol=1e-5, rtol=1e-4, custom_message=draws)

@@ -53,7 +53,12 @@ from vampire_jax import (
   training,
 )
 from vampire_jax.adaptation import adapt, expected_nll, maml_adapt, predict, variational_free_energy
-from vampire_jax.batching import BATCHING_STRATEGIES, batched_map, default_task_batching
+from vampire_jax.batching import (
+  BATCHING_STRATEGIES,
+  MAPPED_STRATEGIES,
+  batched_map,
+  default_task_batching,
+)
 from vampire_jax.calibration import (
   QuantileCalibration,
   ReliabilityBins,
@@ -219,6 +224,7 @@ __all__ = (
   "meta_lr_schedule",
   "meta_optimizer",
   "BATCHING_STRATEGIES",
+  "MAPPED_STRATEGIES",
   "batched_map",
   "default_task_batching",
   # Evaluation and calibration.

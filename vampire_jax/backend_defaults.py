@@ -7,7 +7,7 @@ this module instead of deciding on their own.
 
 | backend | tasks | draws | convolution | why |
 |---|---|---|---|---|
-| cpu | `lax.map`, chunk 1 | `lax.map` | `loop_safe`; `xla` in a loop-free program | per-task weights make `vmap` turn each convolution into a grouped one, which XLA:CPU runs slowly; XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its own convolution wins only where nothing loops (BUILD_NOTES.md, "Speed") |
+| cpu | `lax.map`, chunk 1 | `lax.map`, each draw recomputed in the backward pass (`remat_map`) | `loop_safe`; `xla` in a loop-free program | per-task weights make `vmap` turn each convolution into a grouped one, which XLA:CPU runs slowly; XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its own convolution wins only where nothing loops; a CPU step is limited by moving the draws' stacked activations, which recomputing them avoids (BUILD_NOTES.md, "Speed") |
 | gpu, tpu, other | `vmap` | `vmap` | `xla` | grouped convolutions are fast there, and one wide batch keeps the device busy |
 
 Tasks sharded over devices are `vmap`ped on every backend (each device's
@@ -46,7 +46,7 @@ class BackendDefaults(NamedTuple):
 CPU = BackendDefaults(
   "map",
   1,
-  "map",
+  "remat_map",
   "loop_safe",
   "xla",
   "vmap over per-task weights makes grouped convolutions, slow on XLA:CPU; convolution "
@@ -121,7 +121,7 @@ def config_conv_impl(config) -> str:
     return config.conv_impl
   strategy, _ = task_batching(config.task_batching, config.chunk_size, config.tasks_per_step)
   mapped_draws = (
-    sample_batching(config.sample_batching) == "map"
+    sample_batching(config.sample_batching) in ("map", "remat_map")
     and max(config.num_mc_train, config.num_mc_query) > 1
   )
   return conv_impl(

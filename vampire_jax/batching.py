@@ -2,7 +2,11 @@
 
 Per-task weights make `vmap` turn every convolution into a grouped
 convolution, which XLA runs well on GPUs and slowly on CPUs; `lax.map` runs
-one item at a time with a loop; unrolling gives the fastest CPU code but the
+one item at a time with a loop; `remat_map` is `lax.map` whose items keep no
+intermediate values for the backward pass (`jax.checkpoint`): each item's
+forward pass runs again when it is differentiated, so nothing is stacked
+across items (a CPU step is limited by moving such stacks, not by
+arithmetic: BUILD_NOTES.md, "Speed"); unrolling gives the fastest CPU code but the
 compile time grows with the number of items. The chunked strategies bound
 the compile time: `lax.map` over chunks, each chunk unrolled (or vmapped).
 `benchmarks/meta_step.py` measures them; `default_task_batching()` gives the
@@ -16,8 +20,10 @@ import jax.numpy as jnp
 
 from vampire_jax import backend_defaults
 
-Batching = Literal["vmap", "map", "unroll", "chunked_unroll", "chunked_vmap"]
-BATCHING_STRATEGIES = ("vmap", "map", "unroll", "chunked_unroll", "chunked_vmap")
+Batching = Literal["vmap", "map", "remat_map", "unroll", "chunked_unroll", "chunked_vmap"]
+BATCHING_STRATEGIES = ("vmap", "map", "remat_map", "unroll", "chunked_unroll", "chunked_vmap")
+# The strategies that run the items one after another in a `lax.map` loop.
+MAPPED_STRATEGIES = ("map", "remat_map")
 
 T = TypeVar("T")
 
@@ -59,6 +65,8 @@ def batched_map(fn: Callable[..., T], xs, *, strategy: Batching = "vmap", chunk_
     return jax.vmap(fn)(xs)
   if strategy == "map":
     return jax.lax.map(fn, xs)
+  if strategy == "remat_map":  # each item's residuals recomputed, not stacked
+    return jax.lax.map(jax.checkpoint(fn), xs)
   if strategy == "unroll":
     return _unrolled(fn, xs, size)
   if strategy not in ("chunked_unroll", "chunked_vmap"):

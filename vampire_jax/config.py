@@ -101,11 +101,11 @@ class RunConfig:
   )
   sample_batching: str = setting(
     "vmap",
-    "how Monte-Carlo draws are batched: vmap, map, unroll, "
-    "or auto (map on a CPU, where vmapped convolutions are slow; "
-    "else vmap)",
+    "how Monte-Carlo draws are batched: vmap, map, remat_map (map, each "
+    "draw recomputed in the backward pass), unroll, or auto (remat_map on a "
+    "CPU, where vmapped convolutions are slow; else vmap)",
     resumable=True,
-    choices=("auto", "vmap", "map", "unroll"),
+    choices=("auto", "vmap", "map", "remat_map", "unroll"),
   )
   shard_tasks: str = setting(
     "auto", "split tasks over devices", resumable=True, choices=("auto", "on", "off")

@@ -58,9 +58,10 @@ class ConvNetConfig(RunConfig):
   )
   sample_batching: str = setting(
     "auto",
-    "how Monte-Carlo draws are batched (auto: lax.map on a CPU, vmap elsewhere)",
+    "how Monte-Carlo draws are batched (auto: lax.map on a CPU, each draw recomputed in the"
+    " backward pass rather than stored; vmap elsewhere)",
     resumable=True,
-    choices=("auto", "vmap", "map", "unroll"),
+    choices=("auto", "vmap", "map", "remat_map", "unroll"),
   )
 
 

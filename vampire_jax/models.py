@@ -116,20 +116,40 @@ CONV_IMPLS = ("xla", "patches", "loop_safe")
 
 
 def max_pool_2x2(x: jax.Array) -> jax.Array:
-  """`nn.max_pool(x, (2, 2), strides=(2, 2), padding='VALID')` as a max over a reshape.
+  """`nn.max_pool(x, (2, 2), strides=(2, 2), padding='VALID')` as a maximum of four strided views.
 
   The same values, and an odd last row or column is dropped as 'VALID' drops
   it (84 -> 42 -> 21 -> 10 -> 5). The gradient of a window goes to its
   maximum; where k entries tie for the maximum, each gets 1/k of it (XLA's
   select-and-scatter, under `nn.max_pool`, gives it all to one). That differs
   only for tied maxima, and after a ReLU those are zeros, whose gradient the
-  ReLU stops. XLA:CPU runs this gradient about twice as fast
-  (`python -m benchmarks.conv_gradients`). Tested against `nn.max_pool` in
-  tests/test_models.py.
+  ReLU stops. XLA:CPU runs this gradient faster than select-and-scatter
+  (`python -m benchmarks.conv_gradients`). The earlier form, a max over a
+  reshaped [.., 2, .., 2, ..] window, had XLA:CPU miscompile its gradient
+  under `vmap` and in second-order meta-gradients (BUILD_NOTES.md, "A
+  miscompiled max-pool gradient"). Tested against `nn.max_pool` and under
+  `vmap` in tests/test_models.py.
   """
-  n, height, width, channels = x.shape
+  _, height, width, _ = x.shape
   x = x[:, : height // 2 * 2, : width // 2 * 2]  # VALID: an odd last row/column is dropped
-  return x.reshape(n, height // 2, 2, width // 2, 2, channels).max(axis=(2, 4))
+  return _max_of_four(x[:, 0::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 0::2], x[:, 1::2, 1::2])
+
+
+@jax.custom_jvp
+def _max_of_four(a, b, c, d):
+  """The element-wise maximum of four arrays; its derivative splits ties equally."""
+  return jnp.maximum(jnp.maximum(a, b), jnp.maximum(c, d))
+
+
+@_max_of_four.defjvp
+def _max_of_four_jvp(primals, tangents):
+  # d max = sum_i [x_i = max] dx_i / #{i : x_i = max}, as XLA's reduce-max
+  # derivative; written on the four strided views, never as a reduction over
+  # a reshaped window, whose vmapped gradient XLA:CPU miscompiled.
+  maximum = _max_of_four(*primals)
+  hits = [(x == maximum).astype(maximum.dtype) for x in primals]
+  tangent = sum(hit * dx for hit, dx in zip(hits, tangents)) / sum(hits)
+  return maximum, tangent
 
 
 def auto_conv_impl(*, task_batching: str, inner_steps_unrolled: bool, draws_mapped: bool) -> str:
