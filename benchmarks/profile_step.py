@@ -5,6 +5,10 @@
     python -m benchmarks.profile_step --settings omniglot_5w1s --tasks 4 --json profile.json
     python -m benchmarks.profile_step --sample-batching vmap --conv-impl patches   # a lever
     python -m benchmarks.profile_step --settings omniglot_5w1s --algorithm maml --tasks 8
+    python -m benchmarks.profile_step --settings omniglot_5w1s --episode --tasks 1 --repeats 5
+
+`--episode` traces a test episode instead (`suite --episodes`: VAMPIRE adapting
+to and predicting `--tasks` tasks sampled beforehand, one jitted evaluator call).
 
 Builds the training step of `benchmarks.suite` (tasks sampled inside the
 step, the library's batching and convolution for this backend), compiles it,
@@ -182,12 +186,14 @@ def profile(
   sample_batching: str = "auto",
   algorithm: str = "vampire",
   batching: Optional[str] = None,
+  episode: bool = False,
 ) -> dict:
   """Compiles, runs once, traces `repeats` steps of `suite`'s step; returns `summarise`'s dict.
 
   `conv_impl` and `sample_batching` "auto": the library's choices (as `suite`).
   `algorithm`: "vampire" or "maml" (one weight draw, as in `suite`).
   `batching`: the tasks' STRATEGY[:CHUNK] (e.g. "vmap"); None: the library's choice.
+  `episode`: trace `suite`'s test episode (adapt and predict) instead of a training step.
   """
   import jax
   import vampire_jax as vj
@@ -207,39 +213,50 @@ def profile(
       conv_impl=backend_defaults.conv_impl(
         task_batching=strategy,
         inner_steps_unrolled=False,
-        draws_mapped=mc_samples > 1 and draws != "vmap",
+        draws_mapped=mc_samples > 1 and draws not in ("vmap", "unroll"),
       ),
     )
   apply_fn, params, nll = suite.network(setting)
   learner = suite.make_learner(
     setting, algorithm, apply_fn, nll, unroll_steps=False, remat=remat, sample_batching=draws
   )
-  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=tasks)
-  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
-  data = suite.random_data(setting, jax.random.key(2))
   if strategy == "host_chunked":
     raise ValueError(
       "--settings: host_chunked steps run several programs; profile a one-program step"
     )
-  step = suite.build_train_step(
-    learner,
-    optimizer,
-    suite.task_sampler(setting),
-    num_tasks=tasks,
-    strategy=strategy,
-    chunk=chunk,
-    donate=False,
-  )
   key = jax.random.key(3)
+  if episode:
+    meta_params = learner.init(params, jax.random.key(1))
+    episode_tasks = suite.random_tasks(setting, jax.random.key(2), tasks)
+    evaluator = vj.make_classification_evaluator(learner, task_batching=strategy, chunk_size=chunk)
+    if setting.kind == "regression":
+      evaluator = vj.make_regression_evaluator(
+        learner, 0.3, task_batching=strategy, chunk_size=chunk
+      )
+    program, arguments = jax.jit(evaluator), (meta_params, episode_tasks, key)
+  else:
+    optimizer = vj.meta_optimizer(1e-3, tasks_per_step=tasks)
+    state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
+    data = suite.random_data(setting, jax.random.key(2))
+    program = suite.build_train_step(
+      learner,
+      optimizer,
+      suite.task_sampler(setting),
+      num_tasks=tasks,
+      strategy=strategy,
+      chunk=chunk,
+      donate=False,
+    )
+    arguments = (state, data, key)
   start = time.perf_counter()
-  compiled = step.lower(state, data, key).compile()
+  compiled = program.lower(*arguments).compile()
   compile_s = time.perf_counter() - start
-  jax.block_until_ready(compiled(state, data, key))
+  jax.block_until_ready(compiled(*arguments))
   folder = tempfile.mkdtemp(prefix="vj_profile_")
   start = time.perf_counter()
   with jax.profiler.trace(folder, create_perfetto_trace=True):
     for _ in range(repeats):
-      jax.block_until_ready(compiled(state, data, key))
+      jax.block_until_ready(compiled(*arguments))
   step_s = (time.perf_counter() - start) / repeats
   hlo = parse_hlo(compiled.as_text())
   with open(f"{folder}/hlo_instructions.json", "w") as f:  # to summarise the trace again
@@ -248,6 +265,7 @@ def profile(
   result.update(
     setting=name,
     algorithm=algorithm,
+    episode=episode,
     tasks=tasks,
     mc_samples=mc_samples,
     remat=remat,
@@ -267,7 +285,8 @@ def format_report(result: dict, rows: int = 12) -> str:
     f"{result['setting']} {result.get('algorithm', 'vampire').upper()}, T={result['tasks']}, L={result['mc_samples']},"
     f" tasks {result['batching']}, draws {result['sample_batching']},"
     f" conv {result['conv_impl']}, remat {result['remat']}:"
-    f" {result['repeats']} traced step(s); operations {result['traced_op_seconds']:.1f} s"
+    f" {result['repeats']} traced {'episode call' if result.get('episode') else 'step'}(s);"
+    f" operations {result['traced_op_seconds']:.1f} s"
     f" of {result['traced_step_s'] * result['repeats']:.1f} s traced"
   )
   lines = [header, ""]
@@ -306,12 +325,15 @@ def main(argv=None) -> dict:
   parser.add_argument(
     "--sample-batching",
     default="auto",
-    choices=("auto", "map", "vmap"),
-    help="how the L draws are batched (auto: lax.map for a ConvNet on a CPU)",
+    choices=("auto", "map", "remat_map", "vmap", "unroll"),
+    help="how the L draws are batched (auto: the library's choice)",
   )
   parser.add_argument("--algorithm", default="vampire", choices=("vampire", "maml"))
   parser.add_argument(
     "--batching", default=None, help="the tasks' STRATEGY[:CHUNK] (default: the library's)"
+  )
+  parser.add_argument(
+    "--episode", action="store_true", help="trace a test episode (adapt + predict), not a step"
   )
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)
@@ -326,6 +348,7 @@ def main(argv=None) -> dict:
     args.sample_batching,
     args.algorithm,
     args.batching,
+    args.episode,
   )
   print(format_report(result))
   if args.json:
