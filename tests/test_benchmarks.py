@@ -53,6 +53,20 @@ def test_suite_row_counts_flops_in_proportion_to_tasks(keep_cache_config):
   assert table.count("\n") == 3 and "| regression | maml | 4 |" in table
 
 
+def test_suite_counts_every_draw_whichever_way_the_draws_run(keep_cache_config):
+  """The FLOPs of a VAMPIRE row are those of the work, not of the program's loops: with the
+  draws in `lax.map` (the CPU default) XLA counts a loop body once, so the loop-free twin
+  must not keep that loop. (It did, and mini-ImageNet's count was ten times low.)"""
+  options = dict(QUICK_OPTIONS, mc_samples=8)
+  rows = {
+    draws: suite.run_row("regression", "vampire", dict(options, sample_batching=draws))
+    for draws in ("vmap", "map")
+  }
+  assert rows["map"]["sample_batching"] == "map" and rows["vmap"]["sample_batching"] == "vmap"
+  assert rows["map"]["gflop_per_step"] == pytest.approx(rows["vmap"]["gflop_per_step"], rel=0.01)
+  assert "draws map" in suite.format_table([rows["map"]])
+
+
 def test_suite_row_without_cost_or_memory_analysis(monkeypatch, keep_cache_config):
   # The GPU backend of jax 0.11 returns None from these; the row must still be made.
   monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: None)
@@ -275,3 +289,14 @@ def test_profile_of_a_small_step(capsys):
   for grouping in ("by_kind", "by_source", "by_part"):
     assert sum(row["share"] for row in result[grouping]) == pytest.approx(1.0)
   assert "| by network part | share |" in capsys.readouterr().out
+
+
+def test_profile_of_a_test_episode(capsys):
+  from benchmarks import profile_step
+
+  result = profile_step.main(
+    ["--settings", "regression", "--episode", "--tasks", "2", "--mc-samples", "2", "--top", "3"]
+  )
+  assert result["episode"] and result["traced_op_seconds"] > 0
+  assert sum(row["share"] for row in result["by_kind"]) == pytest.approx(1.0)
+  assert "traced episode call(s)" in capsys.readouterr().out
