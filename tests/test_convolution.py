@@ -193,14 +193,15 @@ def _as_float64(tree):
   return jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), tree)
 
 
-@pytest.mark.parametrize("max_pool,size", [(False, 14), (True, 21)])
-def test_loop_safe_conv4_equals_xla_conv4(max_pool, size):
+@pytest.mark.parametrize("max_pool,size,channels", [(False, 14, 1), (True, 21, 1), (True, 21, 3)])
+def test_loop_safe_conv4_equals_xla_conv4(max_pool, size, channels):
   """Same parameter tree, same outputs and meta-gradients (one inner step, second order):
   a checkpoint moves between implementations. Stride 2, or stride 1 with max-pool at odd
-  sizes (21 -> 10 -> 5 -> 2 -> 1)."""
+  sizes (21 -> 10 -> 5 -> 2 -> 1); three channels as mini-ImageNet's (`LoopSafeConv` pads
+  them to four)."""
   kx, kq, kp = jax.random.split(jax.random.PRNGKey(0), 3)
-  x = jax.random.uniform(kx, (4, size, size, 1), jnp.float64)
-  query = jax.random.uniform(kq, (6, size, size, 1), jnp.float64)
+  x = jax.random.uniform(kx, (4, size, size, channels), jnp.float64)
+  query = jax.random.uniform(kq, (6, size, size, channels), jnp.float64)
   labels_x, labels_q = jnp.arange(4) % 3, jnp.arange(6) % 3
   nets = [
     models.Conv4(num_classes=3, num_filters=4, max_pool=max_pool, conv_impl=impl)

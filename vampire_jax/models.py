@@ -96,7 +96,11 @@ class LoopSafeConv(nn.Module):
 
   Same parameters ('kernel' `[kh, kw, in, out]`, 'bias') and outputs as
   `nn.Conv`; the convolution is `convolution.conv2d`, whose gradients are
-  forward convolutions and matrix products (see that module).
+  forward convolutions and matrix products (see that module). A three-channel
+  (RGB) input gets a fourth, zero channel (and the kernel a zero slice):
+  XLA:CPU convolves 75 images of 84x84x4 in 48 ms against 75 ms at 84x84x3,
+  and the mini-ImageNet step takes 14 % less time (BUILD_NOTES.md, "What
+  limits the 84x84 step").
   """
 
   features: int
@@ -108,7 +112,11 @@ class LoopSafeConv(nn.Module):
     kernel = self.param("kernel", kernel_init, self.kernel_size + (x.shape[-1], self.features))
     bias = self.param("bias", nn.initializers.zeros, (self.features,))
     padding = convolution.same_padding(x.shape[1], x.shape[2], self.kernel_size, self.strides)
-    y = convolution.conv2d(x, kernel.astype(x.dtype), self.strides, padding)
+    kernel = kernel.astype(x.dtype)
+    if x.shape[-1] == 3:  # a zero fourth channel: the same sums, a faster XLA:CPU convolution
+      x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, 1)))
+      kernel = jnp.pad(kernel, ((0, 0), (0, 0), (0, 1), (0, 0)))
+    y = convolution.conv2d(x, kernel, self.strides, padding)
     return y + bias.astype(y.dtype)
 
 
