@@ -228,10 +228,13 @@ def profile(
   if episode:
     meta_params = learner.init(params, jax.random.key(1))
     episode_tasks = suite.random_tasks(setting, jax.random.key(2), tasks)
-    evaluator = vj.make_classification_evaluator(learner, task_batching=strategy, chunk_size=chunk)
-    if setting.kind == "regression":
+    if setting.kind == "regression":  # the suite's noise, 0.3
       evaluator = vj.make_regression_evaluator(
         learner, 0.3, task_batching=strategy, chunk_size=chunk
+      )
+    else:
+      evaluator = vj.make_classification_evaluator(
+        learner, task_batching=strategy, chunk_size=chunk
       )
     program, arguments = jax.jit(evaluator), (meta_params, episode_tasks, key)
   else:
