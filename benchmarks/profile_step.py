@@ -204,7 +204,7 @@ def profile(
   setting = dataclasses.replace(
     suite.SETTINGS[name], tasks=tasks, mc_samples=mc_samples, conv_impl=conv_impl
   )
-  draws = None if sample_batching == "auto" else sample_batching
+  draws = suite.draw_batching(setting, {"sample_batching": sample_batching})
   strategy, chunk = suite.choose_batching(setting, batching)
   strategy, chunk = backend_defaults.task_batching(strategy, chunk, tasks)
   if setting.conv_impl == "auto":
@@ -213,7 +213,7 @@ def profile(
       conv_impl=backend_defaults.conv_impl(
         task_batching=strategy,
         inner_steps_unrolled=False,
-        draws_mapped=mc_samples > 1 and draws not in ("vmap", "unroll"),
+        draws_mapped=mc_samples > 1 and draws in vj.MAPPED_STRATEGIES,
       ),
     )
   apply_fn, params, nll = suite.network(setting)
@@ -328,7 +328,7 @@ def main(argv=None) -> dict:
   parser.add_argument(
     "--sample-batching",
     default="auto",
-    choices=("auto", "map", "remat_map", "vmap", "unroll"),
+    choices=suite.DRAW_BATCHINGS,
     help="how the L draws are batched (auto: the library's choice)",
   )
   parser.add_argument("--algorithm", default="vampire", choices=("vampire", "maml"))

@@ -81,6 +81,8 @@ import time
 from typing import Optional
 
 SETTINGS_HELP = "omniglot_5w1s, omniglot_20w1s, mini_imagenet_5w1s, regression"
+# --sample-batching: how VAMPIRE's L draws are batched (auto: the backend's choice).
+DRAW_BATCHINGS = ("auto", "vmap", "map", "remat_map", "unroll")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -468,7 +470,7 @@ def _row_setting(name: str, options: dict) -> Setting:
   )
 
 
-def _draw_batching(setting: Setting, options: dict) -> str:
+def draw_batching(setting: Setting, options: dict) -> str:
   """How the row batches VAMPIRE's draws: --sample-batching, else the backend's choice."""
   from vampire_jax import backend_defaults
 
@@ -490,7 +492,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   strategy, chunk = choose_batching(setting, options["batching"])
   strategy, chunk = backend_defaults.task_batching(strategy, chunk, num_tasks)
   unroll_steps = options["unroll_inner_steps"]
-  draws = _draw_batching(setting, options)
+  draws = draw_batching(setting, options)
   if setting.conv_impl == "auto":
     setting = dataclasses.replace(
       setting,
@@ -743,7 +745,7 @@ def main(argv=None) -> list[dict]:
   parser.add_argument(
     "--sample-batching",
     default="auto",
-    choices=("auto", "vmap", "map", "remat_map", "unroll"),
+    choices=DRAW_BATCHINGS,
     help="how VAMPIRE's L draws are batched (auto: the backend's choice)",
   )
   parser.add_argument(

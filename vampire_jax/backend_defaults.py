@@ -95,6 +95,10 @@ def task_batching(
   return strategy, chunk_size
 
 
+# The batching strategies that run their items one after another in a `lax.map` loop.
+MAPPED_STRATEGIES = ("map", "remat_map")
+
+
 def sample_batching(requested: str = "auto", *, dense_only: bool = False) -> str:
   """How Monte-Carlo draws are batched: `requested`, or for 'auto' the backend's choice."""
   if requested != "auto":
@@ -121,7 +125,7 @@ def config_conv_impl(config) -> str:
     return config.conv_impl
   strategy, _ = task_batching(config.task_batching, config.chunk_size, config.tasks_per_step)
   mapped_draws = (
-    sample_batching(config.sample_batching) in ("map", "remat_map")
+    sample_batching(config.sample_batching) in MAPPED_STRATEGIES
     and max(config.num_mc_train, config.num_mc_query) > 1
   )
   return conv_impl(

@@ -22,8 +22,7 @@ from vampire_jax import backend_defaults
 
 Batching = Literal["vmap", "map", "remat_map", "unroll", "chunked_unroll", "chunked_vmap"]
 BATCHING_STRATEGIES = ("vmap", "map", "remat_map", "unroll", "chunked_unroll", "chunked_vmap")
-# The strategies that run the items one after another in a `lax.map` loop.
-MAPPED_STRATEGIES = ("map", "remat_map")
+MAPPED_STRATEGIES = backend_defaults.MAPPED_STRATEGIES  # those that loop over the items
 
 T = TypeVar("T")
 
