@@ -22,6 +22,7 @@ import jax
 from jax import lax
 
 from vampire_jax import convolution
+from vampire_jax import sharding
 
 
 def _milliseconds(fn, args, trips: int, repeats: int) -> float:
@@ -73,6 +74,7 @@ def measure(shape: tuple[int, int, int, int], features: int, repeats: int) -> li
 
 
 def main(argv=None) -> list[dict]:
+  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )

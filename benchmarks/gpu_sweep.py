@@ -60,6 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
+from vampire_jax import sharding
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMED_STEPS, QUICK_TIMED_STEPS = 30, 2
@@ -394,6 +395,7 @@ def _parse_args(argv):
 
 
 def main(argv=None) -> Optional[list[dict]]:
+  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
   args, levers = _parse_args(argv)
   if args.child:  # one row, in this fresh process
     row = measure(LEVERS_BY_NAME[args.child], args.quick)

@@ -19,6 +19,7 @@ import concurrent.futures
 import multiprocessing
 import resource
 import time
+from vampire_jax import sharding
 
 
 def _hlo_gflop(setting, algorithm, apply_fn, nll, remat, optimizer, state, tasks) -> float:
@@ -85,6 +86,7 @@ def measure(
 
 
 def main(argv=None) -> list[dict]:
+  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )

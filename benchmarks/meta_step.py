@@ -32,6 +32,7 @@ import jax
 import vampire_jax as vj
 from benchmarks import suite
 from vampire_jax import backend_defaults, models
+from vampire_jax import sharding
 
 SETTING = suite.SETTINGS["omniglot_5w1s"]
 
@@ -121,6 +122,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> list[dict]:
+  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )

@@ -14,9 +14,11 @@ bfloat16`.
 import argparse
 import tempfile
 from pathlib import Path
+from vampire_jax import sharding
 
 
 def main(argv=None) -> dict:
+  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )

@@ -45,6 +45,7 @@ import time
 from typing import Optional
 
 from benchmarks import suite
+from vampire_jax import sharding
 
 _INSTRUCTION = re.compile(
   r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\S+(?:\[[^\]]*\])?(?:\{[^}]*\})?\s+([\w\-]+)\("
@@ -310,6 +311,7 @@ def format_report(result: dict, rows: int = 12) -> str:
 
 
 def main(argv=None) -> dict:
+  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )

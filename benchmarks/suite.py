@@ -79,6 +79,7 @@ import resource
 import tempfile
 import time
 from typing import Optional
+from vampire_jax import sharding
 
 SETTINGS_HELP = "omniglot_5w1s, omniglot_20w1s, mini_imagenet_5w1s, regression"
 # --sample-batching: how VAMPIRE's L draws are batched (auto: the backend's choice).
@@ -288,7 +289,6 @@ def make_learner(
 
 def choose_batching(setting: Setting, requested: Optional[str]) -> tuple[str, int]:
   """`requested` (STRATEGY[:CHUNK]), else what `backend_defaults` picks for the setting."""
-  import jax
   from vampire_jax import backend_defaults
 
   if requested:
@@ -298,7 +298,6 @@ def choose_batching(setting: Setting, requested: Optional[str]) -> tuple[str, in
     "auto",
     0,
     setting.tasks,
-    sharded=jax.device_count() > 1,
     dense_only=setting.kind == "regression",
   )
 
@@ -727,6 +726,7 @@ def _row_line(row: dict) -> str:
 
 
 def main(argv=None) -> list[dict]:
+  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )

@@ -41,7 +41,7 @@ def evaluate_combinations(
   """Scores a trained run on tasks made of every `config.ways`-class combination.
 
   Task r uses the classes `data.combination_at(ids[r])` (itertools order)
-  with `config.shots` support and `config.query` query examples per class;
+  with `config.shots` support and `vj.configs.test_query(config)` query examples per class;
   its examples and Monte-Carlo draws depend only on `seed` and the
   combination's index, so the scores do not depend on the batch size. The
   test learner uses the run's `num_mc_test` draws.
@@ -60,11 +60,12 @@ def evaluate_combinations(
      'num_combinations', ...} as written to calibration.json.
   """
   start, config = time.time(), run.config
+  query = vj.configs.test_query(config)
   num_classes = int(class_images.shape[0])
   ids = data.combination_ids(num_classes, config.ways, num_tasks, seed=seed)
   if class_counts is not None:
     data.check_class_counts(
-      np.asarray(class_counts), ways=config.ways, shots=config.shots, query=config.query
+      np.asarray(class_counts), ways=config.ways, shots=config.shots, query=query
     )
   evaluate = training.build_evaluator(run.kind, run.noise_std, config, run.learner)
   task_key, eval_key = jax.random.split(jax.random.key(seed))
@@ -80,7 +81,7 @@ def evaluate_combinations(
       num_classes=num_classes,
       ways=config.ways,
       shots=config.shots,
-      query=config.query,
+      query=query,
       class_counts=class_counts,
     )
     result = evaluate(run.meta_params, tasks, predict_keys(eval_key, np.asarray(padded, np.uint32)))
@@ -99,7 +100,7 @@ def evaluate_combinations(
     "seed": seed,
     "ways": config.ways,
     "shots": config.shots,
-    "query": config.query,
+    "query": query,
     "num_mc_test": config.num_mc_test,
     "calibration": {k: calibration.to_record(v) for k, v in summary.calibration.items()},
     "wall_time_s": time.time() - start,

@@ -33,6 +33,8 @@ GROUPS = {
     "meta_lr",
     "meta_lr_decay",
     "meta_grad_clip_norm",
+    "meta_grad_clip_separately",
+    "log_std_weight_decay",
     "checkpoint_every",
     "log_every",
     "seed",
@@ -47,6 +49,8 @@ GROUPS = {
     "first_order",
     "second_order_steps",
     "log_std_init",
+    "kernel_init_gain",
+    "local_reparameterization",
     "num_particles",
     "bmaml_meta_objective",
     "bmaml_leader_steps",
@@ -57,14 +61,17 @@ GROUPS = {
     "ways",
     "shots",
     "query",
+    "test_query",
     "num_support",
     "num_query",
     "noise_std",
     "likelihood_std",
+    "data_noise_std",
     "class_sampling",
     "num_filters",
     "hidden_sizes",
     "batch_norm_affine",
+    "batch_norm_epsilon",
   ),
   "data": (
     "dataset",
@@ -101,7 +108,9 @@ GROUPS = {
     "num_test_tasks",
     "eval_every",
     "num_bins",
+    "test_parameters",
     "num_plot_tasks",
+    "test_query_grid",
     "num_open_set_classes",
   ),
 }
@@ -328,8 +337,9 @@ def main_entry(
 ) -> int:
   """Runs `main(argv)` as a command; returns the exit code.
 
-  TensorFlow and absl stay quiet; the compilation cache is on unless
-  `--no-compilation-cache`. A `UserError` (bad flag, missing or corrupt data,
+  XLA gets one CPU device per core (`vj.use_all_cpu_cores`; a device count
+  set in `JAX_NUM_CPU_DEVICES` or `XLA_FLAGS` wins). TensorFlow and absl stay
+  quiet; the compilation cache is on unless `--no-compilation-cache`. A `UserError` (bad flag, missing or corrupt data,
   a resumed run of another config, a run folder in use, full or read-only)
   prints `error: ...` and returns 2, as does any other error of the file
   system (a full disk while drawing a figure); a stopped run (Ctrl-C,
@@ -342,8 +352,10 @@ def main_entry(
   for name in ("absl", "asyncio"):
     logging.getLogger(name).setLevel(logging.CRITICAL)
   argv = list(sys.argv[1:] if argv is None else argv)
-  from vampire_jax import run_folder
+  from vampire_jax import run_folder, sharding
   from vampire_jax.training import TrainingInterrupted
+
+  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core (JAX_NUM_CPU_DEVICES=1: one)
 
   try:
     with _sigterm_raises():

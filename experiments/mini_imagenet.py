@@ -29,7 +29,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +59,17 @@ def load_splits(config: MiniImagenetConfig) -> dict[str, data.MiniImagenetSplit]
   return splits
 
 
+class ImageSplit(NamedTuple):
+  """What a split's tasks are drawn from (the `data` of its sampler)."""
+
+  images: jax.Array  # uint8 [classes, images, H, W, 3]
+  query_slots: jax.Array  # [query, 0]: its shape holds the query images per class (static)
+
+  @property
+  def query(self) -> int:
+    return self.query_slots.shape[0]
+
+
 def make_problem(
   config: MiniImagenetConfig,
   workdir: Optional[Path] = None,
@@ -66,13 +77,16 @@ def make_problem(
 ) -> vj.Problem:
   """Loads mini-ImageNet (unless `splits` is given) and puts it on the device."""
   splits = splits or load_splits(config)
-  for split in splits.values():  # partial copies: the images actually present
+  query = {
+    name: vj.configs.test_query(config) if name == "test" else config.query for name in splits
+  }
+  for name, split in splits.items():  # partial copies: the images actually present
     data.check_episode_spec(
       len(split.wnids),
       split.images.shape[1],
       ways=config.ways,
       shots=config.shots,
-      query=config.query,
+      query=query[name],
     )
   if workdir is not None:
     record = {
@@ -86,14 +100,16 @@ def make_problem(
     Path(workdir).mkdir(parents=True, exist_ok=True)
     (Path(workdir) / "split.json").write_text(json.dumps(record, indent=1))
 
-  episode = dict(ways=config.ways, shots=config.shots, query=config.query, rotate=False)
+  episode = dict(ways=config.ways, shots=config.shots, rotate=False)
   num_unknown = vj.configs.open_set_classes(config, len(splits["test"].wnids))
 
-  def sample_tasks(images, task_keys):
-    return data.tasks_from_keys(task_keys, images, **episode)
+  def sample_tasks(split: ImageSplit, task_keys):
+    return data.tasks_from_keys(task_keys, split.images, **episode, query=split.query)
 
-  def sample_open_set_tasks(images, task_keys):
-    return data.open_set_tasks_from_keys(task_keys, images, **episode, num_unknown=num_unknown)
+  def sample_open_set_tasks(split: ImageSplit, task_keys):
+    return data.open_set_tasks_from_keys(
+      task_keys, split.images, **episode, query=split.query, num_unknown=num_unknown
+    )
 
   model = vj.Conv4(
     num_classes=config.ways,
@@ -101,12 +117,17 @@ def make_problem(
     max_pool=True,
     conv_impl=vj.training.conv_impl(config),
     batch_norm_affine=config.batch_norm_affine,
+    batch_norm_epsilon=config.batch_norm_epsilon,
+    kernel_init_gain=config.kernel_init_gain,
   )
   folder = config.data_dir or os.environ.get("MINI_IMAGENET_DIR")
   return vj.Problem(
     model=model,
     input_shape=(config.image_size, config.image_size, 3),
-    splits={name: jax.device_put(split.images) for name, split in splits.items()},
+    splits={
+      name: ImageSplit(jax.device_put(split.images), jnp.zeros((query[name], 0), jnp.uint8))
+      for name, split in splits.items()
+    },
     sample_tasks=sample_tasks,
     kind="classification",
     data_info={

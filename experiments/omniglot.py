@@ -92,6 +92,8 @@ def make_problem(
     num_filters=config.num_filters,
     conv_impl=vj.training.conv_impl(config),
     batch_norm_affine=config.batch_norm_affine,
+    batch_norm_epsilon=config.batch_norm_epsilon,
+    kernel_init_gain=config.kernel_init_gain,
   )
   return vj.Problem(
     model=model,

@@ -356,6 +356,8 @@ _Y_LABELS = {
   "mse": "query MSE",
   "nll": "query NLL",
   "mae": "query MAE",
+  "log_std": "mean log-std of the prior",
+  "ece": "calibration error (ECE)",
 }
 
 
@@ -610,15 +612,19 @@ def run_figures(
   rows = reporting.read_metrics(workdir)
   train = [r for r in rows if "train/loss" in r]
   if train:
-    names = [k for k in ("loss", "accuracy") if f"train/{k}" in train[0]]
+    names = [k for k in ("loss", "accuracy", "log_std") if f"train/{k}" in train[0]]
     score = kinds.of_results(results).score
-    val = [r for r in rows if f"val/{score}" in r]
+    validation = {}
+    for name in (score, "ece"):  # the score that picks the best, and calibration
+      val = [r for r in rows if f"val/{name}" in r]
+      if val:
+        validation[name] = ([r["step"] for r in val], [r[f"val/{name}"] for r in val])
     plots["training_curves"] = plot_training_curves(
       {k: [r[f"train/{k}"] for r in train] for k in names},
       [r["step"] for r in train],
       workdir / "training_curves.png",
       title=f"{where}: meta-training",
-      validation={score: ([r["step"] for r in val], [r[f"val/{score}"] for r in val])},
+      validation=validation,
       best=results.get("best_validation"),
     )
   return {name: str(path) for name, path in plots.items()}

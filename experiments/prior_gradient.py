@@ -21,6 +21,7 @@ import numpy as np
 import vampire_jax as vj
 from experiments import regression
 from vampire_jax import algorithms, meta_step
+from vampire_jax import sharding
 
 
 def flat(tree) -> np.ndarray:
@@ -28,6 +29,7 @@ def flat(tree) -> np.ndarray:
 
 
 def main(argv=None) -> dict:
+  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )

@@ -23,7 +23,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -42,33 +42,60 @@ PAPER_MSE = {"maml": 1.96, "platipus": 1.86, "bmaml": 1.12, "abml": 2.32, "vampi
 SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
 
 
+class RegressionSplit(NamedTuple):
+  """What a split's tasks are drawn from (the `data` of its sampler)."""
+
+  split_id: jax.Array  # [] uint32: the splits draw disjoint streams of tasks
+  query_x: jax.Array  # [n, 1] query inputs shared by every task; [0, 1]: drawn per task
+
+
 def make_problem(
   config: RegressionConfig, workdir: Optional[Path] = None, print_fn=print
 ) -> vj.Problem:
-  """The MLP, its Gaussian likelihood and the task sampler (tasks are generated, not loaded)."""
+  """The MLP, its Gaussian likelihood and the task sampler (tasks are generated, not loaded).
+
+  The targets get noise of `data_noise_std` (default `noise_std`); the
+  likelihood and the calibration metric assume `noise_std` (the likelihood
+  `likelihood_std` where set). Test tasks query an even grid of
+  `test_query_grid` points where set (the authors' 2019 test).
+  """
   del workdir, print_fn  # nothing to record or load
-  sizes = dict(
-    num_support=config.num_support, num_query=config.num_query, noise_std=config.noise_std
-  )
+  data_noise_std = config.noise_std if config.data_noise_std is None else config.data_noise_std
+  sizes = dict(num_support=config.num_support, num_query=config.num_query)
 
-  def split_keys(split_id, task_keys):  # the splits draw disjoint streams of tasks
-    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(task_keys, split_id)
+  def split_keys(split: RegressionSplit, task_keys):
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(task_keys, split.split_id)
 
-  def sample_tasks(split_id, task_keys):
-    return sine_line.tasks_from_keys(split_keys(split_id, task_keys), **sizes)
+  def draw(split: RegressionSplit, task_keys, make):
+    fixed_x = split.query_x if split.query_x.shape[0] else None  # the shape is static
+    return make(split_keys(split, task_keys), **sizes, noise_std=data_noise_std, query_x=fixed_x)
 
-  def query_truth(split_id, task_keys):
-    return sine_line.query_truth_from_keys(split_keys(split_id, task_keys), **sizes)
+  def sample_tasks(split, task_keys):
+    return draw(split, task_keys, sine_line.tasks_from_keys)
+
+  def query_truth(split, task_keys):
+    return draw(split, task_keys, sine_line.query_truth_from_keys)
+
+  def split(name: str) -> RegressionSplit:
+    grid = config.test_query_grid if name == "test" else 0
+    query_x = sine_line.query_grid(grid) if grid else jnp.zeros((0, 1), jnp.float32)
+    return RegressionSplit(jnp.uint32(SPLIT_IDS[name]), query_x)
 
   return vj.Problem(
-    model=vj.MLP(tuple(config.hidden_sizes), 1),
+    model=vj.MLP(tuple(config.hidden_sizes), 1, kernel_init_gain=config.kernel_init_gain),
     input_shape=(1,),
-    splits={name: jnp.uint32(i) for name, i in SPLIT_IDS.items()},
+    splits={name: split(name) for name in SPLIT_IDS},
     sample_tasks=sample_tasks,
     kind="regression",
     noise_std=config.noise_std,
     query_truth=query_truth,
-    data_info={"source": "generated: vampire_jax.data.sine_line", **sizes},
+    data_info={
+      "source": "generated: vampire_jax.data.sine_line",
+      **sizes,
+      "noise_std": config.noise_std,
+      "data_noise_std": data_noise_std,
+      "test_query_grid": config.test_query_grid,
+    },
   )
 
 

@@ -76,7 +76,7 @@ def make_problem(
 
   feature_size = next(iter(splits.values())).features.shape[-1]
   return vj.Problem(
-    model=vj.MLP(tuple(config.hidden_sizes), config.ways),
+    model=vj.MLP(tuple(config.hidden_sizes), config.ways, kernel_init_gain=config.kernel_init_gain),
     input_shape=(feature_size,),
     splits={
       name: (jax.device_put(split.features), jax.device_put(split.counts))

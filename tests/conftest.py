@@ -9,6 +9,10 @@ import pytest
 
 # Quieter TensorFlow if a data test imports it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# One CPU device in the test processes and the commands they start, as before the
+# experiments' one-device-per-core default (`vj.use_all_cpu_cores`, which leaves a count
+# set here alone); the tests of that default set their own count.
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "1")
 
 # XLA's persistent compilation cache, shared by the test processes, their
 # subprocesses (the 8-device child, notebook kernels) and later runs: the many

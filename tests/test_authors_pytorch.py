@@ -291,3 +291,57 @@ def test_rows_use_the_settings_we_time():
     assert (config.inner_lr, config.num_inner_steps) == (ours.inner_lr, ours.num_inner_steps)
     if algorithm != "maml":
       assert config.kl_weight == ours.kl_weight
+
+
+@pytest.mark.parametrize("separately", [True, False])
+def test_meta_optimizer_is_torch_adam_with_the_authors_weight_decay(separately):
+  # vampire.py's optimiser: torch.optim.Adam with weight_decay 1e-3 on the log-stds'
+  # parameter group, after clip_grad_norm_ of the means and of the log-stds (each at 10),
+  # against `vj.meta_optimizer(clip_separately=True, log_std_weight_decay=...)`; and the
+  # joint clip against one clip_grad_norm_ over both.
+  rng = np.random.default_rng(0)
+  mean = {"w": rng.normal(size=(4, 3)).astype(np.float32), "b": np.zeros(3, np.float32)}
+  log_std = {k: rng.uniform(-4, -3, size=v.shape).astype(np.float32) for k, v in mean.items()}
+  gradients = [
+    (
+      {k: 40 * rng.normal(size=v.shape).astype(np.float32) for k, v in mean.items()},
+      {k: 15 * rng.normal(size=v.shape).astype(np.float32) for k, v in mean.items()},
+    )
+    for _ in range(5)
+  ]
+  decay = 0.3  # large, so that an error in where it is added shows
+  t_mean = {k: torch.tensor(v, requires_grad=True) for k, v in mean.items()}
+  t_log_std = {k: torch.tensor(v, requires_grad=True) for k, v in log_std.items()}
+  adam = torch.optim.Adam(
+    [
+      {"params": list(t_mean.values()), "weight_decay": 0},
+      {"params": list(t_log_std.values()), "weight_decay": decay},
+    ],
+    lr=1e-2,
+  )
+  for g_mean, g_log_std in gradients:
+    for group, grads in ((t_mean, g_mean), (t_log_std, g_log_std)):
+      for k, tensor in group.items():
+        tensor.grad = torch.tensor(grads[k])
+    if separately:
+      torch.nn.utils.clip_grad_norm_(list(t_mean.values()), max_norm=10)
+      torch.nn.utils.clip_grad_norm_(list(t_log_std.values()), max_norm=10)
+    else:
+      torch.nn.utils.clip_grad_norm_(list(t_mean.values()) + list(t_log_std.values()), 10)
+    adam.step()
+  optimizer = vj.meta_optimizer(
+    1e-2,
+    tasks_per_step=10,
+    decay_rate=1.0,
+    clip_norm=10.0,
+    clip_separately=separately,
+    log_std_weight_decay=decay,
+  )
+  params = vj.Gaussian(mean, log_std)
+  state = optimizer.init(params)
+  for g_mean, g_log_std in gradients:
+    updates, state = optimizer.update(vj.Gaussian(g_mean, g_log_std), state, params)
+    params = optax.apply_updates(params, updates)
+  for ours, theirs in ((params.mean, t_mean), (params.log_std, t_log_std)):
+    for k in ours:
+      np.testing.assert_allclose(ours[k], theirs[k].detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -118,6 +118,7 @@ from vampire_jax.meta_step import (
   make_train_step,
   meta_lr_schedule,
   meta_optimizer,
+  log_std_mask,
 )
 from vampire_jax.models import (
   MLP,
@@ -125,11 +126,12 @@ from vampire_jax.models import (
   conv4_mini_imagenet,
   conv4_omniglot,
   init_params,
+  local_reparameterization,
   mixed_precision,
   pure_apply,
 )
 from vampire_jax.runs import Run, load_run
-from vampire_jax.sharding import replicate, shard_tasks, task_mesh
+from vampire_jax.sharding import replicate, shard_tasks, task_mesh, use_all_cpu_cores
 from vampire_jax.tasks import Task
 from vampire_jax.training import Problem, TrainingInterrupted, train_and_evaluate
 from vampire_jax.predictive_uncertainty import (
@@ -193,6 +195,7 @@ __all__ = (
   "conv4_mini_imagenet",
   "conv4_omniglot",
   "init_params",
+  "local_reparameterization",
   "mixed_precision",
   "pure_apply",
   "Task",
@@ -223,6 +226,7 @@ __all__ = (
   "make_train_step",
   "meta_lr_schedule",
   "meta_optimizer",
+  "log_std_mask",
   "BATCHING_STRATEGIES",
   "MAPPED_STRATEGIES",
   "batched_map",
@@ -268,6 +272,7 @@ __all__ = (
   "replicate",
   "shard_tasks",
   "task_mesh",
+  "use_all_cpu_cores",
   # Errors.
   "UserError",
   "ConfigError",

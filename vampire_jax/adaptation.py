@@ -104,6 +104,12 @@ def _two_phase_scan(
   return carry
 
 
+# draw_outputs(dist, x, key, num_samples) -> [num_samples, batch, ...]: the network's
+# outputs under `num_samples` draws from `dist`, each example's exactly distributed as
+# under a weight draw (e.g. `models.local_reparameterization`).
+OutputSampler = Callable[[Gaussian, jax.Array, jax.Array, int], jax.Array]
+
+
 def expected_nll(
   dist: Gaussian,
   x: jax.Array,
@@ -113,6 +119,8 @@ def expected_nll(
   loss_fn: LossFn,
   num_mc_samples: int,
   sample_batching: batching.Batching = "vmap",
+  draw_outputs: Optional[OutputSampler] = None,
+  nll: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
 ) -> jax.Array:
   """Monte-Carlo estimate of E_{w~dist}[loss_fn(w, x, y)], reparameterised.
 
@@ -123,10 +131,18 @@ def expected_nll(
     loss_fn: `loss_fn(params, x, y)`, the mean NLL under one weight sample.
     num_mc_samples: number of weight draws L.
     sample_batching: how the L forward passes are batched (see `batching`).
+    draw_outputs: optional: draw the L outputs with it instead of drawing
+      weights (the local reparameterisation trick); `nll(outputs, y)` then
+      scores each. The loss is a mean over examples, so its expectation needs
+      only each example's marginal: the estimate is unbiased, with less variance.
+    nll: the likelihood on outputs, with `draw_outputs`.
 
   Returns:
     The mean of `loss_fn` over the L draws, a scalar.
   """
+  if draw_outputs is not None:
+    outputs = draw_outputs(dist, x, key, num_mc_samples)
+    return jnp.mean(jax.vmap(nll, in_axes=(0, None))(outputs, y))
   weights = sample(dist, key, num_mc_samples)
   if num_mc_samples == 1:  # no batching needed: keeps convolutions ungrouped
     return loss_fn(jax.tree_util.tree_map(lambda w: w[0], weights), x, y)
@@ -177,6 +193,8 @@ def adapt(
   unroll_steps: bool = False,
   remat: bool = False,
   second_order_steps: Optional[int] = None,
+  draw_outputs: Optional[OutputSampler] = None,
+  nll: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
 ) -> Gaussian:
   """VAMPIRE's task adaptation (Alg. 1, lines 5-7).
 
@@ -203,10 +221,15 @@ def adapt(
       (Alg. 1); k treats the likelihood's gradient as a constant after the
       first k steps, as the authors' code does with k = 1 (the KL's
       gradient stays differentiable).
+    draw_outputs, nll: optional: the local reparameterisation trick (see
+      `expected_nll`), e.g. `draw_outputs=vj.local_reparameterization` with
+      `nll=vj.gaussian_nll(0.3)` for a `vj.MLP`.
 
   Returns:
     The task posterior q(w; lambda), a `Gaussian` with the prior's structure.
   """
+  if (draw_outputs is None) != (nll is None):
+    raise ValueError("adapt: draw_outputs and nll go together (the local reparameterisation)")
   check_gaussian(prior)
   _check_support("adapt", loss_fn, prior.mean, support_x, support_y)
   _check_steps(num_steps)
@@ -218,7 +241,7 @@ def adapt(
 
   def make_step(differentiated: bool):
     def step(posterior, step_key):
-      nll = nll_grad(
+      data_grads = nll_grad(
         posterior,
         support_x,
         support_y,
@@ -226,10 +249,14 @@ def adapt(
         loss_fn=loss_fn,
         num_mc_samples=num_mc_samples,
         sample_batching=sample_batching,
+        draw_outputs=draw_outputs,
+        nll=nll,
       )
       if not differentiated:  # the authors' steps 2..S: the likelihood's gradient is a constant
-        nll = jax.lax.stop_gradient(nll)
-      grads = jax.tree_util.tree_map(lambda g, k: g + kl_weight * k, nll, kl_grad(posterior, prior))
+        data_grads = jax.lax.stop_gradient(data_grads)
+      grads = jax.tree_util.tree_map(
+        lambda g, k: g + kl_weight * k, data_grads, kl_grad(posterior, prior)
+      )
       return _sgd_step(posterior, grads, inner_lr, first_order), None
 
     return step
@@ -307,6 +334,7 @@ def predict(
   apply_fn: ApplyFn,
   num_mc_samples: int,
   sample_batching: batching.Batching = "vmap",
+  draw_outputs: Optional[OutputSampler] = None,
 ) -> jax.Array:
   """Outputs of `apply_fn` under `num_mc_samples` weight draws.
 
@@ -317,6 +345,9 @@ def predict(
     apply_fn: `apply_fn(params, x)`, the network.
     num_mc_samples: L_v, number of draws.
     sample_batching: how the L_v forward passes are batched.
+    draw_outputs: optional: draw the outputs with it instead of weights (the
+      local reparameterisation trick): each example's outputs are
+      distributed as under weight draws, the examples' draws independent.
 
   Returns:
     `[num_mc_samples, batch, ...]`: one network output per draw (logits for
@@ -325,6 +356,8 @@ def predict(
   check_gaussian(posterior)
   check_inputs("predict", x)
   _check_num_samples(num_mc_samples)
+  if draw_outputs is not None:
+    return draw_outputs(posterior, x, key, num_mc_samples)
   weights = sample(posterior, key, num_mc_samples)
   if num_mc_samples == 1:  # as in expected_nll: no vmap, so convolutions stay ungrouped
     return apply_fn(jax.tree_util.tree_map(lambda w: w[0], weights), x)[None]

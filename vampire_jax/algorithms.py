@@ -20,7 +20,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vampire_jax import backend_defaults, baselines, kinds, learners, losses, models
+import optax
+
+from vampire_jax import backend_defaults, baselines, kinds, learners, losses, meta_step, models
 from vampire_jax.errors import ConfigError
 from vampire_jax.gaussian import kl_step_factor
 from vampire_jax.learners import MetaLearner
@@ -68,6 +70,7 @@ def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
     unroll_steps=unroll,
     remat=config.remat,
     second_order_steps=config.second_order_steps,
+    draw_outputs=models.local_reparameterization if config.local_reparameterization else None,
   )
 
 
@@ -139,7 +142,14 @@ def _abml(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
 
 
 # Point estimates have no KL term and one weight draw.
-_POINT_ESTIMATE = {"kl_weight": 0.0, "num_mc_train": 1, "num_mc_query": 1, "num_mc_test": 1}
+# Neither has log-stds for a weight decay to act on.
+_POINT_ESTIMATE = {
+  "kl_weight": 0.0,
+  "num_mc_train": 1,
+  "num_mc_query": 1,
+  "num_mc_test": 1,
+  "log_std_weight_decay": 0.0,
+}
 
 ALGORITHMS: dict[str, Algorithm] = {
   "vampire": Algorithm(
@@ -161,7 +171,11 @@ ALGORITHMS: dict[str, Algorithm] = {
     "PLATIPUS: learned prior over the initial weights, mean-only adaptation",
   ),
   "bmaml": Algorithm(
-    _bmaml, False, False, {"kl_weight": 0.0}, "BMAML: SVGD particles, ensemble prediction"
+    _bmaml,
+    False,
+    False,
+    {"kl_weight": 0.0, "log_std_weight_decay": 0.0},
+    "BMAML: SVGD particles, ensemble prediction",
   ),
   "abml": Algorithm(
     _abml, True, True, {}, "ABML: VAMPIRE's inner loop, ELBO on support and query, hyper-prior"
@@ -254,4 +268,16 @@ def make_learner(
     num_mc_train=num_mc_train,
     num_mc_query=num_mc_query,
     unroll_steps=unroll_inner_steps(config),
+  )
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  """The config's meta-optimiser: Adam with its schedule, clipping and log-std weight decay."""
+  return meta_step.meta_optimizer(
+    config.meta_lr,
+    tasks_per_step=config.tasks_per_step,
+    decay_rate=config.meta_lr_decay,
+    clip_norm=config.meta_grad_clip_norm,
+    clip_separately=config.meta_grad_clip_separately,
+    log_std_weight_decay=config.log_std_weight_decay,
   )

@@ -10,8 +10,9 @@ this module instead of deciding on their own.
 | cpu | `lax.map`, chunk 1 | `lax.map`, each draw recomputed in the backward pass (`remat_map`) | `loop_safe`; `xla` in a loop-free program | per-task weights make `vmap` turn each convolution into a grouped one, which XLA:CPU runs slowly; XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its own convolution wins only where nothing loops; a CPU step is limited by moving the draws' stacked activations, which recomputing them avoids (BUILD_NOTES.md, "Speed") |
 | gpu, tpu, other | `vmap` | `vmap` | `xla` | grouped convolutions are fast there, and one wide batch keeps the device busy |
 
-Tasks sharded over devices are `vmap`ped on every backend (each device's
-share is one batch). A network without convolutions (`dense_only`) is
+Tasks sharded over devices are batched the same way on each device (on a
+CPU each device runs its share in `lax.map`: one device per core, two
+independent streams of small operations). A network without convolutions (`dense_only`) is
 `vmap`ped on every backend: batched matrix products are fast on a CPU too;
 only the benchmarks pass it so far (the training loop keeps `lax.map` on a
 CPU for every network, as its timings in BUILD_NOTES were taken).
@@ -75,20 +76,20 @@ def default_task_batching() -> tuple[str, int]:
 
 
 def task_batching(
-  strategy: str, chunk_size: int, num_tasks: int, sharded: bool = False, *, dense_only: bool = False
+  strategy: str, chunk_size: int, num_tasks: int, *, dense_only: bool = False
 ) -> tuple[str, int]:
   """`(strategy, chunk)`: 'auto' resolved for the backend, the chunk fitted to `num_tasks`.
 
   Args:
     strategy: a batching strategy or 'auto'.
     chunk_size: the chunk asked for (0: the backend's).
-    num_tasks: the tasks to batch; the chunk becomes the largest divisor at most `chunk_size`.
-    sharded: the tasks are split over devices (then 'auto' is vmap).
+    num_tasks: the tasks to batch (a device's share, when they are split over
+      devices); the chunk becomes the largest divisor at most `chunk_size`.
     dense_only: the network has no convolution (then 'auto' is vmap).
   """
   default_strategy, default_chunk = default_task_batching()
   if strategy == "auto":
-    strategy = "vmap" if sharded or dense_only else default_strategy
+    strategy = "vmap" if dense_only else default_strategy
   chunk_size = max(1, min(chunk_size or default_chunk, num_tasks))
   while num_tasks % chunk_size:
     chunk_size -= 1

@@ -59,6 +59,15 @@ class RunConfig:
     "1: the authors' code)",
   )
   log_std_init: tuple[float, float] = setting((-4.0, -3.0), "range of the initial prior log-stds")
+  local_reparameterization: bool = setting(
+    False,
+    "VAMPIRE on an MLP: draw each layer's pre-activations instead of the weights (Kingma "
+    "et al. 2015): each example's outputs as under weight draws, fewer random numbers",
+  )
+  kernel_init_gain: float = setting(
+    math.sqrt(2.0),
+    "Xavier-normal gain of the initial kernels, the means (the authors' 2019 code: 1)",
+  )
   # Options of single algorithms (used only by the algorithm named).
   num_particles: int = setting(8, "BMAML: number of particles M")
   bmaml_meta_objective: str = setting(
@@ -75,6 +84,17 @@ class RunConfig:
   meta_lr: float = setting(1e-3, "gamma, Adam's learning rate")
   meta_lr_decay: float = setting(0.99, "gamma's factor after every 10 000 tasks")
   meta_grad_clip_norm: Optional[float] = setting(10.0, "clip the meta-gradient's norm (0: off)")
+  meta_grad_clip_separately: bool = setting(
+    False,
+    "clip the means' part and the log-stds' part of the meta-gradient each at "
+    "--meta-grad-clip-norm (the authors' 2019 VAMPIRE), instead of the whole",
+  )
+  log_std_weight_decay: float = setting(
+    0.0,
+    "weight decay on the prior's log-stds: lambda * log_std added to the clipped "
+    "meta-gradient before Adam, which widens the prior (torch Adam's weight_decay, "
+    "the authors' 2019 code: 1e-3; means untouched; 0: off)",
+  )
   # Evaluation, logging, checkpoints.
   num_val_tasks: int = setting(200, "validation tasks at each evaluation", resumable=True)
   num_test_tasks: int = setting(1000, "test tasks of the final score", resumable=True)
@@ -83,6 +103,13 @@ class RunConfig:
   checkpoint_every: int = setting(500, "meta-steps between checkpoints", resumable=True)
   log_every: int = setting(50, "meta-steps between logged training metrics", resumable=True)
   num_bins: int = setting(15, "confidence bins of ECE/MCE", resumable=True)
+  test_parameters: str = setting(
+    "best",
+    "the meta-parameters tested: best (the best validation score) or final "
+    "(the last step's, as the authors' 2019 code)",
+    resumable=True,
+    choices=("best", "final"),
+  )
   seed: int = setting(0, "seed of the initialisation, tasks and draws")
   # Speed knobs: none of them changes a result beyond float rounding.
   task_batching: str = setting(
@@ -210,8 +237,9 @@ def validate(config) -> None:
       raise ConfigError(f"{_flag(name)} must be an integer >= {lowest}, got {value!r}")
   for name in ("inner_lr", "meta_lr"):
     _check_number(name, getattr(config, name), positive=True)
-  for name in ("kl_weight", "abml_hyper_prior_weight"):
+  for name in ("kl_weight", "abml_hyper_prior_weight", "log_std_weight_decay"):
     _check_number(name, getattr(config, name), positive=False)
+  _check_number("kernel_init_gain", config.kernel_init_gain, positive=True)
   if not 0.0 < config.meta_lr_decay <= 1.0:
     raise ConfigError(f"{_flag('meta_lr_decay')} must be in (0, 1], got {config.meta_lr_decay!r}")
   if config.second_order_steps is not None and (

@@ -27,6 +27,7 @@ __all__ = (
   "RegressionConfig",
   "check_episodes",
   "open_set_classes",
+  "test_query",
   "omniglot_split_characters",
   "recorded_class_name",
 )
@@ -48,6 +49,9 @@ class ConvNetConfig(RunConfig):
   batch_norm_affine: bool = setting(
     True, "batch norm with scale and offset (the authors' has none)"
   )
+  batch_norm_epsilon: float = setting(
+    1e-5, "added to the batch variance in batch norm (the authors' 2019 code: 0)"
+  )
   conv_impl: str = setting(
     "auto",
     "convolution: xla, patches (im2col), loop_safe (fast "
@@ -63,6 +67,12 @@ class ConvNetConfig(RunConfig):
     resumable=True,
     choices=("auto", "vmap", "map", "remat_map", "unroll"),
   )
+
+  def validate(self) -> None:
+    super().validate()
+    eps = self.batch_norm_epsilon
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+      raise ConfigError(f"--batch-norm-epsilon must be a finite number >= 0, got {eps!r}")
 
 
 # Open-set episodes: a test-time setting of every classification config.
@@ -274,6 +284,12 @@ class MiniImagenetConfig(ConvNetConfig):
   ways: int = setting(5, "N, classes per task")
   shots: int = setting(1, "k, support examples per class")
   query: int = setting(15, "query examples per class")
+  test_query: Optional[int] = setting(
+    None,
+    "query images per class in the test tasks and the calibration protocol (none: "
+    "--query; the authors' 2019 test: 20)",
+    resumable=True,
+  )
   num_filters: int = setting(32, "Conv4 filters per layer")
   image_size: int = setting(84, "image side (84 in the paper; smaller only for fast tests)")
   data_dir: Optional[str] = setting(
@@ -296,10 +312,23 @@ class MiniImagenetConfig(ConvNetConfig):
     if self.image_size < 8:
       raise ConfigError(f"--image-size must be at least 8, got {self.image_size}")
     images = None if self.existing_only else MINI_IMAGENET_IMAGES  # else checked on loading
-    check_episodes(
-      self.ways, self.shots, self.query, images, MINI_IMAGENET_CLASSES, what="mini-ImageNet's"
-    )
+    if self.test_query is not None and (
+      isinstance(self.test_query, bool)
+      or not isinstance(self.test_query, int)
+      or self.test_query < 1
+    ):
+      raise ConfigError(f"--test-query must be an integer >= 1, got {self.test_query!r}")
+    for query in {self.query, test_query(self)}:
+      check_episodes(
+        self.ways, self.shots, query, images, MINI_IMAGENET_CLASSES, what="mini-ImageNet's"
+      )
     _check_open_set(self, MINI_IMAGENET_CLASSES["test"], "mini-ImageNet's")
+
+
+def test_query(config) -> int:
+  """Query examples per class in test tasks: `test_query` where a config has it set, else `query`."""
+  value = getattr(config, "test_query", None)
+  return config.query if value is None else value
 
 
 # -- LEO features (tiered- or mini-ImageNet) -------------------------------------
@@ -372,11 +401,26 @@ class RegressionConfig(RunConfig):
   log_every: int = setting(100, "meta-steps between logged metrics", resumable=True)
   num_support: int = setting(5, "support points per task (k-shot)")
   num_query: int = setting(10, "query points per task (not given in the paper)")
-  noise_std: float = setting(0.3, "the targets' noise standard deviation")
+  noise_std: float = setting(
+    0.3,
+    "the targets' noise std: what the calibration metric and the NLL assume, and the "
+    "likelihood's and the data's unless --likelihood-std / --data-noise-std say otherwise",
+  )
   likelihood_std: Optional[float] = setting(
     None,
     "the Gaussian likelihood's std in training and adaptation (none: --noise-std; "
     "0.7071: the authors' MSE loss, up to a constant)",
+  )
+  data_noise_std: Optional[float] = setting(
+    None,
+    "the std of the noise added to the targets (none: --noise-std; the authors' 2019 "
+    "code added 0.3^2 = 0.09, a bug fixed two months later)",
+  )
+  test_query_grid: int = setting(
+    0,
+    "test tasks' query points: 0: --num-query drawn at random, as in training; N: an "
+    "even grid of N over [-5, 5] (the authors' 2019 test: 100)",
+    resumable=True,
   )
   hidden_sizes: tuple[int, int, int] = setting((100, 100, 100), "MLP hidden widths")
   num_plot_tasks: int = setting(4, "test tasks drawn in tasks.png", resumable=True)
@@ -390,6 +434,11 @@ class RegressionConfig(RunConfig):
       value = getattr(self, name)
       if (value is not None or name == "noise_std") and not 0 < value < math.inf:
         raise ConfigError(f"--{name.replace('_', '-')} must be > 0 and finite, got {value}")
+    if self.data_noise_std is not None and not 0 <= self.data_noise_std < math.inf:
+      raise ConfigError(f"--data-noise-std must be >= 0 and finite, got {self.data_noise_std}")
+    grid = self.test_query_grid
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 0:
+      raise ConfigError(f"--test-query-grid must be an integer >= 0, got {grid!r}")
 
 
 # -- Shared ---------------------------------------------------------------------------

@@ -97,6 +97,7 @@ def vampire(
   unroll_steps: bool = False,
   remat: bool = False,
   second_order_steps: Optional[int] = None,
+  draw_outputs: Optional[adaptation.OutputSampler] = None,
 ) -> MetaLearner:
   """VAMPIRE (Nguyen et al. 2020, Alg. 1): Gaussian prior, VI inner loop.
 
@@ -118,6 +119,9 @@ def vampire(
       its activations (`jax.checkpoint`): less memory, more compute.
     second_order_steps: None (Alg. 1) differentiates every inner step at
       second order; 1 is the authors' code (see `adaptation.adapt`).
+    draw_outputs: optional: draw outputs instead of weights, in the inner
+      loop, on the query set and at prediction (the local reparameterisation
+      trick, `vj.local_reparameterization` for a `vj.MLP`; off by default).
   """
   loss_fn = losses.loss_from_apply(apply_fn, nll)
   inner_lr = default_inner_lr(nll, DEFAULT_INNER_LR) if inner_lr is None else inner_lr
@@ -141,6 +145,8 @@ def vampire(
       unroll_steps=unroll_steps,
       remat=remat,
       second_order_steps=second_order_steps,
+      draw_outputs=draw_outputs,
+      nll=None if draw_outputs is None else nll,
     )
 
   def predict(posterior, x, key):
@@ -151,6 +157,7 @@ def vampire(
       apply_fn=apply_fn,
       num_mc_samples=num_mc_query,
       sample_batching=sample_batching,
+      draw_outputs=draw_outputs,
     )
 
   return MetaLearner(

@@ -16,10 +16,12 @@ faster and compiles sooner (BUILD_NOTES.md, "Speed").
 """
 
 import functools
+import math
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -44,6 +46,22 @@ class MetaState(NamedTuple):
   opt_state: optax.OptState
 
 
+def _check_setting(where: str, name: str, value, *, low: float, low_open: bool) -> None:
+  """Refuses a non-number, NaN, inf, or a value at or below `low` (below, if not `low_open`)."""
+  ok = isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+  ok = ok and math.isfinite(value) and (value > low if low_open else value >= low)
+  if not ok:
+    wanted = f"a finite number {'>' if low_open else '>='} {low}"
+    raise InputError(f"{where}: {name} must be {wanted}, got {value!r}")
+
+
+def _check_tasks_per_step(where: str, tasks_per_step) -> None:
+  if isinstance(tasks_per_step, bool) or not isinstance(tasks_per_step, (int, np.integer)):
+    raise InputError(f"{where}: tasks_per_step must be an integer >= 1, got {tasks_per_step!r}")
+  if tasks_per_step < 1:
+    raise InputError(f"{where}: tasks_per_step must be an integer >= 1, got {tasks_per_step!r}")
+
+
 def meta_lr_schedule(
   learning_rate: float = 1e-3,
   *,
@@ -51,15 +69,47 @@ def meta_lr_schedule(
   decay_rate: float = 0.99,
   decay_every_tasks: int = 10_000,
 ) -> optax.Schedule:
-  """The paper's meta learning rate: x `decay_rate` after every `decay_every_tasks` tasks."""
-  if tasks_per_step < 1:
-    raise ValueError(f"tasks_per_step must be >= 1, got {tasks_per_step}")
+  """The paper's meta learning rate: x `decay_rate` after every `decay_every_tasks` tasks.
+
+  Raises:
+    InputError: (a ValueError) a rate that is not a finite positive number, a
+      `decay_rate` outside (0, 1], or a `tasks_per_step` that is not an integer >= 1.
+  """
+  where = "meta_lr_schedule"
+  _check_setting(where, "learning_rate", learning_rate, low=0.0, low_open=True)
+  _check_tasks_per_step(where, tasks_per_step)
+  _check_setting(where, "decay_rate", decay_rate, low=0.0, low_open=True)
+  if decay_rate > 1:
+    raise InputError(f"{where}: decay_rate must be in (0, 1], got {decay_rate!r}")
+  _check_setting(where, "decay_every_tasks", decay_every_tasks, low=0.0, low_open=True)
   return optax.exponential_decay(
     learning_rate,
     transition_steps=decay_every_tasks / tasks_per_step,
     decay_rate=decay_rate,
     staircase=True,
   )
+
+
+def log_std_mask(meta_params: PyTree) -> PyTree:
+  """True at every log-std of `meta_params`, False elsewhere (a tree of bools).
+
+  A log-std is a leaf under a field whose name starts with `log_std`:
+  VAMPIRE's and ABML's prior (`Gaussian.log_std`), PLATIPUS's prior and
+  inference spreads (`log_std`, `log_std_q`). Point estimates (MAML) and
+  BMAML's particles have none.
+  """
+
+  def is_log_std(path, leaf) -> bool:
+    del leaf
+    return any(
+      isinstance(k, jax.tree_util.GetAttrKey) and k.name.startswith("log_std") for k in path
+    )
+
+  return jax.tree_util.tree_map_with_path(is_log_std, meta_params)
+
+
+def _not_log_std(meta_params: PyTree) -> PyTree:
+  return jax.tree_util.tree_map(lambda is_log_std: not is_log_std, log_std_mask(meta_params))
 
 
 def meta_optimizer(
@@ -69,17 +119,45 @@ def meta_optimizer(
   decay_rate: float = 0.99,
   decay_every_tasks: int = 10_000,
   clip_norm: Optional[float] = None,
+  clip_separately: bool = False,
+  log_std_weight_decay: float = 0.0,
 ) -> optax.GradientTransformation:
   """Adam with the paper's schedule: lr x `decay_rate` every `decay_every_tasks` tasks.
+
+  In order: clip the meta-gradient, add the log-std weight decay, Adam. That
+  is what the authors' 2019 code did with PyTorch's Adam (`weight_decay` in
+  its parameter group of log-stds: coupled L2, added to the clipped gradient
+  before the moments).
 
   Args:
     learning_rate: gamma.
     tasks_per_step: T, tasks per meta-update (sets the decay's step count).
-    decay_rate: multiplicative decay.
+    decay_rate: multiplicative decay (1: none, as the authors' code).
     decay_every_tasks: tasks between decays.
     clip_norm: if set, clip the meta-gradient's global norm first (the
       authors' code clips at 10).
+    clip_separately: clip the means' part and the log-stds' part each to
+      `clip_norm` (the authors' VAMPIRE), instead of the whole gradient.
+    log_std_weight_decay: lambda: every log-std rho (`log_std_mask`) gets
+      `lambda * rho` added to its gradient, which pulls it toward 0 (a wider
+      prior, sigma = 1); means and point estimates are left alone. The
+      authors' VAMPIRE: 1e-3.
+
+  Raises:
+    InputError: (a ValueError) a setting that is not a finite number in its range.
   """
+  where = "meta_optimizer"
+  if clip_norm is not None:
+    _check_setting(where, "clip_norm", clip_norm, low=0.0, low_open=True)
+  _check_setting(where, "log_std_weight_decay", log_std_weight_decay, low=0.0, low_open=False)
+  transforms = []
+  if clip_norm is not None and clip_separately:
+    clip = optax.clip_by_global_norm(clip_norm)
+    transforms += [optax.masked(clip, _not_log_std), optax.masked(clip, log_std_mask)]
+  elif clip_norm is not None:
+    transforms.append(optax.clip_by_global_norm(clip_norm))
+  if log_std_weight_decay:
+    transforms.append(optax.add_decayed_weights(log_std_weight_decay, mask=log_std_mask))
   adam = optax.adam(
     meta_lr_schedule(
       learning_rate,
@@ -88,9 +166,7 @@ def meta_optimizer(
       decay_every_tasks=decay_every_tasks,
     )
   )
-  if clip_norm is None:
-    return adam
-  return optax.chain(optax.clip_by_global_norm(clip_norm), adam)
+  return optax.chain(*transforms, adam) if transforms else adam
 
 
 def init_meta_state(
@@ -113,6 +189,25 @@ def with_health(metrics: dict, grads: PyTree) -> dict:
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
   return dict(metrics, grad_norm=grad_norm, finite=finite)
+
+
+def with_log_std(metrics: dict, meta_params: PyTree) -> dict:
+  """`metrics` with `log_std`: the mean of every log-std of `meta_params` (`log_std_mask`).
+
+  The prior's width as training goes (the log-std weight decay widens it); nothing
+  is added for meta-parameters without log-stds (MAML, BMAML).
+  """
+  leaves = [
+    leaf
+    for leaf, is_log_std in zip(
+      jax.tree_util.tree_leaves(meta_params), jax.tree_util.tree_leaves(log_std_mask(meta_params))
+    )
+    if is_log_std
+  ]
+  if not leaves:
+    return metrics
+  total = sum(jnp.sum(leaf) for leaf in leaves)
+  return dict(metrics, log_std=total / sum(leaf.size for leaf in leaves))
 
 
 def classification_metrics(outputs: jax.Array, labels: jax.Array) -> dict:
@@ -142,39 +237,42 @@ def make_meta_gradient(
     metrics_fn: optional `metrics_fn(query_outputs, query_y) -> dict` of
       per-task scalars to average and report (e.g. `classification_metrics`).
     mesh: optional `sharding.task_mesh(...)`: split the tasks over its
-      devices, each averages its own, then the devices average (`pmean`).
-      The number of tasks must divide evenly.
+      devices; their per-task results are gathered and averaged in task
+      order, so the result equals the one-device result bit for bit. The
+      number of tasks must divide evenly.
 
   Returns:
     A pure function; `tasks` has a leading `[tasks]` axis and `task_keys`
     holds one PRNG key per task.
   """
-  per_task = jax.value_and_grad(
+  loss_and_grad = jax.value_and_grad(
     lambda meta_params, task, key: query_loss(learner, meta_params, task, key), has_aux=True
   )
 
   def one_task(meta_params, task, key):
-    (loss, outputs), grads = per_task(meta_params, task, key)
+    (loss, outputs), grads = loss_and_grad(meta_params, task, key)
     metrics = {"loss": loss}
     if metrics_fn is not None:
       metrics.update(metrics_fn(outputs, task.query_y))
     return grads, metrics
 
-  def mean_over_tasks(meta_params, tasks: Task, task_keys: jax.Array):
-    grads, metrics = batching.batched_map(
+  def per_task(meta_params, tasks: Task, task_keys: jax.Array):
+    return batching.batched_map(
       lambda args: one_task(meta_params, *args),
       (tasks, task_keys),
       strategy=task_batching,
       chunk_size=chunk_size,
     )
-    return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), (grads, metrics))
 
   def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
     num_tasks = check_task_batch(tasks, "meta_gradient")
     if mesh is None:
-      return mean_over_tasks(meta_params, tasks, task_keys)
-    sharding.check_divisible(num_tasks, mesh)
-    return sharding.mean_over_task_shards(mean_over_tasks, mesh)(meta_params, tasks, task_keys)
+      results = per_task(meta_params, tasks, task_keys)
+    else:
+      sharding.check_divisible(num_tasks, mesh, "meta_gradient: tasks")
+      results = sharding.gather_over_task_shards(per_task, mesh)(meta_params, tasks, task_keys)
+    # The mean of the [tasks, ...] results, reduced alike on any number of devices.
+    return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), results)
 
   return meta_gradient
 
@@ -203,7 +301,7 @@ def make_meta_step(
   `tasks` is a `Task` with a leading `[tasks]` axis. The metrics are the
   task-averaged query loss (and `metrics_fn`'s values) and the meta-gradient
   norm. With a `mesh` the tasks are split over its devices and the state is
-  replicated; the result equals the one-device step's up to float rounding.
+  replicated; the result equals the one-device step's bit for bit.
   """
   meta_gradient = make_meta_gradient(
     learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
@@ -335,8 +433,11 @@ def make_train_step(
     A pure function; `metrics` holds `[steps_per_call]` arrays (loss,
     grad_norm and `metrics_fn`'s values, per step).
   """
+  _check_tasks_per_step("make_train_step", tasks_per_step)
   if steps_per_call < 1:
     raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
+  if mesh is not None:
+    sharding.check_divisible(tasks_per_step, mesh, "make_train_step: tasks_per_step")
   meta_gradient = make_meta_gradient(
     learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
   )
@@ -349,7 +450,7 @@ def make_train_step(
       )
     tasks = draw_tasks(sample_tasks, data, task_keys)
     grads, metrics = meta_gradient(state.meta_params, tasks, adapt_keys)
-    metrics = with_health(metrics, grads)
+    metrics = with_log_std(with_health(metrics, grads), state.meta_params)
     return apply_meta_gradient(optimizer, state, grads), metrics
 
   def train_step(state: MetaState, data: PyTree, key: jax.Array):
@@ -403,7 +504,7 @@ def make_host_chunked_train_step(
   @jax.jit
   def finish(state, total):
     grads, metrics = jax.tree_util.tree_map(lambda t: t / num_chunks, total)
-    metrics = with_health(metrics, grads)
+    metrics = with_log_std(with_health(metrics, grads), state.meta_params)
     return apply_meta_gradient(optimizer, state, grads), _stack_one(metrics)
 
   def train_step(state: MetaState, data: PyTree, key: jax.Array):

@@ -22,6 +22,7 @@ batch-norm statistics stay in float32.
 
 import dataclasses
 import importlib
+import math
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -30,9 +31,18 @@ import jax.numpy as jnp
 
 from vampire_jax import backend_defaults, checks, convolution
 
-# Means are initialised as in the authors' code: Xavier-normal with gain
-# sqrt(2) (variance 4 / (fan_in + fan_out)) for kernels, zeros for biases.
-kernel_init = nn.initializers.variance_scaling(2.0, "fan_avg", "normal")
+# Kernels (the means, for VAMPIRE) start Xavier-normal with gain sqrt(2): variance
+# gain^2 * 2 / (fan_in + fan_out) = 4 / (fan_in + fan_out); biases start at zero. The
+# authors' 2019 code used gain 1 (`kernel_init_gain=1.0`), their current code He-normal.
+DEFAULT_KERNEL_INIT_GAIN = math.sqrt(2.0)
+
+
+def xavier_normal(gain: float = DEFAULT_KERNEL_INIT_GAIN) -> Callable:
+  """Xavier (Glorot) normal initialisation with `gain`: std = gain * sqrt(2 / (fan_in + fan_out))."""
+  return nn.initializers.variance_scaling(gain**2, "fan_avg", "normal")
+
+
+kernel_init = xavier_normal()
 
 
 class BatchStatNorm(nn.Module):
@@ -73,11 +83,16 @@ class PatchConv(nn.Module):
   features: int
   kernel_size: tuple[int, int] = (3, 3)
   strides: int = 1
+  kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     in_features = x.shape[-1]
-    kernel = self.param("kernel", kernel_init, self.kernel_size + (in_features, self.features))
+    kernel = self.param(
+      "kernel",
+      xavier_normal(self.kernel_init_gain),
+      self.kernel_size + (in_features, self.features),
+    )
     bias = self.param("bias", nn.initializers.zeros, (self.features,))
     # Patch features come out ordered (in_channel, kh, kw).
     patches = jax.lax.conv_general_dilated_patches(
@@ -106,10 +121,15 @@ class LoopSafeConv(nn.Module):
   features: int
   kernel_size: tuple[int, int] = (3, 3)
   strides: int = 1
+  kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    kernel = self.param("kernel", kernel_init, self.kernel_size + (x.shape[-1], self.features))
+    kernel = self.param(
+      "kernel",
+      xavier_normal(self.kernel_init_gain),
+      self.kernel_size + (x.shape[-1], self.features),
+    )
     bias = self.param("bias", nn.initializers.zeros, (self.features,))
     padding = convolution.same_padding(x.shape[1], x.shape[2], self.kernel_size, self.strides)
     kernel = kernel.astype(x.dtype)
@@ -180,6 +200,8 @@ class Conv4(nn.Module):
   mini-ImageNet: `num_filters=32, max_pool=True`: stride-1 convolutions each
   followed by 2x2 max-pooling, 84x84x3 input. `batch_norm_affine=False`:
   batch norm without scale and offset, as in the authors' code.
+  `kernel_init_gain`: the kernels' Xavier-normal gain (the authors' 2019 code: 1).
+  `batch_norm_epsilon`: added to the batch variance (the authors' 2019 code: 0).
 
   Input `[batch, height, width, channels]`, output logits `[batch, num_classes]`.
   """
@@ -189,6 +211,8 @@ class Conv4(nn.Module):
   max_pool: bool = False
   conv_impl: str = "xla"  # "xla" (nn.Conv), "patches" (PatchConv) or "loop_safe" (LoopSafeConv)
   batch_norm_affine: bool = True
+  kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
+  batch_norm_epsilon: float = 1e-5
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -197,45 +221,59 @@ class Conv4(nn.Module):
       raise checks.fail("Conv4", "x", "[batch, height, width, channels]", checks.describe(x))
     for block in range(4):
       stride = 1 if self.max_pool else 2
+      gain = self.kernel_init_gain
       if self.conv_impl == "patches":
-        x = PatchConv(self.num_filters, (3, 3), strides=stride, name=f"conv{block}")(x)
+        x = PatchConv(self.num_filters, strides=stride, kernel_init_gain=gain, name=f"conv{block}")(
+          x
+        )
       elif self.conv_impl == "loop_safe":
-        x = LoopSafeConv(self.num_filters, (3, 3), strides=stride, name=f"conv{block}")(x)
+        x = LoopSafeConv(
+          self.num_filters, strides=stride, kernel_init_gain=gain, name=f"conv{block}"
+        )(x)
       elif self.conv_impl == "xla":
         x = nn.Conv(
           self.num_filters,
           (3, 3),
           strides=stride,
           padding="SAME",
-          kernel_init=kernel_init,
+          kernel_init=xavier_normal(gain),
           name=f"conv{block}",
         )(x)
       else:
         raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.conv_impl!r}")
-      x = BatchStatNorm(use_scale_offset=self.batch_norm_affine, name=f"norm{block}")(x)
+      x = BatchStatNorm(
+        epsilon=self.batch_norm_epsilon,
+        use_scale_offset=self.batch_norm_affine,
+        name=f"norm{block}",
+      )(x)
       x = nn.relu(x)
       if self.max_pool:
         x = max_pool_2x2(x)
     x = x.reshape((x.shape[0], -1))
-    return nn.Dense(self.num_classes, kernel_init=kernel_init, name="head")(x)
+    return nn.Dense(
+      self.num_classes, kernel_init=xavier_normal(self.kernel_init_gain), name="head"
+    )(x)
 
 
 class MLP(nn.Module):
   """Fully connected ReLU network: `hidden_sizes` then a linear output layer.
 
   Regression uses `MLP((100, 100, 100), 1)`; pre-extracted features use
-  `MLP((128, 32), num_classes)`.
+  `MLP((128, 32), num_classes)`. `kernel_init_gain`: the kernels' Xavier-normal
+  gain (the authors' 2019 code: 1).
   """
 
   hidden_sizes: Sequence[int]
   num_outputs: int
+  kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     checks.floating("MLP", "x", x)
+    init = xavier_normal(self.kernel_init_gain)
     for width in self.hidden_sizes:
-      x = nn.relu(nn.Dense(width, kernel_init=kernel_init)(x))
-    return nn.Dense(self.num_outputs, kernel_init=kernel_init)(x)
+      x = nn.relu(nn.Dense(width, kernel_init=init)(x))
+    return nn.Dense(self.num_outputs, kernel_init=init)(x)
 
 
 def conv4_omniglot(num_classes: int) -> Conv4:
@@ -309,3 +347,50 @@ def module_from_spec(spec: dict[str, Any]) -> nn.Module:
     raise TypeError(f"{spec['class']} is not a flax.linen.Module")
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["fields"].items()}
   return cls(**fields)
+
+
+def local_reparameterization(dist, x: jax.Array, key: jax.Array, num_samples: int) -> jax.Array:
+  """`MLP` outputs under `num_samples` draws of its weights, drawn layer by layer.
+
+  The local reparameterisation trick (Kingma, Salimans & Welling, 2015): for a
+  dense layer h = a W + b with independent W_ij ~ N(mu_ij, s_ij^2), b_j ~
+  N(m_j, t_j^2), each pre-activation is Gaussian given the layer's input a:
+  h_j ~ N(sum_i a_i mu_ij + m_j, sum_i a_i^2 s_ij^2 + t_j^2). Drawing h per
+  example, layer after layer, gives each example's outputs exactly the
+  distribution a weight draw gives them; different examples' draws are
+  independent (with one weight draw they would be correlated). Expected
+  losses that are means over examples are unchanged, with less variance, and
+  it draws L x examples x units normals instead of L x weights.
+
+  Args:
+    dist: a `Gaussian` over a `vj.MLP`'s parameters (`Dense_0` ... `Dense_n`,
+      each `kernel` [in, out] and `bias` [out]; ReLU between the layers).
+    x: `[batch, in]` inputs.
+    key: PRNG key.
+    num_samples: L, the number of draws.
+
+  Returns:
+    `[num_samples, batch, out]`.
+  """
+  layers = [f"Dense_{i}" for i in range(len(dist.mean))]
+  if (
+    not layers
+    or set(dist.mean) != set(layers)
+    or any(set(dist.mean[name]) != {"kernel", "bias"} for name in layers)
+  ):
+    raise checks.fail(
+      "local_reparameterization",
+      "dist",
+      "a Gaussian over a vj.MLP's parameters (Dense_0 ... Dense_n, each kernel and bias)",
+      f"parameters {sorted(dist.mean)}",
+    )
+  keys = jax.random.split(key, len(layers))
+  h = jnp.broadcast_to(x, (num_samples,) + jnp.shape(x))
+  for i, (name, layer_key) in enumerate(zip(layers, keys)):
+    mean, log_std = dist.mean[name], dist.log_std[name]
+    mu = h @ mean["kernel"] + mean["bias"]
+    var = jnp.square(h) @ jnp.exp(2 * log_std["kernel"]) + jnp.exp(2 * log_std["bias"])
+    h = mu + jnp.sqrt(var) * jax.random.normal(layer_key, mu.shape, mu.dtype)
+    if i < len(layers) - 1:
+      h = nn.relu(h)
+  return h

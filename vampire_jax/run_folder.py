@@ -726,16 +726,20 @@ class RunCheckpoints:
       )
       return None
 
-  def restore_meta_params(self, template_state: PyTree) -> PyTree:
-    """The best validated meta-parameters, else the latest state's that restores.
+  def restore_meta_params(self, template_state: PyTree, which: str = "best") -> PyTree:
+    """The meta-parameters a run tests: `which` 'best' (by validation) or 'final'.
+
+    'best' falls back to the latest state's that restores when no best was
+    kept (or `best/` is damaged); 'final' is the latest state's.
 
     Args:
       template_state: a `MetaState` of the run's structure.
+      which: the run's `test_parameters`.
 
     Raises:
       RunFolderError: nothing restores (or the folder holds no checkpoint).
     """
-    best = self.restore_best(template_state.meta_params)
+    best = self.restore_best(template_state.meta_params) if which == "best" else None
     if best is not None:
       return best
     if self.latest_step() is None:

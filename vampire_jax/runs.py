@@ -176,8 +176,10 @@ def load_run(workdir: str | os.PathLike) -> Run:
     A `Run`: `.config`, `.predict(support_x, support_y, query_x, key)`, ...
 
   The record comes from `run.json`, else (lost or damaged) from the newest
-  checkpoint; the meta-parameters from `best/`, else (none, or damaged: a
-  warning says so) the newest checkpoint that restores.
+  checkpoint; the meta-parameters are the ones the run tested
+  (`config.test_parameters`): the final ones from the newest checkpoint, or
+  the best from `best/`, else (none, or damaged: a warning says so) the
+  newest checkpoint that restores.
 
   Raises:
     MissingDataError: the folder has no run record (`run.json` nor a checkpoint).
@@ -206,7 +208,7 @@ def load_run(workdir: str | os.PathLike) -> Run:
   )
   checkpoints = RunCheckpoints(workdir, create=False, print_fn=_warn)
   try:
-    meta_params = checkpoints.restore_meta_params(template)
+    meta_params = checkpoints.restore_meta_params(template, config.test_parameters)
   finally:
     checkpoints.close()
   return Run(workdir, record, config, meta_params, test_learner)
@@ -222,12 +224,7 @@ def _template_state(model, input_shape, kind: str, noise_std: Optional[float], c
     num_mc_train=config.num_mc_train,
     num_mc_query=config.num_mc_query,
   )
-  optimizer = meta_step.meta_optimizer(
-    config.meta_lr,
-    tasks_per_step=config.tasks_per_step,
-    decay_rate=config.meta_lr_decay,
-    clip_norm=config.meta_grad_clip_norm,
-  )
+  optimizer = algorithms.make_optimizer(config)
   params = models.init_params(model, jax.random.key(0), (1,) + input_shape)
   return jax.eval_shape(
     functools.partial(meta_step.init_meta_state, learner, optimizer), params, jax.random.key(1)

@@ -143,9 +143,7 @@ def build_train_step(
   """`train_step(state, key) -> (state, metrics [num_steps])`, compiled on first call."""
   metrics_fn = kinds.get(problem.kind).train_metrics
   num_local_tasks = config.tasks_per_step // _mesh_size(mesh)
-  strategy, chunk = choose_batching(
-    config.task_batching, config.chunk_size, num_local_tasks, sharded=mesh is not None
-  )
+  strategy, chunk = choose_batching(config.task_batching, config.chunk_size, num_local_tasks)
   data = problem.splits["train"]
   if config.debug_nans:  # one checked program (vj.debug_nonfinite) names the first NaN
     strategy = "map" if strategy == "host_chunked" else strategy
@@ -216,7 +214,7 @@ def _eval_batching(config, mesh: Optional[Mesh]) -> tuple[str, int]:
   """`(strategy, chunk)` of the evaluators, for batches of `eval_batch_size` tasks."""
   num_local_tasks = eval_batch_size(config, mesh) // _mesh_size(mesh)
   strategy, chunk = choose_batching(
-    config.eval_task_batching, config.eval_chunk_size, num_local_tasks, sharded=mesh is not None
+    config.eval_task_batching, config.eval_chunk_size, num_local_tasks
   )
   if strategy == "host_chunked":  # evaluation has no gradient to accumulate
     strategy = "chunked_unroll" if chunk < num_local_tasks else "unroll"
@@ -432,7 +430,14 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
       )
     return float("nan")
   score = float(np.mean(per_task[name]))
-  session.writer.write(step, {f"val/{name}": score, "val/nll": float(np.mean(per_task["nll"]))})
+  summary = kind.summarise(per_task, config.num_bins, session.problem.noise_std)[0]
+  calibration_metrics = {  # ECE/MCE against steps: how calibration moves while training
+    f"val/{metric}": float(summary[metric]) for metric in ("ece", "mce") if metric in summary
+  }
+  session.writer.write(
+    step,
+    {f"val/{name}": score, "val/nll": float(np.mean(per_task["nll"])), **calibration_metrics},
+  )
   best = session.checkpoints.best_record()
   improved = kind.better(score, None if best is None else best["score"])
   if improved:
@@ -515,9 +520,27 @@ def _train(session: Session, state, earlier_seconds: float):
   return state, train_seconds
 
 
-def _test(session: Session, meta_params) -> tuple[evaluation.Summary, dict]:
+def _parameters_to_test(session: Session, state) -> tuple[Any, int]:
+  """`(meta_params, step)` that `config.test_parameters` names.
+
+  'best': the best by validation (the final ones if no validation kept any);
+  'final': the last step's, as the authors' 2019 code tested.
+  """
+  final = (state.meta_params, int(state.step))
+  if session.config.test_parameters == "final":
+    return final
+  best = session.checkpoints.restore_best(state.meta_params)
+  if best is None:
+    return final
+  return best, int(session.checkpoints.best_record()["step"])
+
+
+def _test(session: Session, meta_params, step: int) -> tuple[evaluation.Summary, dict]:
   config = session.config
-  session.progress.message(f"testing on {config.num_test_tasks} tasks...")
+  which = "best by validation" if config.test_parameters == "best" else "final"
+  session.progress.message(
+    f"testing the {which} meta-parameters (step {step}) on {config.num_test_tasks} tasks..."
+  )
   per_task = evaluation.evaluate_split(
     session.evaluate_test,
     meta_params,
@@ -573,12 +596,7 @@ def _setup(
     num_mc_train=config.num_mc_test,
     num_mc_query=config.num_mc_test,
   )
-  optimizer = meta_step.meta_optimizer(
-    config.meta_lr,
-    tasks_per_step=config.tasks_per_step,
-    decay_rate=config.meta_lr_decay,
-    clip_norm=config.meta_grad_clip_norm,
-  )
+  optimizer = algorithms.make_optimizer(config)
   state = _initial_state(problem, config, train_learner, optimizer, init_key, mesh)
   if run_folder.latest_checkpoint_step(workdir) is None:  # a resumed run passed it at its start
     try:
@@ -683,9 +701,9 @@ def train_and_evaluate(
     try:
       state, train_seconds = _train(session, state, earlier_seconds)
       session.progress.close()
-      meta_params = session.checkpoints.restore_best(state.meta_params)
+      tested_params, tested_step = _parameters_to_test(session, state)
       test_start = time.time()
-      summary, per_task = _test(session, state.meta_params if meta_params is None else meta_params)
+      summary, per_task = _test(session, tested_params, tested_step)
       session.writer.write_test(int(state.step), dataclasses.asdict(config), summary.metrics)
     finally:
       session.progress.close()
@@ -699,6 +717,8 @@ def train_and_evaluate(
         name: calibration.to_record(curve) for name, curve in summary.calibration.items()
       },
       "best_validation": session.checkpoints.best_record(),
+      "test_parameters": config.test_parameters,
+      "tested_step": tested_step,
       "meta_steps": int(state.step),
       "resumed_from_step": first_step,
       "wall_time_s": {

@@ -65,26 +65,47 @@ def evaluate_functions(functions: TaskFunctions, x: jax.Array) -> jax.Array:
   return jnp.where(expand(functions.is_sine), sine, line)
 
 
+def query_grid(num_points: int) -> jax.Array:
+  """`num_points` evenly spaced inputs over `INPUT_RANGE`, `[num_points, 1]` (the authors' test: 100)."""
+  return jnp.linspace(*INPUT_RANGE, num_points)[:, None]
+
+
 def tasks_and_functions_from_keys(
-  task_keys: jax.Array, *, num_support: int = 5, num_query: int = 10, noise_std: float = NOISE_STD
+  task_keys: jax.Array,
+  *,
+  num_support: int = 5,
+  num_query: int = 10,
+  noise_std: float = NOISE_STD,
+  query_x: jax.Array | None = None,
 ) -> tuple[Task, TaskFunctions]:
   """One task per key, and the function behind it; task i depends on key i alone.
+
+  Args:
+    task_keys: `[tasks]` keys.
+    num_support, num_query: points per task; the inputs are drawn from U[-5, 5].
+    noise_std: the standard deviation of the noise added to the targets.
+    query_x: optional `[n, 1]` query inputs shared by every task (e.g.
+      `query_grid(100)`, the authors' test); `num_query` is then n.
 
   Returns:
     A `Task` with `support_x/support_y` of shape `[tasks, num_support, 1]`
     and `query_x/query_y` of shape `[tasks, num_query, 1]` (targets with
     noise), and the `TaskFunctions` (each field `[tasks]`).
   """
+  if query_x is not None:
+    num_query = query_x.shape[0]
   if num_support < 1 or num_query < 1:
     raise ValueError(f"num_support and num_query must be >= 1; got {num_support}, {num_query}")
   if noise_std < 0:
     raise ValueError(f"noise_std must be >= 0, got {noise_std}")
-  num_points = num_support + num_query
+  num_drawn = num_support + (num_query if query_x is None else 0)
 
   def one_task(key):
     function_key, x_key, noise_key = jax.random.split(key, 3)
     function = _one_function(function_key)
-    x = jax.random.uniform(x_key, (num_points, 1), minval=INPUT_RANGE[0], maxval=INPUT_RANGE[1])
+    x = jax.random.uniform(x_key, (num_drawn, 1), minval=INPUT_RANGE[0], maxval=INPUT_RANGE[1])
+    if query_x is not None:
+      x = jnp.concatenate([x, query_x.astype(x.dtype)])
     y = evaluate_functions(function, x) + noise_std * jax.random.normal(noise_key, x.shape)
     return Task(x[:num_support], y[:num_support], x[num_support:], y[num_support:]), function
 
@@ -92,20 +113,30 @@ def tasks_and_functions_from_keys(
 
 
 def tasks_from_keys(
-  task_keys: jax.Array, *, num_support: int = 5, num_query: int = 10, noise_std: float = NOISE_STD
+  task_keys: jax.Array,
+  *,
+  num_support: int = 5,
+  num_query: int = 10,
+  noise_std: float = NOISE_STD,
+  query_x: jax.Array | None = None,
 ) -> Task:
   """One task per key (see `tasks_and_functions_from_keys`)."""
   return tasks_and_functions_from_keys(
-    task_keys, num_support=num_support, num_query=num_query, noise_std=noise_std
+    task_keys, num_support=num_support, num_query=num_query, noise_std=noise_std, query_x=query_x
   )[0]
 
 
 def query_truth_from_keys(
-  task_keys: jax.Array, *, num_support: int = 5, num_query: int = 10, noise_std: float = NOISE_STD
+  task_keys: jax.Array,
+  *,
+  num_support: int = 5,
+  num_query: int = 10,
+  noise_std: float = NOISE_STD,
+  query_x: jax.Array | None = None,
 ) -> jax.Array:
   """The noiseless targets `[tasks, num_query, 1]` at the query inputs of the keys' tasks."""
   tasks, functions = tasks_and_functions_from_keys(
-    task_keys, num_support=num_support, num_query=num_query, noise_std=noise_std
+    task_keys, num_support=num_support, num_query=num_query, noise_std=noise_std, query_x=query_x
   )
   return evaluate_functions(functions, tasks.query_x)
 

@@ -1,0 +1,109 @@
+"""The local reparameterisation trick (`vj.local_reparameterization`, issue 30): each
+example's outputs are distributed as under weight draws; the expected loss is the same."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import vampire_jax as vj
+
+
+def _prior(hidden=(16, 16), log_std=(-1.5, -0.5), seed=0):
+  model = vj.MLP(hidden, 1)
+  params = vj.init_params(model, jax.random.key(seed), (1, 1))
+  return model, vj.gaussian_from_params(params, jax.random.key(seed + 1), log_std)
+
+
+def _weight_draws(model, dist, x, key, num):
+  return vj.predict(dist, x, key, apply_fn=vj.pure_apply(model), num_mc_samples=num)
+
+
+def test_one_layer_is_the_closed_form():
+  # h = x W + b: mean x mu + m, variance x^2 s^2 + t^2, exactly.
+  model, dist = _prior(hidden=())
+  x = jnp.array([[-2.0], [0.5], [3.0]])
+  draws = vj.local_reparameterization(dist, x, jax.random.key(2), 200_000)[..., 0]
+  mean = (x @ dist.mean["Dense_0"]["kernel"] + dist.mean["Dense_0"]["bias"])[:, 0]
+  var = (
+    jnp.square(x) @ jnp.exp(2 * dist.log_std["Dense_0"]["kernel"])
+    + jnp.exp(2 * dist.log_std["Dense_0"]["bias"])
+  )[:, 0]
+  np.testing.assert_allclose(draws.mean(0), mean, atol=4 * np.sqrt(var.max() / 200_000))
+  np.testing.assert_allclose(draws.var(0), var, rtol=0.02)
+
+
+def test_each_examples_outputs_are_distributed_as_under_weight_draws():
+  # A 1-16-16-1 ReLU network with wide weights: the outputs are far from Gaussian, and
+  # the marginal of each example (mean, spread, quantiles) must still match.
+  model, dist = _prior()
+  x = jnp.linspace(-4.0, 4.0, 5)[:, None]
+  num = 40_000
+  lrt = np.asarray(vj.local_reparameterization(dist, x, jax.random.key(3), num)[..., 0])
+  weights = np.asarray(_weight_draws(model, dist, x, jax.random.key(4), num)[..., 0])
+  spread = weights.std(0)
+  assert spread.min() > 0.1  # a real spread to compare
+  np.testing.assert_allclose(lrt.mean(0), weights.mean(0), atol=0.05 * spread.max())
+  np.testing.assert_allclose(lrt.std(0), spread, rtol=0.05)
+  levels = [0.1, 0.5, 0.9]
+  np.testing.assert_allclose(
+    np.quantile(lrt, levels, axis=0), np.quantile(weights, levels, axis=0), atol=0.06 * spread.max()
+  )
+  # What differs, by design: one weight draw ties the examples together; here they are
+  # drawn independently.
+  assert np.corrcoef(weights[:, 1], weights[:, 2])[0, 1] > 0.3
+  assert abs(np.corrcoef(lrt[:, 1], lrt[:, 2])[0, 1]) < 0.03
+
+
+def test_the_vfe_has_the_same_expectation():
+  model, dist = _prior(log_std=(-2.0, -1.0))
+  x = jax.random.uniform(jax.random.key(5), (5, 1), minval=-5, maxval=5)
+  y = jnp.sin(x)
+  nll = vj.gaussian_nll(0.3)
+  loss_fn = vj.loss_from_apply(vj.pure_apply(model), nll)
+  keys = jax.random.split(jax.random.key(6), 400)
+
+  def estimate(key, local):
+    return vj.adaptation.expected_nll(
+      dist,
+      x,
+      y,
+      key,
+      loss_fn=loss_fn,
+      num_mc_samples=32,
+      draw_outputs=vj.local_reparameterization if local else None,
+      nll=nll if local else None,
+    )
+
+  weights = np.asarray(jax.jit(jax.vmap(lambda k: estimate(k, False)))(keys))
+  local = np.asarray(jax.jit(jax.vmap(lambda k: estimate(k, True)))(keys))
+  standard_error = np.hypot(weights.std(), local.std()) / np.sqrt(len(keys))
+  assert abs(weights.mean() - local.mean()) < 4 * standard_error
+  assert local.std() < weights.std()  # independent examples: less variance
+
+
+def test_vampire_adapts_and_predicts_with_it():
+  model, _ = _prior()
+  params = vj.init_params(model, jax.random.key(0), (1, 1))
+  learner = vj.vampire(
+    vj.pure_apply(model),
+    vj.gaussian_nll(0.3),
+    num_mc_train=8,
+    num_mc_query=8,
+    inner_lr=1e-3,
+    kl_weight=0.1,
+    draw_outputs=vj.local_reparameterization,
+  )
+  prior = learner.init(params, jax.random.key(1))
+  x = jnp.linspace(-5, 5, 5)[:, None]
+  posterior = learner.adapt(prior, x, jnp.sin(x), jax.random.key(2))
+  assert jax.tree_util.tree_structure(posterior) == jax.tree_util.tree_structure(prior)
+  assert learner.predict(posterior, x, jax.random.key(3)).shape == (8, 5, 1)
+
+
+def test_a_network_that_is_no_mlp_is_refused():
+  conv = vj.Conv4(num_classes=5, num_filters=4)
+  params = vj.init_params(conv, jax.random.key(0), (1, 28, 28, 1))
+  dist = vj.gaussian_from_params(params, jax.random.key(1))
+  with pytest.raises(vj.InputError, match="local_reparameterization: dist must be a Gaussian"):
+    vj.local_reparameterization(dist, jnp.zeros((2, 28, 28, 1)), jax.random.key(2), 2)
