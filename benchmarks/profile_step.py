@@ -188,6 +188,7 @@ def profile(
   algorithm: str = "vampire",
   batching: Optional[str] = None,
   episode: bool = False,
+  second_order_steps: Optional[int] = None,
 ) -> dict:
   """Compiles, runs once, traces `repeats` steps of `suite`'s step; returns `summarise`'s dict.
 
@@ -219,7 +220,14 @@ def profile(
     )
   apply_fn, params, nll = suite.network(setting)
   learner = suite.make_learner(
-    setting, algorithm, apply_fn, nll, unroll_steps=False, remat=remat, sample_batching=draws
+    setting,
+    algorithm,
+    apply_fn,
+    nll,
+    unroll_steps=False,
+    remat=remat,
+    sample_batching=draws,
+    second_order_steps=second_order_steps,
   )
   if strategy == "host_chunked":
     raise ValueError(
@@ -340,6 +348,12 @@ def main(argv=None) -> dict:
   parser.add_argument(
     "--episode", action="store_true", help="trace a test episode (adapt + predict), not a step"
   )
+  parser.add_argument(
+    "--second-order-steps",
+    type=int,
+    default=None,
+    help="inner steps differentiated at second order (default all; 1: the authors' code)",
+  )
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)
   result = profile(
@@ -354,6 +368,7 @@ def main(argv=None) -> dict:
     args.algorithm,
     args.batching,
     args.episode,
+    args.second_order_steps,
   )
   print(format_report(result))
   if args.json:

@@ -505,6 +505,48 @@ def plot_calibration_bars(
   return _save(fig, path, title)
 
 
+def plot_variant_bars(
+  table: dict[str, dict[str, list[dict]]],
+  metric: str,
+  path: PathLike,
+  title: Optional[str] = None,
+  ylabel: Optional[str] = None,
+) -> PathLike:
+  """One metric of several methods under several variants: a group of bars per method.
+
+  Args:
+    table: `{variant label: {method: [metrics of each seed]}}` (`experiments.variants`).
+    metric: the metric drawn, e.g. 'ece'.
+    path: output file; PNG unless its suffix names another format.
+    title: optional figure title.
+    ylabel: the axis label (default: the metric's name).
+
+  Each bar is the mean over the seeds, each seed a black dot on it; a method
+  missing from a variant (or diverged there) has no bar in its group.
+  """
+  labels = list(table)
+  methods = list(dict.fromkeys(m for variant in table.values() for m in variant))
+  if not labels or not methods:
+    raise ValueError("table must hold at least one variant with one method")
+  fig, (ax,) = _new_figure(1, panel_size=max(5.0, 1.3 * len(methods)))
+  width = 0.8 / len(labels)
+  positions = np.arange(len(methods))
+  for i, label in enumerate(labels):
+    x = positions - 0.4 + width * (i + 0.5)
+    seeds = [[s[metric] for s in table[label].get(m, []) if metric in s] for m in methods]
+    means = np.asarray([np.mean(v) if v else np.nan for v in seeds])
+    bars = ax.bar(x, np.nan_to_num(means), width=width * 0.95, label=label)
+    ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.3f}" for v in means], fontsize=7)
+    for xi, values in zip(x, seeds):
+      ax.plot([xi] * len(values), values, "o", color="black", markersize=3)
+  ax.plot([], [], "o", color="black", markersize=3, label="one seed")
+  ax.set_xticks(positions, [m.upper() for m in methods])
+  ax.set(ylabel=ylabel or metric)
+  ax.legend(fontsize="small")
+  ax.grid(axis="y", alpha=0.3)
+  return _save(fig, path, title)
+
+
 _OPEN_SET_LABELS = {
   "max_prob": "max prob",
   "entropy": "entropy",
