@@ -37,8 +37,9 @@ class InnerLoopReport(NamedTuple):
       (VAMPIRE, ABML) averaged over 16 weight draws of the prior; for point
       weights at them; over the particles, for BMAML.
     loss_after: the support NLL after the learner's inner loop: for a
-      Gaussian posterior on the same 16 draws of the noise as `loss_before`,
-      so that the comparison measures the inner loop, not the sampling noise.
+      Gaussian posterior the mean over 8 inner loops (each with its own
+      draws) scored on the same 16 draws of the noise as `loss_before`, so
+      that the comparison measures the inner loop, not the sampling noise.
     curvature: the largest Hessian eigenvalue of the support loss at the
       meta-parameters' means; measured only when the loop failed.
     stable_inner_lr: 2 / curvature, the largest stable step (when measured).
@@ -69,8 +70,10 @@ def _central_weights(meta_params: PyTree) -> PyTree:
   return getattr(meta_params, "mean", meta_params)
 
 
-# Weight draws that score a distribution's support loss before and after the inner loop.
+# Weight draws that score a distribution's support loss before and after the inner loop,
+# and inner loops (each with its own draws) whose results are averaged.
 NUM_CHECK_DRAWS = 16
+NUM_CHECK_LOOPS = 8
 
 
 def _expected_loss(loss_fn, dist: Gaussian, task: Task, key: jax.Array) -> jax.Array:
@@ -85,12 +88,18 @@ def _losses(learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Arra
   settings = learner.settings
   if settings is not None and isinstance(meta_params, Gaussian):
     if isinstance(task_params, Gaussian):
-      # Prior and posterior scored on the same draws of the noise (common random numbers):
-      # one draw of the posterior against the prior's mean would compare the inner loop's
-      # progress with the sampling noise, and a small, stable step would "not fall".
+      # The inner loop's expected effect: `NUM_CHECK_LOOPS` loops, each with its own weight
+      # draws, and prior and posteriors scored on the same draws of the noise (common
+      # random numbers). One loop scored by one posterior draw against the prior's mean
+      # measured the sampling noise as much as the loop: a stable step "did not fall".
+      def loss_after(loop_key):
+        posterior = learner.adapt(meta_params, task.support_x, task.support_y, loop_key)
+        return _expected_loss(settings.loss_fn, posterior, task, predict_key)
+
+      loop_keys = jax.random.split(adapt_key, NUM_CHECK_LOOPS)
       return (
         _expected_loss(settings.loss_fn, meta_params, task, predict_key),
-        _expected_loss(settings.loss_fn, task_params, task, predict_key),
+        jnp.mean(jax.vmap(loss_after)(loop_keys)),
       )
   if settings is not None:
     before = settings.loss_fn(_central_weights(meta_params), task.support_x, task.support_y)
