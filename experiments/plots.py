@@ -65,22 +65,15 @@ def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
   count = np.asarray(b.count)
   accuracy, confidence = np.asarray(b.accuracy), np.asarray(b.confidence)
   readable = count >= b.min_count
-  # Opaque colours: a translucent gap drawn over the accuracy bar (an under-confident bin)
-  # mixed with the blue and no longer matched its legend entry.
-  for shown, colour, gap_colour, edge_colour, label, gap_label in (
-    (
-      readable,
-      "tab:blue",
-      "#f4a6a6",
-      "tab:red",
-      "Accuracy",
-      "Gap to the bin's mean confidence",
-    ),
+  # The gap is a hatch with no fill: a translucent fill drawn over the accuracy bar (an
+  # under-confident bin) mixed with the blue and no longer matched its legend entry, and an
+  # opaque one hid the top of the accuracy bar. The hatch is the same over any background.
+  for shown, colour, edge_colour, label, gap_label in (
+    (readable, "tab:blue", "tab:red", "Accuracy", "Gap to the bin's mean confidence"),
     (
       (count > 0) & ~readable,
       "lightgrey",
-      "#bdbdbd",
-      "grey",
+      "dimgrey",
       f"Accuracy, bin of < {b.min_count} predictions",
       None,
     ),
@@ -104,7 +97,7 @@ def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
       bottom=accuracy[shown],
       width=width[shown],
       align="edge",
-      color=gap_colour,
+      facecolor="none",
       edgecolor=edge_colour,
       hatch="//",
       linewidth=0.6,

@@ -392,7 +392,7 @@ def test_reliability_legend_shows_the_gap_in_the_bars_colour_and_the_mce_label_c
   confidence = rng.uniform(0.3, 1.0, 400)
   probs = np.stack([confidence, 1 - confidence], 1)
   # Every label 0: above 0.5 the accuracy (1) tops the confidence, and the gap is drawn over
-  # the accuracy bar, where a translucent red turned purple.
+  # the accuracy bar, where a translucent red fill turned purple.
   labels = np.zeros(400, int)
   bins = cal.classification_calibration(probs, labels, num_bins=10)
   fig = plots.reliability_figure(bins, title="toy")
@@ -400,10 +400,12 @@ def test_reliability_legend_shows_the_gap_in_the_bars_colour_and_the_mce_label_c
   legend = diagram.get_legend()
   handles = dict(zip([t.get_text() for t in legend.get_texts()], legend.legend_handles))
   gap = handles["Gap to the bin's mean confidence"]
-  gap_bars = [
-    p for p in diagram.patches if p.get_hatch() == "//" and p.get_facecolor() == gap.get_facecolor()
-  ]
-  assert gap_bars and gap.get_facecolor()[3] == 1.0  # opaque: the same colour over any bar
+  gap_bars = [p for p in diagram.patches if p.get_hatch() == "//"]
+  # A red hatch with no fill, in the legend and on every bar: over an accuracy bar the blue
+  # shows through unmixed, and the bar's top is still the accuracy.
+  assert gap_bars and gap.get_facecolor()[3] == 0.0
+  for bar in gap_bars:
+    assert bar.get_facecolor()[3] == 0.0 and bar.get_edgecolor() == gap.get_edgecolor()
   fig.canvas.draw()
   renderer = fig.canvas.get_renderer()
   (label,) = diagram.texts
