@@ -65,12 +65,15 @@ def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
   count = np.asarray(b.count)
   accuracy, confidence = np.asarray(b.accuracy), np.asarray(b.confidence)
   readable = count >= b.min_count
-  for shown, colour, gap_colour, label, gap_label in (
-    (readable, "tab:blue", "tab:red", "Accuracy", "Gap"),
+  # The gap is a hatch with no fill: a translucent fill drawn over the accuracy bar (an
+  # under-confident bin) mixed with the blue and no longer matched its legend entry, and an
+  # opaque one hid the top of the accuracy bar. The hatch is the same over any background.
+  for shown, colour, edge_colour, label, gap_label in (
+    (readable, "tab:blue", "tab:red", "Accuracy", "Gap to the bin's mean confidence"),
     (
       (count > 0) & ~readable,
       "lightgrey",
-      "grey",
+      "dimgrey",
       f"Accuracy, bin of < {b.min_count} predictions",
       None,
     ),
@@ -94,9 +97,8 @@ def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
       bottom=accuracy[shown],
       width=width[shown],
       align="edge",
-      color=gap_colour,
-      alpha=0.3,
-      edgecolor=gap_colour,
+      facecolor="none",
+      edgecolor=edge_colour,
       hatch="//",
       linewidth=0.6,
       label=gap_label,
@@ -115,13 +117,15 @@ def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
     linewidth=2.0,
   )
   centre, bottom = edges[worst] + width[worst] / 2, min(accuracy[worst], confidence[worst])
-  right = centre > 0.5  # the label goes below the bin, towards the middle
+  # The label sits in the lower right corner, the legend in the upper left: they never meet.
   ax.annotate(
     f"MCE bin: n = {int(count[worst])}",
     xy=(centre, bottom),
-    xytext=(centre + (-0.08 if right else 0.08), max(0.05, bottom - 0.15)),
+    xytext=(0.97, 0.04),
+    textcoords="axes fraction",
     fontsize="small",
-    ha="right" if right else "left",
+    ha="right",
+    va="bottom",
     bbox=dict(boxstyle="round", facecolor="white", alpha=0.9),
     arrowprops=dict(arrowstyle="->", linewidth=0.8),
   )
@@ -228,6 +232,9 @@ def risk_coverage_figure(
   for i, (name, c) in enumerate(curves.items()):
     colour = colours[i % len(colours)]
     prefix = f"{name}: " if name else ""
+    # The references are orderings of this method's own predictions, not methods: with
+    # one curve they need no name, with several they say whose errors they order.
+    whose = f" of {name}'s errors" if name and len(curves) > 1 else ""
     ax.plot(c.coverage, c.risk, color=colour, linewidth=1.5, label=f"{prefix}AURC {c.aurc:.4f}")
     ax.plot(
       [0, 1],
@@ -235,7 +242,7 @@ def risk_coverage_figure(
       ":",
       color=colour,
       linewidth=1.0,
-      label=f"{prefix}random (AURC {c.error_rate:.4f})",
+      label=f"random order{whose} (AURC {c.error_rate:.4f})",
     )
     coverage = np.linspace(1e-3, 1.0, 500)
     ax.plot(
@@ -244,7 +251,7 @@ def risk_coverage_figure(
       "--",
       color=colour,
       linewidth=1.0,
-      label=f"{prefix}oracle (AURC {c.oracle_aurc:.4f})",
+      label=f"oracle order{whose}, errors last (AURC {c.oracle_aurc:.4f})",
     )
   ax.set(
     xlim=(0, 1),
@@ -385,7 +392,13 @@ def training_curves_figure(
       val_steps, val_values = validation[name]
       ax.plot(val_steps, val_values, "o-", color="tab:orange", markersize=4, label="validation")
     if best is not None:
-      ax.axvline(best["step"], color="tab:green", linestyle=":", linewidth=1.0)
+      ax.axvline(
+        best["step"],
+        color="tab:green",
+        linestyle=":",
+        linewidth=1.0,
+        label=f"step of the best validation ({best['step']})",
+      )
       if best.get("metric") == name:
         ax.plot(
           [best["step"]],
@@ -394,9 +407,9 @@ def training_curves_figure(
           color="tab:green",
           markersize=13,
           markeredgecolor="black",
-          label=f"best checkpoint (step {best['step']})",
+          label=f"best checkpoint (step {best['step']}), the one tested",
         )
-    if len(ax.get_legend_handles_labels()[0]) > 1:
+    if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize="small")
     ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 12500 -> 12.5k

@@ -6,6 +6,7 @@ import json
 import math
 import statistics
 
+import matplotlib.text
 import numpy as np
 import pytest
 
@@ -376,8 +377,40 @@ def test_risk_coverage_figure_draws_risk_and_its_reference_lines():
   x, y = oracle.get_xdata(), oracle.get_ydata()
   np.testing.assert_allclose(y, np.maximum(0, 1 - 0.5 / x))
   assert risk.get_label() == f"VAMPIRE: AURC {curve.aurc:.4f}"
-  assert oracle.get_label() == f"VAMPIRE: oracle (AURC {curve.oracle_aurc:.4f})"
+  # The references are orderings of VAMPIRE's predictions, not methods named "VAMPIRE: ...".
+  assert random.get_label() == f"random order (AURC {curve.error_rate:.4f})"
+  assert oracle.get_label() == f"oracle order, errors last (AURC {curve.oracle_aurc:.4f})"
   assert ax.get_ylabel().startswith("Risk")
+  two = plots.risk_coverage_figure({"MAML": curve, "VAMPIRE": curve})
+  labels = [line.get_label() for line in two.axes[0].get_lines()]
+  assert labels[1] == f"random order of MAML's errors (AURC {curve.error_rate:.4f})"
+  assert labels[5].startswith("oracle order of VAMPIRE's errors, errors last")
+
+
+def test_reliability_legend_shows_the_gap_in_the_bars_colour_and_the_mce_label_clear_of_it():
+  rng = np.random.default_rng(0)
+  confidence = rng.uniform(0.3, 1.0, 400)
+  probs = np.stack([confidence, 1 - confidence], 1)
+  # Every label 0: above 0.5 the accuracy (1) tops the confidence, and the gap is drawn over
+  # the accuracy bar, where a translucent red fill turned purple.
+  labels = np.zeros(400, int)
+  bins = cal.classification_calibration(probs, labels, num_bins=10)
+  fig = plots.reliability_figure(bins, title="toy")
+  diagram = fig.axes[0]
+  legend = diagram.get_legend()
+  handles = dict(zip([t.get_text() for t in legend.get_texts()], legend.legend_handles))
+  gap = handles["Gap to the bin's mean confidence"]
+  gap_bars = [p for p in diagram.patches if p.get_hatch() == "//"]
+  # A red hatch with no fill, in the legend and on every bar: over an accuracy bar the blue
+  # shows through unmixed, and the bar's top is still the accuracy.
+  assert gap_bars and gap.get_facecolor()[3] == 0.0
+  for bar in gap_bars:
+    assert bar.get_facecolor()[3] == 0.0 and bar.get_edgecolor() == gap.get_edgecolor()
+  fig.canvas.draw()
+  renderer = fig.canvas.get_renderer()
+  (label,) = diagram.texts
+  text = matplotlib.text.Text.get_window_extent(label, renderer)  # the text, not its arrow
+  assert not text.overlaps(legend.get_window_extent(renderer))
 
 
 def test_a_point_estimate_is_drawn_as_its_markers_not_as_a_calibrated_looking_line():
@@ -404,9 +437,13 @@ def test_training_curves_have_y_labels_and_mark_the_best_checkpoint():
   assert (
     len(star) == 1 and list(star[0].get_xdata()) == [100] and list(star[0].get_ydata()) == [0.5]
   )
-  assert star[0].get_label() == "best checkpoint (step 100)"
-  for ax in (loss, mse):  # a dotted line at the best step on every panel
-    assert any(list(line.get_xdata()) == [100, 100] for line in ax.get_lines())
+  assert star[0].get_label() == "best checkpoint (step 100), the one tested"
+  for ax in (loss, mse):  # a dotted line at the best step on every panel, in the legend
+    (line,) = [line for line in ax.get_lines() if list(line.get_xdata()) == [100, 100]]
+    assert line.get_label() == "step of the best validation (100)"
+    # Every line drawn is named in its panel's legend (matplotlib names unlabelled ones "_...").
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert sorted(legend) == sorted(line.get_label() for line in ax.get_lines())
 
 
 # -- The paper's regression metric and selective prediction --------------------------

@@ -7,6 +7,7 @@ few gradient steps on the variational free energy.
 Layers, from the leaves up (each imports only those below it):
   errors, checks, gaussian, losses, tasks, backend_defaults
   batching, convolution, models, sharding, config, calibration
+  adapters                        from_nnx / from_equinox: (params, apply_fn) of NNX, Equinox
   adaptation                      adapt / maml_adapt / predict
   learners, baselines             MetaLearner factories: vampire, maml, platipus, bmaml, abml
   diagnostics                     check_inner_loop, debug_nonfinite
@@ -24,6 +25,7 @@ Layers, from the leaves up (each imports only those below it):
 
 from vampire_jax import (
   adaptation,
+  adapters,
   algorithms,
   backend_defaults,
   baselines,
@@ -52,6 +54,7 @@ from vampire_jax import (
   tasks,
   training,
 )
+from vampire_jax.adapters import from_equinox, from_nnx
 from vampire_jax.adaptation import adapt, expected_nll, maml_adapt, predict, variational_free_energy
 from vampire_jax.batching import (
   BATCHING_STRATEGIES,
@@ -150,6 +153,7 @@ __version__ = "0.2.0"
 __all__ = (
   # Modules.
   "adaptation",
+  "adapters",
   "algorithms",
   "backend_defaults",
   "baselines",
@@ -198,6 +202,8 @@ __all__ = (
   "local_reparameterization",
   "mixed_precision",
   "pure_apply",
+  "from_equinox",
+  "from_nnx",
   "Task",
   # Adaptation and learners.
   "adapt",

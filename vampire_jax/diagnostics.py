@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from jax.experimental import checkify
 
-from vampire_jax.gaussian import Gaussian, kl_step_factor
+from vampire_jax.gaussian import Gaussian, kl_step_factor, sample
 from vampire_jax.learners import MetaLearner
 from vampire_jax.tasks import Task
 
@@ -33,9 +33,13 @@ class InnerLoopReport(NamedTuple):
   """What one inner loop on a real support set did.
 
   Attributes:
-    loss_before: the support NLL at the meta-parameters (at their means,
-      for a distribution; over the particles, for BMAML).
-    loss_after: the support NLL after the learner's inner loop.
+    loss_before: the support NLL at the meta-parameters: for a Gaussian
+      (VAMPIRE, ABML) averaged over 16 weight draws of the prior; for point
+      weights at them; over the particles, for BMAML.
+    loss_after: the support NLL after the learner's inner loop: for a
+      Gaussian posterior the mean over 8 inner loops (each with its own
+      draws) scored on the same 16 draws of the noise as `loss_before`, so
+      that the comparison measures the inner loop, not the sampling noise.
     curvature: the largest Hessian eigenvalue of the support loss at the
       meta-parameters' means; measured only when the loop failed.
     stable_inner_lr: 2 / curvature, the largest stable step (when measured).
@@ -66,14 +70,47 @@ def _central_weights(meta_params: PyTree) -> PyTree:
   return getattr(meta_params, "mean", meta_params)
 
 
+# Weight draws that score a distribution's support loss before and after the inner loop,
+# and inner loops (each with its own draws) whose results are averaged.
+NUM_CHECK_DRAWS = 16
+NUM_CHECK_LOOPS = 8
+
+
+def _expected_loss(loss_fn, dist: Gaussian, task: Task, key: jax.Array) -> jax.Array:
+  """The support loss averaged over `NUM_CHECK_DRAWS` draws of `dist` from `key`."""
+  draws = sample(dist, key, NUM_CHECK_DRAWS)
+  return jnp.mean(jax.vmap(loss_fn, in_axes=(0, None, None))(draws, task.support_x, task.support_y))
+
+
 def _losses(learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array):
   adapt_key, predict_key = jax.random.split(key)
-  if learner.settings is not None:
-    before = learner.settings.loss_fn(_central_weights(meta_params), task.support_x, task.support_y)
+  task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
+  settings = learner.settings
+  if settings is not None and isinstance(meta_params, Gaussian):
+    if isinstance(task_params, Gaussian):
+      # The inner loop's expected effect: `NUM_CHECK_LOOPS` loops, each with its own weight
+      # draws, and prior and posteriors scored on the same draws of the noise (common
+      # random numbers). One loop scored by one posterior draw against the prior's mean
+      # measured the sampling noise as much as the loop: a stable step "did not fall".
+      def loss_after(loop_key):
+        posterior = learner.adapt(meta_params, task.support_x, task.support_y, loop_key)
+        return _expected_loss(settings.loss_fn, posterior, task, predict_key)
+
+      loop_keys = jax.random.split(adapt_key, NUM_CHECK_LOOPS)
+      return (
+        _expected_loss(settings.loss_fn, meta_params, task, predict_key),
+        jnp.mean(jax.vmap(loss_after)(loop_keys)),
+      )
+  if settings is not None:
+    before = settings.loss_fn(_central_weights(meta_params), task.support_x, task.support_y)
   else:  # e.g. BMAML: the meta-parameters are the particles predict takes
     before = _support_nll(learner, meta_params, task, predict_key)
-  task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
   return before, _support_nll(learner, task_params, task, predict_key)
+
+
+# Compiled once per learner (a NamedTuple of functions, hashed by identity): checking
+# many tasks with one learner compiles once.
+_jitted_losses = jax.jit(_losses, static_argnums=0)
 
 
 def largest_curvature(
@@ -132,9 +169,7 @@ def check_inner_loop(
     and fell, and the KL step factor (if any) is below 2. Otherwise
     `.advice` names the knob and a value that works.
   """
-  before, after = (
-    float(v) for v in jax.jit(lambda p, t, k: _losses(learner, p, t, k))(meta_params, task, key)
-  )
+  before, after = (float(v) for v in _jitted_losses(learner, meta_params, task, key))
   settings = learner.settings
   kl_factor = None
   if settings is not None and settings.kl_weight and isinstance(meta_params, Gaussian):

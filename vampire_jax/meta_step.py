@@ -43,7 +43,7 @@ class MetaState(NamedTuple):
 
   step: jax.Array  # [] int32, meta-updates done
   meta_params: PyTree  # Gaussian (VAMPIRE) or a weight tree (MAML)
-  opt_state: optax.OptState
+  opt_state: optax.OptState  # the meta-optimizer's state (optax)
 
 
 def _check_setting(where: str, name: str, value, *, low: float, low_open: bool) -> None:
@@ -425,7 +425,7 @@ def make_train_step(
   Args:
     learner, optimizer: as in `make_meta_step`.
     sample_tasks: `sample_tasks(data, task_keys) -> Task`, jittable.
-    tasks_per_step: T.
+    tasks_per_step: T, the tasks each meta-step draws and adapts to.
     steps_per_call: meta-steps per call, run with `lax.scan`.
     task_batching, chunk_size, metrics_fn, mesh: as in `make_meta_gradient`.
 

@@ -23,18 +23,19 @@ MINI_IMAGENET_SIZE = 84
 def pil_image():
   """PIL's `Image` module, imported when first needed.
 
-  Pillow is an optional dependency (the `experiments` extra): loading a
-  trained run and predicting need no image library.
+  Pillow is a dependency of the library (for these functions and the data
+  loaders), imported here so that `import vampire_jax` and loading a
+  trained run do not load it.
 
   Raises:
-    ImportError: Pillow is not installed; the message says what to install.
+    ImportError: Pillow is missing (an install that skipped the
+      dependencies); the message says what to install.
   """
   try:
     from PIL import Image
   except ImportError as error:
     raise ImportError(
-      "reading and resizing images needs Pillow: pip install pillow "
-      "(or the library's extra: pip install 'vampire-jax[experiments]')"
+      "reading and resizing images needs Pillow, a dependency of vampire-jax: pip install pillow"
     ) from error
   return Image
 
