@@ -46,6 +46,16 @@ def test_the_default_is_one_device_per_core_and_a_users_count_wins():
   assert _python(explicit).stdout.strip() == "5"
 
 
+def test_the_readmes_line_gives_every_core_to_a_users_own_code():
+  from tests.test_readme import readme_blocks
+
+  block = readme_blocks("cpu-cores") + "\nprint(len(jax.devices()), mesh.size)"
+  out = _python(block)
+  assert out.returncode == 0, out.stderr[-2000:]
+  cores = int(_python(COUNT).stdout.split()[1])
+  assert out.stdout.split() == [str(cores), str(cores)]
+
+
 def test_too_late_is_said_not_ignored():
   late = _python("import jax, vampire_jax as vj; jax.numpy.zeros(1); vj.use_all_cpu_cores(4)")
   assert late.returncode != 0
