@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from vampire_jax import batching, sharding
+from vampire_jax import batching, checks, sharding
 from vampire_jax.errors import InputError
 from vampire_jax.learners import MetaLearner, query_loss
 from vampire_jax.tasks import Task, check_task_batch
@@ -335,8 +335,8 @@ def make_train_step(
     A pure function; `metrics` holds `[steps_per_call]` arrays (loss,
     grad_norm and `metrics_fn`'s values, per step).
   """
-  if steps_per_call < 1:
-    raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
+  checks.step_count("make_train_step", "tasks_per_step", tasks_per_step, 1)
+  checks.step_count("make_train_step", "steps_per_call", steps_per_call, 1)
   meta_gradient = make_meta_gradient(
     learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
   )
@@ -377,6 +377,7 @@ def make_host_chunked_train_step(
   `make_host_chunked_meta_step`). The result equals `make_train_step`'s for
   the same key, up to float rounding. Do not wrap it in `jax.jit`.
   """
+  checks.step_count("make_host_chunked_train_step", "tasks_per_step", tasks_per_step, 1)
   if chunk_size < 1 or tasks_per_step % chunk_size:
     raise ValueError(f"chunk_size={chunk_size} must be >= 1 and divide the {tasks_per_step} tasks")
   gradient = make_meta_gradient(learner, task_batching="unroll", metrics_fn=metrics_fn)

@@ -224,7 +224,8 @@ class MLP(nn.Module):
   """Fully connected ReLU network: `hidden_sizes` then a linear output layer.
 
   Regression uses `MLP((100, 100, 100), 1)`; pre-extracted features use
-  `MLP((128, 32), num_classes)`.
+  `MLP((128, 32), num_classes)`. Input `[batch, features]`: a leading task
+  axis is refused (it would pool the tasks' examples); vmap over tasks.
   """
 
   hidden_sizes: Sequence[int]
@@ -233,6 +234,10 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     checks.floating("MLP", "x", x)
+    if x.ndim != 2:  # a task axis in front would pool the tasks' examples
+      raise checks.fail(
+        "MLP", "x", "[batch, features] (one task; vmap over a task axis)", checks.describe(x)
+      )
     for width in self.hidden_sizes:
       x = nn.relu(nn.Dense(width, kernel_init=kernel_init)(x))
     return nn.Dense(self.num_outputs, kernel_init=kernel_init)(x)
