@@ -323,15 +323,16 @@ def protocol_differences(run: Run, key: tuple) -> dict:
   """`{field: (the run's value, the paper preset's)}` for each setting that differs.
 
   Every field of the paper preset's config (`configs.get_config`, for the
-  run's algorithm) but `NOT_PROTOCOL`; a field the run's record lacks (added
-  since) counts as its default.
+  run's algorithm) but `NOT_PROTOCOL` and the cell's own setting (split,
+  ways, shots); a field the run's record lacks (added since) counts as its
+  default.
   """
   preset = "paper" if run.experiment == "regression" else key[-1]
   paper = configs.get_config(run.experiment, preset, run.config["algorithm"])
   differences = {}
   for field in dataclasses.fields(paper):
-    if field.name in NOT_PROTOCOL:
-      continue
+    if field.name in NOT_PROTOCOL or field.name in _SETTING_FIELDS.get(run.experiment, ()):
+      continue  # the cell's own setting (the split, ways, shots) chose the cell
     wanted = _as_json(getattr(paper, field.name))
     default = None if field.default is dataclasses.MISSING else _as_json(field.default)
     mine = _as_json(run.config.get(field.name, default))

@@ -39,8 +39,8 @@ What a run does when it is stopped or fails, in every phase:
     index"): a screen of tracebacks as "unraisable" exceptions
     (`sys.unraisablehook`; under pytest, hundreds of
     `PytestUnraisableExceptionWarning`s), while and after the restore fails;
-    `drop_event_loop_noise()` (installed by `run_folder.RunCheckpoints`
-    before it reads anything) drops exactly those, and passes every other
+    `run_folder.drop_restore_noise()` (installed by `RunCheckpoints` before
+    it reads anything, and here) drops exactly those, and passes every other
     one on to the hook it found.
 """
 
@@ -54,6 +54,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from vampire_jax import run_folder
 from vampire_jax.errors import UserError
 
 # Loggers of the checkpoint stack: their records repeat an error the caller raises.
@@ -149,12 +150,6 @@ def sigterm_raises() -> Iterator[None]:
     signal.signal(signal.SIGTERM, previous)
 
 
-def _storage_errno(error: BaseException) -> Optional[int]:
-  from vampire_jax import run_folder  # run_folder knows the errors of a full disk
-
-  return run_folder.storage_errno(error)
-
-
 @contextlib.contextmanager
 def quiet_background() -> Iterator[None]:
   """Keeps the checkpoint stack's logs, and background threads' environment errors, quiet.
@@ -174,57 +169,18 @@ def quiet_background() -> Iterator[None]:
 
   def hook(args):
     if args.exc_value is not None and (
-      _storage_errno(args.exc_value) is not None or _is_event_loop_noise(args.exc_value)
+      run_folder.storage_errno(args.exc_value) is not None
+      or run_folder.is_event_loop_noise(args.exc_value)
     ):
       return
     previous_hook(args)
 
   threading.excepthook = hook
-  drop_event_loop_noise()
+  run_folder.drop_restore_noise()
   try:
     yield
   finally:
     threading.excepthook = previous_hook
-
-
-def _is_event_loop_noise(error: Optional[BaseException]) -> bool:
-  return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
-
-
-# Orbax's read coroutine of an array that does not restore re-raises as it is closed.
-_RESTORE_COROUTINE = "_read_array_index_and_device_put"
-_RESTORE_ERROR = "Encountered error while reading array index"
-
-
-def _is_restore_noise(unraisable) -> bool:
-  """An unraisable error left by a checkpoint restore that failed (reported by the caller)."""
-  if _is_event_loop_noise(unraisable.exc_value):
-    return True
-  where = getattr(unraisable.object, "__qualname__", "") or ""
-  return _RESTORE_COROUTINE in where and str(unraisable.exc_value).startswith(_RESTORE_ERROR)
-
-
-_noise_filter_installed = False
-
-
-def drop_event_loop_noise() -> None:
-  """Drops TensorStore's "Event loop is closed" tracebacks of a failed restore (idempotent).
-
-  They reach `sys.unraisablehook` from TensorStore's callbacks after orbax
-  closed the event loop of the restore that failed; the failure itself is
-  reported by the caller. Wraps the hook in place (pytest's, a notebook's).
-  """
-  global _noise_filter_installed
-  if _noise_filter_installed:
-    return
-  previous = sys.unraisablehook
-
-  def hook(unraisable):
-    if not _is_restore_noise(unraisable):
-      previous(unraisable)
-
-  sys.unraisablehook = hook
-  _noise_filter_installed = True
 
 
 def exit_code(error: BaseException, print_fn: Callable[[str], None]) -> Optional[int]:
@@ -245,9 +201,7 @@ def exit_code(error: BaseException, print_fn: Callable[[str], None]) -> Optional
   if isinstance(error, FloatingPointError):
     print_fn(f"error: {error}")
     return 1
-  if isinstance(error, Exception) and _storage_errno(error) is not None:
-    from vampire_jax import run_folder
-
+  if isinstance(error, Exception) and run_folder.storage_errno(error) is not None:
     path = getattr(error, "filename", None) or "a file"
     print_fn(f"error: {run_folder.storage_error(error, path)}")
     return 2

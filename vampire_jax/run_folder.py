@@ -48,6 +48,8 @@ What survives what (BUILD_NOTES.md, "Run folder guarantees"):
     folder without taking it.
   - An environment problem (a file where the folder should be, a read-only
     folder, a full disk) is a `StorageError`: one line naming the path.
+  - A checkpoint that does not restore is one line; the tracebacks orbax and
+    TensorStore leave behind it are dropped (`drop_restore_noise`).
 """
 
 import contextlib
@@ -58,6 +60,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import uuid
@@ -70,7 +73,7 @@ import orbax.checkpoint as ocp
 
 from vampire_jax import config as config_lib
 from vampire_jax import configs
-from vampire_jax import interrupts, models
+from vampire_jax import models
 from vampire_jax.errors import ConfigError, RunFolderError, StorageError
 
 PyTree = Any
@@ -574,6 +577,54 @@ def _first_line(error: BaseException, limit: int = 160) -> str:
   return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# -- The noise of a restore that failed ------------------------------------------------------
+
+
+def is_event_loop_noise(error: Optional[BaseException]) -> bool:
+  return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
+# Orbax's read coroutine of an array that does not restore re-raises as it is closed.
+_RESTORE_COROUTINE = "_read_array_index_and_device_put"
+_RESTORE_ERROR = "Encountered error while reading array index"
+
+
+def _is_restore_noise(unraisable) -> bool:
+  """An unraisable error left by a checkpoint restore that failed (reported by the caller)."""
+  if is_event_loop_noise(unraisable.exc_value):
+    return True
+  where = getattr(unraisable.object, "__qualname__", "") or ""
+  return _RESTORE_COROUTINE in where and str(unraisable.exc_value).startswith(_RESTORE_ERROR)
+
+
+_noise_filter_installed = False
+
+
+def drop_restore_noise() -> None:
+  """Drops the unraisable errors a failed restore leaves behind (idempotent).
+
+  A checkpoint whose files are garbage leaves TensorStore callbacks that fire
+  into the event loop orbax closed ("RuntimeError: Event loop is closed") and
+  orbax read coroutines that raise again as they are closed ("Encountered
+  error while reading array index"). Python prints each as an "unraisable"
+  exception (hundreds of tracebacks; `PytestUnraisableExceptionWarning`s under
+  pytest), while and after the restore fails; the failure itself is said in
+  one line by `RunCheckpoints`. This wraps `sys.unraisablehook` in place
+  (pytest's, a notebook's) and passes every other error on.
+  """
+  global _noise_filter_installed
+  if _noise_filter_installed:
+    return
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not _is_restore_noise(unraisable):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+  _noise_filter_installed = True
+
+
 class _FailedSave(contextlib.AbstractContextManager):
   """A save that failed for want of space (or permission) as a one-line StorageError.
 
@@ -646,7 +697,7 @@ class RunCheckpoints:
       self._record["run_id"] if self._record is not None else folder_run_id(self.workdir)
     )
     self._print = print_fn or _quiet_stderr_print
-    interrupts.drop_event_loop_noise()  # a restore that fails leaves TensorStore's noise behind
+    drop_restore_noise()  # a restore that fails leaves orbax's and TensorStore's noise behind
     best_steps = _step_folders(self.workdir / "best")
     if best_steps:
       self._check_own(self.workdir / "best", best_steps[0], "best")
@@ -683,7 +734,14 @@ class RunCheckpoints:
       )
 
   def _set_aside_best(self, best_step: int, start_step: int) -> None:
-    """Moves `best/` (ahead of the state training starts from) to `set_aside/`, with a line."""
+    """Moves `best/` (ahead of the state training starts from) to `set_aside/`, with a line.
+
+    Only the first process of a job moves it (the others share the folder).
+    """
+    import jax
+
+    if jax.process_index() != 0:
+      return
     aside = self.workdir / SET_ASIDE_FOLDER
     target = aside / f"best_{best_step}_{int(time.time())}"
     with writing(aside):
