@@ -10,6 +10,7 @@ error before issue 31.
 import dataclasses
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import jax
@@ -269,12 +270,25 @@ def test_mini_imagenet_csvs_are_read_or_refused_naming_file_and_line(row, tmp_pa
 
 
 def test_an_unwritable_mini_imagenet_cache_fails_before_decoding(tmp_path, monkeypatch):
+  """Before: every image was decoded, then the cache write failed."""
   folder = _fake_mini_imagenet(tmp_path / "mini")
   (tmp_path / "file").write_text("")
   decoded = []
   monkeypatch.setattr(mi, "_decode", lambda path: decoded.append(path))
-  with pytest.raises(vj.StorageError, match=r"mini-ImageNet cache folder .* cannot be written"):
-    _load(folder, tmp_path / "file" / "cache")
+  caches = [tmp_path / "file" / "cache"]  # under a file
+  read_only = tmp_path / "read_only"  # a read-only mount, where mounting is allowed (root)
+  read_only.mkdir()
+  mount = ["mount", "-t", "tmpfs", "-o", "ro,size=100k", "tmpfs", str(read_only)]
+  mounted = subprocess.run(mount, capture_output=True).returncode == 0
+  if mounted:
+    caches.append(read_only / "cache")
+  try:
+    for cache in caches:
+      with pytest.raises(vj.StorageError, match=rf"mini-ImageNet cache folder {cache} cannot be"):
+        _load(folder, cache)
+  finally:
+    if mounted:
+      subprocess.run(["umount", str(read_only)], check=True)
   assert decoded == []
 
 
