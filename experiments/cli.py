@@ -11,18 +11,14 @@ exit code 2 (a traceback is kept for real bugs).
 """
 
 import argparse
-import contextlib
 import dataclasses
-import logging
-import os
-import signal
 import sys
 import typing
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from vampire_jax import algorithms
-from vampire_jax.errors import ConfigError, UserError
+from vampire_jax import algorithms, interrupts, sharding
+from vampire_jax.errors import ConfigError
 
 # `--help`'s groups, in order, and the config fields each shows. A new config
 # field goes in one of them (tests/test_cli.py checks that every field has one).
@@ -248,7 +244,9 @@ def parse(
 
   Returns:
     `(config, args)`: the preset's config with the given flags applied, and
-    the parsed flags (`args.workdir`, `args.no_progress`, ...).
+    the parsed flags (`args.workdir`, `args.no_progress`, ...). With one
+    method (`algorithm_flag`), a flag that method ignores is said in a line
+    and not applied (`drop_ignored`).
   """
   default_preset = default_preset or presets[0]
   first = argparse.ArgumentParser(add_help=False)
@@ -297,7 +295,26 @@ def parse(
     add_flags(parser)
   add_config_flags(parser, config)
   args = parser.parse_args(argv)
-  return apply_overrides(config, args), args
+  config = apply_overrides(config, args)
+  if algorithm_flag:  # one method: say what it ignores, and record only what acts
+    config = drop_ignored(config)
+  return config, args
+
+
+def drop_ignored(config, print_fn: Callable[[str], None] = None):
+  """`config` without the settings its algorithm ignores (`algorithms.drop_ignored`), each said
+  in one line: a run records only settings that act."""
+  config, ignored = algorithms.drop_ignored(config)
+  for name, (value, neutral, why) in ignored.items():
+    (print_fn or _stderr)(
+      f"note: --algorithm {config.algorithm} ignores {_flag(name)} {value!r} ({why}); "
+      f"recorded as {neutral!r}"
+    )
+  return config
+
+
+def _stderr(message: str) -> None:
+  print(message, file=sys.stderr)
 
 
 def compilation_cache_dir() -> Path:
@@ -307,31 +324,6 @@ def compilation_cache_dir() -> Path:
   return default_cache_dir() / "xla"
 
 
-class _Terminated(KeyboardInterrupt):
-  """SIGTERM, raised where the program is (as Ctrl-C raises KeyboardInterrupt)."""
-
-  signum = signal.SIGTERM
-
-
-@contextlib.contextmanager
-def _sigterm_raises():
-  """SIGTERM raises `_Terminated` in the main thread, so that it ends in one line too."""
-
-  def handler(signum, frame):
-    del signum, frame
-    raise _Terminated()
-
-  try:
-    previous = signal.signal(signal.SIGTERM, handler)
-  except ValueError:  # not the main thread
-    yield
-    return
-  try:
-    yield
-  finally:
-    signal.signal(signal.SIGTERM, previous)
-
-
 def main_entry(
   main: Callable[[Optional[Sequence[str]]], object], argv: Optional[Sequence[str]] = None
 ) -> int:
@@ -339,52 +331,23 @@ def main_entry(
 
   XLA gets one CPU device per core (`vj.use_all_cpu_cores`; a device count
   set in `JAX_NUM_CPU_DEVICES` or `XLA_FLAGS` wins). TensorFlow and absl stay
-  quiet; the compilation cache is on unless `--no-compilation-cache`. A `UserError` (bad flag, missing or corrupt data,
-  a resumed run of another config, a run folder in use, full or read-only)
-  prints `error: ...` and returns 2, as does any other error of the file
-  system (a full disk while drawing a figure); a stopped run (Ctrl-C,
+  quiet; the compilation cache is on unless `--no-compilation-cache`. How a
+  stop or a fault ends is `vampire_jax.interrupts.run_command`'s: a
+  `UserError` (bad flag, missing or corrupt data, a resumed run of another
+  config, a run folder in use, full or read-only) prints `error: ...` and
+  returns 2, as does any other error of the file system (a full disk while
+  drawing a figure); a stopped run (Ctrl-C,
   SIGTERM, in any phase) says how to resume in one line and returns 128 +
   the signal's number; divergence prints its message and returns 1.
   """
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  # Orbax logs a failed background save (a full disk) with tracebacks, then raises it to
-  # the caller, which says it in one line.
-  for name in ("absl", "asyncio"):
-    logging.getLogger(name).setLevel(logging.CRITICAL)
   argv = list(sys.argv[1:] if argv is None else argv)
-  from vampire_jax import run_folder, sharding
-  from vampire_jax.training import TrainingInterrupted
-
   sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core (JAX_NUM_CPU_DEVICES=1: one)
 
-  try:
-    with _sigterm_raises():
-      if "--no-compilation-cache" not in argv:
-        from vampire_jax import training
+  def run() -> None:
+    if "--no-compilation-cache" not in argv:
+      from vampire_jax import training
 
-        training.enable_compilation_cache(compilation_cache_dir())
-      main(argv)
-  except UserError as error:
-    print(f"error: {error}", file=sys.stderr)
-    return 2
-  except TrainingInterrupted as stop:
-    print(f"\n{stop}", file=sys.stderr)
-    return 128 + stop.signum
-  except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM outside the training loop
-    signum = getattr(stop, "signum", signal.SIGINT)
-    print(
-      f"\n{signal.Signals(signum).name}: stopped before the run finished; its saved "
-      "checkpoints are kept: run the same command again to resume",
-      file=sys.stderr,
-    )
-    return 128 + signum
-  except FloatingPointError as error:
-    print(f"error: {error}", file=sys.stderr)
-    return 1
-  except OSError as error:
-    if run_folder.storage_errno(error) is None:
-      raise
-    path = error.filename or "a file"
-    print(f"error: {run_folder.storage_error(error, path)}", file=sys.stderr)
-    return 2
-  return 0
+      training.enable_compilation_cache(compilation_cache_dir())
+    main(argv)
+
+  return interrupts.run_command(run)

@@ -85,6 +85,7 @@ def run_methods(
   methods = {}
   for algorithm in algorithms:
     config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
+    config = cli.drop_ignored(config, print_fn=lambda line: print(f"   {line}"))
     # An algorithm without a KL term (MAML, BMAML) ignores kl_weight, whatever the overrides set.
     kl = f", KL weight {config.kl_weight}" if algorithm_registry.get(algorithm).has_kl else ""
     print(

@@ -383,7 +383,7 @@ def _authors2019_regression(algorithm: str) -> RegressionConfig:
   config.num_mc_train = config.num_mc_query = draws
   if algorithm == "bmaml":
     config.num_particles = 10
-  return config
+  return algorithms.drop_ignored(config)[0]  # what the algorithm does not read, left neutral
 
 
 # -- Shared ---------------------------------------------------------------------------

@@ -36,9 +36,15 @@ on. At the end, or when stopped, it lists the cells done, partial (with their
 last checkpoint step) and not started, and prints
 `python -m experiments.paper_table <root>`.
 
+Ctrl-C or SIGTERM to this runner is passed on to the running child (which
+runs in its own session, so it gets the signal once): the child saves its
+checkpoint and exits (or is killed after --grace seconds), then the runner
+says so in one line and exits with 128 + the signal's number; no child is
+left behind holding its run folder's lock (`vampire_jax.interrupts`).
+
 Exit status: 0 when every selected cell is done (cells skipped for a stated
 reason aside); 3 when the time budget stopped it first; 1 when a cell failed
-(its log says why); 2 for a bad flag.
+(its log says why); 2 for a bad flag; 130 / 143 when stopped by a signal.
 """
 
 import argparse
@@ -54,6 +60,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from experiments import paper_table
+from vampire_jax import interrupts
 from vampire_jax.errors import ConfigError, UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -292,35 +299,29 @@ def run_child(command: list[str], log_path: Path, stop_at: float, grace: float) 
   """Runs `command` to its end or to `stop_at`; returns (exit code, whether it was stopped).
 
   At `stop_at` the child gets SIGTERM (it saves a checkpoint and exits), and
-  SIGKILL if it is still running `grace` seconds later.
+  SIGKILL if it is still running `grace` seconds later. The child runs in its
+  own session: a signal to this process (Ctrl-C, SIGTERM) reaches it once,
+  passed on by `interrupts.forwarding`, which waits for it (or kills it after
+  `grace`) before this process stops.
   """
   with open(log_path, "a") as log:
     log.write(f"\n$ {shlex.join(command)}\n")
     log.flush()
-    child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-    try:
+    child = subprocess.Popen(
+      command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True
+    )
+    with interrupts.forwarding(child, grace):
       while True:
         try:
           return child.wait(timeout=POLL_SECONDS), False
         except subprocess.TimeoutExpired:
           if _now() >= stop_at:
             return _stop(child, grace), True
-    except KeyboardInterrupt:  # Ctrl-C reached the child too: let it save its checkpoint
-      _wait_or_kill(child, grace)
-      raise
 
 
 def _stop(child: subprocess.Popen, grace: float) -> int:
   child.send_signal(signal.SIGTERM)
-  return _wait_or_kill(child, grace)
-
-
-def _wait_or_kill(child: subprocess.Popen, grace: float) -> int:
-  try:
-    return child.wait(timeout=grace)
-  except subprocess.TimeoutExpired:
-    child.kill()
-    return child.wait()
+  return interrupts.wait_or_kill(child, grace)
 
 
 def _log_tail(log_path: Path, lines: int = 8) -> str:
@@ -475,5 +476,12 @@ def main(argv=None) -> int:
   return code
 
 
+def entry(argv=None) -> int:
+  """`main` as a command: a signal or a fault ends in one line (`interrupts.run_command`)."""
+  codes = []
+  stopped = interrupts.run_command(lambda: codes.append(main(argv)))
+  return codes[0] if codes else stopped
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(entry())

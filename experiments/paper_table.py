@@ -12,21 +12,29 @@ summary per method under "methods", each method trained in
 `<folder>/<method>/` (read from there when it holds its own results.json).
 
 A run fills a cell of the paper's tables when its experiment, algorithm and
-setting (split, ways, shots) are the cell's and its schedule is the paper
-preset's (`PROTOCOL_FIELDS`, compared with `experiments.configs`). Any other
-run is listed apart, with what differs, never mixed into a cell. Where
-several runs fill a cell, the one with the most test tasks is shown and the
-count is given. Accuracy is in %, ± the 95% CI half-width, and
-Δ = measured − paper. Every measured number comes from the files read.
+setting (split, ways, shots) are the cell's and every setting of its config
+is the paper preset's (`experiments.configs.get_config`, read each time, so
+a preset that changes is followed), but those that do not change what a run
+measures (`NOT_PROTOCOL`: speed knobs, where the data was read from, the
+seed, how often it logged or saved, the number of test tasks, which is shown).
+Any other run is listed apart, with every setting that differs, never mixed
+into a cell. Where several runs fill a cell, the one with the most test tasks
+is shown and the count is given. Accuracy is in %, ± the 95% CI half-width,
+and Δ = measured − paper. Every measured number comes from the files read; a
+results.json that does not hold what a run writes (no "test": a run that has
+not finished; a field missing or of the wrong type: a hand edit) is skipped
+with a line naming the file and the field.
 """
 
 import argparse
+import dataclasses
 import json
+import numbers
 import sys
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from experiments import configs
+from experiments import cli, configs
 from vampire_jax.errors import ConfigError, UserError
 
 # The paper's published numbers (Nguyen et al., WACV 2020; paper/vampire_wacv2020.tex),
@@ -93,12 +101,20 @@ OMNIGLOT_SETTINGS = ("5way1shot", "5way5shot", "20way1shot", "20way5shot")
 MINI_IMAGENET_SETTINGS = ("5way1shot", "5way5shot")
 CALIBRATION_SETTING = "5way1shot"
 
-# The fields that make a run the paper's protocol: equal to the paper preset's
-# (experiments.configs) for the run's algorithm.
-PROTOCOL_FIELDS = {
-  "omniglot": ("num_meta_steps", "tasks_per_step", "query"),
-  "mini_imagenet": ("num_meta_steps", "tasks_per_step", "query", "image_size"),
-  "regression": ("num_meta_steps", "tasks_per_step", "num_support", "num_mc_train", "num_mc_query"),
+# Config fields that do not change what a run measures; every other field must equal the
+# paper preset's (experiments.configs, for the run's algorithm) for the run to fill a cell.
+# The speed group changes nothing beyond float rounding (but bfloat16 compute does more).
+NOT_PROTOCOL = (frozenset(cli.GROUPS["speed"]) - {"compute_dtype"}) | {
+  "seed",  # another seed is a replicate of the same protocol
+  "data_dir",
+  "data_source",
+  "source",
+  "cache_dir",
+  "log_every",
+  "checkpoint_every",
+  "num_test_tasks",  # shown beside the number, and the largest run is chosen
+  "num_plot_tasks",
+  "debug_nans",
 }
 # A config field only that experiment's config has (experiments.configs).
 EXPERIMENT_MARKERS = {
@@ -132,41 +148,122 @@ class SortedRuns(NamedTuple):
 # -- Reading run folders --------------------------------------------------------------
 
 
-def read_runs(folders) -> list[Run]:
-  """Every run recorded in `folders` and their sub-folders, each once."""
+def read_runs(folders, skipped: Optional[list] = None) -> list[Run]:
+  """Every run recorded in `folders` and their sub-folders, each once.
+
+  A file that does not hold what a run writes is skipped with a line on
+  stderr; `skipped` (if given) collects `(path, why)`.
+  """
   runs = {}
   for folder in map(Path, folders):
     if not folder.is_dir():
       raise ConfigError(f"{folder} is not a folder")
     for candidate in [folder] + sorted(p for p in folder.iterdir() if p.is_dir()):
-      for run in runs_in(candidate):
+      for run in runs_in(candidate, skipped):
         runs.setdefault(run.folder.resolve(), run)
   return list(runs.values())
 
 
-def runs_in(folder: Path) -> list[Run]:
+def runs_in(folder: Path, skipped: Optional[list] = None) -> list[Run]:
   """The runs that one folder's results.json or comparison.json records."""
   runs = []
   for name in RESULT_FILES:
-    record = _read_json(folder / name)
+    path = folder / name
+    record = _read_json(path)
     if record is None:
       continue
-    if "methods" in record:
-      runs += [
-        _method_run(folder / method, summary) for method, summary in record["methods"].items()
-      ]
-    elif "config" in record and "test" in record:
-      runs.append(_make_run(folder, record["config"], record["test"]))
+    if isinstance(record, dict) and isinstance(record.get("methods"), dict):
+      for method, summary in record["methods"].items():
+        run = _method_run(folder / method, summary, path, skipped)
+        if run is not None:
+          runs.append(run)
+      continue
+    run, why = _checked_run(folder, record)
+    if run is None:
+      _skip(path, why, skipped)
+    else:
+      runs.append(run)
   return runs
 
 
-def _method_run(folder: Path, summary: dict) -> Run:
+def _skip(path: Path, why: str, skipped: Optional[list]) -> None:
+  print(f"warning: skipped {path}: {why}", file=sys.stderr)
+  if skipped is not None:
+    skipped.append((str(path), why))
+
+
+def _method_run(folder: Path, summary, comparison: Path, skipped: Optional[list]) -> Optional[Run]:
   """A method of a comparison: its own results.json if there is one, else the summary."""
-  record = _read_json(folder / "results.json")
-  if record is not None and "test" in record:
-    return _make_run(folder, record["config"], record["test"])
+  own = folder / "results.json"
+  record = _read_json(own)
+  if record is not None:
+    run, why = _checked_run(folder, record)
+    if run is not None:
+      return run
+    _skip(own, why + "; using the comparison's summary", skipped)
+  if not isinstance(summary, dict):
+    _skip(comparison, f"methods[{folder.name!r}] is not an object", skipped)
+    return None
   test = {k: v for k, v in summary.items() if k not in ("config", "calibration")}
-  return _make_run(folder, summary.get("config", {}), test)
+  run, why = _checked_run(folder, {"config": summary.get("config", {}), "test": test})
+  if run is None:
+    _skip(comparison, f"methods[{folder.name!r}]: {why}", skipped)
+  return run
+
+
+def _checked_run(folder: Path, record) -> tuple[Optional[Run], str]:
+  """`(Run, "")` if `record` holds what a run writes, else `(None, what is wrong)`."""
+  if not isinstance(record, dict):
+    return None, "not a JSON object"
+  if not isinstance(record.get("config"), dict):
+    return None, 'no "config" object (not a results.json of a run)'
+  if "test" not in record:
+    return None, 'no "test" (a run that has not finished its test?)'
+  if not isinstance(record["test"], dict):
+    return None, '"test" is not an object'
+  run = _make_run(folder, record["config"], record["test"])
+  why = _problem(run)
+  return (None, why) if why else (run, "")
+
+
+# What each experiment's settings and each score need, as the tables read them.
+_SETTING_FIELDS = {
+  "omniglot": ("split", "ways", "shots"),
+  "mini_imagenet": ("ways", "shots"),
+  "features": ("ways", "shots"),
+  "regression": ("num_support",),
+}
+
+
+def _problem(run: Run) -> str:
+  """What in a run's record the tables cannot read ("" if nothing)."""
+  if not isinstance(run.config.get("algorithm"), str):
+    return 'config["algorithm"] is missing or not a name'
+  for name in _SETTING_FIELDS.get(run.experiment, ()):
+    value = run.config.get(name)
+    if name == "split" and not isinstance(value, str):
+      return f'config["{name}"] is missing or not a name'
+    if name != "split" and (isinstance(value, bool) or not isinstance(value, int)):
+      return f'config["{name}"] is missing or not an integer'
+  test = run.test
+  if "diverged" in test:
+    return ""
+  if "accuracy" in test:
+    needed = ("accuracy", "accuracy_ci95") + (
+      ("ece", "mce") if run.experiment == "mini_imagenet" else ()
+    )
+  elif "mse" in test:
+    needed = ("mse", "mse_ci95")
+  else:
+    return 'test has neither "accuracy" nor "mse"'
+  optional = ("ece", "mce", "num_tasks")
+  for name in needed + optional:
+    value = test.get(name)
+    if (name in needed or value is not None) and (
+      isinstance(value, bool) or not isinstance(value, numbers.Real)
+    ):
+      return f'test["{name}"] is {"missing" if value is None else repr(value)}, not a number'
+  return ""
 
 
 def _make_run(folder: Path, config: dict, test: dict) -> Run:
@@ -176,12 +273,12 @@ def _make_run(folder: Path, config: dict, test: dict) -> Run:
   return Run(folder, experiment, config, test, _read_json(folder / "calibration.json"))
 
 
-def _read_json(path: Path) -> Optional[dict]:
+def _read_json(path: Path):
   if not path.is_file():
     return None
   try:
     return json.loads(path.read_text())
-  except (OSError, json.JSONDecodeError) as error:
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
     print(f"warning: skipped {path}: {error}", file=sys.stderr)
     return None
 
@@ -218,16 +315,30 @@ def _cell_key(run: Run) -> Optional[tuple]:
   return None
 
 
+def _as_json(value):
+  return json.loads(json.dumps(value))  # tuples -> lists, as results.json holds them
+
+
 def protocol_differences(run: Run, key: tuple) -> dict:
-  """`{field: (the run's value, the paper preset's)}` for each protocol field that differs."""
+  """`{field: (the run's value, the paper preset's)}` for each setting that differs.
+
+  Every field of the paper preset's config (`configs.get_config`, for the
+  run's algorithm) but `NOT_PROTOCOL` and the cell's own setting (split,
+  ways, shots); a field the run's record lacks (added since) counts as its
+  default.
+  """
   preset = "paper" if run.experiment == "regression" else key[-1]
   paper = configs.get_config(run.experiment, preset, run.config["algorithm"])
-  fields = PROTOCOL_FIELDS[run.experiment]
-  return {
-    name: (run.config.get(name), getattr(paper, name))
-    for name in fields
-    if run.config.get(name) != getattr(paper, name)
-  }
+  differences = {}
+  for field in dataclasses.fields(paper):
+    if field.name in NOT_PROTOCOL or field.name in _SETTING_FIELDS.get(run.experiment, ()):
+      continue  # the cell's own setting (the split, ways, shots) chose the cell
+    wanted = _as_json(getattr(paper, field.name))
+    default = None if field.default is dataclasses.MISSING else _as_json(field.default)
+    mine = _as_json(run.config.get(field.name, default))
+    if mine != wanted:
+      differences[field.name] = (mine, wanted)
+  return differences
 
 
 def sort_runs(runs: list[Run]) -> SortedRuns:
@@ -384,8 +495,8 @@ def _listed(run: Run, reason: str) -> dict:
   }
 
 
-def build_tables(runs: list[Run]) -> dict:
-  """Every table as JSON-ready data."""
+def build_tables(runs: list[Run], skipped: Optional[list] = None) -> dict:
+  """Every table as JSON-ready data; `skipped`: the `(file, why)` that `read_runs` skipped."""
   placed = sort_runs(runs)
   return {
     "omniglot": omniglot_table(placed.cells),
@@ -395,6 +506,7 @@ def build_tables(runs: list[Run]) -> dict:
     "not_paper_protocol": [_listed(run, why) for run, why in placed.off_protocol],
     "other_runs": [_listed(run, why) for run, why in placed.other],
     "num_runs_read": len(runs),
+    "skipped_files": [{"file": path, "why": why} for path, why in skipped or []],
   }
 
 
@@ -593,7 +705,11 @@ def to_markdown(tables: dict) -> str:
     listed_markdown("Other runs (no cell in these tables)", tables["other_runs"]),
   ]
   count = tables["num_runs_read"]
-  head = f"# The paper's tables beside ours ({count} run{'' if count == 1 else 's'} read)"
+  skipped = len(tables.get("skipped_files", []))
+  head = f"# The paper's tables beside ours ({count} run{'' if count == 1 else 's'} read"
+  head += (
+    f"; {skipped} file{'' if skipped == 1 else 's'} skipped, see the warnings)" if skipped else ")"
+  )
   return "\n\n".join([head] + ["\n".join(s) for s in sections]) + "\n"
 
 
@@ -609,7 +725,8 @@ def main(argv=None) -> dict:
   )
   parser.add_argument("--json", type=Path, metavar="PATH", help="also write the tables as JSON")
   args = parser.parse_args(argv)
-  tables = build_tables(read_runs(args.run_dirs))
+  skipped = []
+  tables = build_tables(read_runs(args.run_dirs, skipped), skipped)
   print(to_markdown(tables))
   if args.json is not None:
     args.json.parent.mkdir(parents=True, exist_ok=True)

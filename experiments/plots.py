@@ -53,9 +53,14 @@ def _new_grid(num_columns: int, height_ratios: Sequence[float], column_width: fl
 
 
 def _save(fig, path: PathLike, title: Optional[str]) -> PathLike:
+  """Writes `fig` to `path` whole or not at all (`run_folder.write_atomic`: a full disk
+  keeps the previous image and is a one-line `StorageError` naming the file)."""
+  from vampire_jax import run_folder
+
   if title:
     fig.suptitle(title)
-  fig.savefig(path, dpi=120)
+  image_format = Path(path).suffix.lstrip(".") or "png"
+  run_folder.write_atomic(path, lambda f: fig.savefig(f, dpi=120, format=image_format))
   return path
 
 

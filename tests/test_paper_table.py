@@ -234,8 +234,16 @@ def test_a_real_tiny_run_is_read_and_kept_apart(tiny_omniglot_run, capsys):
     f"accuracy {100 * test['accuracy']:.2f} ± "
     f"{100 * test['accuracy_ci95']:.2f} % ({test['num_tasks']} tasks)"
   )
+  # Every setting that differs from the preset, not only the schedule (issue 31).
+  c = config
   assert listed["reason"] == (
-    f"num_meta_steps {config.num_meta_steps} (paper preset 15000); "
-    f"tasks_per_step {config.tasks_per_step} (paper preset 32)"
+    f"tasks_per_step {c.tasks_per_step} (paper preset 32); "
+    f"num_meta_steps {c.num_meta_steps} (paper preset 15000); "
+    f"num_inner_steps {c.num_inner_steps} (paper preset 5); inner_lr {c.inner_lr} (paper preset "
+    f"0.01); kl_weight {c.kl_weight} (paper preset 0.1); num_mc_test {c.num_mc_test} (paper "
+    f"preset 10); num_val_tasks {c.num_val_tasks} (paper preset 200); eval_every "
+    f"{c.eval_every} (paper preset 500); num_val_alphabets {c.num_val_alphabets} (paper preset "
+    f"0); num_val_characters {c.num_val_characters} (paper preset 0); num_filters "
+    f"{c.num_filters} (paper preset 64)"
   )
   assert all(cell["measured"] is None for cell in tables["omniglot"])

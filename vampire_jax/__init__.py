@@ -16,6 +16,7 @@ Layers, from the leaves up (each imports only those below it):
   kinds                           one ProblemKind per kind: likelihood, metrics, summary, score
   algorithms                      the registry: a RunConfig -> its MetaLearner; make_learner
   run_folder                      records, lock, checkpoints, logs, results
+  interrupts                      every stop and fault: signals, exit codes, background noise
   checkpoint, reporting
   training                        train_and_evaluate(problem, config, workdir)
   runs                            load_run(workdir) -> Run (uses run_folder, not training)
@@ -41,6 +42,7 @@ from vampire_jax import (
   errors,
   evaluation,
   gaussian,
+  interrupts,
   kinds,
   learners,
   losses,
@@ -169,6 +171,7 @@ __all__ = (
   "errors",
   "evaluation",
   "gaussian",
+  "interrupts",
   "kinds",
   "learners",
   "losses",

@@ -23,28 +23,36 @@ from vampire_jax.gaussian import Gaussian, check_gaussian, kl_divergence, sample
 from vampire_jax.losses import ApplyFn, LossFn, PyTree
 
 
-def _check_support(where: str, loss_fn: LossFn, params: PyTree, support_x, support_y) -> None:
-  """Trace-time checks of a support set: examples match, and the loss takes them."""
+def _check_support(
+  where: str, loss_fn: LossFn, params: PyTree, support_x, support_y, params_name: str
+) -> None:
+  """Trace-time checks of a support set: arrays, examples match, and the network and loss take them.
+
+  Concrete labels are checked against the network's classes too (`checks.loss_fits`).
+  """
+  checks.array(where, "support_x", support_x)
+  checks.array(where, "support_y", support_y)
   checks.examples(where, ("support_x", "support_y"), support_x, support_y)
-  checks.loss_fits(where, ("support_x", "support_y"), loss_fn, params, support_x, support_y)
+  checks.loss_fits(
+    where, ("support_x", "support_y"), loss_fn, params, support_x, support_y, params_name
+  )
 
 
 def check_inputs(where: str, x) -> None:
   """Refuses an input batch `x` without a leading axis of at least one example."""
+  checks.array(where, "x", x)
   if jnp.ndim(x) < 1 or jnp.shape(x)[0] < 1:
     raise checks.fail(
       where, "x", "an array of at least one example [batch, ...]", checks.describe(x)
     )
 
 
-def _check_steps(num_steps: int) -> None:
-  if int(num_steps) != num_steps or num_steps < 0:
-    raise ValueError(f"num_steps must be an integer >= 0, got {num_steps}")
+def _check_steps(num_steps: int, where: str = "adapt") -> None:
+  checks.step_count(where, "num_steps", num_steps, 0)
 
 
-def _check_num_samples(num_mc_samples: int) -> None:
-  if int(num_mc_samples) != num_mc_samples or num_mc_samples < 1:
-    raise ValueError(f"num_mc_samples must be an integer >= 1, got {num_mc_samples}")
+def _check_num_samples(num_mc_samples: int, where: str = "adapt") -> None:
+  checks.step_count(where, "num_mc_samples", num_mc_samples, 1)
 
 
 def _scan_steps(
@@ -62,13 +70,9 @@ def _sgd_step(params: PyTree, grads: PyTree, inner_lr: float, first_order: bool)
   return jax.tree_util.tree_map(lambda p, g: p - inner_lr * g, params, grads)
 
 
-def _check_second_order_steps(second_order_steps: Optional[int]) -> None:
-  if second_order_steps is not None and (
-    int(second_order_steps) != second_order_steps or second_order_steps < 0
-  ):
-    raise ValueError(
-      f"second_order_steps must be None or an integer >= 0, got {second_order_steps}"
-    )
+def _check_second_order_steps(second_order_steps: Optional[int], where: str = "adapt") -> None:
+  if second_order_steps is not None:
+    checks.step_count(where, "second_order_steps", second_order_steps, 0)
 
 
 def _split_steps(num_steps: int, second_order_steps: Optional[int]) -> tuple[int, int]:
@@ -227,14 +231,26 @@ def adapt(
 
   Returns:
     The task posterior q(w; lambda), a `Gaussian` with the prior's structure.
+
+  Raises:
+    InputError: (while traced) arrays of the wrong kind or shape, one task's
+      support set expected (a leading task axis is refused by the networks:
+      vmap over tasks), parameters that do not fit the network, a key that is
+      not a PRNG key, non-integer or traced step counts; where concrete, a
+      negative or non-finite `inner_lr` or `kl_weight` and labels outside
+      the network's classes. Under `jit` with traced labels, an out-of-range
+      label makes the posterior NaN (see `losses.categorical_nll`).
   """
   if (draw_outputs is None) != (nll is None):
     raise ValueError("adapt: draw_outputs and nll go together (the local reparameterisation)")
   check_gaussian(prior)
-  _check_support("adapt", loss_fn, prior.mean, support_x, support_y)
   _check_steps(num_steps)
   _check_num_samples(num_mc_samples)
   _check_second_order_steps(second_order_steps)
+  checks.rate("adapt", "inner_lr", inner_lr, positive=True)
+  checks.rate("adapt", "kl_weight", kl_weight, positive=False)
+  checks.prng_key("adapt", "key", key)
+  _check_support("adapt", loss_fn, prior.mean, support_x, support_y, "prior")
 
   nll_grad = jax.grad(expected_nll)
   kl_grad = jax.grad(kl_divergence)
@@ -305,9 +321,10 @@ def maml_adapt(
   Returns:
     The adapted weights, a tree like `params`.
   """
-  _check_support("maml_adapt", loss_fn, params, support_x, support_y)
-  _check_steps(num_steps)
-  _check_second_order_steps(second_order_steps)
+  _check_steps(num_steps, "maml_adapt")
+  _check_second_order_steps(second_order_steps, "maml_adapt")
+  checks.rate("maml_adapt", "inner_lr", inner_lr, positive=True)
+  _check_support("maml_adapt", loss_fn, params, support_x, support_y, "params")
   loss_grad = jax.grad(loss_fn)
 
   def make_step(differentiated: bool):
@@ -355,7 +372,9 @@ def predict(
   """
   check_gaussian(posterior)
   check_inputs("predict", x)
-  _check_num_samples(num_mc_samples)
+  _check_num_samples(num_mc_samples, "predict")
+  checks.prng_key("predict", "key", key)
+  checks.network_fits("predict", ("posterior", "x"), apply_fn, posterior.mean, x)
   if draw_outputs is not None:
     return draw_outputs(posterior, x, key, num_mc_samples)
   weights = sample(posterior, key, num_mc_samples)

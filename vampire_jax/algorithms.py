@@ -7,7 +7,15 @@ Each `Algorithm` says, in one place:
   - `inner_kl`: whether its inner loop takes KL steps, so that the step
     factor inner_lr * kl_weight / sigma_p^2 must stay below 2
     (`gaussian.kl_step_factor`); PLATIPUS has a KL term only in its
-    meta-loss, which the meta-optimiser takes, so it has no such limit.
+    meta-loss, which the meta-optimiser takes, so it has no such limit;
+  - `ignores`: the config fields it never reads (MAML's `kl_weight`, another
+    algorithm's options). A config may hold only their neutral value (the
+    algorithm's `config_defaults`, else the config class's default):
+    `check_settings` refuses any other in one line naming the flag, and
+    `drop_ignored` resets them (saying what it dropped), so a run never
+    records a setting that had no effect. `configure` leaves them neutral.
+    Settings that contradict each other (`--first-order` with
+    `--second-order-steps`) are refused too.
 
     learner = algorithms.learner_from_config(config, apply_fn, nll,
                                              num_mc_train=1, num_mc_query=1)
@@ -46,6 +54,7 @@ class Algorithm(NamedTuple):
     inner_kl: its inner loop takes KL steps (stability limit on the step factor).
     config_defaults: fields set on a config that selects it.
     description: one line for `--help` and the docs.
+    ignores: config fields it never reads, with why (`{field: reason}`).
   """
 
   build: Builder
@@ -53,6 +62,7 @@ class Algorithm(NamedTuple):
   inner_kl: bool
   config_defaults: dict
   description: str
+  ignores: dict = {}
 
 
 def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
@@ -142,18 +152,52 @@ def _abml(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
 
 
 # Point estimates have no KL term and one weight draw.
-# Neither has log-stds for a weight decay to act on.
-_POINT_ESTIMATE = {
-  "kl_weight": 0.0,
-  "num_mc_train": 1,
-  "num_mc_query": 1,
-  "num_mc_test": 1,
-  "log_std_weight_decay": 0.0,
+_POINT_ESTIMATE = {"kl_weight": 0.0, "num_mc_train": 1, "num_mc_query": 1, "num_mc_test": 1}
+
+# What an algorithm ignores, by family: `{config field: why it has no effect}`. A new
+# field that some algorithms do not read is one line in the family that lacks it.
+_NO_KL = {"kl_weight": "it has no KL term"}
+_NO_LOG_STDS = {
+  "log_std_init": "its weights have no log-stds",
+  "log_std_weight_decay": "its meta-parameters have no log-stds to decay",
+  "meta_grad_clip_separately": "its meta-parameters have no log-stds to clip apart",
 }
+_ONE_DRAW = {
+  "num_mc_train": "it predicts with one weight tree, no draws",
+  "num_mc_query": "it predicts with one weight tree, no draws",
+  "num_mc_test": "it predicts with one weight tree, no draws",
+}
+_PARTICLES = {
+  "num_mc_train": "its particles are its draws, --num-particles",
+  "num_mc_query": "its particles are its draws, --num-particles",
+  "num_mc_test": "its particles are its draws, --num-particles",
+}
+_NO_TRUNCATION = {"second_order_steps": "its inner loop does not truncate second-order terms"}
+# Options of single algorithms: every other algorithm ignores them.
+_OPTIONS = {
+  "num_particles": "bmaml",
+  "bmaml_meta_objective": "bmaml",
+  "bmaml_leader_steps": "bmaml",
+  "platipus_inference_data": "platipus",
+  "abml_hyper_prior_weight": "abml",
+  "local_reparameterization": "vampire",
+}
+
+
+def _options_but(name: str) -> dict:
+  return {
+    field: f"it is an option of {owner}" for field, owner in _OPTIONS.items() if owner != name
+  }
+
 
 ALGORITHMS: dict[str, Algorithm] = {
   "vampire": Algorithm(
-    _vampire, True, True, {}, "VAMPIRE: Gaussian prior, variational inner loop (this paper)"
+    _vampire,
+    True,
+    True,
+    {},
+    "VAMPIRE: Gaussian prior, variational inner loop (this paper)",
+    _options_but("vampire"),
   ),
   "maml": Algorithm(
     _maml(False),
@@ -161,24 +205,46 @@ ALGORITHMS: dict[str, Algorithm] = {
     False,
     dict(_POINT_ESTIMATE),
     "MAML: point estimate, second-order meta-gradient",
+    {**_NO_KL, **_NO_LOG_STDS, **_ONE_DRAW, **_options_but("maml")},
   ),
-  "fomaml": Algorithm(_maml(True), False, False, dict(_POINT_ESTIMATE), "first-order MAML"),
+  "fomaml": Algorithm(
+    _maml(True),
+    False,
+    False,
+    dict(_POINT_ESTIMATE),
+    "first-order MAML",
+    {
+      **_NO_KL,
+      **_NO_LOG_STDS,
+      **_ONE_DRAW,
+      "first_order": "it is first-order already",
+      "second_order_steps": "it is first-order in every step",
+      **_options_but("fomaml"),
+    },
+  ),
   "platipus": Algorithm(
     _platipus,
     True,
     False,
     {},
     "PLATIPUS: learned prior over the initial weights, mean-only adaptation",
+    {**_NO_TRUNCATION, **_options_but("platipus")},
   ),
   "bmaml": Algorithm(
     _bmaml,
     False,
     False,
-    {"kl_weight": 0.0, "log_std_weight_decay": 0.0},
+    {"kl_weight": 0.0},
     "BMAML: SVGD particles, ensemble prediction",
+    {**_NO_KL, **_NO_LOG_STDS, **_PARTICLES, **_NO_TRUNCATION, **_options_but("bmaml")},
   ),
   "abml": Algorithm(
-    _abml, True, True, {}, "ABML: VAMPIRE's inner loop, ELBO on support and query, hyper-prior"
+    _abml,
+    True,
+    True,
+    {},
+    "ABML: VAMPIRE's inner loop, ELBO on support and query, hyper-prior",
+    {**_NO_TRUNCATION, **_options_but("abml")},
   ),
 }
 
@@ -191,8 +257,82 @@ def get(name: str) -> Algorithm:
 
 
 def configure(config, name: str):
-  """`config` for algorithm `name`: the algorithm set, with its `config_defaults`."""
-  return dataclasses.replace(config, algorithm=name, **get(name).config_defaults)
+  """`config` for algorithm `name`: the algorithm set, with its `config_defaults`, and the
+  fields it ignores at their neutral values (`drop_ignored`)."""
+  configured = dataclasses.replace(config, algorithm=name, **get(name).config_defaults)
+  return drop_ignored(configured)[0]
+
+
+def _flag(name: str) -> str:
+  return "--" + name.replace("_", "-")
+
+
+def _neutral(config, name: str):
+  """The value of a field `config.algorithm` ignores that a run records: its default."""
+  defaults = get(config.algorithm).config_defaults
+  if name in defaults:
+    return defaults[name]
+  field = next(f for f in dataclasses.fields(config) if f.name == name)
+  return field.default
+
+
+def _same(a, b) -> bool:
+  if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+    return list(a) == list(b)
+  return a == b
+
+
+def ignored_settings(config) -> dict[str, tuple[Any, Any, str]]:
+  """`{field: (value, neutral value, why)}` of the settings `config.algorithm` would ignore."""
+  names = {f.name for f in dataclasses.fields(config)}
+  ignored = {}
+  for name, why in get(config.algorithm).ignores.items():
+    if name in names and not _same(getattr(config, name), _neutral(config, name)):
+      ignored[name] = (getattr(config, name), _neutral(config, name), why)
+  return ignored
+
+
+def ignored_fields(name: str) -> frozenset[str]:
+  """The config fields algorithm `name` never reads (a resumed run may differ in them)."""
+  return frozenset(get(name).ignores)
+
+
+def check_settings(config) -> None:
+  """Raises ConfigError, in one line naming the flags, for settings that would have no effect.
+
+  A field the algorithm ignores at a value other than its neutral one
+  (`--algorithm maml --kl-weight 0.5`), and settings that contradict each
+  other (`--first-order --second-order-steps 1`: every step is first-order).
+  """
+  get(config.algorithm)
+  ignored = ignored_settings(config)
+  if ignored:
+    listed = "; ".join(
+      f"{_flag(name)} {value!r}: {why}" for name, (value, _, why) in ignored.items()
+    )
+    raise ConfigError(
+      f"--algorithm {config.algorithm} ignores {listed}; leave "
+      f"{'it' if len(ignored) == 1 else 'them'} out (a run records only settings that act)"
+    )
+  if (
+    getattr(config, "first_order", False)
+    and getattr(config, "second_order_steps", None) is not None
+  ):
+    raise ConfigError(
+      f"--second-order-steps {config.second_order_steps} has no effect with --first-order "
+      "(every inner step is then first-order); pass one of them"
+    )
+
+
+def drop_ignored(config):
+  """`(config with the ignored fields at their neutral values, {field: (value, neutral, why)})`.
+
+  For a comparison whose flags apply to every method: a method that ignores
+  one (MAML and `--kl-weight`) records the neutral value, and the caller says so.
+  """
+  ignored = ignored_settings(config)
+  neutral = {name: value for name, (_, value, _) in ignored.items()}
+  return dataclasses.replace(config, **neutral), ignored
 
 
 def learner_from_config(

@@ -23,7 +23,7 @@ import optax
 from jax.experimental import checkify
 
 from vampire_jax.gaussian import Gaussian, kl_step_factor, sample
-from vampire_jax.learners import MetaLearner
+from vampire_jax.learners import MetaLearner, check_settings
 from vampire_jax.tasks import Task
 
 PyTree = Any
@@ -168,7 +168,17 @@ def check_inner_loop(
     An `InnerLoopReport`; `.ok` is True when the support loss stayed finite
     and fell, and the KL step factor (if any) is below 2. Otherwise
     `.advice` names the knob and a value that works.
+
+  Raises:
+    InputError: the learner's settings have a non-finite or negative step
+      size or KL weight (no step size makes such a loop stable, so none is advised).
   """
+  if learner.settings is not None:
+    check_settings(
+      "check_inner_loop: learner.settings",
+      learner.settings.inner_lr,
+      learner.settings.kl_weight,
+    )
   before, after = (float(v) for v in _jitted_losses(learner, meta_params, task, key))
   settings = learner.settings
   kl_factor = None

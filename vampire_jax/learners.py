@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from vampire_jax import adaptation, batching, losses
+from vampire_jax import adaptation, batching, checks, losses
 from vampire_jax.errors import InputError
 from vampire_jax.gaussian import gaussian_from_params
 from vampire_jax.tasks import Task
@@ -40,6 +40,25 @@ def default_inner_lr(nll: losses.Likelihood, algorithm_default: float) -> float:
   (BUILD_NOTES.md, "Defaults that hold").
   """
   return min(algorithm_default, getattr(nll, "default_inner_lr", algorithm_default))
+
+
+def check_settings(
+  where: str,
+  inner_lr: Optional[float],
+  kl_weight: Optional[float] = None,
+  **counts: int,
+) -> None:
+  """A factory's step sizes and counts, checked when the learner is built (one line each).
+
+  `inner_lr` finite and > 0 (None: the default), `kl_weight` finite and
+  >= 0, each of `counts` (name=(value, lowest)) an integer >= its lowest.
+  """
+  if inner_lr is not None:
+    checks.rate(where, "inner_lr", inner_lr, positive=True)
+  if kl_weight is not None:
+    checks.rate(where, "kl_weight", kl_weight, positive=False)
+  for name, (value, lowest) in counts.items():
+    checks.step_count(where, name, value, lowest)
 
 
 class MetaLearner(NamedTuple):
@@ -101,6 +120,9 @@ def vampire(
 ) -> MetaLearner:
   """VAMPIRE (Nguyen et al. 2020, Alg. 1): Gaussian prior, VI inner loop.
 
+  Raises `InputError` naming the argument for a non-finite or negative
+  `inner_lr` (or 0) or `kl_weight`, and for counts that are not integers.
+
   Args:
     apply_fn: the network, `apply_fn(params, x)`.
     nll: likelihood on outputs, e.g. `losses.categorical_nll`.
@@ -123,6 +145,14 @@ def vampire(
       loop, on the query set and at prediction (the local reparameterisation
       trick, `vj.local_reparameterization` for a `vj.MLP`; off by default).
   """
+  check_settings(
+    "vampire",
+    inner_lr,
+    kl_weight,
+    num_inner_steps=(num_inner_steps, 0),
+    num_mc_train=(num_mc_train, 1),
+    num_mc_query=(num_mc_query, 1),
+  )
   loss_fn = losses.loss_from_apply(apply_fn, nll)
   inner_lr = default_inner_lr(nll, DEFAULT_INNER_LR) if inner_lr is None else inner_lr
 
@@ -184,6 +214,7 @@ def maml(
 
   `inner_lr` None: 0.1, or the likelihood's lower `default_inner_lr`.
   """
+  check_settings("maml", inner_lr, num_inner_steps=(num_inner_steps, 0))
   loss_fn = losses.loss_from_apply(apply_fn, nll)
   inner_lr = default_inner_lr(nll, 0.1) if inner_lr is None else inner_lr
 

@@ -30,10 +30,17 @@ def _with_default_inner_lr(nll: Likelihood, inner_lr: float) -> Likelihood:
 
 
 def categorical_nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Mean softmax cross-entropy; logits `[batch, classes]`, labels `[batch]` ints.
+  """Mean softmax cross-entropy; logits `[batch, classes]`, labels `[batch]` ints in `[0, classes)`.
+
+  A label outside `[0, classes)` has no probability: -1 would index the last
+  class and `classes` would give NaN. Concrete labels (called outside `jit`)
+  are checked, and such a label is refused. Under `jit` the labels are
+  tracers: the loss (and its gradient) is then NaN, so that a meta-step's
+  `metrics["finite"]` is False and `vj.debug_nonfinite` names the step.
 
   Raises:
-    InputError: labels that are not integers shaped like `logits[..., 0]`.
+    InputError: labels that are not integers shaped like `logits[..., 0]`,
+      or (concrete) outside `[0, classes)`.
   """
   if jnp.ndim(logits) < 1:
     raise checks.fail("categorical_nll", "logits", "[batch, classes]", checks.describe(logits))
@@ -46,11 +53,22 @@ def categorical_nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
       f"shaped {list(jnp.shape(logits)[:-1])} for logits {checks.describe(logits)}",
       checks.describe(labels),
     )
-  return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+  num_classes = jnp.shape(logits)[-1]
+  checks.labels_in_range("categorical_nll", "labels", labels, num_classes)
+  per_example = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  # Traced labels out of range: NaN in the loss and in its gradient (x NaN, not a where).
+  valid = (labels >= 0) & (labels < num_classes)
+  return jnp.mean(per_example * jnp.where(valid, 1.0, jnp.nan).astype(per_example.dtype))
+
+
+def _check_categorical_targets(outputs, labels) -> None:
+  """`loss_fits`'s value check: concrete labels in `[0, classes)` of the outputs."""
+  checks.labels_in_range("categorical_nll", "labels", labels, outputs.shape[-1])
 
 
 # The learners' default inner learning rate for this likelihood (see `gaussian_nll`).
 categorical_nll = _with_default_inner_lr(categorical_nll, 0.1)
+categorical_nll.check_targets = _check_categorical_targets
 
 
 def _check_targets(where: str, outputs: jax.Array, targets: jax.Array) -> None:
@@ -122,6 +140,8 @@ def loss_from_apply(apply_fn: ApplyFn, nll: Likelihood) -> LossFn:
   def loss_fn(params, x, y):
     return nll(apply_fn(params, x), y)
 
+  # What `checks.loss_fits` traces apart, to blame a bad input on x and a bad target on y.
+  loss_fn.apply_fn, loss_fn.nll = apply_fn, nll
   return loss_fn
 
 

@@ -16,16 +16,14 @@ faster and compiles sooner (BUILD_NOTES.md, "Speed").
 """
 
 import functools
-import math
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from vampire_jax import batching, sharding
+from vampire_jax import batching, checks, sharding
 from vampire_jax.errors import InputError
 from vampire_jax.learners import MetaLearner, query_loss
 from vampire_jax.tasks import Task, check_task_batch
@@ -46,22 +44,6 @@ class MetaState(NamedTuple):
   opt_state: optax.OptState  # the meta-optimizer's state (optax)
 
 
-def _check_setting(where: str, name: str, value, *, low: float, low_open: bool) -> None:
-  """Refuses a non-number, NaN, inf, or a value at or below `low` (below, if not `low_open`)."""
-  ok = isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
-  ok = ok and math.isfinite(value) and (value > low if low_open else value >= low)
-  if not ok:
-    wanted = f"a finite number {'>' if low_open else '>='} {low}"
-    raise InputError(f"{where}: {name} must be {wanted}, got {value!r}")
-
-
-def _check_tasks_per_step(where: str, tasks_per_step) -> None:
-  if isinstance(tasks_per_step, bool) or not isinstance(tasks_per_step, (int, np.integer)):
-    raise InputError(f"{where}: tasks_per_step must be an integer >= 1, got {tasks_per_step!r}")
-  if tasks_per_step < 1:
-    raise InputError(f"{where}: tasks_per_step must be an integer >= 1, got {tasks_per_step!r}")
-
-
 def meta_lr_schedule(
   learning_rate: float = 1e-3,
   *,
@@ -76,12 +58,12 @@ def meta_lr_schedule(
       `decay_rate` outside (0, 1], or a `tasks_per_step` that is not an integer >= 1.
   """
   where = "meta_lr_schedule"
-  _check_setting(where, "learning_rate", learning_rate, low=0.0, low_open=True)
-  _check_tasks_per_step(where, tasks_per_step)
-  _check_setting(where, "decay_rate", decay_rate, low=0.0, low_open=True)
+  checks.rate(where, "learning_rate", learning_rate, positive=True)
+  checks.step_count(where, "tasks_per_step", tasks_per_step, 1)
+  checks.rate(where, "decay_rate", decay_rate, positive=True)
   if decay_rate > 1:
     raise InputError(f"{where}: decay_rate must be in (0, 1], got {decay_rate!r}")
-  _check_setting(where, "decay_every_tasks", decay_every_tasks, low=0.0, low_open=True)
+  checks.rate(where, "decay_every_tasks", decay_every_tasks, positive=True)
   return optax.exponential_decay(
     learning_rate,
     transition_steps=decay_every_tasks / tasks_per_step,
@@ -148,8 +130,8 @@ def meta_optimizer(
   """
   where = "meta_optimizer"
   if clip_norm is not None:
-    _check_setting(where, "clip_norm", clip_norm, low=0.0, low_open=True)
-  _check_setting(where, "log_std_weight_decay", log_std_weight_decay, low=0.0, low_open=False)
+    checks.rate(where, "clip_norm", clip_norm, positive=True)
+  checks.rate(where, "log_std_weight_decay", log_std_weight_decay, positive=False)
   transforms = []
   if clip_norm is not None and clip_separately:
     clip = optax.clip_by_global_norm(clip_norm)
@@ -433,9 +415,8 @@ def make_train_step(
     A pure function; `metrics` holds `[steps_per_call]` arrays (loss,
     grad_norm and `metrics_fn`'s values, per step).
   """
-  _check_tasks_per_step("make_train_step", tasks_per_step)
-  if steps_per_call < 1:
-    raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
+  checks.step_count("make_train_step", "tasks_per_step", tasks_per_step, 1)
+  checks.step_count("make_train_step", "steps_per_call", steps_per_call, 1)
   if mesh is not None:
     sharding.check_divisible(tasks_per_step, mesh, "make_train_step: tasks_per_step")
   meta_gradient = make_meta_gradient(
@@ -478,6 +459,7 @@ def make_host_chunked_train_step(
   `make_host_chunked_meta_step`). The result equals `make_train_step`'s for
   the same key, up to float rounding. Do not wrap it in `jax.jit`.
   """
+  checks.step_count("make_host_chunked_train_step", "tasks_per_step", tasks_per_step, 1)
   if chunk_size < 1 or tasks_per_step % chunk_size:
     raise ValueError(f"chunk_size={chunk_size} must be >= 1 and divide the {tasks_per_step} tasks")
   gradient = make_meta_gradient(learner, task_batching="unroll", metrics_fn=metrics_fn)

@@ -260,7 +260,8 @@ class MLP(nn.Module):
 
   Regression uses `MLP((100, 100, 100), 1)`; pre-extracted features use
   `MLP((128, 32), num_classes)`. `kernel_init_gain`: the kernels' Xavier-normal
-  gain (the authors' 2019 code: 1).
+  gain (the authors' 2019 code: 1). Input `[batch, features]`: a leading task
+  axis is refused (it would pool the tasks' examples); vmap over tasks.
   """
 
   hidden_sizes: Sequence[int]
@@ -270,6 +271,10 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     checks.floating("MLP", "x", x)
+    if x.ndim != 2:  # a task axis in front would pool the tasks' examples
+      raise checks.fail(
+        "MLP", "x", "[batch, features] (one task; vmap over a task axis)", checks.describe(x)
+      )
     init = xavier_normal(self.kernel_init_gain)
     for width in self.hidden_sizes:
       x = nn.relu(nn.Dense(width, kernel_init=init)(x))

@@ -72,13 +72,20 @@ def uncertainty(draws: jax.Array) -> Uncertainty:
   """Total, aleatoric and epistemic uncertainty of per-draw class probabilities.
 
   Args:
-    draws: `[num_draws, num_query, ways]`, the softmax of each weight draw
-      (`Run.predict_draws`); rows sum to 1.
+    draws: `[num_draws, num_query, ways]`, the class probabilities of each
+      weight draw (`Run.predict_draws` of a classifier, or `jax.nn.softmax`
+      of `vj.predict`'s logits): non-negative, each row summing to 1.
 
   Returns:
     `Uncertainty` of three `[num_query]` arrays in nats: total = H[mean_l p_l],
     aleatoric = mean_l H[p_l], epistemic = total - aleatoric (clipped at 0
     against rounding; the mutual information is never negative).
+
+  Raises:
+    InputError: `draws` of another rank, or (where concrete, i.e. outside
+      `jit`) not probabilities: negative values (logits) or rows that do not
+      sum to 1 within 1e-3 (logits, or a regression run's draws: use
+      `vj.regression_uncertainty`). Under `jit` the values are not checked.
   """
   if jnp.ndim(draws) != 3 or jnp.shape(draws)[0] < 1:
     raise checks.fail(
@@ -87,6 +94,13 @@ def uncertainty(draws: jax.Array) -> Uncertainty:
       "[num_draws >= 1, num_query, ways] class probabilities",
       checks.describe(draws),
     )
+  checks.probabilities(
+    "vj.uncertainty",
+    "draws",
+    draws,
+    "from Run.predict_draws of a classifier, or jax.nn.softmax of vj.predict's logits; "
+    "a regression run's draws go to vj.regression_uncertainty",
+  )
   draws = jnp.asarray(draws)
   total = entropy(jnp.mean(draws, axis=0))
   aleatoric = jnp.mean(entropy(draws), axis=0)

@@ -77,11 +77,34 @@ class MetricWriter:
 
   def close(self) -> None:
     if self._tensorboard is not None:
-      with contextlib.suppress(OSError):  # the events are a view; metrics.jsonl is the record
+      try:
         self._tensorboard.close()
+      except OSError:  # a full disk: the events are a view; metrics.jsonl is the record
+        _abandon(self._tensorboard)
     if self._jsonl is not None:
       with run_folder.writing(self._path):
         self._jsonl.close()
+
+
+def _abandon(tensorboard) -> None:
+  """Stops a SummaryWriter whose close failed (a full disk) without a word at exit.
+
+  tensorboardX marks a writer closed only once its last flush succeeds; else
+  its `atexit` cleanup flushes again at exit ("Exception ignored in atexit
+  callback") and its worker thread dies on the closed queue ("Exception in
+  thread"). The run already said what failed, in one line.
+  """
+  writers = list(getattr(tensorboard, "all_writers", {}).values())
+  writers += [getattr(tensorboard, "file_writer", None)]
+  for writer in {id(w): w for w in writers if w is not None}.values():
+    events = getattr(writer, "event_writer", None)
+    if events is None:
+      continue
+    worker = getattr(events, "_worker", None)
+    if worker is not None:
+      with contextlib.suppress(Exception):
+        worker.stop()
+    events._closed = True
 
 
 def hparam_values(config: dict) -> dict:

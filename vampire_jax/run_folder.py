@@ -5,9 +5,10 @@
       run.json           the run record: config, network, input shape, kind, data
       config.json        the config alone, for people
       checkpoints/<n>/   orbax: the full `MetaState` of the last two saves; each step
-                         also carries the run record and the training seconds up to it
+                         also carries the run record (with the run's id), its step and
+                         the training seconds up to it
       best/<n>/          the meta-parameters with the best validation score, carrying
-                         that score's record
+                         that score's record, the run's id and the step
       best_score.json    {"step", "score", "metric"} of `best/` (a copy of what it carries)
       train_time.json    training seconds up to each saved step (a copy, too)
       metrics.jsonl      one JSON line per logged step, append-only
@@ -27,6 +28,19 @@ What survives what (BUILD_NOTES.md, "Run folder guarantees"):
   - `run.json`, `best_score.json` and `train_time.json` can be lost or damaged:
     the checkpoints carry what they hold, and `run.json` is rebuilt from the
     newest checkpoint, never from the new command line.
+  - A run reads only what it wrote. `run.json` holds the run's id (`run_id`,
+    made when the folder is first recorded); every checkpoint and `best/`
+    carries it and its step. A checkpoint or `best/` of another run (copied
+    in) is refused in one line (`RunFolderError`), in training and in
+    `load_run`; so is one whose carried step is not its folder's. A `best/`
+    ahead of the state a run starts from (its checkpoints were removed, or a
+    crash came between the validation and the next checkpoint) was not
+    reached by this history: training sets it aside (`set_aside/`, with a
+    line) and the validations from there on choose the best again. Folders
+    written before run ids existed carry none and are taken as they are.
+  - A reader (`load_run`) racing a training process: a `best/` or
+    checkpoint that the writer replaced while it was read is read again at
+    its new step, not reported as damaged.
   - One process per folder: the first process of a job holds an exclusive
     `flock` on `.lock`; a second is refused at once, naming the holder. The
     operating system drops the lock when its holder dies, so a stale lock is
@@ -34,6 +48,8 @@ What survives what (BUILD_NOTES.md, "Run folder guarantees"):
     folder without taking it.
   - An environment problem (a file where the folder should be, a read-only
     folder, a full disk) is a `StorageError`: one line naming the path.
+  - A checkpoint that does not restore is one line; the tracebacks orbax and
+    TensorStore leave behind it are dropped (`drop_restore_noise`).
 """
 
 import contextlib
@@ -44,8 +60,10 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -69,6 +87,7 @@ PER_TASK_FILE = "test_per_task.npz"
 BEST_SCORE_FILE = "best_score.json"
 TRAIN_TIME_FILE = "train_time.json"
 DAMAGED_FOLDER = "damaged"
+SET_ASIDE_FOLDER = "set_aside"
 
 # -- Errors of the environment ----------------------------------------------------
 
@@ -430,6 +449,18 @@ def read_run_record(
   return record
 
 
+def folder_run_id(workdir: os.PathLike | str) -> Optional[str]:
+  """The id of the run `workdir` holds (`run.json`, else its checkpoints' record); None if none."""
+  record = read_run_record(workdir)
+  run_id = record.get("run_id") if isinstance(record, dict) else None
+  return run_id if isinstance(run_id, str) and run_id else None
+
+
+def with_run_id(workdir: os.PathLike | str, record: dict) -> dict:
+  """`record` with the folder's run id: the one recorded, else a new one (a new run)."""
+  return dict(record, run_id=folder_run_id(workdir) or uuid.uuid4().hex)
+
+
 def check_resumable(
   workdir: os.PathLike | str, config, *, print_fn: Optional[Callable[[str], None]] = None
 ) -> None:
@@ -456,6 +487,15 @@ def check_resumable(
       )
     return
   differences = config_lib.config_differences(saved["config"], config)
+  # A field the algorithm never reads changes nothing (older runs recorded such values).
+  from vampire_jax import algorithms
+
+  if (
+    saved["config"].get("algorithm") == config.algorithm
+    and config.algorithm in algorithms.ALGORITHMS
+  ):
+    for name in algorithms.ignored_fields(config.algorithm):
+      differences.pop(name, None)
   # Runs recorded before the experiments' configs moved into the library name
   # experiments.configs.<Class>, the same class as vampire_jax.configs.<Class>.
   if configs.recorded_class_name(saved["config_class"]) != config_class_name(config):
@@ -488,7 +528,9 @@ def forget_unused_record(workdir: os.PathLike | str) -> None:
 
 
 def write_run_record(workdir: Path, record: dict) -> None:
-  """`run.json` and `config.json`, atomically (left alone if they already say the same)."""
+  """`run.json` (with the run's id, `with_run_id`) and `config.json`, atomically (left alone
+  if they already say the same)."""
+  record = with_run_id(workdir, record)
   for name, value in ((RUN_RECORD, record), (CONFIG_FILE, record["config"])):
     text = json.dumps(value, indent=2, default=_jsonable)
     if read_json(workdir / name) != json.loads(text):
@@ -535,6 +577,54 @@ def _first_line(error: BaseException, limit: int = 160) -> str:
   return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# -- The noise of a restore that failed ------------------------------------------------------
+
+
+def is_event_loop_noise(error: Optional[BaseException]) -> bool:
+  return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
+# Orbax's read coroutine of an array that does not restore re-raises as it is closed.
+_RESTORE_COROUTINE = "_read_array_index_and_device_put"
+_RESTORE_ERROR = "Encountered error while reading array index"
+
+
+def _is_restore_noise(unraisable) -> bool:
+  """An unraisable error left by a checkpoint restore that failed (reported by the caller)."""
+  if is_event_loop_noise(unraisable.exc_value):
+    return True
+  where = getattr(unraisable.object, "__qualname__", "") or ""
+  return _RESTORE_COROUTINE in where and str(unraisable.exc_value).startswith(_RESTORE_ERROR)
+
+
+_noise_filter_installed = False
+
+
+def drop_restore_noise() -> None:
+  """Drops the unraisable errors a failed restore leaves behind (idempotent).
+
+  A checkpoint whose files are garbage leaves TensorStore callbacks that fire
+  into the event loop orbax closed ("RuntimeError: Event loop is closed") and
+  orbax read coroutines that raise again as they are closed ("Encountered
+  error while reading array index"). Python prints each as an "unraisable"
+  exception (hundreds of tracebacks; `PytestUnraisableExceptionWarning`s under
+  pytest), while and after the restore fails; the failure itself is said in
+  one line by `RunCheckpoints`. This wraps `sys.unraisablehook` in place
+  (pytest's, a notebook's) and passes every other error on.
+  """
+  global _noise_filter_installed
+  if _noise_filter_installed:
+    return
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not _is_restore_noise(unraisable):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+  _noise_filter_installed = True
+
+
 class _FailedSave(contextlib.AbstractContextManager):
   """A save that failed for want of space (or permission) as a one-line StorageError.
 
@@ -575,13 +665,21 @@ class RunCheckpoints:
 
   Orbax writes each checkpoint to a temporary folder and renames it when
   complete, so a run killed at any moment resumes from its last whole save.
+  Each checkpoint and `best/` carries the run's id and its step; one of
+  another run is refused (see the module docstring, "A run reads only what
+  it wrote").
 
   Args:
     workdir: the run folder.
     create: create the folders (training); False only reads (loading a run).
-    record: the run record each checkpoint carries (training).
+    record: the run record each checkpoint carries (training); its `run_id`
+      (`with_run_id`) is the run's identity.
     print_fn: where one-line notes go (a checkpoint skipped, a damaged file);
       default: a warning.
+
+  Raises:
+    RunFolderError: `best/` belongs to another run, or carries another step
+      than its folder's.
   """
 
   def __init__(
@@ -594,8 +692,17 @@ class RunCheckpoints:
   ):
     self.workdir = Path(workdir)
     self._create = create
-    self._record = record
+    self._record = None if record is None else with_run_id(self.workdir, record)
+    self._run_id = (
+      self._record["run_id"] if self._record is not None else folder_run_id(self.workdir)
+    )
     self._print = print_fn or _quiet_stderr_print
+    drop_restore_noise()  # a restore that fails leaves orbax's and TensorStore's noise behind
+    best_steps = _step_folders(self.workdir / "best")
+    if best_steps:
+      self._check_own(self.workdir / "best", best_steps[0], "best")
+      if create and not _step_folders(self.workdir / "checkpoints"):
+        self._set_aside_best(best_steps[0], 0)
     with writing(self.workdir / "checkpoints"):
       self._latest = _manager(self.workdir / "checkpoints", 2, create)
       self._best = _manager(self.workdir / "best", 1, create)
@@ -608,6 +715,50 @@ class RunCheckpoints:
   def latest_step(self) -> Optional[int]:
     """The step of the newest training-state checkpoint, or None."""
     return self._latest.latest_step()
+
+  def _check_own(self, folder: Path, step: int, what: str) -> None:
+    """Refuses, in one line, a checkpoint of another run or one whose step is not its folder's."""
+    carried = _step_metadata(folder, step)
+    run_id = carried.get("run_id") or (carried.get("record") or {}).get("run_id")
+    if run_id and self._run_id and run_id != self._run_id:
+      raise RunFolderError(
+        f"{folder / str(step)} was written by another run (run {run_id[:8]}; this folder's "
+        f"run is {self._run_id[:8]}): a run reads only its own {what}; remove it, or use "
+        "another --workdir"
+      )
+    carried_step = carried.get("step")
+    if carried_step is not None and carried_step != step:
+      raise RunFolderError(
+        f"{folder / str(step)} carries the state of step {carried_step}, not {step}: it was "
+        f"moved or renamed; remove it, or use another --workdir"
+      )
+
+  def _set_aside_best(self, best_step: int, start_step: int) -> None:
+    """Moves `best/` (ahead of the state training starts from) to `set_aside/`, with a line.
+
+    Only the first process of a job moves it (the others share the folder).
+    """
+    import jax
+
+    if jax.process_index() != 0:
+      return
+    aside = self.workdir / SET_ASIDE_FOLDER
+    target = aside / f"best_{best_step}_{int(time.time())}"
+    with writing(aside):
+      aside.mkdir(exist_ok=True)
+      shutil.move(str(self.workdir / "best"), str(target))
+      score = self.workdir / BEST_SCORE_FILE
+      if score.exists():
+        shutil.move(str(score), str(target / BEST_SCORE_FILE))
+    self._print(
+      f"{self.workdir / 'best'} holds step {best_step}, ahead of the state this run starts "
+      f"from (step {start_step}): not this history's best, so it was set aside in {target}; "
+      "the validations from here on choose the best again"
+    )
+
+  def has_step(self, step: int) -> bool:
+    """Whether a checkpoint of `step` is saved (or being saved): orbax saves a step once."""
+    return step in self._latest.all_steps()
 
   def _guard(self):
     """Turns a failed save into a StorageError naming the step and the newest intact one."""
@@ -625,9 +776,14 @@ class RunCheckpoints:
     """
     failed = []
     for step in self._latest.all_steps()[::-1]:
+      self._check_own(self.workdir / "checkpoints", step, "checkpoints")
       try:
         state = self._latest.restore(step, args=ocp.args.StandardRestore(template))
       except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
+        if not self._create and not (self.workdir / "checkpoints" / str(step)).exists():
+          # A training process rotated it out while we read: read its newer ones instead.
+          self._latest.reload()
+          return self.restore_latest(template)
         failed.append(step)
         self._print(
           f"checkpoint {step} in {self.workdir / 'checkpoints'} does not restore "
@@ -636,6 +792,12 @@ class RunCheckpoints:
         continue
       if failed and self._create:
         self._move_aside(failed)
+      if self._create:
+        best = self._best.latest_step()
+        if best is not None and best > step:
+          self._best.close()
+          self._set_aside_best(best, step)
+          self._best = _manager(self.workdir / "best", 1, True)
       return state
     tried = f" (tried steps {', '.join(map(str, failed))})" if failed else ""
     raise RunFolderError(
@@ -668,7 +830,12 @@ class RunCheckpoints:
         step,
         args=ocp.args.StandardSave(state),
         force=True,
-        custom_metadata={"record": self._record, "train_seconds": train_seconds},
+        custom_metadata={
+          "record": self._record,
+          "train_seconds": train_seconds,
+          "run_id": self._run_id,
+          "step": step,
+        },
       )
     self._train_seconds[str(step)] = train_seconds
     if write_files:
@@ -688,14 +855,19 @@ class RunCheckpoints:
   def best_record(self) -> Optional[dict]:
     """`{"step", "score", "metric"}` of the best validation so far, or None.
 
-    From `best_score.json`, else (lost or damaged) from `best/` itself.
+    What `best/` itself carries; `best_score.json` (a copy, for people) only
+    where `best/` carries none, and only if it names `best/`'s step.
     """
-    record = read_json(self._best_path, print_fn=self._print)
-    if isinstance(record, dict) and "score" in record:
-      return record
     steps = _step_folders(self.workdir / "best")
-    carried = _step_metadata(self.workdir / "best", steps[0]) if steps else {}
-    return carried if "score" in carried else None
+    if not steps:
+      return None
+    carried = _step_metadata(self.workdir / "best", steps[0])
+    if "score" in carried:
+      return {k: v for k, v in carried.items() if k not in ("run_id",)}
+    record = read_json(self._best_path, print_fn=self._print)
+    if isinstance(record, dict) and "score" in record and record.get("step") == steps[0]:
+      return record
+    return None
 
   def save_best(self, meta_params: PyTree, record: dict, *, write_files: bool) -> None:
     """Keeps `meta_params` as the best, with its validation record."""
@@ -705,7 +877,7 @@ class RunCheckpoints:
         record["step"],
         args=ocp.args.StandardSave(meta_params),
         force=True,
-        custom_metadata=dict(record),
+        custom_metadata=dict(record, run_id=self._run_id),
       )
       self._best.wait_until_finished()
     if write_files:
@@ -714,17 +886,23 @@ class RunCheckpoints:
   def restore_best(self, template: PyTree) -> Optional[PyTree]:
     """The best meta-parameters; None if no validation has saved any, or (said in a line)
     if `best/` does not restore."""
-    step = self._best.latest_step()
-    if step is None:
-      return None
-    try:
-      return self._best.restore(step, args=ocp.args.StandardRestore(template))
-    except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
-      self._print(
-        f"{self.workdir / 'best'} does not restore ({_first_line(error)}); using the "
-        "latest checkpoint instead"
-      )
-      return None
+    for _ in range(3):  # a writer may replace best/ while it is read: then read the new one
+      step = self._best.latest_step()
+      if step is None:
+        return None
+      self._check_own(self.workdir / "best", step, "best")
+      try:
+        return self._best.restore(step, args=ocp.args.StandardRestore(template))
+      except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
+        self._best.reload()
+        if self._best.latest_step() != step:
+          continue
+        self._print(
+          f"{self.workdir / 'best'} does not restore ({_first_line(error)}); using the "
+          "latest checkpoint instead"
+        )
+        return None
+    return None
 
   def restore_meta_params(self, template_state: PyTree, which: str = "best") -> PyTree:
     """The meta-parameters a run tests: `which` 'best' (by validation) or 'final'.

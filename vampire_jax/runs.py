@@ -129,6 +129,10 @@ class Run:
   def predict(self, support_x, support_y, query_x, key: jax.Array) -> jax.Array:
     """Adapts to the support set with the run's test settings and predicts the queries.
 
+    The inputs are copied to the host and checked there (shapes, dtypes, finite
+    values, bfloat16 included, labels covering the run's classes), so lists
+    and arrays sharded over devices are taken as their values.
+
     Args:
       support_x: `[num_support, *input_shape]`, preprocessed as in training
         (e.g. `vj.data.preprocess_omniglot`).
@@ -160,6 +164,10 @@ class Run:
     return self._draws(support_x, support_y, query_x, key, "Run.predict_draws")
 
   def _draws(self, support_x, support_y, query_x, key, where: str) -> jax.Array:
+    # Host copies: lists become arrays, and arrays sharded over devices (or on
+    # another device than the meta-parameters) are gathered; the checks see values.
+    support_x, support_y, query_x = (np.asarray(a) for a in (support_x, support_y, query_x))
+    checks.prng_key(where, "key", key)
     self._check_inputs(support_x, support_y, query_x, where)
     return self._predict_draws(
       self.meta_params, jnp.asarray(support_x), jnp.asarray(support_y), jnp.asarray(query_x), key
@@ -182,12 +190,22 @@ def load_run(workdir: str | os.PathLike) -> Run:
   newest checkpoint that restores.
 
   Raises:
-    MissingDataError: the folder has no run record (`run.json` nor a checkpoint).
-    RunFolderError: no checkpoint restores.
+    MissingDataError: the folder has no run record (`run.json` nor a
+      checkpoint); a comparison's folder names the runs it holds.
+    RunFolderError: no checkpoint restores, or `best/` or a checkpoint
+      belongs to another run (`run_folder`, "A run reads only what it wrote").
   """
   workdir = Path(workdir)
   record = run_folder.read_run_record(workdir, print_fn=_warn)
   if record is None:
+    inside = sorted(
+      str(sub) for sub in (workdir.iterdir() if workdir.is_dir() else []) if _holds_a_run(sub)
+    )
+    if inside:
+      raise MissingDataError(
+        f"{workdir} is not a run folder but holds {len(inside)} runs (a comparison): "
+        f"{', '.join(inside)}; load one of them"
+      )
     raise MissingDataError(
       f"{workdir} has no {run_folder.RUN_RECORD}: not a run folder written "
       "by vampire_jax.train_and_evaluate (or written before runs were "
@@ -212,6 +230,13 @@ def load_run(workdir: str | os.PathLike) -> Run:
   finally:
     checkpoints.close()
   return Run(workdir, record, config, meta_params, test_learner)
+
+
+def _holds_a_run(folder: Path) -> bool:
+  return folder.is_dir() and (
+    (folder / run_folder.RUN_RECORD).is_file()
+    or run_folder.latest_checkpoint_step(folder) is not None
+  )
 
 
 def _template_state(model, input_shape, kind: str, noise_std: Optional[float], config):

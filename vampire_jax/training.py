@@ -22,15 +22,14 @@ was trained with), `config.json`, `checkpoints/`, `best/`, `metrics.jsonl`
 (and TensorBoard files), `results.json`, `test_per_task.npz`; `run_folder`
 owns them (atomic writes, the folder's lock, checkpoints that fall back to an
 older one). Ctrl-C or SIGTERM saves a checkpoint before the run stops;
-running again resumes.
+running again resumes; `interrupts` owns that path and every other way a run
+stops or fails.
 """
 
-import contextlib
 import dataclasses
 import functools
 import math
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -42,7 +41,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from vampire_jax import algorithms, backend_defaults, calibration, config as config_lib
-from vampire_jax import checks, diagnostics, evaluation, kinds, meta_step, models, run_folder
+from vampire_jax import checks, diagnostics, evaluation, interrupts, kinds, meta_step, models
+from vampire_jax import run_folder
 from vampire_jax import predictive_uncertainty, sharding
 from vampire_jax.errors import ConfigError, DivergenceError
 from vampire_jax.learners import MetaLearner
@@ -104,12 +104,14 @@ steps_per_call = backend_defaults.steps_per_call
 
 
 def check_config(config) -> None:
-  """Raises ConfigError for an impossible setting (the config's `validate`)."""
+  """Raises ConfigError for an impossible setting (the config's `validate`), or one that
+  would have no effect (`algorithms.check_settings`)."""
   algorithms.get(config.algorithm)
   if hasattr(config, "validate"):
     config.validate()
   else:
     config_lib.validate(config)
+  algorithms.check_settings(config)
 
 
 # -- Devices and batching ------------------------------------------------------
@@ -288,47 +290,10 @@ def prepare_workdir(
   run_folder.write_run_record(workdir, run_record(problem, config))
 
 
-# -- Interruption -----------------------------------------------------------------
+# -- Interruption (owned by `interrupts`; the names are kept) -----------------------
 
-
-class TrainingInterrupted(Exception):
-  """Training stopped on SIGINT or SIGTERM, after saving a checkpoint."""
-
-  def __init__(self, step: int, signum: int, workdir: Path):
-    self.step, self.signum, self.workdir = step, signum, workdir
-    name = signal.Signals(signum).name
-    super().__init__(
-      f"{name}: stopped at step {step}, checkpoint saved in {workdir}; run the "
-      "same command again to resume"
-    )
-
-
-@contextlib.contextmanager
-def _interrupt_requests():
-  """Yields a list that holds the signal number once SIGINT or SIGTERM arrives.
-
-  A second signal stops at once (the default handlers are back by then).
-  Outside the main thread (no handlers can be set) signals act as usual.
-  """
-  received: list[int] = []
-
-  def handler(signum, frame):
-    del frame
-    received.append(signum)
-    for sig, old in previous.items():
-      signal.signal(sig, old)
-
-  previous = {}
-  try:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-      previous[sig] = signal.signal(sig, handler)
-  except ValueError:  # not the main thread
-    previous.clear()
-  try:
-    yield received
-  finally:
-    for sig, old in previous.items():
-      signal.signal(sig, old)
+TrainingInterrupted = interrupts.TrainingInterrupted
+_interrupt_requests = interrupts.requests
 
 
 # -- The loop ------------------------------------------------------------------------
@@ -510,12 +475,15 @@ def _train(session: Session, state, earlier_seconds: float):
       # The training time up to this step, as checkpointed: a resumed run reports the same.
       train_seconds = earlier_seconds + time.perf_counter() - start
       loop = _after_call(session, state, step, loop, train_seconds)
-      if received:
-        session.checkpoints.save(
-          step, state, earlier_seconds + time.perf_counter() - start, write_files=session.is_main
-        )
-        session.checkpoints.wait()
-        raise TrainingInterrupted(step, received[0], session.workdir)
+      interrupts.stop_if_requested(
+        received,
+        session.checkpoints,
+        step,
+        state,
+        earlier_seconds + time.perf_counter() - start,
+        workdir=session.workdir,
+        write_files=session.is_main,
+      )
   session.checkpoints.wait()
   return state, train_seconds
 

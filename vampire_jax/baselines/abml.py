@@ -24,13 +24,14 @@ import jax
 import jax.numpy as jnp
 from jax.scipy import stats
 
-from vampire_jax import adaptation, batching, losses
+from vampire_jax import adaptation, batching, checks, losses
 from vampire_jax.baselines import _ensemble
 from vampire_jax.gaussian import Gaussian, kl_divergence
 from vampire_jax.learners import (
   DEFAULT_INNER_LR,
   DEFAULT_KL_WEIGHT,
   MetaLearner,
+  check_settings,
   default_inner_lr,
   vampire,
 )
@@ -113,6 +114,15 @@ def abml(
     sample_batching: how Monte-Carlo forward passes are batched.
     unroll_steps: unroll the inner loop.
   """
+  check_settings(
+    "abml",
+    inner_lr,
+    kl_weight,
+    num_inner_steps=(num_inner_steps, 0),
+    num_mc_train=(num_mc_train, 1),
+    num_mc_query=(num_mc_query, 1),
+  )
+  checks.rate("abml", "hyper_prior_weight", hyper_prior_weight, positive=False)
   inner_lr = default_inner_lr(nll, DEFAULT_INNER_LR) if inner_lr is None else inner_lr
   base = vampire(
     apply_fn,

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from vampire_jax import adaptation, batching, losses
 from vampire_jax.baselines import _ensemble
-from vampire_jax.learners import MetaLearner, default_inner_lr
+from vampire_jax.learners import MetaLearner, check_settings, default_inner_lr
 from vampire_jax.tasks import Task
 
 PyTree = Any
@@ -231,6 +231,13 @@ def bmaml(
       batched.
     unroll_steps: unroll the SVGD steps.
   """
+  check_settings(
+    "bmaml",
+    inner_lr,
+    num_particles=(num_particles, 1),
+    num_inner_steps=(num_inner_steps, 0),
+    num_leader_steps=(num_leader_steps, 0),
+  )
   inner_lr = default_inner_lr(nll, 0.1) if inner_lr is None else inner_lr
   if meta_objective not in ("bfa", "mean_nll", "chaser"):
     raise ValueError(

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from vampire_jax import adaptation, batching, losses
 from vampire_jax.baselines import _ensemble
 from vampire_jax.gaussian import Gaussian, gaussian_from_params, kl_divergence, sample
-from vampire_jax.learners import InnerLoopSettings, MetaLearner, default_inner_lr
+from vampire_jax.learners import InnerLoopSettings, MetaLearner, check_settings, default_inner_lr
 from vampire_jax.tasks import Task
 
 PyTree = Any
@@ -104,6 +104,14 @@ def platipus(
     sample_batching: how the weight draws are batched.
     unroll_steps: unroll MAML's inner loop.
   """
+  check_settings(
+    "platipus",
+    inner_lr,
+    kl_weight,
+    num_inner_steps=(num_inner_steps, 0),
+    num_mc_train=(num_mc_train, 1),
+    num_mc_query=(num_mc_query, 1),
+  )
   inner_lr = default_inner_lr(nll, 0.1) if inner_lr is None else inner_lr
   if inference_data not in ("support_and_query", "query"):
     raise ValueError(

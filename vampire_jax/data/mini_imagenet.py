@@ -26,8 +26,10 @@ Only that source imports TensorFlow.
 
 import concurrent.futures
 import csv
+import errno
 import functools
 import hashlib
+import json
 import os
 import pickle
 import sys
@@ -42,7 +44,7 @@ import numpy as np
 
 from vampire_jax.data.omniglot import default_cache_dir, read_cache_or_none
 from vampire_jax.data.preprocessing import pil_image, resize_to_84
-from vampire_jax.errors import DataError, MissingDataError
+from vampire_jax.errors import ConfigError, DataError, MissingDataError, StorageError
 
 PathLike = Union[str, os.PathLike]
 
@@ -54,7 +56,7 @@ SOURCES = ('auto', 'folder', 'pickle', 'tfds', 'cache')
 PICKLE_NAME = 'mini-imagenet-cache-{split}.pkl'
 CACHE_FILENAME = 'mini_imagenet84.npz'
 
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: with the fingerprint of the source it was built from
 _HELP = (
   'Expected a mini-ImageNet folder in Ravi & Larochelle\'s layout: '
   '<root>/images/<filename>.jpg (all 60,000 images, one flat folder) and '
@@ -91,8 +93,8 @@ def load_mini_imagenet(
 ) -> dict[str, MiniImagenetSplit]:
   """Loads mini-ImageNet at 84x84, building and caching it on first use.
 
-  The arrays are cached in `<cache_dir>/mini_imagenet84.npz` (1.3 GB for the
-  full set), so later calls take a second or so.
+  The arrays are cached in `<cache_dir>/mini_imagenet84_<hash of the
+  folder>.npz` (1.3 GB for the full set), so later calls take a second or so.
 
   Sources:
     'auto': the cache if present; else 'folder' if `data_dir` (or
@@ -113,29 +115,49 @@ def load_mini_imagenet(
       first n images of each class, n the smallest class's count in that
       split; the counts of the full set are not required. For partial copies
       such as the project's 12-images-per-class sample. Its cache is
-      `mini_imagenet84_existing_<hash of the folder path>.npz`.
+      `mini_imagenet84_existing_<hash of the folder path>.npz` (the full
+      set's `mini_imagenet84_<hash>.npz`).
+
+  The cache is named after the folder and records what it was built from
+  (`_fingerprint`: the CSVs' bytes and every image file's name, size and
+  modification time, or the pickles' sizes and times). With source 'auto' a
+  cache whose record differs from the folder's files (an image removed,
+  added or replaced, another CSV) is rebuilt, with a line saying why; the
+  folder is looked at before the cache is read, and a missing folder is an
+  error, never replaced by an older cache. Without a folder (no `data_dir`,
+  no `$MINI_IMAGENET_DIR`) only the cache `mini_imagenet84.npz` is read, as
+  it is: there is no source to compare it with.
 
   Returns:
     {'train', 'val', 'test'} -> `MiniImagenetSplit`; classes of the three
     splits are disjoint.
 
   Raises:
-    FileNotFoundError: no folder, no known layout in it, or (without
-      `existing_only`) image files missing; the message gives the layout.
-    ValueError: unknown source, or not 64/16/20 classes of 600 images.
+    MissingDataError: (a FileNotFoundError) no folder, a file given as the
+      folder, no known layout in it, or (without `existing_only`) image
+      files missing; the message gives the layout.
+    DataError: (a ValueError) a CSV that is not "filename,label" rows (another
+      separator, a row without a label, an image listed twice), or not
+      64/16/20 classes of 600 images.
+    StorageError: the cache folder cannot be written (checked before any
+      image is decoded).
   """
   if source not in SOURCES:
-    raise ValueError(f'source must be one of {SOURCES}, got {source!r}.')
+    raise ConfigError(f'source must be one of {SOURCES}, got {source!r}.')
   if data_dir is None and os.environ.get('MINI_IMAGENET_DIR'):
     data_dir = os.environ['MINI_IMAGENET_DIR']
   folder = Path(data_dir) if data_dir is not None else None
   cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
   if existing_only and folder is None:
-    raise ValueError('existing_only needs the data folder (its cache is named after it).')
+    raise ConfigError('existing_only needs the data folder (its cache is named after it).')
+  fingerprint = None
+  if folder is not None and source != 'cache':
+    _check_folder(folder)
+    fingerprint = _fingerprint(folder)
   cache_path = cache_dir / _cache_name(folder, existing_only)
   cached = read_cache_or_none(
     cache_path,
-    lambda path: _read_cache(path, existing_only),
+    lambda path: _read_cache(path, existing_only, fingerprint),
     source,
     'mini-ImageNet',
     'load_mini_imagenet',
@@ -144,11 +166,11 @@ def load_mini_imagenet(
   if cached is not None:
     return cached
   if folder is None:
-    raise FileNotFoundError(f'No mini-ImageNet folder given. {_HELP}')
-  if not folder.is_dir():
-    raise FileNotFoundError(f'mini-ImageNet folder {folder} does not exist. {_HELP}')
+    raise MissingDataError(f'No mini-ImageNet folder given. {_HELP}')
+  _check_folder(folder)
   if source == 'auto':
     source = _auto_source(folder)
+  _check_cache_writable(cache_dir)
 
   start = time.perf_counter()
   if source == 'tfds':
@@ -160,7 +182,7 @@ def load_mini_imagenet(
       split: _assemble(read(folder, split, existing_only), split, existing_only) for split in SPLITS
     }
   _validate(splits, existing_only)
-  _write_cache(cache_path, splits, source)
+  _write_cache(cache_path, splits, source, fingerprint)
   print(
     f'mini-ImageNet: built from {source} in '
     f'{time.perf_counter() - start:.0f}s, cached in {cache_path}',
@@ -180,12 +202,109 @@ def find_csvs(folder: PathLike) -> Optional[dict[str, Path]]:
 
 
 def read_split_csv(path: PathLike) -> list[tuple[str, str]]:
-  """[(filename, wnid)] rows of a Ravi & Larochelle CSV, in file order."""
-  with open(path, newline='') as f:
-    rows = list(csv.reader(f))
-  if not rows or [c.strip() for c in rows[0]] != ['filename', 'label']:
-    raise ValueError(f'{path} does not start with the header "filename,label". {_HELP}')
-  return [(r[0].strip(), r[1].strip()) for r in rows[1:] if r]
+  """[(filename, wnid)] rows of a Ravi & Larochelle CSV, in file order.
+
+  A UTF-8 byte-order mark (as spreadsheet programs write) is skipped; blank
+  lines are skipped.
+
+  Raises:
+    DataError: no "filename,label" header, fields separated by something
+      else than commas, a row without a label, or an image listed twice
+      (it would make a class of copies); the message names the file and line.
+  """
+  try:
+    with open(path, newline='', encoding='utf-8-sig') as f:
+      rows = list(csv.reader(f))
+  except UnicodeDecodeError as error:
+    raise DataError(f'{path} is not UTF-8 text ({error}). {_HELP}') from None
+  header = [c.strip() for c in rows[0]] if rows else []
+  if header != ['filename', 'label']:
+    if len(header) == 1 and ';' in header[0]:
+      raise DataError(
+        f'{path}: fields are separated by ";"; the CSV must be comma-separated, '
+        f'"filename,label" then "<image>,<wnid>" rows. {_HELP}'
+      )
+    raise DataError(
+      f'{path} does not start with the header "filename,label" (line 1 is '
+      f'{",".join(rows[0]) if rows else "empty"!r}). {_HELP}'
+    )
+  result, first_line = [], {}
+  for line, row in enumerate(rows[1:], start=2):
+    if not any(cell.strip() for cell in row):
+      continue
+    if len(row) != 2 or not row[0].strip() or not row[1].strip():
+      raise DataError(
+        f'{path}, line {line}: expected "<image>,<wnid>", got {",".join(row)!r}. {_HELP}'
+      )
+    filename, wnid = row[0].strip(), row[1].strip()
+    if filename in first_line:
+      raise DataError(
+        f'{path}, line {line}: {filename} is listed again (first on line '
+        f'{first_line[filename]}); each image is one row'
+      )
+    first_line[filename] = line
+    result.append((filename, wnid))
+  return result
+
+
+def _check_folder(folder: Path) -> None:
+  """Raises MissingDataError unless `folder` is an existing folder (not a file)."""
+  if folder.is_file():
+    raise MissingDataError(f'mini-ImageNet folder {folder} is a file, not a folder. {_HELP}')
+  if not folder.is_dir():
+    raise MissingDataError(f'mini-ImageNet folder {folder} does not exist. {_HELP}')
+
+
+def _check_cache_writable(cache_dir: Path) -> None:
+  """Raises StorageError if the cache cannot be written, before any image is decoded."""
+  existing = cache_dir
+  while not existing.exists() and existing != existing.parent:
+    existing = existing.parent
+  try:
+    if not existing.is_dir():
+      raise NotADirectoryError(errno.ENOTDIR, f'{existing} is a file')
+    fd, probe = tempfile.mkstemp(dir=existing, prefix='.write-test-')
+    os.close(fd)
+    os.unlink(probe)
+  except OSError as error:
+    raise StorageError(
+      error.errno or 0,
+      f'the mini-ImageNet cache folder {cache_dir} cannot be written ({error.strerror or error}); '
+      'pass another --cache-dir (or set VAMPIRE_JAX_CACHE)',
+    ) from error
+
+
+def _fingerprint(folder: Path) -> Optional[dict]:
+  """What identifies the data in `folder`, cheaply: the CSVs' SHA-256 and each image
+  file's name, size and modification time (or each pickle's size and time).
+
+  None when the folder holds neither layout (the loader then says what it expects).
+  """
+  csvs = find_csvs(folder)
+  if csvs is not None:
+    files = hashlib.sha256()
+    image_dir = folder / 'images'
+    count = 0
+    if image_dir.is_dir():
+      for root, dirs, names in os.walk(image_dir):
+        dirs.sort()
+        for name in sorted(names):
+          stat = os.stat(os.path.join(root, name))
+          relative = os.path.relpath(os.path.join(root, name), image_dir)
+          files.update(f'{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\n'.encode())
+          count += 1
+    return {
+      'layout': 'folder',
+      'csvs': {s: hashlib.sha256(p.read_bytes()).hexdigest() for s, p in csvs.items()},
+      'images': [count, files.hexdigest()],
+    }
+  pickles = [folder / PICKLE_NAME.format(split=s) for s in SPLITS]
+  if all(p.is_file() for p in pickles):
+    return {
+      'layout': 'pickle',
+      'pickles': [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in pickles],
+    }
+  return None
 
 
 # Reading the layouts: each gives {wnid: [84x84x3 images in order]}.
@@ -196,7 +315,7 @@ def _auto_source(folder: Path) -> str:
     return 'folder'
   if all((folder / PICKLE_NAME.format(split=s)).is_file() for s in SPLITS):
     return 'pickle'
-  raise FileNotFoundError(
+  raise MissingDataError(
     f'{folder} holds neither split/{{train,val,test}}.csv nor '
     f'{PICKLE_NAME.format(split="{train,val,test}")}. {_HELP}'
   )
@@ -206,10 +325,10 @@ def _image_rows(folder: Path, split: str, existing_only: bool) -> list[tuple[Pat
   """[(image path, wnid, CSV row)] of a split, missing files checked."""
   csvs = find_csvs(folder)
   if csvs is None:
-    raise FileNotFoundError(f'No split/{{train,val,test}}.csv in {folder}. {_HELP}')
+    raise MissingDataError(f'No split/{{train,val,test}}.csv in {folder}. {_HELP}')
   image_dir = folder / 'images'
   if not image_dir.is_dir():
-    raise FileNotFoundError(f'No images/ folder in {folder}. {_HELP}')
+    raise MissingDataError(f'No images/ folder in {folder}. {_HELP}')
   flat = {p.name for p in os.scandir(image_dir) if p.is_file()}
   rows, missing = [], []
   for row, (filename, wnid) in enumerate(read_split_csv(csvs[split])):
@@ -268,13 +387,13 @@ def _read_pickle_split(
   del existing_only  # A pickle holds what it holds.
   path = folder / PICKLE_NAME.format(split=split)
   if not path.is_file():
-    raise FileNotFoundError(f'{path} not found. {_HELP}')
+    raise MissingDataError(f'{path} not found. {_HELP}')
   content = _read_pickle(path)
   if not isinstance(content, dict) or not {'image_data', 'class_dict'} <= set(content):
-    raise ValueError(f'{path} is not a dict with "image_data" and "class_dict". {_HELP}')
+    raise DataError(f'{path} is not a dict with "image_data" and "class_dict". {_HELP}')
   image_data = np.asarray(content['image_data'])
   if image_data.ndim != 4 or image_data.shape[-1] != 3:
-    raise ValueError(
+    raise DataError(
       f'{path}: image_data has shape {image_data.shape}, expected [N, H, W, 3]. {_HELP}'
     )
   classes = {}
@@ -292,11 +411,11 @@ def _assemble(
 ) -> MiniImagenetSplit:
   """{wnid: images} -> arrays, classes sorted; equal counts enforced."""
   if not classes:
-    raise ValueError(f'The {split} split has no images. {_HELP}')
+    raise DataError(f'The {split} split has no images. {_HELP}')
   wnids = sorted(classes)
   counts = {len(classes[w]) for w in wnids}
   if len(counts) > 1 and not existing_only:
-    raise ValueError(
+    raise DataError(
       f'Classes of the {split} split have different numbers of images: {sorted(counts)}. {_HELP}'
     )
   keep = min(counts)
@@ -330,24 +449,35 @@ def _validate(splits: dict[str, MiniImagenetSplit], existing_only: bool) -> None
       problems.append(f'{split} shares classes with an earlier split: {sorted(shared)[:3]}')
     seen |= set(wnids.tolist())
   if problems:
-    raise ValueError(f'Not the mini-ImageNet split: {"; ".join(problems)}. {_HELP}')
+    raise DataError(f'Not the mini-ImageNet split: {"; ".join(problems)}. {_HELP}')
 
 
 # Cache.
 
 
 def _cache_name(folder: Optional[Path], existing_only: bool) -> str:
-  if not existing_only:
+  """The cache of `folder`: one per folder (and mode), never shared between folders."""
+  if folder is None:
     return CACHE_FILENAME
   digest = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]
-  return f'mini_imagenet84_existing_{digest}.npz'
+  return f'mini_imagenet84_{"existing_" if existing_only else ""}{digest}.npz'
 
 
-def _read_cache(path: Path, existing_only: bool) -> dict[str, MiniImagenetSplit]:
+def _read_cache(
+  path: Path, existing_only: bool, fingerprint: Optional[dict] = None
+) -> dict[str, MiniImagenetSplit]:
+  """The cached splits; a ValueError (the loader rebuilds) if damaged or not built from
+  the data whose `fingerprint` is given (None: not compared)."""
   try:
     with np.load(path, allow_pickle=False) as f:
       if int(f['format']) != _CACHE_FORMAT:
         raise ValueError(f'{path} has format {int(f["format"])}, expected {_CACHE_FORMAT}')
+      built_from = json.loads(str(f['fingerprint']))
+      if fingerprint is not None and built_from != fingerprint:
+        raise ValueError(
+          f'{path} was not built from the files now in the folder (an image or CSV was '
+          'added, removed or changed)'
+        )
       splits = {s: MiniImagenetSplit(f[f'{s}_images'], f[f'{s}_wnids']) for s in SPLITS}
   except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, OSError) as error:
     raise ValueError(f'{path} is damaged ({type(error).__name__}: {error})') from error
@@ -355,14 +485,16 @@ def _read_cache(path: Path, existing_only: bool) -> dict[str, MiniImagenetSplit]
   return splits
 
 
-def _write_cache(path: Path, splits: dict[str, MiniImagenetSplit], source: str) -> None:
-  """Writes atomically (temporary file, then rename)."""
+def _write_cache(
+  path: Path, splits: dict[str, MiniImagenetSplit], source: str, fingerprint: Optional[dict]
+) -> None:
+  """Writes atomically (temporary file, then rename), with the source's fingerprint."""
   path.parent.mkdir(parents=True, exist_ok=True)
   arrays = {}
   for split, (images, wnids) in splits.items():
     arrays[f'{split}_images'], arrays[f'{split}_wnids'] = images, wnids
   with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp', delete=False) as f:
-    np.savez(f, format=_CACHE_FORMAT, source=source, **arrays)
+    np.savez(f, format=_CACHE_FORMAT, source=source, fingerprint=json.dumps(fingerprint), **arrays)
   os.chmod(f.name, 0o644)
   os.replace(f.name, path)
 

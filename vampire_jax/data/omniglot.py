@@ -475,6 +475,8 @@ def _zip_names(all_four: bool) -> list[str]:
 
 def _check_folder(folder: Path, cache_dir: Path) -> None:
   """Raises unless `folder` holds both sets (zipped or extracted) and is not written to."""
+  if folder.is_file():
+    raise MissingDataError(f'Omniglot folder {folder} is a file, not a folder. {_HELP}')
   if not folder.is_dir():
     raise MissingDataError(f'Omniglot folder {folder} does not exist. {_HELP}')
   if cache_dir.resolve().is_relative_to(folder.resolve()):
