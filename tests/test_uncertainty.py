@@ -144,6 +144,14 @@ def test_open_set_summary_by_hand():
   ) == (1, 4, 2, 0.75)
   roc = summary["roc"]["mutual_information"]
   np.testing.assert_allclose(roc["true_positive_rate"], roc["false_positive_rate"])
+  # Mean uncertainty per group, in nats: a point estimate has no epistemic part.
+  assert summary["uncertainty"]["known"] == pytest.approx(
+    {"total": 0.1625, "epistemic": 0.0, "aleatoric": 0.1625}
+  )
+  assert summary["uncertainty"]["unknown"]["total"] == pytest.approx(0.45)
+  per_task["mutual_information"] = np.array([[0.05, 0.1, 0.1, 0.0, 0.3, 0.2]])
+  split = vj.open_set_summary(per_task)["uncertainty"]
+  assert split["unknown"] == pytest.approx({"total": 0.45, "epistemic": 0.25, "aleatoric": 0.2})
   json.dumps(summary)  # JSON-ready
 
 

@@ -240,6 +240,9 @@ def open_set_summary(per_task: dict) -> dict:
     accuracy in these episodes), and the counts (`num_unknown_classes` per
     episode, from the query counts: each class has the same number of
     queries). An AUROC is None when a group is empty (e.g. no mistakes).
+    `uncertainty` {'known', 'unknown'}: the mean `total` entropy of the
+    predictive, its `epistemic` part (the mutual information) and its
+    `aleatoric` part (their difference), in nats, over each group's queries.
   """
   labels = np.asarray(per_task["targets"])  # [tasks, queries]
   targets = labels.reshape(-1)
@@ -255,6 +258,17 @@ def open_set_summary(per_task: dict) -> dict:
   ways = int(labels.max()) + 1 if known.any() else 0
   per_task_known = int(np.sum(labels[0] >= 0))
   num_unknown_classes = int(np.sum(labels[0] < 0)) * ways // per_task_known if per_task_known else 0
+  entropy = np.asarray(per_task["entropy"], np.float64).reshape(-1)
+  information = np.asarray(per_task["mutual_information"], np.float64).reshape(-1)
+  result["uncertainty"] = {
+    group: {
+      "total": float(entropy[members].mean()),
+      "epistemic": float(information[members].mean()),
+      "aleatoric": float((entropy - information)[members].mean()),
+    }
+    for group, members in (("known", known), ("unknown", unknown))
+    if members.any()
+  }
   result.update(
     known_accuracy=float(1.0 - wrong.mean()) if wrong.size else None,
     num_unknown_classes=num_unknown_classes,
