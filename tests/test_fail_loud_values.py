@@ -341,7 +341,8 @@ def test_run_predict_takes_a_query_sharded_over_devices(tiny_regression_run):
     print("same")
     """
   )
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}  # conftest's one device
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
   done = subprocess.run(
     [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
   )

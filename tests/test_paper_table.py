@@ -241,9 +241,11 @@ def test_a_real_tiny_run_is_read_and_kept_apart(tiny_omniglot_run, capsys):
     f"num_meta_steps {c.num_meta_steps} (paper preset 15000); "
     f"num_inner_steps {c.num_inner_steps} (paper preset 5); inner_lr {c.inner_lr} (paper preset "
     f"0.01); kl_weight {c.kl_weight} (paper preset 0.1); num_mc_test {c.num_mc_test} (paper "
-    f"preset 10); num_val_tasks {c.num_val_tasks} (paper preset 200); eval_every "
-    f"{c.eval_every} (paper preset 500); num_val_alphabets {c.num_val_alphabets} (paper preset "
-    f"0); num_val_characters {c.num_val_characters} (paper preset 0); num_filters "
-    f"{c.num_filters} (paper preset 64)"
+    f"preset 10); kernel_init_gain {c.kernel_init_gain} (paper preset 1.0); "
+    f"meta_grad_clip_separately False (paper preset True); log_std_weight_decay 0.0 (paper "
+    f"preset 0.001); num_val_tasks {c.num_val_tasks} (paper preset 200); eval_every "
+    f"{c.eval_every} (paper preset 500); test_parameters best (paper preset final); "
+    f"num_val_alphabets {c.num_val_alphabets} (paper preset 0); num_val_characters "
+    f"{c.num_val_characters} (paper preset 0); num_filters {c.num_filters} (paper preset 64)"
   )
   assert all(cell["measured"] is None for cell in tables["omniglot"])

@@ -559,9 +559,9 @@ def test_a_signal_in_the_test_phase_is_one_line_and_128_plus_its_number(
       from experiments import cli, omniglot
       from vampire_jax import training
       original = training._test
-      def _test(session, meta_params):  # the signal arrives as the test phase starts
+      def _test(session, *args):  # the signal arrives as the test phase starts
         os.kill(os.getpid(), signal.{name})
-        return original(session, meta_params)
+        return original(session, *args)
       training._test = _test
       config = tiny_omniglot_config({tiny_omniglot_run[1].cache_dir!r})
       sys.exit(cli.main_entry(lambda argv: omniglot.train_and_evaluate(

@@ -412,8 +412,10 @@ def make_train_step(
     task_batching, chunk_size, metrics_fn, mesh: as in `make_meta_gradient`.
 
   Returns:
-    A pure function; `metrics` holds `[steps_per_call]` arrays (loss,
-    grad_norm and `metrics_fn`'s values, per step).
+    A pure function; `metrics` holds `[steps_per_call]` arrays, per step:
+    `loss`, `grad_norm`, `finite` (`with_health`), `log_std` (the mean of the
+    meta-parameters' log-stds, `with_log_std`; none for MAML or BMAML) and
+    `metrics_fn`'s values.
   """
   checks.step_count("make_train_step", "tasks_per_step", tasks_per_step, 1)
   checks.step_count("make_train_step", "steps_per_call", steps_per_call, 1)
