@@ -554,6 +554,9 @@ def test_a_signal_in_the_test_phase_is_one_line_and_128_plus_its_number(
   workdir = _copy(tiny_omniglot_run[0], tmp_path)
   script = textwrap.dedent(f"""
       import os, signal, sys
+      # As in a terminal: a runner that started this in the background (`cmd &`) hands
+      # it SIGINT ignored, and Python then leaves Ctrl-C ignored.
+      signal.signal(signal.SIGINT, signal.default_int_handler)
       sys.path.insert(0, {str(REPO / 'tests')!r})
       from conftest import tiny_omniglot_config
       from experiments import cli, omniglot
