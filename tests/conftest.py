@@ -49,6 +49,23 @@ def omniglot_cache(tmp_path_factory):
   return cache
 
 
+def tiny_regression_config(algorithm: str = "vampire", **changes):
+  """Sine/line regression at the smallest size that trains, validates, checkpoints and tests."""
+  from experiments import regression
+
+  settings = dict(
+    tasks_per_step=2,
+    hidden_sizes=(8, 8),
+    num_val_tasks=2,
+    num_test_tasks=2,
+    eval_every=2,
+    checkpoint_every=2,
+    log_every=2,
+    eval_batch_tasks=2,
+  )
+  return dataclasses.replace(regression.get_config("quick", algorithm), **{**settings, **changes})
+
+
 def tiny_omniglot_config(cache_dir, num_meta_steps: int = 6, **changes):
   """VAMPIRE on Omniglot at the smallest size that still exercises everything."""
   from experiments import omniglot

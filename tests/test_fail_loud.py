@@ -16,7 +16,7 @@ import optax
 import pytest
 
 import vampire_jax as vj
-from conftest import needs_omniglot
+from conftest import needs_omniglot, tiny_regression_config
 from experiments import regression
 from vampire_jax import diagnostics, training
 from vampire_jax.data import sine_line
@@ -373,18 +373,7 @@ def test_distribution_nll_takes_any_distrax_distribution():
 
 
 def _tiny_regression_config(**changes):
-  settings = dict(
-    num_meta_steps=2,
-    tasks_per_step=2,
-    hidden_sizes=(8, 8),
-    num_val_tasks=2,
-    num_test_tasks=2,
-    eval_every=2,
-    checkpoint_every=2,
-    log_every=2,
-    eval_batch_tasks=2,
-  )
-  return dataclasses.replace(regression.get_config("quick", "maml"), **{**settings, **changes})
+  return tiny_regression_config("maml", **{"num_meta_steps": 2, **changes})
 
 
 def test_training_refuses_an_inner_loop_that_diverges_at_initialisation(tmp_path):

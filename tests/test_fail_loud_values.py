@@ -7,7 +7,6 @@ now it is one `InputError` naming the function and the argument. Values under
 alternative (a NaN that `metrics["finite"]` flags).
 """
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import optax
 import pytest
 
 import vampire_jax as vj
+from conftest import tiny_regression_config
 from experiments import regression
 from vampire_jax import checks
 from vampire_jax.data import sine_line
@@ -280,19 +280,7 @@ def test_traced_out_of_range_labels_give_nan_and_the_finite_flag_catches_them():
 @pytest.fixture(scope="module")
 def tiny_regression_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("values_run")
-  config = dataclasses.replace(
-    regression.get_config("quick", "vampire"),
-    num_meta_steps=2,
-    tasks_per_step=2,
-    hidden_sizes=(8, 8),
-    num_val_tasks=2,
-    num_test_tasks=2,
-    eval_every=2,
-    checkpoint_every=2,
-    log_every=2,
-    num_mc_test=2,
-    eval_batch_tasks=2,
-  )
+  config = tiny_regression_config(num_meta_steps=2, num_mc_test=2)
   regression.train_and_evaluate(config, workdir, progress=False, print_fn=lambda m: None)
   return workdir
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from conftest import tiny_regression_config
 from experiments import cli, compare, plots, regression
 from vampire_jax import algorithms, interrupts, run_folder, training
 from vampire_jax.errors import ConfigError, DataError, StorageError
@@ -28,19 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _tiny_config(**changes):
-  settings = dict(
-    num_meta_steps=4,
-    tasks_per_step=2,
-    hidden_sizes=(8, 8),
-    num_val_tasks=2,
-    num_test_tasks=2,
-    eval_every=2,
-    checkpoint_every=2,
-    log_every=2,
-    num_mc_test=2,
-    eval_batch_tasks=2,
-  )
-  return dataclasses.replace(regression.get_config("quick", "vampire"), **{**settings, **changes})
+  return tiny_regression_config(**{"num_meta_steps": 4, "num_mc_test": 2, **changes})
 
 
 # -- The owner's table: how each way of stopping or failing ends ----------------------------
@@ -333,12 +322,11 @@ def test_an_older_run_that_recorded_an_ignored_setting_still_resumes(tmp_path):
 
 
 FULL_DISK_RUN = """
-import dataclasses, sys
+import sys
+sys.path.insert(0, "tests")
+from conftest import tiny_regression_config
 from experiments import cli, regression
-config = dataclasses.replace(
-  regression.get_config("quick", "vampire"), num_meta_steps=16, tasks_per_step=2,
-  hidden_sizes=(8, 8), num_val_tasks=2, num_test_tasks=2, eval_every=2, checkpoint_every=2,
-  log_every=2, num_mc_test=2, eval_batch_tasks=2)
+config = tiny_regression_config(num_meta_steps=16, num_mc_test=2)
 sys.exit(cli.main_entry(
   lambda argv: regression.train_and_evaluate(config, sys.argv[1], progress=False),
   ["--no-compilation-cache"]))

@@ -19,6 +19,7 @@ import pytest
 from PIL import Image
 
 import vampire_jax as vj
+from conftest import tiny_regression_config
 from experiments import cli, configs, mini_imagenet, omniglot, paper_table, regression
 from vampire_jax import run_folder
 from vampire_jax.data import mini_imagenet as mi
@@ -27,19 +28,7 @@ QUIET = dict(progress=False, print_fn=lambda message: None)
 
 
 def _tiny_config(**changes):
-  settings = dict(
-    num_meta_steps=4,
-    tasks_per_step=2,
-    hidden_sizes=(8, 8),
-    num_val_tasks=2,
-    num_test_tasks=2,
-    eval_every=2,
-    checkpoint_every=2,
-    log_every=2,
-    num_mc_test=2,
-    eval_batch_tasks=2,
-  )
-  return dataclasses.replace(regression.get_config("quick", "vampire"), **{**settings, **changes})
+  return tiny_regression_config(**{"num_meta_steps": 4, "num_mc_test": 2, **changes})
 
 
 @pytest.fixture(scope="module")
