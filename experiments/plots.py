@@ -540,12 +540,16 @@ def plot_variant_bars(
     ylabel: the axis label (default: the metric's name).
 
   Each bar is the mean over the seeds, each seed a black dot on it; a method
-  missing from a variant (or diverged there) has no bar in its group.
+  missing from a variant (or diverged there) has no bar in its group. With one
+  method, each variant is a horizontal bar named on the axis (`ylabel` then labels
+  the metric's axis).
   """
   labels = list(table)
   methods = list(dict.fromkeys(m for variant in table.values() for m in variant))
   if not labels or not methods:
     raise ValueError("table must hold at least one variant with one method")
+  if len(methods) == 1:
+    return _plot_variant_rows(table, methods[0], metric, path, title, ylabel)
   fig, (ax,) = _new_figure(1, panel_size=max(5.0, 1.3 * len(methods)))
   width = 0.8 / len(labels)
   positions = np.arange(len(methods))
@@ -562,6 +566,33 @@ def plot_variant_bars(
   ax.set(ylabel=ylabel or metric)
   ax.legend(fontsize="small")
   ax.grid(axis="y", alpha=0.3)
+  return _save(fig, path, title)
+
+
+def _plot_variant_rows(table, method, metric, path, title, xlabel):
+  """One method under many variants: a horizontal bar per variant, named on the axis."""
+  labels = list(table)
+  seeds = [[s[metric] for s in table[label].get(method, []) if metric in s] for label in labels]
+  means = np.asarray([np.mean(v) if v else np.nan for v in seeds])
+  fig, (ax,) = _new_figure(1, panel_size=max(4.0, 0.45 * len(labels) + 1.5))
+  fig.set_figwidth(max(8.0, fig.get_figwidth()))
+  rows = np.arange(len(labels))
+  bars = ax.barh(rows, np.nan_to_num(means), height=0.7, color="tab:blue")
+  ax.bar_label(
+    bars,
+    labels=["" if np.isnan(v) else f"{v:.3f}" for v in means],
+    label_type="center",
+    color="white",
+    fontsize=9,
+  )
+  for row, values in zip(rows, seeds):
+    ax.plot(values, [row] * len(values), "o", color="black", markersize=3)
+  ax.plot([], [], "o", color="black", markersize=3, label="one seed")
+  ax.set_yticks(rows, labels)
+  ax.invert_yaxis()  # the first variant on top
+  ax.set(xlabel=xlabel or metric, title=method.upper())
+  ax.legend(fontsize="small", loc="lower right")
+  ax.grid(axis="x", alpha=0.3)
   return _save(fig, path, title)
 
 

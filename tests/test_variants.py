@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments import regression, variants
+from experiments import plots, regression, variants
 
 TINY = dict(
   hidden_sizes=(8, 8, 8),
@@ -71,3 +71,19 @@ def test_the_table_reads_every_method_and_fills_a_variant_from_another(compariso
 def test_a_folder_without_runs_is_refused(tmp_path):
   assert variants.entry(["--variant", f"a={tmp_path}"]) == 2
   assert variants.entry(["--variant", f"a={tmp_path}", "--fallback", "b=a"]) == 2
+
+
+def test_one_method_is_a_bar_per_variant_at_the_mean_of_its_seeds(tmp_path, monkeypatch):
+  table = {
+    "a": {"vampire": [{"ece": 0.1}, {"ece": 0.2}]},
+    "b": {"vampire": [{"ece": 0.05}]},
+    "c": {"vampire": [{"diverged": True}]},
+  }
+  drawn = {}
+  monkeypatch.setattr(
+    plots, "_save", lambda fig, path, title: drawn.setdefault("fig", fig) and path
+  )
+  plots.plot_variant_bars(table, "ece", tmp_path / "ece.png")
+  (ax,) = drawn["fig"].axes
+  assert [bar.get_width() for bar in ax.patches] == pytest.approx([0.15, 0.05, 0.0])
+  assert [label.get_text() for label in ax.get_yticklabels()] == ["a", "b", "c"]
