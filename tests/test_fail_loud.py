@@ -189,19 +189,7 @@ def test_checks_run_at_trace_time_only():
 @pytest.fixture(scope="module")
 def tiny_regression_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("tiny_regression_run")
-  config = dataclasses.replace(
-    regression.get_config("quick", "vampire"),
-    num_meta_steps=2,
-    tasks_per_step=2,
-    hidden_sizes=(8, 8),
-    num_val_tasks=2,
-    num_test_tasks=2,
-    eval_every=2,
-    checkpoint_every=2,
-    log_every=2,
-    num_mc_test=2,
-    eval_batch_tasks=2,
-  )
+  config = tiny_regression_config("vampire", num_meta_steps=2, num_mc_test=2)
   regression.train_and_evaluate(config, workdir, progress=False, print_fn=lambda m: None)
   return vj.load_run(workdir)
 

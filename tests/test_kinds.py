@@ -1,6 +1,5 @@
 """One definition per problem kind: every kind is complete, and the loop reads nothing else."""
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from conftest import tiny_regression_config
 from vampire_jax import kinds, training
 from vampire_jax.errors import ConfigError, InputError
 
@@ -65,18 +65,7 @@ def test_a_new_kind_is_one_definition(tmp_path, monkeypatch):
     columns=(("MAE", "mae", 1.0),),
   )
   monkeypatch.setitem(kinds.KINDS, "absolute_error", absolute)
-  config = dataclasses.replace(
-    regression.get_config("quick", "maml"),
-    num_meta_steps=2,
-    tasks_per_step=2,
-    hidden_sizes=(8,),
-    num_val_tasks=2,
-    num_test_tasks=2,
-    eval_every=2,
-    checkpoint_every=2,
-    log_every=2,
-    eval_batch_tasks=2,
-  )
+  config = tiny_regression_config("maml", num_meta_steps=2, hidden_sizes=(8,))
   problem = regression.make_problem(config)._replace(kind="absolute_error")
   results = vj.train_and_evaluate(
     problem, config, tmp_path, progress=False, print_fn=lambda m: None
