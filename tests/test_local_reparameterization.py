@@ -107,3 +107,46 @@ def test_a_network_that_is_no_mlp_is_refused():
   dist = vj.gaussian_from_params(params, jax.random.key(1))
   with pytest.raises(vj.InputError, match="local_reparameterization: dist must be a Gaussian"):
     vj.local_reparameterization(dist, jnp.zeros((2, 28, 28, 1)), jax.random.key(2), 2)
+
+
+def _abml_and_task(draw_outputs, num_mc=8):
+  model, _ = _prior()
+  params = vj.init_params(model, jax.random.key(0), (1, 1))
+  learner = vj.baselines.abml(
+    vj.pure_apply(model),
+    vj.gaussian_nll(0.3),
+    num_mc_train=num_mc,
+    num_mc_query=num_mc,
+    inner_lr=1e-3,
+    kl_weight=0.1,
+    log_std_init=(-2.0, -1.0),
+    draw_outputs=draw_outputs,
+  )
+  x = jnp.linspace(-5.0, 5.0, 10)[:, None]
+  task = vj.Task(x[:5], jnp.sin(x[:5]), x[5:], jnp.sin(x[5:]))
+  return learner, learner.init(params, jax.random.key(1)), task
+
+
+def test_abml_meta_loss_has_the_same_expectation_and_draws_examples_apart():
+  # ABML with the trick (the authors2019 comparison's fast route, issue 29): its meta-loss
+  # (inner loop, support-and-query ELBO) estimates the same number as with weight draws,
+  # and its query outputs come from the trick, each example drawn independently.
+  keys = jax.random.split(jax.random.key(7), 300)
+  estimates = {}
+  for local in (False, True):
+    learner, prior, task = _abml_and_task(vj.local_reparameterization if local else None)
+    losses, outputs = jax.jit(jax.vmap(lambda k: learner.meta_loss(prior, task, k)))(keys)
+    estimates[local] = np.asarray(losses)
+    draws = np.asarray(outputs[:, :, :, 0]).reshape(-1, 5)  # [keys * draws, query points]
+    correlation = np.corrcoef(draws[:, 1], draws[:, 2])[0, 1]
+    assert (abs(correlation) < 0.1) if local else (correlation > 0.3)
+  standard_error = np.hypot(estimates[False].std(), estimates[True].std()) / np.sqrt(len(keys))
+  assert abs(estimates[False].mean() - estimates[True].mean()) < 4 * standard_error
+
+
+def test_the_config_builds_abml_with_it_and_platipus_ignores_it():
+  from vampire_jax import algorithms
+
+  assert "local_reparameterization" not in algorithms.ignored_fields("vampire")
+  assert "local_reparameterization" not in algorithms.ignored_fields("abml")
+  assert "local_reparameterization" in algorithms.ignored_fields("platipus")

@@ -148,6 +148,7 @@ def _abml(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
     log_std_init=tuple(config.log_std_init),
     sample_batching=sample_batching(config),
     unroll_steps=unroll,
+    draw_outputs=models.local_reparameterization if config.local_reparameterization else None,
   )
 
 
@@ -173,20 +174,22 @@ _PARTICLES = {
   "num_mc_test": "its particles are its draws, --num-particles",
 }
 _NO_TRUNCATION = {"second_order_steps": "its inner loop does not truncate second-order terms"}
-# Options of single algorithms: every other algorithm ignores them.
+# Options of some algorithms: every other algorithm ignores them.
 _OPTIONS = {
-  "num_particles": "bmaml",
-  "bmaml_meta_objective": "bmaml",
-  "bmaml_leader_steps": "bmaml",
-  "platipus_inference_data": "platipus",
-  "abml_hyper_prior_weight": "abml",
-  "local_reparameterization": "vampire",
+  "num_particles": ("bmaml",),
+  "bmaml_meta_objective": ("bmaml",),
+  "bmaml_leader_steps": ("bmaml",),
+  "platipus_inference_data": ("platipus",),
+  "abml_hyper_prior_weight": ("abml",),
+  "local_reparameterization": ("vampire", "abml"),
 }
 
 
 def _options_but(name: str) -> dict:
   return {
-    field: f"it is an option of {owner}" for field, owner in _OPTIONS.items() if owner != name
+    field: f"it is an option of {' and '.join(owners)}"
+    for field, owners in _OPTIONS.items()
+    if name not in owners
   }
 
 

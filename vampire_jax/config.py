@@ -61,7 +61,7 @@ class RunConfig:
   log_std_init: tuple[float, float] = setting((-4.0, -3.0), "range of the initial prior log-stds")
   local_reparameterization: bool = setting(
     False,
-    "VAMPIRE on an MLP: draw each layer's pre-activations instead of the weights (Kingma "
+    "VAMPIRE and ABML on an MLP: draw each layer's pre-activations instead of the weights (Kingma "
     "et al. 2015): each example's outputs as under weight draws, fewer random numbers",
   )
   kernel_init_gain: float = setting(

@@ -87,6 +87,7 @@ def abml(
   log_std_init: tuple[float, float] = (-4.0, -3.0),
   sample_batching: batching.Batching = "vmap",
   unroll_steps: bool = False,
+  draw_outputs: Optional[adaptation.OutputSampler] = None,
 ) -> MetaLearner:
   """ABML as a `MetaLearner`: VAMPIRE's adaptation, ABML's meta-loss.
 
@@ -113,6 +114,9 @@ def abml(
     log_std_init: range of the uniform initial prior log-stds.
     sample_batching: how Monte-Carlo forward passes are batched.
     unroll_steps: unroll the inner loop.
+    draw_outputs: optional: draw outputs instead of weights, in the inner
+      loop, the meta-loss and prediction (`vj.local_reparameterization` for
+      a `vj.MLP`), as in `vampire`.
   """
   check_settings(
     "abml",
@@ -136,6 +140,7 @@ def abml(
     log_std_init=log_std_init,
     sample_batching=sample_batching,
     unroll_steps=unroll_steps,
+    draw_outputs=draw_outputs,
   )
 
   def meta_loss(prior: Gaussian, task: Task, key):
