@@ -144,9 +144,24 @@ def test_abml_meta_loss_has_the_same_expectation_and_draws_examples_apart():
   assert abs(estimates[False].mean() - estimates[True].mean()) < 4 * standard_error
 
 
-def test_the_config_builds_abml_with_it_and_platipus_ignores_it():
+@pytest.mark.parametrize("name", ["vampire", "abml"])
+def test_a_config_asking_for_it_builds_a_learner_that_draws_examples_apart(name):
+  # The config's flag reaches the learner (`algorithms.draw_outputs`): its predictions for
+  # two neighbouring points are uncorrelated, where one weight draw would tie them.
+  from conftest import tiny_regression_config
   from vampire_jax import algorithms
 
-  assert "local_reparameterization" not in algorithms.ignored_fields("vampire")
-  assert "local_reparameterization" not in algorithms.ignored_fields("abml")
+  assert "local_reparameterization" not in algorithms.ignored_fields(name)
+  config = tiny_regression_config(name, local_reparameterization=True)
+  model, dist = _prior()
+  learner = algorithms.learner_from_config(
+    config, vj.pure_apply(model), vj.gaussian_nll(0.3), num_mc_train=2, num_mc_query=4000
+  )
+  draws = np.asarray(learner.predict(dist, jnp.array([[0.5], [0.6]]), jax.random.key(8)))
+  assert abs(np.corrcoef(draws[:, 0, 0], draws[:, 1, 0])[0, 1]) < 0.1
+
+
+def test_platipus_ignores_it():
+  from vampire_jax import algorithms
+
   assert "local_reparameterization" in algorithms.ignored_fields("platipus")

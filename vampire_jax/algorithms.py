@@ -45,6 +45,11 @@ def sample_batching(config) -> str:
   return backend_defaults.sample_batching(config.sample_batching)
 
 
+def draw_outputs(config):
+  """The output sampler `local_reparameterization` asks for (VAMPIRE's and ABML's), or None."""
+  return models.local_reparameterization if config.local_reparameterization else None
+
+
 class Algorithm(NamedTuple):
   """A registered algorithm.
 
@@ -80,7 +85,7 @@ def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
     unroll_steps=unroll,
     remat=config.remat,
     second_order_steps=config.second_order_steps,
-    draw_outputs=models.local_reparameterization if config.local_reparameterization else None,
+    draw_outputs=draw_outputs(config),
   )
 
 
@@ -148,7 +153,7 @@ def _abml(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
     log_std_init=tuple(config.log_std_init),
     sample_batching=sample_batching(config),
     unroll_steps=unroll,
-    draw_outputs=models.local_reparameterization if config.local_reparameterization else None,
+    draw_outputs=draw_outputs(config),
   )
 
 
