@@ -9,9 +9,18 @@ import pytest
 
 # Quieter TensorFlow if a data test imports it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# One CPU device in the test processes and the commands they start, as before the
-# experiments' one-device-per-core default (`vj.use_all_cpu_cores`, which leaves a count
-# set here alone); the tests of that default set their own count.
+# One CPU device in the test processes and the commands they start, for speed: the many
+# small in-process checks run faster on one device than sharded over two. A user's command
+# gets one device per core (`vj.use_all_cpu_cores`), so what this hides is covered by
+# tests that drop it and start fresh processes as a user would:
+#   - `tiny_omniglot_run` below: the shared run is trained by the command line with the
+#     default device count, so every test that loads it (test_runs, test_fail_loud,
+#     test_uncertainty, test_paper_table, test_readme's "trained-model" block) loads a run
+#     of one device per core, and every test that resumes or retrains it here on one
+#     device (test_omniglot_experiment, test_run_folder) checks the numbers bit for bit;
+#   - test_portable_runs: 1, 2 and 8 devices, trained on one and loaded or resumed on another;
+#   - test_cpu_devices: the default count and who decides it;
+#   - test_notebooks: the kernels run with the default count.
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "1")
 
 # XLA's persistent compilation cache, shared by the test processes, their
@@ -88,14 +97,49 @@ def tiny_omniglot_config(cache_dir, num_meta_steps: int = 6, **changes):
   return dataclasses.replace(omniglot.get_config("quick", "vampire"), **{**settings, **changes})
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def user_env(**variables) -> dict:
+  """The environment a user's shell gives a command: none of this suite's device count."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
+  return dict(env, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), **variables)
+
+
+# `tiny_omniglot_config`'s settings as the command line's flags.
+TINY_OMNIGLOT_FLAGS = [
+  "--preset", "quick", "--num-filters", "8", "--num-inner-steps", "1", "--tasks-per-step", "2",
+  "--num-meta-steps", "6", "--num-val-tasks", "4", "--num-test-tasks", "6",
+  "--eval-batch-tasks", "3", "--eval-every", "3", "--checkpoint-every", "3",
+  "--log-every", "3", "--num-mc-test", "2", "--no-progress",
+]  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def tiny_omniglot_run(omniglot_cache, tmp_path_factory):
-  """`(workdir, config, results)` of one tiny trained VAMPIRE run, shared by the tests."""
-  from experiments import omniglot
+  """`(workdir, config, results)` of one tiny trained VAMPIRE run, shared by the tests.
+
+  Trained as a user trains: `python -m experiments.omniglot` in a fresh process with the
+  default device count (one per core; 2 tasks a step, so on two cores each device holds
+  one task). The tests load, resume and retrain it in this process, on one device.
+  """
+  import json
+  import subprocess
+  import sys
 
   workdir = tmp_path_factory.mktemp("tiny_run")
   config = tiny_omniglot_config(omniglot_cache)
-  results = omniglot.train_and_evaluate(
-    config, workdir, progress=False, print_fn=lambda message: None
+  command = [sys.executable, "-m", "experiments.omniglot", *TINY_OMNIGLOT_FLAGS]
+  command += ["--data-dir", config.data_dir, "--cache-dir", config.cache_dir]
+  done = subprocess.run(
+    [*command, "--workdir", str(workdir)],
+    env=user_env(),
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
   )
+  assert done.returncode == 0, done.stderr[-3000:]
+  results = json.loads((workdir / "results.json").read_text())
+  assert results["config"] == json.loads(json.dumps(dataclasses.asdict(config)))
   return workdir, config, results

@@ -156,6 +156,8 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     pytest.skip(f"Omniglot zips not found at {OMNIGLOT_DIR}; set OMNIGLOT_DIR")
   for name, value in _environment().items():
     monkeypatch.setenv(name, value)
+  # The kernel starts as a user's does: without this suite's device count (conftest.py).
+  monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
   notebook = execute(path, tmp_path)
   assert stored_problems(notebook, local_paths=False) == []
   # The stored figures are the code's: the same cells draw them.

@@ -9,7 +9,6 @@ The defaults story (issue 32): at the factories' default inner lr, `vj.check_inn
 accepts the README's toy problem and the regression preset's network and tasks.
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from conftest import OMNIGLOT_DIR
+from conftest import OMNIGLOT_DIR, user_env
 
 REPO = Path(__file__).resolve().parents[1]
 FACTORIES = {"vampire": vj.vampire, "maml": vj.maml}
@@ -130,11 +129,9 @@ def test_the_trained_model_block_runs_from_a_folder_laid_out_as_the_readme_says(
   (here / "runs" / "omniglot_quick_vampire_original_seed0").symlink_to(workdir)
   (tmp_path / "shared" / "data").mkdir(parents=True)
   (tmp_path / "shared" / "data" / "omniglot").symlink_to(OMNIGLOT_DIR)
-  env = {
-    **os.environ,
-    "PYTHONPATH": str(REPO),
-    "VAMPIRE_JAX_CACHE": str(omniglot_cache),  # the zips' arrays, built once per session
-  }
+  # A plain process, as a reader's: one device per core (this suite's count dropped); the
+  # run was trained by the command line with the same default (conftest.tiny_omniglot_run).
+  env = user_env(VAMPIRE_JAX_CACHE=str(omniglot_cache))  # the zips' arrays, built once
   done = subprocess.run(
     [sys.executable, "-c", readme_blocks("trained-model")],
     cwd=here,
@@ -148,3 +145,47 @@ def test_the_trained_model_block_runs_from_a_folder_laid_out_as_the_readme_says(
   assert lines[1] == "(5, 28, 28, 1) [0 1 2 3 4] (75, 28, 28, 1)", lines
   accuracy, half_width = (float(v) for v in lines[2].split())
   assert 0.2 <= accuracy <= 1 and 0 < half_width < 0.2  # a tiny run: above chance is not asked
+
+
+def readme_command(marker: str) -> str:
+  """The bash block after `<!-- marker -->`."""
+  text = (REPO / "README.md").read_text()
+  return re.search(rf"<!-- {marker} -->\n```bash\n(.*?)```", text, flags=re.S).group(1).strip()
+
+
+TEST_LINE = r"test accuracy (\d+\.\d+) \+- (\d+\.\d+) %"
+
+
+@pytest.mark.slow
+def test_the_main_command_gives_the_readmes_numbers_and_the_next_block_loads_its_run(tmp_path):
+  """What a reader does first, with the defaults (one device per core), in fresh processes:
+  the main command (its install step aside: this environment has it), then the "Use a
+  trained model" block verbatim. About 3 min on 2 cores.
+
+  The accuracy is kept within the interval the README prints around its own sample, not
+  to the digit: XLA compiles for the CPU it runs on, and another CPU rounds differently.
+  """
+  if not OMNIGLOT_DIR.exists():
+    pytest.skip("no Omniglot zips")
+  command = readme_command("main-command").split("&&", 1)[1].strip()
+  clone = tmp_path / "clone"
+  clone.mkdir()
+  (tmp_path / "shared" / "data").mkdir(parents=True)
+  (tmp_path / "shared" / "data" / "omniglot").symlink_to(OMNIGLOT_DIR)
+  main = subprocess.run(
+    command, shell=True, cwd=clone, env=user_env(), capture_output=True, text=True, timeout=1200
+  )
+  assert main.returncode == 0, main.stderr[-3000:]
+  measured = [float(v) for v in re.search(TEST_LINE, main.stdout).groups()]
+  readme = [float(v) for v in re.search(TEST_LINE, (REPO / "README.md").read_text()).groups()]
+  assert abs(measured[0] - readme[0]) <= readme[1], (measured, readme)
+  block = subprocess.run(
+    [sys.executable, "-c", readme_blocks("trained-model")],
+    cwd=clone,
+    env=user_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert block.returncode == 0, block.stderr[-3000:]
+  assert block.stdout.splitlines()[0] == "5 1 15 4"

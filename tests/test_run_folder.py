@@ -60,8 +60,7 @@ def _leaves_equal(a, b) -> bool:
 
 
 def _checkpoint_params(workdir: Path, step: int):
-  manager = ocp.CheckpointManager((workdir / "checkpoints").absolute())
-  return manager.restore(step, args=ocp.args.StandardRestore())["meta_params"]
+  return run_folder.read_checkpoint(workdir / "checkpoints", step)["meta_params"]
 
 
 # -- Whole-or-nothing files, the log, the disk ------------------------------------------------

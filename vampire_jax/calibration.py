@@ -70,6 +70,45 @@ class ReliabilityBins(NamedTuple):
     return float(np.max(self.gap[enough])) if np.any(enough) else math.nan
 
 
+def _checked_predictions(probabilities: np.ndarray, labels: np.ndarray):
+  """`(probabilities [N, C], labels [N])`, flattened, or ValueError naming what is wrong.
+
+  Shared by every metric of class probabilities, so that none scores labels outside the
+  classes or logits passed for probabilities.
+  """
+  if probabilities.ndim < 2:
+    raise ValueError(
+      f"probabilities must be [N, C] or [tasks, query, C], got shape {probabilities.shape}"
+    )
+  if labels.shape != probabilities.shape[:-1]:
+    raise ValueError(
+      f"labels must have shape {probabilities.shape[:-1]} to match probabilities "
+      f"{probabilities.shape}, got {labels.shape}"
+    )
+  num_classes = probabilities.shape[-1]
+  probabilities = probabilities.reshape(-1, num_classes)
+  labels = labels.reshape(-1)
+  if probabilities.shape[0] == 0 or num_classes == 0:
+    raise ValueError(f"need at least one prediction and one class, got shape {probabilities.shape}")
+  if not np.issubdtype(labels.dtype, np.integer):
+    if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)):
+      raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
+    labels = labels.astype(np.int64)
+  if labels.min() < 0 or labels.max() >= num_classes:
+    raise ValueError(
+      f"labels must lie in [0, {num_classes}), got range [{labels.min()}, {labels.max()}]"
+    )
+  # A small slack for float32 softmax; logits passed by mistake fail here.
+  if (
+    not np.all(np.isfinite(probabilities))
+    or probabilities.min() < -1e-6
+    or probabilities.max() > 1 + 1e-6
+  ):
+    raise ValueError("probabilities must lie in [0, 1] (pass softmax outputs, not logits)")
+
+  return probabilities, labels
+
+
 def classification_calibration(
   probabilities: ArrayLike, labels: ArrayLike, num_bins: int = 15, min_count: int = MIN_BIN_COUNT
 ) -> ReliabilityBins:
@@ -105,35 +144,7 @@ def classification_calibration(
   num_bins = int(num_bins)
   if int(min_count) != min_count or min_count < 1:
     raise ValueError(f"min_count must be a positive integer, got {min_count}")
-  if probabilities.ndim < 2:
-    raise ValueError(
-      f"probabilities must be [N, C] or [tasks, query, C], got shape {probabilities.shape}"
-    )
-  if labels.shape != probabilities.shape[:-1]:
-    raise ValueError(
-      f"labels must have shape {probabilities.shape[:-1]} to match probabilities "
-      f"{probabilities.shape}, got {labels.shape}"
-    )
-  num_classes = probabilities.shape[-1]
-  probabilities = probabilities.reshape(-1, num_classes)
-  labels = labels.reshape(-1)
-  if probabilities.shape[0] == 0 or num_classes == 0:
-    raise ValueError(f"need at least one prediction and one class, got shape {probabilities.shape}")
-  if not np.issubdtype(labels.dtype, np.integer):
-    if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)):
-      raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
-    labels = labels.astype(np.int64)
-  if labels.min() < 0 or labels.max() >= num_classes:
-    raise ValueError(
-      f"labels must lie in [0, {num_classes}), got range [{labels.min()}, {labels.max()}]"
-    )
-  # A small slack for float32 softmax; logits passed by mistake fail here.
-  if (
-    not np.all(np.isfinite(probabilities))
-    or probabilities.min() < -1e-6
-    or probabilities.max() > 1 + 1e-6
-  ):
-    raise ValueError("probabilities must lie in [0, 1] (pass softmax outputs, not logits)")
+  probabilities, labels = _checked_predictions(probabilities, labels)
 
   confidence = np.clip(probabilities.max(axis=-1), 0.0, 1.0)  # [N]
   correct = (probabilities.argmax(axis=-1) == labels).astype(np.float64)  # [N]
@@ -228,16 +239,15 @@ def risk_coverage(probabilities: ArrayLike, labels: ArrayLike) -> RiskCoverage:
 
   Returns:
     A `RiskCoverage`.
+
+  Raises:
+    ValueError: as `classification_calibration`: mismatched shapes, labels outside
+      the classes, probabilities outside [0, 1] (logits).
   """
-  probabilities = np.asarray(probabilities, dtype=np.float64)
-  labels = np.asarray(labels)
-  if probabilities.ndim < 2 or labels.shape != probabilities.shape[:-1] or labels.size == 0:
-    raise ValueError(
-      f"probabilities [..., C] and labels [...] must match and be non-empty; got "
-      f"shapes {probabilities.shape} and {labels.shape}"
-    )
-  probabilities = probabilities.reshape(-1, probabilities.shape[-1])
-  correct = probabilities.argmax(axis=-1) == labels.reshape(-1)
+  probabilities, labels = _checked_predictions(
+    np.asarray(probabilities, dtype=np.float64), np.asarray(labels)
+  )
+  correct = probabilities.argmax(axis=-1) == labels
   order = np.argsort(-probabilities.max(axis=-1), kind="stable")
   kept = np.arange(1, correct.size + 1)
   accuracy = np.cumsum(correct[order]) / kept
@@ -257,7 +267,8 @@ def mean_confidence_interval(values: ArrayLike, confidence: float = 0.95) -> tup
     confidence: coverage of the interval, in (0, 1).
 
   Returns:
-    `(mean, half_width)` as floats; report `mean +- half_width`.
+    `(mean, half_width)` as floats; report `mean +- half_width`. With one value
+    the half-width is NaN: one task gives no interval (never +- 0).
 
   Raises:
     ValueError: if `values` is empty or `confidence` is not in (0, 1).
@@ -267,6 +278,8 @@ def mean_confidence_interval(values: ArrayLike, confidence: float = 0.95) -> tup
     raise ValueError("values must not be empty")
   if not 0.0 < confidence < 1.0:
     raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+  if values.size < 2:  # one score says nothing of its spread: no interval, not +- 0
+    return float(np.mean(values)), math.nan
   z = statistics.NormalDist().inv_cdf(0.5 * (1.0 + confidence))
   half_width = z * np.std(values) / math.sqrt(values.size)
   return float(np.mean(values)), float(half_width)

@@ -110,7 +110,7 @@ class RunConfig:
     resumable=True,
     choices=("best", "final"),
   )
-  seed: int = setting(0, "seed of the initialisation, tasks and draws")
+  seed: int = setting(0, "seed of the initialisation, tasks and draws (0 to 2**32 - 1)")
   # Speed knobs: none of them changes a result beyond float rounding.
   task_batching: str = setting(
     "auto",
@@ -200,6 +200,10 @@ def _flag(name: str) -> str:
   return "--" + name.replace("_", "-")
 
 
+# The largest seed whose every bit reaches `jax.random.key` (its seed is 32 bits wide).
+MAX_SEED = 2**32 - 1
+
+
 def validate(config) -> None:
   """Raises ConfigError, naming the flag, for any impossible setting.
 
@@ -235,6 +239,12 @@ def validate(config) -> None:
     lowest = 1 if name in positive else 0
     if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
       raise ConfigError(f"{_flag(name)} must be an integer >= {lowest}, got {value!r}")
+  seed = config.seed
+  if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+    raise ConfigError(
+      f"{_flag('seed')} must be an integer in [0, 2**32 - 1] (JAX's PRNG key holds 32 bits "
+      f"of it: larger or negative seeds would repeat smaller ones), got {seed!r}"
+    )
   for name in ("inner_lr", "meta_lr"):
     _check_number(name, getattr(config, name), positive=True)
   for name in ("kl_weight", "abml_hyper_prior_weight", "log_std_weight_decay"):

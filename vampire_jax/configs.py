@@ -357,9 +357,10 @@ class FeaturesConfig(RunConfig):
   data_dir: Optional[str] = setting(
     None, "LEO embeddings folder (default: $LEO_EMBEDDINGS_DIR)", resumable=True
   )
-  # vmap over tasks: per-task MLP weights become batched matmuls, fast on a CPU too.
-  task_batching: str = setting("vmap", "how tasks are batched", resumable=True)
-  eval_task_batching: str = setting("vmap", "task batching at evaluation", resumable=True)
+  # auto: one task at a time on a CPU (each task's numbers then do not depend on how
+  # many share a device: the same run on any device count), vmap on an accelerator.
+  task_batching: str = setting("auto", "how tasks are batched", resumable=True)
+  eval_task_batching: str = setting("auto", "task batching at evaluation", resumable=True)
   num_open_set_classes: Optional[int] = setting(None, _OPEN_SET_HELP, resumable=True)
 
   def validate(self) -> None:
@@ -389,10 +390,10 @@ class RegressionConfig(RunConfig):
   num_mc_train: int = setting(128, "L_t, weight draws per inner step")
   num_mc_query: int = setting(128, "L_v, weight draws on the query set")
   num_mc_test: int = setting(128, "draws at validation and test", resumable=True)
-  task_batching: str = setting(
-    "vmap", "how tasks are batched (vmap: fastest for an MLP)", resumable=True
-  )
-  eval_task_batching: str = setting("vmap", "task batching at evaluation", resumable=True)
+  # auto: one task at a time on a CPU, 1.65x faster than vmap on the cpu preset (7.8
+  # against 4.7 steps/s on 2 cores) and the same numbers on any device count; vmap on a GPU.
+  task_batching: str = setting("auto", "how tasks are batched", resumable=True)
+  eval_task_batching: str = setting("auto", "task batching at evaluation", resumable=True)
   eval_batch_tasks: int = setting(
     10, "tasks per evaluation call (x 128 draws: ~3 GB)", resumable=True
   )
@@ -451,6 +452,11 @@ def check_episodes(
   for name, value in (("ways", ways), ("shots", shots), ("query", query)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ConfigError(f"--{name} must be an integer >= 1, got {value!r}")
+  if ways < 2:
+    raise ConfigError(
+      f"--ways {ways}: a task needs at least 2 classes (with one, every prediction is right "
+      "and accuracy, NLL and ECE say nothing); use --ways 2 or more"
+    )
   part, fewest = min(classes.items(), key=lambda item: item[1])
   if ways > fewest:
     raise ConfigError(

@@ -78,6 +78,7 @@ def _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_si
       (tasks, task_keys),
       strategy=task_batching,
       chunk_size=chunk_size,
+      any_count_exact=True,  # a task's numbers do not depend on its device's share
     )
 
   task_keys = per_task_keys(keys, num_tasks)

@@ -7,9 +7,13 @@ the paper's `rho`). `jax.grad`, `vmap` and optax see it as a plain pytree.
 
 from typing import Any, NamedTuple
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from vampire_jax.errors import InputError
 
 PyTree = Any
 
@@ -65,8 +69,11 @@ def gaussian_from_params(
     shape and dtype as the means.
   """
   low, high = log_std_range
-  if not low <= high:
-    raise ValueError(f"log_std_range must be (low, high) with low <= high, got {log_std_range}")
+  if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+    raise InputError(
+      f"gaussian_from_params: log_std_range must be finite (low, high) with low <= high, "
+      f"got {log_std_range}"
+    )
   leaves, treedef = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(key, max(len(leaves), 1))
   log_std = [
@@ -147,8 +154,35 @@ def kl_divergence(q: Gaussian, p: Gaussian) -> jax.Array:
     mean_term = jnp.square((m_q - m_p) * jnp.exp(-s_p))
     return jnp.sum(s_p - s_q + 0.5 * (var_ratio + mean_term) - 0.5)
 
+  _check_same_shapes(q, p)
   per_leaf = jax.tree_util.tree_map(leaf_kl, q.mean, q.log_std, p.mean, p.log_std)
   return sum(jax.tree_util.tree_leaves(per_leaf), jnp.zeros(()))
+
+
+def _check_same_shapes(q: Gaussian, p: Gaussian) -> None:
+  """InputError unless q's and p's means and log-stds have one structure and equal shapes
+  leaf by leaf (a KL of broadcast leaves sums over elements neither distribution has)."""
+  structures = {
+    name: jax.tree_util.tree_structure(tree)
+    for name, tree in (("q.mean", q.mean), ("q.log_std", q.log_std), ("p.mean", p.mean))
+  }
+  structures["p.log_std"] = jax.tree_util.tree_structure(p.log_std)
+  reference = structures["q.mean"]
+  for name, structure in structures.items():
+    if structure != reference:
+      raise InputError(
+        f"kl_divergence: {name} has another tree structure than q.mean ({structure.num_leaves} "
+        f"leaves against {reference.num_leaves}); q and p must describe the same weights"
+      )
+  leaves = [jax.tree_util.tree_leaves_with_path(t) for t in (q.mean, q.log_std, p.mean, p.log_std)]
+  for (path, m_q), (_, s_q), (_, m_p), (_, s_p) in zip(*leaves):
+    shapes = [jnp.shape(x) for x in (m_q, s_q, m_p, s_p)]
+    if len(set(shapes)) > 1:
+      raise InputError(
+        f"kl_divergence: the leaf {jax.tree_util.keystr(path)} has shapes {shapes[0]} "
+        f"(q.mean), {shapes[1]} (q.log_std), {shapes[2]} (p.mean), {shapes[3]} "
+        "(p.log_std); they must be equal (no broadcasting)"
+      )
 
 
 def kl_step_factor(prior: Gaussian, inner_lr: float, kl_weight: float) -> jax.Array:

@@ -116,8 +116,11 @@ def stop_if_requested(
   *,
   workdir: Path,
   write_files: bool,
+  log_window: Optional[dict] = None,
 ) -> None:
   """If a signal was received: the checkpoint of `step` (unless saved already), then stop.
+
+  `log_window`: the training metrics since the last logged row (`RunCheckpoints.save`).
 
   Raises:
     TrainingInterrupted: a signal was received; the state of `step` is saved.
@@ -126,7 +129,7 @@ def stop_if_requested(
   if not received:
     return
   if not checkpoints.has_step(step):  # saved already when the step was a checkpoint step
-    checkpoints.save(step, state, train_seconds, write_files=write_files)
+    checkpoints.save(step, state, train_seconds, write_files=write_files, log_window=log_window)
   checkpoints.wait()
   raise TrainingInterrupted(step, received[0], workdir)
 

@@ -244,6 +244,7 @@ def make_meta_gradient(
       (tasks, task_keys),
       strategy=task_batching,
       chunk_size=chunk_size,
+      any_count_exact=True,  # a task's numbers do not depend on its device's share
     )
 
   def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):

@@ -29,9 +29,15 @@ from vampire_jax.run_folder import read_metrics  # noqa: F401  (kept here: publi
 class MetricWriter:
   """Scalars to `workdir/metrics.jsonl` and, if tensorboardX imports, TensorBoard."""
 
-  def __init__(self, workdir: Path, *, enabled: bool = True):
+  def __init__(self, workdir: Path, *, enabled: bool = True, resumed_from: Optional[int] = None):
+    """`resumed_from`: the step a resumed run starts from. Rows after it were logged by
+    the interrupted process past its last checkpoint; they are dropped (the run logs
+    them again), so that `metrics.jsonl` holds one row per logged step, and
+    TensorBoard is told to purge them too."""
     self._enabled = enabled
     self._path = Path(workdir) / run_folder.METRICS_FILE
+    if enabled and resumed_from is not None:
+      run_folder.drop_rows_after(self._path, resumed_from)
     self._jsonl = run_folder.open_log(self._path) if enabled else None
     self._tensorboard = None
     if enabled:
@@ -40,7 +46,8 @@ class MetricWriter:
       except ImportError:  # optional (the experiments extra): metrics.jsonl only
         pass
       else:
-        self._tensorboard = SummaryWriter(str(workdir))
+        purge = None if resumed_from is None else resumed_from + 1
+        self._tensorboard = SummaryWriter(str(workdir), purge_step=purge)
 
   def write(self, step: int, metrics: dict) -> None:
     if not self._enabled:

@@ -272,6 +272,28 @@ def read_log(path: os.PathLike | str) -> list[dict]:
   return rows
 
 
+def drop_rows_after(path: os.PathLike | str, step: int) -> None:
+  """Rewrites the JSON-lines file `path` (atomically) without its rows of steps after `step`.
+
+  A run resumed from the checkpoint of `step` logs those steps again; their
+  earlier rows (written past that checkpoint before a kill) would be duplicates.
+  """
+  path = Path(path)
+  if not path.exists():
+    return
+  lines = path.read_text(errors="replace").splitlines(keepends=True)
+  kept = []
+  for line in lines:
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue  # a line cut short by a kill or a full disk
+    if not isinstance(row, dict) or not isinstance(row.get("step"), int) or row["step"] <= step:
+      kept.append(line if line.endswith("\n") else line + "\n")
+  if len(kept) != len(lines):
+    write_atomic(path, lambda f: f.write("".join(kept).encode()))
+
+
 def read_metrics(workdir: os.PathLike | str) -> list[dict]:
   """The rows of `workdir/metrics.jsonl` (empty if there is none; a torn line is skipped)."""
   return read_log(Path(workdir) / METRICS_FILE)
@@ -423,6 +445,59 @@ def checkpointed_record(workdir: os.PathLike | str) -> Optional[dict]:
   return None
 
 
+# What a resumed run may change is in the config's resumable fields; the rest of a record
+# is what the checkpoints were trained with.
+_RECORDED_FACTS = ("config_class", "model", "kind", "input_shape", "noise_std", "run_id")
+
+
+def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -> None:
+  """Raises RunFolderError if `record` (`run.json`) says other than the newest checkpoint's record.
+
+  Every checkpoint carries the record of the run that wrote it, so an edited
+  `run.json` (another `kl_weight`, `noise_std`, network...) is caught here
+  rather than used to rebuild a learner the weights were not trained for.
+  Settings a resumed run may change (schedule, evaluation, speed) are not compared.
+  """
+  carried = checkpointed_record(workdir)
+  if not isinstance(carried, dict) or "config" not in carried:
+    return
+  normal = {"config_class": configs.recorded_class_name}  # older runs' name of a class
+  differences = {
+    name: (carried.get(name), record.get(name))
+    for name in _RECORDED_FACTS
+    if name in carried
+    and normal.get(name, str)(carried.get(name)) != normal.get(name, str)(record.get(name))
+  }
+  config_class = _config_class(carried.get("config_class", ""))
+  resumable = config_lib.resumable_fields(config_class) if config_class else frozenset()
+  saved, now = carried["config"], record.get("config") or {}
+  for name in sorted(set(saved) | set(now)):
+    if name not in resumable and saved.get(name) != now.get(name):
+      differences[f"config.{name}"] = (saved.get(name), now.get(name))
+  if differences:
+    listed = "; ".join(
+      f"{name}: {theirs!r} in the checkpoints, {ours!r} in {RUN_RECORD}"
+      for name, (theirs, ours) in list(differences.items())[:4]
+    )
+    raise RunFolderError(
+      f"{Path(workdir) / RUN_RECORD} disagrees with the record its checkpoints carry "
+      f"({listed}): it was edited after training. Put the trained values back, or delete "
+      f"{RUN_RECORD}: the checkpoints' own record is then used"
+    )
+
+
+def _config_class(recorded: str):
+  """The config dataclass a record names, or None (not importable here)."""
+  module_name, _, class_name = configs.recorded_class_name(recorded).rpartition(".")
+  try:
+    import importlib
+
+    cls = getattr(importlib.import_module(module_name), class_name)
+  except (ImportError, AttributeError, ValueError):
+    return None
+  return cls if dataclasses.is_dataclass(cls) else None
+
+
 def latest_checkpoint_step(workdir: os.PathLike | str) -> Optional[int]:
   """The newest checkpoint step in `workdir`, or None (read from the folder names)."""
   steps = _step_folders(Path(workdir) / "checkpoints")
@@ -435,10 +510,15 @@ def read_run_record(
   """The run record: `run.json`, else (missing or damaged) the one the newest checkpoint carries.
 
   Returns None when the folder has neither.
+
+  Raises:
+    RunFolderError: `run.json` disagrees with the record its checkpoints carry
+      (`check_record_matches_checkpoints`).
   """
   path = Path(workdir) / RUN_RECORD
   record = read_json(path, print_fn=print_fn)
   if isinstance(record, dict) and "config" in record:
+    check_record_matches_checkpoints(workdir, record)
     return record
   record = checkpointed_record(workdir)
   if record is not None and print_fn is not None:
@@ -569,6 +649,77 @@ def _manager(folder: Path, max_to_keep: int, create: bool) -> ocp.CheckpointMana
       max_to_keep=max_to_keep, create=create, cleanup_tmp_directories=create
     ),
   )
+
+
+def restore_target(template: PyTree) -> PyTree:
+  """`template` as a restore target on this process's devices, whatever wrote the checkpoint.
+
+  Orbax places each restored array on the sharding its target names. A target
+  without one (`jax.eval_shape`'s) makes it use the sharding saved with the
+  checkpoint, which names the writer's devices: a run trained on 8 devices
+  then fails to restore on 1 ("Topology mismatch"). So every leaf names a
+  sharding of this process: its own (a training state placed on the current
+  mesh), else this process's first device. Values do not depend on where
+  they are placed, so a run restores to the same numbers on any device count.
+  """
+  import jax
+
+  device = jax.local_devices()[0]
+
+  def target(leaf):
+    sharding = getattr(leaf, "sharding", None)
+    if not isinstance(sharding, jax.sharding.Sharding):
+      sharding = jax.sharding.SingleDeviceSharding(device)
+    return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
+
+  return jax.tree_util.tree_map(target, template)
+
+
+def read_checkpoint(folder: os.PathLike | str, step: Optional[int] = None) -> PyTree:
+  """The arrays of one saved step of `folder` (`checkpoints/` or `best/`), without a template.
+
+  For inspecting a run folder: the step's tree as saved (dicts of arrays), on this
+  process's first device whatever devices wrote it. Default: the newest step.
+  """
+  import jax
+
+  manager = ocp.CheckpointManager(
+    Path(folder).absolute(),
+    options=ocp.CheckpointManagerOptions(create=False),
+    item_handlers=ocp.StandardCheckpointHandler(),
+  )
+  try:
+    step = manager.latest_step() if step is None else step
+    saved = manager.item_metadata(step)
+    template = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved)
+    return manager.restore(step, args=ocp.args.StandardRestore(restore_target(template)))
+  finally:
+    manager.close()
+
+
+# What orbax and JAX say when a checkpoint is whole but this process cannot take it.
+_ENVIRONMENT_TEXTS = {
+  "Topology mismatch": "the checkpoint was placed on devices this process does not have",
+}
+
+
+def environment_cause(error: BaseException) -> Optional[str]:
+  """What about the loading process (not the files) made a restore fail, or None.
+
+  A missing package or a device layout the checkpoint does not fit is the
+  environment's doing: the folder is intact and must not be treated as damaged.
+  """
+  if isinstance(error, ImportError):
+    name = getattr(error, "name", None) or _first_line(error)
+    return f"a package is missing in this environment ({name}): install it and load again"
+  text = str(error)
+  for marker, cause in _ENVIRONMENT_TEXTS.items():
+    if marker in text:
+      return (
+        f"{cause} ({_first_line(error)}); this is about the loading process (JAX's devices, "
+        f"JAX_NUM_CPU_DEVICES, XLA_FLAGS), not the files: please report it with `jax.devices()`"
+      )
+  return None
 
 
 def _first_line(error: BaseException, limit: int = 160) -> str:
@@ -778,12 +929,13 @@ class RunCheckpoints:
     for step in self._latest.all_steps()[::-1]:
       self._check_own(self.workdir / "checkpoints", step, "checkpoints")
       try:
-        state = self._latest.restore(step, args=ocp.args.StandardRestore(template))
+        state = self._latest.restore(step, args=ocp.args.StandardRestore(restore_target(template)))
       except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
         if not self._create and not (self.workdir / "checkpoints" / str(step)).exists():
           # A training process rotated it out while we read: read its newer ones instead.
           self._latest.reload()
           return self.restore_latest(template)
+        self._refuse_if_environment(error, self.workdir / "checkpoints", step)
         failed.append(step)
         self._print(
           f"checkpoint {step} in {self.workdir / 'checkpoints'} does not restore "
@@ -801,10 +953,19 @@ class RunCheckpoints:
       return state
     tried = f" (tried steps {', '.join(map(str, failed))})" if failed else ""
     raise RunFolderError(
-      f"no checkpoint in {self.workdir / 'checkpoints'} restores{tried}; the "
-      f"run folder {self.workdir} cannot be resumed or loaded: use another "
-      "--workdir (or remove this one)"
+      f"no checkpoint in {self.workdir / 'checkpoints'} restores{tried}: their files look "
+      f"damaged (each error is in a line above), so {self.workdir} cannot be resumed or "
+      "loaded; train into another --workdir"
     )
+
+  def _refuse_if_environment(self, error: BaseException, folder: Path, step: int) -> None:
+    """Raises RunFolderError, leaving the folder as it is, if the loading process caused `error`."""
+    cause = environment_cause(error)
+    if cause is not None:
+      raise RunFolderError(
+        f"{folder / str(step)} did not restore in this process: {cause}. The run folder "
+        f"{self.workdir} is intact; nothing in it was moved or changed"
+      ) from error
 
   def _move_aside(self, steps: list[int]) -> None:
     aside = self.workdir / DAMAGED_FOLDER
@@ -816,8 +977,20 @@ class RunCheckpoints:
         self._print(f"moved the damaged checkpoint {step} to {target}")
     self._latest.reload()
 
-  def save(self, step: int, state: PyTree, train_seconds: float, *, write_files: bool) -> None:
+  def save(
+    self,
+    step: int,
+    state: PyTree,
+    train_seconds: float,
+    *,
+    write_files: bool,
+    log_window: Optional[dict] = None,
+  ) -> None:
     """Saves the training state of `step`, and the training time up to it.
+
+    `log_window` (JSON) holds the training metrics of the steps since the last
+    logged row, so that a run resumed from `step` logs its next row over the
+    same steps as the uninterrupted run.
 
     Raises:
       StorageError: the disk is full (or the folder unwritable); the message
@@ -835,6 +1008,7 @@ class RunCheckpoints:
           "train_seconds": train_seconds,
           "run_id": self._run_id,
           "step": step,
+          "log_window": log_window or {},
         },
       )
     self._train_seconds[str(step)] = train_seconds
@@ -851,6 +1025,12 @@ class RunCheckpoints:
       return float(seconds)
     except (TypeError, ValueError):
       return 0.0
+
+  def log_window(self, step: int) -> dict:
+    """The training metrics since the last logged row, as the checkpoint of `step` carries
+    them (`{}`: none, or a checkpoint written before they were carried)."""
+    window = _step_metadata(self.workdir / "checkpoints", step).get("log_window")
+    return window if isinstance(window, dict) else {}
 
   def best_record(self) -> Optional[dict]:
     """`{"step", "score", "metric"}` of the best validation so far, or None.
@@ -892,8 +1072,9 @@ class RunCheckpoints:
         return None
       self._check_own(self.workdir / "best", step, "best")
       try:
-        return self._best.restore(step, args=ocp.args.StandardRestore(template))
+        return self._best.restore(step, args=ocp.args.StandardRestore(restore_target(template)))
       except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
+        self._refuse_if_environment(error, self.workdir / "best", step)
         self._best.reload()
         if self._best.latest_step() != step:
           continue
