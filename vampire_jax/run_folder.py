@@ -461,6 +461,8 @@ def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -
   carried = checkpointed_record(workdir)
   if not isinstance(carried, dict) or "config" not in carried:
     return
+  if carried.get("run_id") and record.get("run_id") and carried["run_id"] != record["run_id"]:
+    return  # checkpoints of another run: refused as such where they are read (`_check_own`)
   normal = {"config_class": configs.recorded_class_name}  # older runs' name of a class
   differences = {
     name: (carried.get(name), record.get(name))
@@ -471,8 +473,13 @@ def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -
   config_class = _config_class(carried.get("config_class", ""))
   resumable = config_lib.resumable_fields(config_class) if config_class else frozenset()
   saved, now = carried["config"], record.get("config") or {}
+  # A field the algorithm never reads changes nothing (older runs recorded such values).
+  from vampire_jax import algorithms
+
+  algorithm = saved.get("algorithm")
+  ignored = algorithms.ignored_fields(algorithm) if algorithm in algorithms.ALGORITHMS else ()
   for name in sorted(set(saved) | set(now)):
-    if name not in resumable and saved.get(name) != now.get(name):
+    if name not in resumable and name not in ignored and saved.get(name) != now.get(name):
       differences[f"config.{name}"] = (saved.get(name), now.get(name))
   if differences:
     listed = "; ".join(
