@@ -116,7 +116,7 @@ def stop_if_requested(
   *,
   workdir: Path,
   write_files: bool,
-  log_window: Optional[dict] = None,
+  log_window: Optional[list] = None,
 ) -> None:
   """If a signal was received: the checkpoint of `step` (unless saved already), then stop.
 

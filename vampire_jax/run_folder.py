@@ -729,6 +729,31 @@ def environment_cause(error: BaseException) -> Optional[str]:
   return None
 
 
+def _encode_window(window: list[dict]) -> dict:
+  """The metrics of the calls since the last log, as JSON: `{name: {"dtype", "values"}}`.
+
+  A checkpoint carries them (float32 values are exact as JSON numbers), so
+  that the row a resumed run logs next averages the same steps as the
+  uninterrupted run's.
+  """
+  if not window:
+    return {}
+  return {
+    name: {
+      "dtype": str(np.asarray(window[0][name]).dtype),
+      "values": np.concatenate([np.ravel(m[name]) for m in window]).tolist(),
+    }
+    for name in window[0]
+  }
+
+
+def _decode_window(encoded: dict) -> list[dict]:
+  """`_encode_window`'s inverse: a window of one entry holding every value, or []."""
+  if not encoded:
+    return []
+  return [{name: np.asarray(v["values"], v["dtype"]) for name, v in encoded.items()}]
+
+
 def _first_line(error: BaseException, limit: int = 160) -> str:
   text = (str(error).strip().splitlines() or [""])[0]
   text = f"{type(error).__name__}: {text}" if text else type(error).__name__
@@ -991,13 +1016,14 @@ class RunCheckpoints:
     train_seconds: float,
     *,
     write_files: bool,
-    log_window: Optional[dict] = None,
+    log_window: Optional[list] = None,
   ) -> None:
     """Saves the training state of `step`, and the training time up to it.
 
-    `log_window` (JSON) holds the training metrics of the steps since the last
-    logged row, so that a run resumed from `step` logs its next row over the
-    same steps as the uninterrupted run.
+    `log_window` holds the training metrics of the calls since the last logged
+    row (the loop's `[{name: array}]`); the checkpoint carries them as JSON, so
+    that a run resumed from `step` logs its next row over the same steps as the
+    uninterrupted run. Encoded only here, when a checkpoint is written.
 
     Raises:
       StorageError: the disk is full (or the folder unwritable); the message
@@ -1015,7 +1041,7 @@ class RunCheckpoints:
           "train_seconds": train_seconds,
           "run_id": self._run_id,
           "step": step,
-          "log_window": log_window or {},
+          "log_window": _encode_window(log_window or []),
         },
       )
     self._train_seconds[str(step)] = train_seconds
@@ -1033,11 +1059,11 @@ class RunCheckpoints:
     except (TypeError, ValueError):
       return 0.0
 
-  def log_window(self, step: int) -> dict:
+  def log_window(self, step: int) -> list[dict]:
     """The training metrics since the last logged row, as the checkpoint of `step` carries
-    them (`{}`: none, or a checkpoint written before they were carried)."""
+    them (`[]`: none, or a checkpoint written before they were carried)."""
     window = _step_metadata(self.workdir / "checkpoints", step).get("log_window")
-    return window if isinstance(window, dict) else {}
+    return _decode_window(window) if isinstance(window, dict) else []
 
   def best_record(self) -> Optional[dict]:
     """`{"step", "score", "metric"}` of the best validation so far, or None.

@@ -350,31 +350,6 @@ def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key
   print_fn(f"warning: {message}")
 
 
-def encode_window(window: list[dict]) -> dict:
-  """The metrics of the calls since the last log, as JSON: `{name: {"dtype", "values"}}`.
-
-  A checkpoint carries them (float32 values are exact as JSON numbers), so
-  that the row a resumed run logs next averages the same steps as the
-  uninterrupted run's.
-  """
-  if not window:
-    return {}
-  return {
-    name: {
-      "dtype": str(np.asarray(window[0][name]).dtype),
-      "values": np.concatenate([np.ravel(m[name]) for m in window]).tolist(),
-    }
-    for name in window[0]
-  }
-
-
-def decode_window(encoded: dict) -> list[dict]:
-  """`encode_window`'s inverse: a window of one entry holding every value, or []."""
-  if not encoded:
-    return []
-  return [{name: np.asarray(v["values"], v["dtype"]) for name, v in encoded.items()}]
-
-
 def _mean_metrics(window: list[dict]) -> dict:
   stacked = {name: np.concatenate([np.asarray(m[name]) for m in window]) for name in window[0]}
   return {f"train/{name}": float(np.mean(values)) for name, values in stacked.items()}
@@ -473,7 +448,7 @@ def _after_call(
     validated = True
   if step % config.checkpoint_every == 0 or done:
     session.checkpoints.save(
-      step, state, train_seconds, write_files=session.is_main, log_window=encode_window(window)
+      step, state, train_seconds, write_files=session.is_main, log_window=window
     )
   session.progress.exclude(time.perf_counter() - start)
   return loop._replace(window=window, validated=validated)
@@ -484,7 +459,7 @@ def _train(session: Session, state, earlier_seconds: float):
   config, progress = session.config, session.progress
   step = int(state.step)
   # A resumed run carries on the window of steps since the last logged row.
-  window = decode_window(session.checkpoints.log_window(step)) if step else []
+  window = session.checkpoints.log_window(step) if step else []
   start, loop = time.perf_counter(), LoopState(window, False, False)
   with _interrupt_requests() as received:
     train_seconds = earlier_seconds
@@ -512,7 +487,7 @@ def _train(session: Session, state, earlier_seconds: float):
         earlier_seconds + time.perf_counter() - start,
         workdir=session.workdir,
         write_files=session.is_main,
-        log_window=encode_window(loop.window),
+        log_window=loop.window,
       )
   session.checkpoints.wait()
   return state, train_seconds
