@@ -8,7 +8,8 @@ this module instead of deciding on their own.
 | backend | tasks | draws | convolution | why |
 |---|---|---|---|---|
 | cpu | `lax.map`, chunk 1 | `lax.map`, each draw recomputed in the backward pass (`remat_map`) | `loop_safe`; `xla` in a loop-free program | per-task weights make `vmap` turn each convolution into a grouped one, which XLA:CPU runs slowly; XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its own convolution wins only where nothing loops; a CPU step is limited by moving the draws' stacked activations, which recomputing them avoids (BUILD_NOTES.md, "Speed") |
-| gpu, tpu, other | `vmap` | `vmap` | `xla` | grouped convolutions are fast there, and one wide batch keeps the device busy |
+| gpu | `vmap` | `vmap` | `patches` (im2col and one batched matrix product) in loops; `xla` in a loop-free program | one wide batch keeps the device busy; on one H100 `patches` ran the 5-way 1-shot loop at 839 tasks/s against `xla`'s 531 (BUILD_NOTES.md, "Speed", GPU campaign) |
+| tpu, other | `vmap` | `vmap` | `xla` | grouped convolutions are fast there (unmeasured) |
 
 Tasks sharded over devices are batched the same way on each device (on a
 CPU each device runs its share in `lax.map`: one device per core, two
@@ -53,6 +54,15 @@ CPU = BackendDefaults(
   "vmap over per-task weights makes grouped convolutions, slow on XLA:CPU; convolution "
   "gradients in loops are 5-130x slower with XLA's own convolution",
 )
+GPU = BackendDefaults(
+  "vmap",
+  1,
+  "vmap",
+  "patches",
+  "xla",
+  "one wide batch keeps the device busy; im2col convolutions ran the 5-way 1-shot loop "
+  "1.58x faster than XLA's on one H100",
+)
 ACCELERATOR = BackendDefaults(
   "vmap",
   1,
@@ -61,11 +71,11 @@ ACCELERATOR = BackendDefaults(
   "xla",
   "grouped convolutions are fast; one wide batch keeps the device busy",
 )
-DEFAULTS = {"cpu": CPU, "gpu": ACCELERATOR, "tpu": ACCELERATOR}
+DEFAULTS = {"cpu": CPU, "gpu": GPU, "tpu": ACCELERATOR}
 
 
 def for_backend(backend: Optional[str] = None) -> BackendDefaults:
-  """The defaults of `backend` (default: JAX's default backend); unknown ones as a GPU."""
+  """The defaults of `backend` (default: JAX's default backend); unknown ones as a TPU."""
   return DEFAULTS.get(backend or jax.default_backend(), ACCELERATOR)
 
 

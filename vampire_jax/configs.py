@@ -55,8 +55,8 @@ class ConvNetConfig(RunConfig):
   conv_impl: str = setting(
     "auto",
     "convolution: xla, patches (im2col), loop_safe (fast "
-    "gradients inside loops on a CPU) or auto (loop_safe on a CPU where "
-    "gradients run in loops, else xla)",
+    "gradients inside loops on a CPU) or auto (where gradients run in loops: "
+    "loop_safe on a CPU, patches on a GPU; else xla)",
     resumable=True,
     choices=("auto", "xla", "patches", "loop_safe"),
   )

@@ -183,8 +183,9 @@ def _max_of_four_jvp(primals, tangents):
 def auto_conv_impl(*, task_batching: str, inner_steps_unrolled: bool, draws_mapped: bool) -> str:
   """The fastest measured convolution for a meta-step's loop structure on this backend.
 
-  `backend_defaults.conv_impl` decides: on a CPU 'loop_safe', unless the
-  program has no loop around a convolution gradient; elsewhere XLA's.
+  `backend_defaults.conv_impl` decides: where a loop runs around a
+  convolution gradient, 'loop_safe' on a CPU and 'patches' on a GPU; XLA's
+  elsewhere.
   """
   return backend_defaults.conv_impl(
     task_batching=task_batching,
