@@ -324,6 +324,34 @@ def compilation_cache_dir() -> Path:
   return default_cache_dir() / "xla"
 
 
+def enable_compilation_cache_or_say_why_not() -> None:
+  """The compilation cache on, or, where its folder cannot be written, one line and off.
+
+  The cache only saves compile time: a read-only or impossible folder is no
+  reason to refuse a run.
+  """
+  import os
+
+  from vampire_jax import training
+
+  folder = compilation_cache_dir()
+  try:
+    training.enable_compilation_cache(folder)
+    writable = os.access(folder, os.W_OK | os.X_OK)
+    reason = "not writable"
+  except OSError as error:
+    writable, reason = False, error.strerror or type(error).__name__
+  if not writable:
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", None)
+    print(
+      f"note: compiling without the compilation cache ({folder}: {reason}); set "
+      "VAMPIRE_JAX_CACHE to a writable folder, or pass --no-compilation-cache",
+      file=sys.stderr,
+    )
+
+
 def main_entry(
   main: Callable[[Optional[Sequence[str]]], object], argv: Optional[Sequence[str]] = None
 ) -> int:
@@ -345,9 +373,7 @@ def main_entry(
 
   def run() -> None:
     if "--no-compilation-cache" not in argv:
-      from vampire_jax import training
-
-      training.enable_compilation_cache(compilation_cache_dir())
+      enable_compilation_cache_or_say_why_not()
     main(argv)
 
   return interrupts.run_command(run)

@@ -53,13 +53,16 @@ POINT_ESTIMATES = ("maml", "fomaml")
 
 
 def parse_algorithms(names: str) -> list[str]:
-  """'maml,vampire' -> ['maml', 'vampire']; ConfigError for an unknown name."""
+  """'maml,vampire' -> ['maml', 'vampire']; ConfigError for an unknown or repeated name."""
   chosen = [a.strip() for a in names.split(",") if a.strip()]
   unknown = [a for a in chosen if a not in algorithm_registry.ALGORITHMS]
   if unknown or not chosen:
     raise ConfigError(
       f"--algorithms: unknown {unknown}; choose from {','.join(algorithm_registry.ALGORITHMS)}"
     )
+  repeated = sorted({a for a in chosen if chosen.count(a) > 1})
+  if repeated:  # each method has one folder: a repeat would train and test it twice
+    raise ConfigError(f"--algorithms names {', '.join(repeated)} twice; name each method once")
   return chosen
 
 

@@ -232,7 +232,9 @@ def test_paper_presets_follow_the_code_where_the_text_is_silent():
     for algorithm in ("vampire", "maml", "platipus"):
       config = configs.get_config(experiment, preset, algorithm)
       assert config.test_parameters == "final" and config.kernel_init_gain == 1.0
-      assert config.log_std_weight_decay == (1e-3 if algorithm == "vampire" else 0.0)
+      # Omniglot's presets leave the decay out: it stalled the 5-way 1-shot preset on a GPU.
+      carries_decay = algorithm == "vampire" and experiment != "omniglot"
+      assert config.log_std_weight_decay == (1e-3 if carries_decay else 0.0)
       assert config.meta_grad_clip_separately == (algorithm == "vampire")
       # ...and the text where the two disagree: the decay of gamma, no truncation.
       assert config.meta_lr_decay == 0.99 and config.second_order_steps is None

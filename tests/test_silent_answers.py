@@ -149,3 +149,506 @@ def test_an_edited_run_record_is_refused_not_used(tiny_omniglot_run, tmp_path, f
   (workdir / "run.json").unlink()
   with pytest.warns(UserWarning, match="missing; using the run record its checkpoints carry"):
     assert vj.load_run(workdir).config == tiny_omniglot_run[1]
+
+
+# -- Low precision and integer leaves ---------------------------------------------------------
+
+SMALL_MLP = vj.MLP((16,), 1)
+
+
+def _small_regression():
+  from vampire_jax.data import sine_line
+
+  apply_fn = vj.pure_apply(SMALL_MLP)
+  params = vj.init_params(SMALL_MLP, jax.random.key(0), (1, 1))
+  task = jax.tree_util.tree_map(lambda v: v[0], sine_line.sample_tasks(jax.random.key(5), 1))
+  return apply_fn, params, task
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_low_precision_params_give_a_posterior_whose_log_stds_move(dtype):
+  """Before: bfloat16/float16 log-stds never moved (0 against 0.0013 in float32)."""
+  apply_fn, params, task = _small_regression()
+  low = jax.tree_util.tree_map(lambda p: p.astype(dtype), params)
+  prior = vj.gaussian_from_params(low, jax.random.key(1))
+  assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(prior))
+  loss_fn = vj.loss_from_apply(vj.mixed_precision(apply_fn, dtype), vj.gaussian_nll(0.3))
+  posterior = vj.adapt(
+    prior,
+    task.support_x,
+    task.support_y,
+    jax.random.key(2),
+    loss_fn=loss_fn,
+    num_steps=5,
+    inner_lr=1e-3,
+    kl_weight=0.01,
+  )
+  moved = max(
+    float(jnp.max(jnp.abs(a - b)))
+    for a, b in zip(
+      jax.tree_util.tree_leaves(posterior.log_std), jax.tree_util.tree_leaves(prior.log_std)
+    )
+  )
+  assert moved > 1e-4
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_a_low_precision_distribution_is_refused_by_adapt_naming_the_leaf(dtype):
+  apply_fn, params, task = _small_regression()
+  prior = vj.gaussian_from_params(params, jax.random.key(1))
+  low = jax.tree_util.tree_map(lambda p: p.astype(dtype), prior)
+  loss_fn = vj.loss_from_apply(apply_fn, vj.gaussian_nll(0.3))
+  with pytest.raises(InputError, match=r"adapt: mean\['Dense_0'\]\['bias'\] is (bfloat16|float16)"):
+    vj.adapt(
+      low,
+      task.support_x,
+      task.support_y,
+      jax.random.key(2),
+      loss_fn=loss_fn,
+      num_steps=1,
+      inner_lr=1e-3,
+    )
+
+
+def test_low_precision_meta_training_moves_the_priors_log_stds():
+  """Before: 20 meta-steps of make_train_step left bfloat16 log-stds at their start."""
+  from vampire_jax.data import sine_line
+
+  apply_fn, params, _ = _small_regression()
+  learner = vj.vampire(
+    vj.mixed_precision(apply_fn),
+    vj.gaussian_nll(0.3),
+    num_inner_steps=2,
+    inner_lr=1e-3,
+    kl_weight=0.01,
+  )
+  low = jax.tree_util.tree_map(lambda p: p.astype(jnp.bfloat16), params)
+  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=4)
+  state = vj.init_meta_state(learner, optimizer, low, jax.random.key(1))
+  prior = state.meta_params
+  step = jax.jit(
+    vj.make_train_step(
+      learner, optimizer, lambda data, keys: sine_line.tasks_from_keys(keys), tasks_per_step=4
+    )
+  )
+  start = jax.tree_util.tree_leaves(prior.log_std)
+  key = jax.random.key(3)
+  for _ in range(20):
+    key, step_key = jax.random.split(key)
+    state, _ = step(state, None, step_key)
+  moved = max(
+    float(jnp.max(jnp.abs(a - b)))
+    for a, b in zip(jax.tree_util.tree_leaves(state.meta_params.log_std), start)
+  )
+  assert moved > 1e-3
+
+
+def test_integer_leaves_are_named_by_gaussian_from_params_adapt_and_maml_adapt():
+  """Before: a raw dtype error that named no leaf."""
+  apply_fn, params, task = _small_regression()
+  loss_fn = vj.loss_from_apply(apply_fn, vj.gaussian_nll(0.3))
+  ints = {**params, "Dense_1": {**params["Dense_1"], "bias": jnp.zeros(1, jnp.int32)}}
+  with pytest.raises(
+    InputError, match=r"gaussian_from_params: params\['Dense_1'\]\['bias'\] is int32"
+  ):
+    vj.gaussian_from_params(ints, jax.random.key(0))
+  prior = vj.gaussian_from_params(params, jax.random.key(0))
+  bad_prior = vj.Gaussian(ints, prior.log_std)
+  with pytest.raises(InputError, match=r"adapt: mean\['Dense_1'\]\['bias'\] is int32"):
+    vj.adapt(
+      bad_prior,
+      task.support_x,
+      task.support_y,
+      jax.random.key(2),
+      loss_fn=loss_fn,
+      num_steps=1,
+      inner_lr=1e-3,
+    )
+  with pytest.raises(InputError, match=r"maml_adapt: params\['Dense_1'\]\['bias'\] is int32"):
+    vj.maml_adapt(ints, task.support_x, task.support_y, loss_fn=loss_fn, num_steps=1, inner_lr=1e-3)
+
+
+# -- A prior too narrow for KL steps ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("narrow", ["point_mass", "log_std_-100"])
+def test_adapt_from_a_very_narrow_prior_refuses_instead_of_returning_nan(narrow):
+  """Before: the posterior was NaN without a word."""
+  apply_fn, params, task = _small_regression()
+  prior = (
+    vj.point_mass(params)
+    if narrow == "point_mass"
+    else vj.Gaussian(params, jax.tree_util.tree_map(lambda p: jnp.full_like(p, -100.0), params))
+  )
+  loss_fn = vj.loss_from_apply(apply_fn, vj.gaussian_nll(0.3))
+  with pytest.raises(
+    InputError,
+    match="adapt: the posterior is not finite after 5 steps from "
+    "a finite prior; the KL term's step factor",
+  ):
+    vj.adapt(
+      prior,
+      task.support_x,
+      task.support_y,
+      jax.random.key(2),
+      loss_fn=loss_fn,
+      num_steps=5,
+      inner_lr=1e-3,
+      kl_weight=0.1,
+    )
+  # With kl_weight 0 a point mass is MAML: finite, nothing refused.
+  posterior = vj.adapt(
+    prior,
+    task.support_x,
+    task.support_y,
+    jax.random.key(2),
+    loss_fn=loss_fn,
+    num_steps=5,
+    inner_lr=1e-3,
+    kl_weight=0.0,
+  )
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(posterior))
+
+
+@pytest.mark.parametrize(
+  "case", ["point_mass", "log_std_-100", "inner_lr_1e308", "kl_weight_1e308"]
+)
+def test_check_inner_loop_diagnoses_what_it_exists_for_without_crashing(case):
+  """Before: 'math domain error', and for the point mass advice to raise inner_lr."""
+  apply_fn, params, task = _small_regression()
+  inner_lr, kl_weight = 1e-3, 0.1
+  prior = vj.gaussian_from_params(params, jax.random.key(1))
+  if case == "point_mass":
+    prior = vj.point_mass(params)
+  elif case == "log_std_-100":
+    prior = vj.Gaussian(params, jax.tree_util.tree_map(lambda p: jnp.full_like(p, -100.0), params))
+  elif case == "inner_lr_1e308":
+    inner_lr = 1e308
+  else:
+    kl_weight = 1e308
+  learner = vj.vampire(apply_fn, vj.gaussian_nll(0.3), inner_lr=inner_lr, kl_weight=kl_weight)
+  report = vj.check_inner_loop(learner, prior, task, jax.random.key(4))
+  assert not report.ok
+  assert len(report.advice.splitlines()) == 1
+  if case != "inner_lr_1e308":
+    assert "KL term's step factor" in report.advice
+  if case in ("point_mass", "log_std_-100"):
+    assert "too narrow for KL steps" in report.advice
+  if "use inner_lr" in report.advice:  # never advice to raise the step that failed
+    advised = float(report.advice.split("use inner_lr ")[1].split(" ")[0])
+    assert advised < inner_lr
+
+
+def test_check_inner_loop_measures_curvature_under_x64():
+  """Before: under x64 the power iteration's carry changed dtype (TypeError)."""
+  import subprocess
+  import sys
+
+  code = (
+    "import jax, jax.numpy as jnp, vampire_jax as vj\n"
+    "from vampire_jax.data import sine_line\n"
+    "net = vj.MLP((16,), 1); apply_fn = vj.pure_apply(net)\n"
+    "params = vj.init_params(net, jax.random.key(0), (1, 1))\n"
+    "task = jax.tree_util.tree_map(lambda v: v[0], sine_line.sample_tasks(jax.random.key(5), 1))\n"
+    "learner = vj.vampire(apply_fn, vj.gaussian_nll(0.3), inner_lr=10.0, kl_weight=0.01)\n"
+    "r = vj.check_inner_loop(learner, vj.gaussian_from_params(params, jax.random.key(1)), task,"
+    " jax.random.key(4))\n"
+    "assert r.curvature is not None and r.curvature > 0, r\n"
+    "print('curvature', r.curvature)\n"
+  )
+  env = {**__import__("os").environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}
+  done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_kl_step_factor_of_an_empty_tree_is_one_line():
+  """Before: "Need at least one array to stack"."""
+  with pytest.raises(InputError, match="kl_step_factor: the prior has no weights"):
+    vj.kl_step_factor(vj.Gaussian({}, {}), 0.01, 0.1)
+
+
+# -- Per-query predictions --------------------------------------------------------------------
+
+
+def test_predict_per_query_does_not_depend_on_the_other_queries(tiny_omniglot_run):
+  """Before: the same image got [0.25 0.22 0.03 0.48 0.02] among 75 queries, another alone."""
+  workdir = tiny_omniglot_run[0]
+  run = vj.load_run(workdir)
+  rng = np.random.default_rng(0)
+  support_x = rng.uniform(0, 1, (5,) + run.input_shape).astype(np.float32)
+  query_x = rng.uniform(0, 1, (12,) + run.input_shape).astype(np.float32)
+  support_y, key = np.arange(5), jax.random.key(3)
+  together = run.predict(support_x, support_y, query_x, key)
+  alone = run.predict(support_x, support_y, query_x[:1], key)
+  # The paper's (transductive) default: batch norm normalises the queries together.
+  assert not np.allclose(together[0], alone[0], atol=1e-4)
+  # transductive=False: each query's answer is the same alone or among others.
+  per_query = run.predict(support_x, support_y, query_x, key, transductive=False)
+  per_query_alone = run.predict(support_x, support_y, query_x[:1], key, transductive=False)
+  np.testing.assert_allclose(per_query[0], per_query_alone[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(per_query.sum(axis=-1), 1.0, rtol=1e-5)
+  # A query passed alone is the transductive answer of a batch of one.
+  np.testing.assert_allclose(alone[0], per_query_alone[0], rtol=1e-5, atol=1e-6)
+  draws = run.predict_draws(support_x, support_y, query_x, key, transductive=False)
+  np.testing.assert_allclose(draws.mean(axis=0), per_query, rtol=1e-5, atol=1e-6)
+
+
+def test_run_predict_under_jit_points_to_the_learner(tiny_omniglot_run):
+  """Before: a raw TracerArrayConversionError."""
+  run = vj.load_run(tiny_omniglot_run[0])
+  x = np.zeros((5,) + run.input_shape, np.float32)
+  with pytest.raises(InputError, match="not under jax.jit, vmap or grad.*run.learner"):
+    jax.jit(lambda q: run.predict(x, np.arange(5), q, jax.random.key(0)))(x)
+
+
+def test_regression_predict_samples_the_predictive_with_its_noise(tmp_path):
+  """Before: noise-free outputs (spread 0.16 where noise_std is 0.3; MAML's spread 0)."""
+  from conftest import tiny_regression_config
+  from experiments import regression
+  from vampire_jax.data import sine_line
+
+  task = jax.tree_util.tree_map(lambda v: v[0], sine_line.sample_tasks(jax.random.key(0), 1))
+  for algorithm in ("vampire", "maml"):
+    draws = {"num_mc_test": 4} if algorithm == "vampire" else {}
+    config = tiny_regression_config(algorithm, num_meta_steps=2, **draws)
+    regression.train_and_evaluate(
+      config, tmp_path / algorithm, progress=False, print_fn=lambda m: None
+    )
+    run = vj.load_run(tmp_path / algorithm)
+    key = jax.random.key(1)
+    functions = run.predict_function_draws(task.support_x, task.support_y, task.query_x, key)
+    samples = run.predict(task.support_x, task.support_y, task.query_x, key, num_samples=4000)
+    assert samples.shape == (4000,) + task.query_x.shape[:1] + (1,)
+    # Each sample is a function draw plus N(0, noise_std^2): the residuals' spread is noise_std.
+    which = np.arange(4000) % functions.shape[0]
+    residuals = np.asarray(samples) - np.asarray(functions)[which]
+    np.testing.assert_allclose(residuals.std(), run.noise_std, rtol=0.03)
+    # The predictive's variance is the functions' (epistemic) plus the noise's (aleatoric).
+    total = np.asarray(samples).var(axis=0).mean()
+    expected = np.asarray(functions).var(axis=0).mean() + run.noise_std**2
+    np.testing.assert_allclose(total, expected, rtol=0.1)
+    default = run.predict(task.support_x, task.support_y, task.query_x, key)
+    assert default.shape[0] == functions.shape[0] == (4 if algorithm == "vampire" else 1)
+    np.testing.assert_array_equal(
+      default, run.predict_draws(task.support_x, task.support_y, task.query_x, key)
+    )
+
+
+# -- One line where a run cannot start ---------------------------------------------------------
+
+
+def test_a_damaged_png_inside_the_zip_is_one_line_naming_it(tmp_path):
+  """Before: a 42-line PIL traceback that named no file."""
+  import io
+  import zipfile
+
+  from PIL import Image
+
+  from vampire_jax.data import omniglot
+  from vampire_jax.errors import DataError
+
+  good = io.BytesIO()
+  Image.new("L", (105, 105), 255).save(good, format="PNG")
+  for set_name in ("images_background", "images_evaluation"):
+    with zipfile.ZipFile(tmp_path / f"{set_name}.zip", "w") as archive:
+      archive.writestr(f"{set_name}/Latin/character01/0101_01.png", good.getvalue())
+      if set_name == "images_evaluation":
+        archive.writestr(f"{set_name}/Latin/character01/0101_02.png", b"\x89PNG not an image")
+  with pytest.raises(DataError) as raised:
+    omniglot._load_zips(tmp_path)
+  message = str(raised.value)
+  assert "images_evaluation/Latin/character01/0101_02.png" in message
+  assert f"0101_02.png in {tmp_path / 'images_evaluation.zip'} is not" in message
+  assert "not a readable image" in message and len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+  "variable, value",
+  [
+    ("JAX_NUM_CPU_DEVICES", "0"),
+    ("JAX_NUM_CPU_DEVICES", "abc"),
+    ("JAX_NUM_CPU_DEVICES", "1.5"),
+    ("XLA_FLAGS", "--xla_force_host_platform_device_count=abc"),
+  ],
+)
+def test_a_bad_device_count_in_the_environment_is_one_line(variable, value):
+  """Before: a traceback, or XLA's 94 lines of flag help."""
+  import os
+  import subprocess
+  import sys
+
+  from conftest import REPO
+
+  env = {**os.environ, variable: value}
+  env.pop("JAX_NUM_CPU_DEVICES", None) if variable != "JAX_NUM_CPU_DEVICES" else None
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.regression", "--help"],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert done.returncode == 2
+  assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
+  assert value in done.stderr
+
+
+def test_zero_hidden_units_is_a_config_error():
+  """Before: a 60-line ZeroDivisionError."""
+  from experiments import configs
+
+  config = configs.get_config("regression", "quick", "vampire")
+  config.hidden_sizes = (0, 0, 0)
+  with pytest.raises(ConfigError, match=r"--hidden-sizes must be whole numbers >= 1"):
+    config.validate()
+  config = configs.get_config("omniglot", "quick", "vampire")
+  config.num_filters = 0
+  with pytest.raises(ConfigError, match=r"--num-filters must be whole numbers >= 1"):
+    config.validate()
+
+
+def test_an_unwritable_compilation_cache_is_a_note_not_a_refusal(tmp_path):
+  """Before: a read-only VAMPIRE_JAX_CACHE refused the whole run."""
+  import os
+  import subprocess
+  import sys
+
+  from conftest import REPO
+
+  (tmp_path / "file").write_text("")
+  env = {**os.environ, "VAMPIRE_JAX_CACHE": str(tmp_path / "file" / "cache")}
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.regression",
+      "--preset",
+      "quick",
+      "--algorithms",
+      "maml",
+      "--num-meta-steps",
+      "2",
+      "--log-every",
+      "1",
+      "--eval-every",
+      "2",
+      "--checkpoint-every",
+      "2",
+      "--num-val-tasks",
+      "2",
+      "--num-test-tasks",
+      "2",
+      "--hidden-sizes",
+      "8",
+      "8",
+      "8",
+      "--no-progress",
+      "--workdir",
+      str(tmp_path / "run"),
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  notes = [line for line in done.stderr.splitlines() if "compilation cache" in line]
+  assert len(notes) == 1 and "--no-compilation-cache" in notes[0]
+
+
+def test_a_method_named_twice_is_refused():
+  """Before: compare --algorithms vampire,vampire trained and tested one folder twice."""
+  from experiments import compare
+
+  with pytest.raises(ConfigError, match="--algorithms names vampire twice"):
+    compare.parse_algorithms("vampire,maml,vampire")
+  assert compare.parse_algorithms("vampire,maml") == ["vampire", "maml"]
+
+
+# -- NNX and Equinox networks with state -------------------------------------------------------
+
+
+def test_from_nnx_names_a_layer_in_training_mode_and_wrong_inputs():
+  """Before: BatchNorm or Dropout in train mode blamed the shapes, never said model.eval()."""
+  from flax import nnx
+
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.dense = nnx.Linear(1, 8, rngs=rngs)
+      self.norm = nnx.BatchNorm(8, rngs=rngs)
+      self.drop = nnx.Dropout(0.5, rngs=rngs)
+      self.out = nnx.Linear(8, 1, rngs=rngs)
+
+    def __call__(self, x):
+      return self.out(self.drop(self.norm(self.dense(x))))
+
+  model = Net(nnx.Rngs(0))
+  with pytest.raises(
+    InputError,
+    match=r"from_nnx: (norm|drop) is an nnx.(BatchNorm|Dropout) in training mode.*model.eval\(\)",
+  ):
+    vj.from_nnx(model)
+  model.drop.deterministic = True  # dropout off, batch norm still training: named as well
+  with pytest.raises(InputError, match=r"from_nnx: norm is an nnx.BatchNorm in training mode"):
+    vj.from_nnx(model)
+  model.eval()
+  params, apply_fn = vj.from_nnx(model)
+  assert apply_fn(params, jnp.ones((3, 1))).shape == (3, 1)
+  with pytest.raises(InputError, match=r"x float32\[3, 2\] does not fit the module"):
+    apply_fn(params, jnp.ones((3, 2)))
+
+
+def test_from_equinox_names_stateful_layers_and_weights_of_another_width():
+  """Before: "'object' object has no attribute 'get'", and a 40-line pytree error."""
+  eqx = pytest.importorskip("equinox")
+
+  class Net(eqx.Module):
+    dense: eqx.nn.Linear
+    norm: eqx.nn.BatchNorm
+
+    def __init__(self, key):
+      self.dense = eqx.nn.Linear(1, 8, key=key)
+      self.norm = eqx.nn.BatchNorm(8, axis_name="batch", mode="batch")
+
+    def __call__(self, x, state=None):
+      return self.norm(self.dense(x), state)[0]
+
+  with pytest.raises(InputError, match=r"from_equinox: \.norm is an eqx.nn.BatchNorm"):
+    vj.from_equinox(Net(jax.random.key(0)))
+  with_dropout = eqx.nn.Sequential(
+    [eqx.nn.Linear(1, 4, key=jax.random.key(0)), eqx.nn.Dropout(0.2)]
+  )
+  with pytest.raises(InputError, match=r"Dropout in training mode.*inference_mode"):
+    vj.from_equinox(with_dropout)
+  vj.from_equinox(eqx.nn.inference_mode(with_dropout))
+  params, apply_fn = vj.from_equinox(eqx.nn.MLP(1, 1, 8, 2, key=jax.random.key(0)))
+  wider, _ = vj.from_equinox(eqx.nn.MLP(1, 1, 16, 2, key=jax.random.key(0)))
+  with pytest.raises(InputError) as raised:
+    apply_fn(wider, jnp.ones((3, 1)))
+  assert "has shape (16, 1), the module's has (8, 1)" in str(raised.value)
+  assert len(str(raised.value).splitlines()) == 1
+
+
+def test_an_int_key_and_one_task_without_its_axis_are_one_line_each():
+  """Before: "invalid PRNG key data" from evaluators and train steps; "must be 5 tasks"."""
+  from vampire_jax.data import sine_line
+
+  apply_fn, params, _ = _small_regression()
+  learner = vj.vampire(apply_fn, vj.gaussian_nll(0.3), num_inner_steps=1)
+  meta_params = learner.init(params, jax.random.key(1))
+  tasks = sine_line.sample_tasks(jax.random.key(5), 3)
+  evaluate = vj.make_regression_evaluator(learner, 0.3)
+  with pytest.raises(InputError, match="evaluate: keys must be a PRNG key"):
+    evaluate(meta_params, tasks, 3)
+  one_task = jax.tree_util.tree_map(lambda v: v[0], tasks)
+  with pytest.raises(InputError, match=r"one task without its leading task axis\? add one"):
+    evaluate(meta_params, one_task, jax.random.key(2))
+  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=2)
+  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
+  train_step = vj.make_train_step(
+    learner, optimizer, lambda data, keys: sine_line.tasks_from_keys(keys), tasks_per_step=2
+  )
+  with pytest.raises(InputError, match="train_step: key must be a PRNG key"):
+    train_step(state, None, 3)

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from vampire_jax import batching, checks
-from vampire_jax.gaussian import Gaussian, check_gaussian, kl_divergence, sample
+from vampire_jax.errors import InputError
+from vampire_jax.gaussian import Gaussian, check_gaussian, kl_divergence, kl_step_factor, sample
 from vampire_jax.losses import ApplyFn, LossFn, PyTree
 
 
@@ -243,7 +244,7 @@ def adapt(
   """
   if (draw_outputs is None) != (nll is None):
     raise ValueError("adapt: draw_outputs and nll go together (the local reparameterisation)")
-  check_gaussian(prior)
+  check_gaussian(prior, "adapt")
   _check_steps(num_steps)
   _check_num_samples(num_mc_samples)
   _check_second_order_steps(second_order_steps)
@@ -254,6 +255,7 @@ def adapt(
 
   nll_grad = jax.grad(expected_nll)
   kl_grad = jax.grad(kl_divergence)
+  without_kl = checks.concrete(kl_weight) and float(kl_weight) == 0.0
 
   def make_step(differentiated: bool):
     def step(posterior, step_key):
@@ -270,16 +272,19 @@ def adapt(
       )
       if not differentiated:  # the authors' steps 2..S: the likelihood's gradient is a constant
         data_grads = jax.lax.stop_gradient(data_grads)
-      grads = jax.tree_util.tree_map(
-        lambda g, k: g + kl_weight * k, data_grads, kl_grad(posterior, prior)
-      )
+      if without_kl:  # not 0 * KL gradient: that is NaN where a prior's KL overflows
+        grads = data_grads
+      else:
+        grads = jax.tree_util.tree_map(
+          lambda g, k: g + kl_weight * k, data_grads, kl_grad(posterior, prior)
+        )
       return _sgd_step(posterior, grads, inner_lr, first_order), None
 
     return step
 
   if num_steps == 0:
     return prior
-  return _two_phase_scan(
+  posterior = _two_phase_scan(
     make_step,
     prior,
     jax.random.split(key, num_steps),
@@ -288,6 +293,50 @@ def adapt(
     unroll_steps,
     remat,
   )
+  _refuse_nonfinite_posterior(posterior, prior, support_x, num_steps, inner_lr, kl_weight)
+  return posterior
+
+
+def _all_finite(tree: PyTree) -> bool:
+  return all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _refuse_nonfinite_posterior(
+  posterior: Gaussian, prior: Gaussian, support_x, num_steps: int, inner_lr, kl_weight
+) -> None:
+  """Where concrete: InputError if the inner loop made a finite prior non-finite.
+
+  Under `jit` the values are tracers and nothing is checked here: a meta-step
+  flags the NaN in `metrics["finite"]` and the training loop stops on it.
+  """
+  arrays = (posterior, prior, support_x, inner_lr, kl_weight)
+  if not all(checks.concrete(a) for a in arrays) or _all_finite(posterior):
+    return
+  if not (_all_finite(prior) and _all_finite(support_x)):
+    return  # a NaN that came in goes out; the caller's own inputs say why
+  factor = float(kl_step_factor(prior, float(inner_lr), float(kl_weight)))
+  if not factor < 2:
+    cause = (
+      f"the KL term's step factor inner_lr * kl_weight / sigma_p^2 is {factor:.3g} at the "
+      "prior's narrowest weight (stable below 2): widen the prior's log-stds, or lower "
+      "kl_weight or inner_lr"
+    )
+  else:
+    cause = "the likelihood's steps diverge: lower inner_lr"
+  raise InputError(
+    f"adapt: the posterior is not finite after {num_steps} steps from a finite prior; {cause} "
+    "(vj.check_inner_loop gives values that work)"
+  )
+
+
+def _check_float_params(where: str, params: PyTree) -> None:
+  """InputError naming the first leaf of `params` that is not a float (it cannot take a step)."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+      raise InputError(
+        f"{where}: params{jax.tree_util.keystr(path)} is {jnp.result_type(leaf)}; "
+        "adapted weights must be floats (cast with .astype(jnp.float32))"
+      )
 
 
 def maml_adapt(
@@ -323,6 +372,7 @@ def maml_adapt(
   """
   _check_steps(num_steps, "maml_adapt")
   _check_second_order_steps(second_order_steps, "maml_adapt")
+  _check_float_params("maml_adapt", params)
   checks.rate("maml_adapt", "inner_lr", inner_lr, positive=True)
   _check_support("maml_adapt", loss_fn, params, support_x, support_y, "params")
   loss_grad = jax.grad(loss_fn)
@@ -370,7 +420,7 @@ def predict(
     `[num_mc_samples, batch, ...]`: one network output per draw (logits for
     a classifier; average the softmax over axis 0 for the prediction).
   """
-  check_gaussian(posterior)
+  check_gaussian(posterior, "predict")
   check_inputs("predict", x)
   _check_num_samples(num_mc_samples, "predict")
   checks.prng_key("predict", "key", key)

@@ -70,6 +70,7 @@ class ConvNetConfig(RunConfig):
 
   def validate(self) -> None:
     super().validate()
+    check_widths("--num-filters", (self.num_filters,))
     eps = self.batch_norm_epsilon
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
       raise ConfigError(f"--batch-norm-epsilon must be a finite number >= 0, got {eps!r}")
@@ -365,6 +366,7 @@ class FeaturesConfig(RunConfig):
 
   def validate(self) -> None:
     super().validate()
+    check_widths("--hidden-sizes", self.hidden_sizes)
     check_episodes(
       self.ways,
       self.shots,
@@ -428,6 +430,7 @@ class RegressionConfig(RunConfig):
 
   def validate(self) -> None:
     super().validate()
+    check_widths("--hidden-sizes", self.hidden_sizes)
     for name in ("num_support", "num_query"):
       if getattr(self, name) < 1:
         raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -443,6 +446,13 @@ class RegressionConfig(RunConfig):
 
 
 # -- Shared ---------------------------------------------------------------------------
+
+
+def check_widths(flag: str, widths) -> None:
+  """ConfigError unless every layer width is a whole number >= 1 (a width of 0 has no units)."""
+  for width in widths:
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+      raise ConfigError(f"{flag} must be whole numbers >= 1 (units per layer), got {list(widths)}")
 
 
 def check_episodes(

@@ -143,12 +143,15 @@ def largest_curvature(
     hv = hvp(v)
     return hv, optax.tree_utils.tree_vdot(v, hv)
 
-  _, eigenvalue = jax.lax.fori_loop(0, num_iterations, step, (v0, jnp.zeros(())))
+  dtype = jnp.result_type(*leaves) if leaves else jnp.float32  # float64 under x64
+  _, eigenvalue = jax.lax.fori_loop(0, num_iterations, step, (v0, jnp.zeros((), dtype)))
   return eigenvalue
 
 
 def _round_down(value: float) -> float:
-  """`value` rounded down to one significant digit (0.00374 -> 0.003)."""
+  """`value` rounded down to one significant digit (0.00374 -> 0.003); 0 stays 0."""
+  if not (math.isfinite(value) and value > 0):
+    return 0.0 if math.isfinite(value) else value
   exponent = math.floor(math.log10(value))
   return math.floor(value / 10**exponent) * 10**exponent
 
@@ -199,17 +202,28 @@ def check_inner_loop(
     )
     if curvature > 0 and math.isfinite(curvature):
       stable = 2.0 / curvature
-      if settings.inner_lr >= stable or not (finite and fell):
+      # Advise a step only where it is lower than the one taken: a loop that failed below the
+      # data term's limit failed for another reason (the KL factor, below), never for want
+      # of a larger step.
+      if settings.inner_lr >= stable:
         advice.append(
           f"the loss's curvature is {curvature:.4g}, so gradient steps are stable "
           f"only below inner_lr {stable:.3g}: use inner_lr "
           f"{_round_down(stable / 2):g} (now {settings.inner_lr:g})"
         )
-  if kl_factor is not None and kl_factor >= 2:
+  if kl_factor is not None and not kl_factor < 2:
+    narrowest = float(min(jnp.min(s) for s in jax.tree_util.tree_leaves(meta_params.log_std)))
+    suggested = _round_down(settings.kl_weight / kl_factor) if math.isfinite(kl_factor) else 0.0
+    if suggested > 0 and narrowest > -20:
+      fix = f"use kl_weight {suggested:g} or lower inner_lr"
+    else:  # a point mass or near one: no KL weight but 0 makes a step stable
+      fix = (
+        f"the prior is too narrow for KL steps (narrowest log-std {narrowest:.3g}): widen it "
+        "(e.g. vj.gaussian_from_params's log-stds in [-4, -3]) or use kl_weight 0 (MAML)"
+      )
     advice.append(
       f"the KL term's step factor inner_lr * kl_weight / sigma_p^2 is "
-      f"{kl_factor:.3g} (stable below 2): use kl_weight "
-      f"{_round_down(settings.kl_weight / kl_factor):g} or lower inner_lr"
+      f"{kl_factor:.3g} (stable below 2): {fix}"
     )
   if len(advice) == 1:
     advice.append("lower inner_lr (e.g. tenfold)")

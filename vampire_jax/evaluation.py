@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vampire_jax import batching, calibration, losses, sharding
+from vampire_jax import batching, calibration, checks, losses, sharding
 from vampire_jax import predictive_uncertainty
 from vampire_jax.learners import MetaLearner
 from vampire_jax.tasks import Task, check_task_batch
@@ -55,11 +55,20 @@ class RegressionEval(NamedTuple):
 
 def per_task_keys(key: jax.Array, num_tasks: int) -> jax.Array:
   """`key` if it already holds one key per task, else `num_tasks` keys split from it."""
+  wanted = "a PRNG key, jax.random.key(seed), or [tasks] of them"
+  if not (hasattr(key, "shape") and hasattr(key, "dtype")):
+    raise checks.fail("evaluate", "keys", wanted, type(key).__name__ if key is not None else "None")
   is_typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+  if not is_typed and (key.dtype != jnp.uint32 or key.ndim not in (1, 2) or key.shape[-1] != 2):
+    raise checks.fail("evaluate", "keys", wanted, checks.describe(key))
+  if is_typed and key.ndim > 1:
+    raise checks.fail("evaluate", "keys", wanted, checks.describe_key(key))
   batched = key.ndim == (1 if is_typed else 2)
   if batched:
     if key.shape[0] != num_tasks:
-      raise ValueError(f"got {key.shape[0]} task keys for {num_tasks} tasks")
+      raise checks.fail(
+        "evaluate", "keys", f"one key per task ({num_tasks})", f"{key.shape[0]} keys"
+      )
     return key
   return jax.random.split(key, num_tasks)
 

@@ -30,8 +30,16 @@ class Gaussian(NamedTuple):
   log_std: PyTree
 
 
-def check_gaussian(dist: Gaussian) -> None:
-  """Raises ValueError unless `mean` and `log_std` are trees of equal shapes."""
+def check_gaussian(dist: Gaussian, where: str = "check_gaussian") -> None:
+  """Raises ValueError unless `mean` and `log_std` are trees of equal shapes.
+
+  Every leaf must be float32 or wider (`InputError` names the first that is
+  not): an integer cannot take a gradient step, and in bfloat16 or float16 a
+  step of 1e-3 on a log-std near -3.5 rounds to no change, so the
+  uncertainty would stay frozen while the means move (issue 40). Keep the
+  distribution in float32 and compute the network in low precision with
+  `vj.mixed_precision`.
+  """
   if not isinstance(dist, Gaussian):
     raise TypeError(f"expected a vampire_jax.Gaussian, got {type(dist).__name__}")
   mean_def = jax.tree_util.tree_structure(dist.mean)
@@ -51,6 +59,25 @@ def check_gaussian(dist: Gaussian) -> None:
         f"Gaussian leaf {jax.tree_util.keystr(path[0])}: mean has shape"
         f" {jnp.shape(m)} but log_std has shape {jnp.shape(s)}"
       )
+  check_float32_or_wider(where, "mean", dist.mean)
+  check_float32_or_wider(where, "log_std", dist.log_std)
+
+
+def check_float32_or_wider(where: str, name: str, tree: PyTree) -> None:
+  """InputError naming the first leaf of `tree` that is not a float of 32 bits or more."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    dtype = jnp.result_type(leaf)
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise InputError(
+        f"{where}: {name}{jax.tree_util.keystr(path)} is {dtype}; a distribution's "
+        "parameters must be floats (cast integer leaves with .astype(jnp.float32))"
+      )
+    if jnp.finfo(dtype).bits < 32:
+      raise InputError(
+        f"{where}: {name}{jax.tree_util.keystr(path)} is {dtype}, where gradient steps on a "
+        "log-std round to no change; keep the distribution in float32 "
+        "(vj.gaussian_from_params does) and compute in low precision with vj.mixed_precision"
+      )
 
 
 def gaussian_from_params(
@@ -65,8 +92,14 @@ def gaussian_from_params(
       authors' code uses [-4, -3].
 
   Returns:
-    `Gaussian(mean=params, log_std=...)` with `log_std` leaves of the same
-    shape and dtype as the means.
+    `Gaussian(mean=params, log_std=...)` with `log_std` leaves of the means'
+    shapes and dtypes, except that bfloat16 and float16 leaves become float32,
+    means and log-stds alike: steps on a log-std round away at that precision
+    (see `check_gaussian`). Compute in low precision with `vj.mixed_precision`.
+
+  Raises:
+    InputError: a non-finite or reversed `log_std_range`, or a leaf that is
+      not a float.
   """
   low, high = log_std_range
   if not (math.isfinite(low) and math.isfinite(high) and low <= high):
@@ -75,6 +108,17 @@ def gaussian_from_params(
       f"got {log_std_range}"
     )
   leaves, treedef = jax.tree_util.tree_flatten(params)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+      raise InputError(
+        f"gaussian_from_params: params{jax.tree_util.keystr(path)} is "
+        f"{jnp.result_type(leaf)}; the means must be floats (cast with .astype(jnp.float32))"
+      )
+  leaves = [
+    jnp.asarray(leaf, jnp.float32) if jnp.finfo(jnp.result_type(leaf)).bits < 32 else leaf
+    for leaf in leaves
+  ]
+  params = jax.tree_util.tree_unflatten(treedef, leaves)
   keys = jax.random.split(key, max(len(leaves), 1))
   log_std = [
     jax.random.uniform(k, jnp.shape(leaf), jnp.result_type(leaf), low, high)
@@ -194,5 +238,9 @@ def kl_step_factor(prior: Gaussian, inner_lr: float, kl_weight: float) -> jax.Ar
   paper's Omniglot setting (inner_lr 0.1, kl_weight 0.1, sigma_p ~ e^-3.5)
   gives about 11-30: see BUILD_NOTES.md.
   """
-  inv_var = jax.tree_util.tree_map(lambda s: jnp.max(jnp.exp(-2.0 * s)), prior.log_std)
-  return inner_lr * kl_weight * jnp.max(jnp.stack(jax.tree_util.tree_leaves(inv_var)))
+  leaves = jax.tree_util.tree_leaves(prior.log_std)
+  if not leaves:
+    raise InputError("kl_step_factor: the prior has no weights (an empty tree)")
+  largest_inv_var = jnp.exp(-2.0 * jnp.min(jnp.stack([jnp.min(s) for s in leaves])))
+  # A KL weight of 0 takes no KL step, also where a point mass's 1 / sigma_p^2 overflows.
+  return jnp.where(kl_weight == 0, 0.0, inner_lr * kl_weight * largest_inv_var)

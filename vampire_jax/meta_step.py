@@ -438,6 +438,7 @@ def make_train_step(
     return apply_meta_gradient(optimizer, state, grads), metrics
 
   def train_step(state: MetaState, data: PyTree, key: jax.Array):
+    checks.prng_key("train_step", "key", key)
     if steps_per_call == 1:
       state, metrics = one_step(state, data, key)
       return state, _stack_one(metrics)
@@ -493,6 +494,7 @@ def make_host_chunked_train_step(
     return apply_meta_gradient(optimizer, state, grads), _stack_one(metrics)
 
   def train_step(state: MetaState, data: PyTree, key: jax.Array):
+    checks.prng_key("train_step", "key", key)
     task_keys, adapt_keys = keys_of(key, state.step)
     total = zero_total(state.meta_params, data, task_keys[0], adapt_keys[0])
     for chunk in range(num_chunks):

@@ -28,7 +28,7 @@ import numpy as np
 from vampire_jax import algorithms, checks, configs, kinds, meta_step, models, run_folder
 from vampire_jax.run_folder import RunCheckpoints
 from vampire_jax.config import RunConfig
-from vampire_jax.errors import MissingDataError
+from vampire_jax.errors import InputError, MissingDataError
 from vampire_jax.learners import MetaLearner
 
 PyTree = Any
@@ -98,13 +98,19 @@ class Run:
     self.noise_std = record["noise_std"]
     self.meta_params = meta_params
     self.learner = learner
-    self._predict_draws = jax.jit(self._predict_draws_one)
+    self._predict_outputs = jax.jit(self._predict_outputs_one, static_argnums=5)
 
-  def _predict_draws_one(self, meta_params, support_x, support_y, query_x, key):
+  def _predict_outputs_one(self, meta_params, support_x, support_y, query_x, key, transductive):
+    """The network's outputs on the queries, `[num_mc_test, num_query, ...]`, one per draw."""
     adapt_key, predict_key = jax.random.split(key)  # as the evaluator splits a task's key
     task_params = self.learner.adapt(meta_params, support_x, support_y, adapt_key)
-    outputs = self.learner.predict(task_params, query_x, predict_key)
-    return kinds.get(self.kind).draws(outputs)
+    if transductive:  # the queries are one batch: batch norm normalises them together
+      return self.learner.predict(task_params, query_x, predict_key)
+
+    def one_query(x):  # a batch of one, with the same weight draws for every query
+      return self.learner.predict(task_params, x[None], predict_key)[:, 0]
+
+    return jax.vmap(one_query, out_axes=1)(query_x)
 
   def _check_inputs(self, support_x, support_y, query_x, where: str = "Run.predict") -> None:
     """Host-side checks of `predict`'s arguments: shapes, dtypes, finite values, labels."""
@@ -126,7 +132,16 @@ class Run:
     shape = jax.eval_shape(lambda: self.model.apply(self.model.init(jax.random.key(0), x), x))
     return int(shape.shape[-1])
 
-  def predict(self, support_x, support_y, query_x, key: jax.Array) -> jax.Array:
+  def predict(
+    self,
+    support_x,
+    support_y,
+    query_x,
+    key: jax.Array,
+    *,
+    transductive: bool = True,
+    num_samples: Optional[int] = None,
+  ) -> jax.Array:
     """Adapts to the support set with the run's test settings and predicts the queries.
 
     The inputs are copied to the host and checked there (shapes, dtypes, finite
@@ -140,16 +155,45 @@ class Run:
         `[num_support, 1]` targets (regression).
       query_x: `[num_query, *input_shape]`.
       key: PRNG key of the adaptation and prediction draws.
+      transductive: True (the default, the paper's protocol and the one that
+        gave the run's test scores): the queries are one batch, and a network
+        with batch norm (Conv4) normalises them with their joint statistics,
+        so a query's prediction depends on the queries passed with it.
+        False: each query is predicted alone (a batch of one, the same weight
+        draws for every query), so its prediction is the same whatever else
+        is passed. A network without batch norm (`vj.MLP`) gives the same
+        answer both ways, unless it draws outputs per example
+        (`--local-reparameterization`).
+      num_samples: regression only: how many samples of the predictive to
+        draw (default: one per weight draw: the run's `num_mc_test`, BMAML's
+        particles, MAML's one). Sample i is weight draw i mod D (of the D
+        draws) plus its own Gaussian noise of the run's `noise_std`, so a
+        point estimate (MAML) gives as many samples as asked.
 
     Returns:
       Classification: `[num_query, ways]`, the softmax averaged over the
       run's `num_mc_test` weight draws (rows sum to 1). Regression:
-      `[num_mc_test, num_query, 1]`, the predictive samples.
+      `[num_samples, num_query, 1]`, samples of the predictive distribution,
+      the likelihood's noise included (`predict_function_draws` gives the
+      noise-free outputs of each weight draw).
     """
-    draws = self._draws(support_x, support_y, query_x, key, "Run.predict")
-    return kinds.get(self.kind).predictive(draws)
+    if self.kind != "regression":
+      if num_samples is not None:
+        raise checks.fail(
+          "Run.predict",
+          "num_samples",
+          "None for a classifier (it returns probabilities)",
+          repr(num_samples),
+        )
+      draws = self._draws(support_x, support_y, query_x, key, "Run.predict", transductive)
+      return kinds.get(self.kind).predictive(draws)
+    return self._predictive_samples(
+      support_x, support_y, query_x, key, "Run.predict", transductive, num_samples
+    )
 
-  def predict_draws(self, support_x, support_y, query_x, key: jax.Array) -> jax.Array:
+  def predict_draws(
+    self, support_x, support_y, query_x, key: jax.Array, *, transductive: bool = True
+  ) -> jax.Array:
     """The prediction of each weight draw: what `predict` averages (same key, same draws).
 
     Arguments as `predict`. `vj.uncertainty(draws)` splits a classifier's
@@ -159,18 +203,70 @@ class Run:
       Classification: `[num_mc_test, num_query, ways]`, the softmax of each
       weight draw (a point estimate such as MAML has one draw; BMAML one per
       particle); `predict` returns their mean. Regression:
-      `[num_mc_test, num_query, 1]`, the predictive samples, as `predict`.
+      `[draws, num_query, 1]`, one sample of the predictive per weight draw,
+      the likelihood's noise included: `predict` with its default
+      `num_samples`.
     """
-    return self._draws(support_x, support_y, query_x, key, "Run.predict_draws")
+    if self.kind == "regression":
+      return self._predictive_samples(
+        support_x, support_y, query_x, key, "Run.predict_draws", transductive, None
+      )
+    return self._draws(support_x, support_y, query_x, key, "Run.predict_draws", transductive)
 
-  def _draws(self, support_x, support_y, query_x, key, where: str) -> jax.Array:
+  def predict_function_draws(
+    self, support_x, support_y, query_x, key: jax.Array, *, transductive: bool = True
+  ) -> jax.Array:
+    """The network's noise-free outputs under each weight draw, `[num_mc_test, num_query, ...]`.
+
+    Arguments as `predict`; the same key gives the same weight draws. For a
+    regression run these are draws of the mean function (without the
+    likelihood's noise: their spread is the epistemic part only); for a
+    classifier, each draw's logits.
+    """
+    return self._outputs(
+      support_x, support_y, query_x, key, "Run.predict_function_draws", transductive
+    )
+
+  def _predictive_samples(
+    self, support_x, support_y, query_x, key, where, transductive, num_samples
+  ) -> jax.Array:
+    """Regression: weight draw i mod D plus N(0, noise_std^2), for i < num_samples."""
+    if num_samples is not None:
+      checks.step_count(where, "num_samples", num_samples, 1)
+    functions = self._outputs(support_x, support_y, query_x, key, where, transductive)
+    if num_samples is None:
+      num_samples = functions.shape[0]
+    which = jnp.arange(num_samples) % functions.shape[0]
+    # The noise's own key: the weight draws stay those of the evaluator's split of `key`.
+    noise_key = jax.random.fold_in(key, 1)
+    noise = jax.random.normal(noise_key, (num_samples,) + functions.shape[1:], functions.dtype)
+    return functions[which] + self.noise_std * noise
+
+  def _draws(self, support_x, support_y, query_x, key, where: str, transductive) -> jax.Array:
+    outputs = self._outputs(support_x, support_y, query_x, key, where, transductive)
+    return kinds.get(self.kind).draws(outputs)
+
+  def _outputs(self, support_x, support_y, query_x, key, where: str, transductive) -> jax.Array:
     # Host copies: lists become arrays, and arrays sharded over devices (or on
     # another device than the meta-parameters) are gathered; the checks see values.
+    if not isinstance(transductive, bool):
+      raise checks.fail(where, "transductive", "True or False", repr(transductive))
+    if not checks.concrete((support_x, support_y, query_x, key)):
+      raise InputError(
+        f"{where} runs on concrete arrays (it checks them on the host), not under "
+        "jax.jit, vmap or grad; for a traceable prediction use run.learner.adapt and "
+        "run.learner.predict with run.meta_params, or the evaluators"
+      )
     support_x, support_y, query_x = (np.asarray(a) for a in (support_x, support_y, query_x))
     checks.prng_key(where, "key", key)
     self._check_inputs(support_x, support_y, query_x, where)
-    return self._predict_draws(
-      self.meta_params, jnp.asarray(support_x), jnp.asarray(support_y), jnp.asarray(query_x), key
+    return self._predict_outputs(
+      self.meta_params,
+      jnp.asarray(support_x),
+      jnp.asarray(support_y),
+      jnp.asarray(query_x),
+      key,
+      transductive,
     )
 
 

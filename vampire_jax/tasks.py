@@ -54,8 +54,20 @@ def check_task_batch(tasks: Task, where: str = "tasks") -> int:
   num_tasks = jnp.shape(tasks.support_x)[0]
   for name, value in tasks._asdict().items():
     if jnp.shape(value)[0] != num_tasks:
+      looks_like_one_task = (
+        jnp.shape(tasks.support_x)[0] == jnp.shape(tasks.support_y)[0]
+        and jnp.shape(tasks.query_x)[0] == jnp.shape(tasks.query_y)[0]
+      )
+      hint = (
+        " (one task without its leading task axis? add one: jax.tree.map(lambda v: v[None], task))"
+        if looks_like_one_task
+        else ""
+      )
       raise checks.fail(
-        where, f"tasks.{name}", f"{num_tasks} tasks, as tasks.support_x", checks.describe(value)
+        where,
+        f"tasks.{name}",
+        f"{num_tasks} tasks, as tasks.support_x",
+        checks.describe(value) + hint,
       )
   for x_name, y_name in (("support_x", "support_y"), ("query_x", "query_y")):
     x, y = getattr(tasks, x_name), getattr(tasks, y_name)

@@ -546,11 +546,22 @@ def _load_zips(folder: Optional[Path]) -> OmniglotArrays:
     )
     for name in names:  # (a thread pool was slower: these small images hold the GIL)
       _, alphabet, character, _ = name.split('/')
-      image = omniglot_drawing_to_28(pil_image().open(io.BytesIO(files[name])))
+      image = _drawing_28(files[name], name, zip_path if zip_path.is_file() else folder)
       groups.setdefault((is_background, alphabet, int(character[len('character') :])), []).append(
         image
       )
   return _assemble(groups)
+
+
+def _drawing_28(data: bytes, name: str, source: Path) -> np.ndarray:
+  """One PNG's 28x28 array; a damaged image is a DataError naming it and its zip (or folder)."""
+  try:
+    return omniglot_drawing_to_28(pil_image().open(io.BytesIO(data)))
+  except (OSError, SyntaxError, ValueError) as error:  # PIL's errors for broken images
+    raise DataError(
+      f'{name} in {source} is not a readable image ({type(error).__name__}). Download the '
+      f'zip again. {_HELP}'
+    ) from None
 
 
 def _read_zip(path: Path) -> dict[str, bytes]:
