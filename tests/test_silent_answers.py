@@ -153,6 +153,14 @@ def test_an_edited_run_record_is_refused_not_used(tiny_omniglot_run, tmp_path, f
 
 # -- Low precision and integer leaves ---------------------------------------------------------
 
+
+def _adapt(prior, task, loss_fn, **settings):
+  """`vj.adapt` on `task`'s support set with key 2."""
+  return vj.adapt(
+    prior, task.support_x, task.support_y, jax.random.key(2), loss_fn=loss_fn, **settings
+  )
+
+
 SMALL_MLP = vj.MLP((16,), 1)
 
 
@@ -173,16 +181,7 @@ def test_low_precision_params_give_a_posterior_whose_log_stds_move(dtype):
   prior = vj.gaussian_from_params(low, jax.random.key(1))
   assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(prior))
   loss_fn = vj.loss_from_apply(vj.mixed_precision(apply_fn, dtype), vj.gaussian_nll(0.3))
-  posterior = vj.adapt(
-    prior,
-    task.support_x,
-    task.support_y,
-    jax.random.key(2),
-    loss_fn=loss_fn,
-    num_steps=5,
-    inner_lr=1e-3,
-    kl_weight=0.01,
-  )
+  posterior = _adapt(prior, task, loss_fn, num_steps=5, inner_lr=1e-3, kl_weight=0.01)
   moved = max(
     float(jnp.max(jnp.abs(a - b)))
     for a, b in zip(
@@ -199,15 +198,7 @@ def test_a_low_precision_distribution_is_refused_by_adapt_naming_the_leaf(dtype)
   low = jax.tree_util.tree_map(lambda p: p.astype(dtype), prior)
   loss_fn = vj.loss_from_apply(apply_fn, vj.gaussian_nll(0.3))
   with pytest.raises(InputError, match=r"adapt: mean\['Dense_0'\]\['bias'\] is (bfloat16|float16)"):
-    vj.adapt(
-      low,
-      task.support_x,
-      task.support_y,
-      jax.random.key(2),
-      loss_fn=loss_fn,
-      num_steps=1,
-      inner_lr=1e-3,
-    )
+    _adapt(low, task, loss_fn, num_steps=1, inner_lr=1e-3)
 
 
 def test_low_precision_meta_training_moves_the_priors_log_stds():
@@ -255,15 +246,7 @@ def test_integer_leaves_are_named_by_gaussian_from_params_adapt_and_maml_adapt()
   prior = vj.gaussian_from_params(params, jax.random.key(0))
   bad_prior = vj.Gaussian(ints, prior.log_std)
   with pytest.raises(InputError, match=r"adapt: mean\['Dense_1'\]\['bias'\] is int32"):
-    vj.adapt(
-      bad_prior,
-      task.support_x,
-      task.support_y,
-      jax.random.key(2),
-      loss_fn=loss_fn,
-      num_steps=1,
-      inner_lr=1e-3,
-    )
+    _adapt(bad_prior, task, loss_fn, num_steps=1, inner_lr=1e-3)
   with pytest.raises(InputError, match=r"maml_adapt: params\['Dense_1'\]\['bias'\] is int32"):
     vj.maml_adapt(ints, task.support_x, task.support_y, loss_fn=loss_fn, num_steps=1, inner_lr=1e-3)
 
@@ -286,27 +269,9 @@ def test_adapt_from_a_very_narrow_prior_refuses_instead_of_returning_nan(narrow)
     match="adapt: the posterior is not finite after 5 steps from "
     "a finite prior; the KL term's step factor",
   ):
-    vj.adapt(
-      prior,
-      task.support_x,
-      task.support_y,
-      jax.random.key(2),
-      loss_fn=loss_fn,
-      num_steps=5,
-      inner_lr=1e-3,
-      kl_weight=0.1,
-    )
+    _adapt(prior, task, loss_fn, num_steps=5, inner_lr=1e-3, kl_weight=0.1)
   # With kl_weight 0 a point mass is MAML: finite, nothing refused.
-  posterior = vj.adapt(
-    prior,
-    task.support_x,
-    task.support_y,
-    jax.random.key(2),
-    loss_fn=loss_fn,
-    num_steps=5,
-    inner_lr=1e-3,
-    kl_weight=0.0,
-  )
+  posterior = _adapt(prior, task, loss_fn, num_steps=5, inner_lr=1e-3, kl_weight=0.0)
   assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(posterior))
 
 
