@@ -617,3 +617,37 @@ def test_an_int_key_and_one_task_without_its_axis_are_one_line_each():
   )
   with pytest.raises(InputError, match="train_step: key must be a PRNG key"):
     train_step(state, None, 3)
+
+
+# -- From one's own code (issue 41) ------------------------------------------------------------
+
+
+def test_summarise_in_one_call_equals_the_dict_form_and_wants_targets_once():
+  from vampire_jax.data import sine_line
+
+  apply_fn, params, _ = _small_regression()
+  learner = vj.vampire(apply_fn, vj.gaussian_nll(0.3), num_inner_steps=1, num_mc_query=2)
+  meta_params = learner.init(params, jax.random.key(1))
+  tasks = sine_line.sample_tasks(jax.random.key(5), 4)
+  per_task = vj.make_regression_evaluator(learner, 0.3)(meta_params, tasks, jax.random.key(2))
+  one_call = vj.summarise("regression", per_task, tasks.query_y, noise_std=0.3)
+  as_dict = vj.summarise(
+    "regression", dict(per_task._asdict(), targets=tasks.query_y), noise_std=0.3
+  )
+  assert one_call.metrics == as_dict.metrics
+  with pytest.raises(InputError, match="summarise: targets must be given once"):
+    vj.summarise("regression", dict(per_task._asdict(), targets=tasks.query_y), tasks.query_y)
+  with pytest.raises(InputError, match="summarise: targets must be the tasks' query labels"):
+    vj.summarise("regression", per_task, noise_std=0.3)
+
+
+def test_the_support_sets_order_does_not_change_a_prediction(tiny_omniglot_run):
+  """The samplers group the support set by class; the README says any order works."""
+  run = vj.load_run(tiny_omniglot_run[0])
+  rng = np.random.default_rng(1)
+  support_x = rng.uniform(0, 1, (5,) + run.input_shape).astype(np.float32)
+  query_x = rng.uniform(0, 1, (7,) + run.input_shape).astype(np.float32)
+  key, order = jax.random.key(4), np.array([3, 0, 4, 1, 2])
+  grouped = run.predict(support_x, np.arange(5), query_x, key)
+  shuffled = run.predict(support_x[order], np.arange(5)[order], query_x, key)
+  np.testing.assert_allclose(shuffled, grouped, rtol=1e-4, atol=1e-5)

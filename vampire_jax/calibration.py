@@ -186,7 +186,7 @@ class RiskCoverage(NamedTuple):
 
   @property
   def error_rate(self) -> float:
-    """The error rate of all predictions (coverage 1): a random ordering's risk at any coverage."""
+    """Error rate of all predictions, at coverage 1; a random ordering's risk at any coverage."""
     return float(self.risk[-1])
 
   @property

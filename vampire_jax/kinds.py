@@ -181,9 +181,22 @@ def of_results(results: dict) -> ProblemKind:
 
 
 def summarise(
-  kind: str, per_task: dict, *, num_bins: int = 15, noise_std: Optional[float] = None
+  kind: str,
+  per_task,
+  targets=None,
+  *,
+  num_bins: int = 15,
+  noise_std: Optional[float] = None,
 ) -> evaluation.Summary:
   """Mean +- 95% CI of the per-task scores, the NLL, and calibration, for a `kind` problem.
+
+      per_task = evaluate(meta_params, tasks, key)
+      summary = vj.summarise("classification", per_task, tasks.query_y)
+
+  `per_task` is an evaluator's result (`vj.ClassificationEval`,
+  `vj.RegressionEval`) or a dict of its fields; `targets` are the tasks'
+  query labels or targets, `[tasks, queries]` (or `[tasks, queries, 1]`),
+  unless the dict holds them under "targets" already.
 
   Classification: accuracy, ECE/MCE of `num_bins` confidence bins (Guo et
   al.), and selective prediction (the area under the risk-coverage curve,
@@ -196,5 +209,19 @@ def summarise(
   variance): `predictive_variance`, `epistemic_variance`,
   `aleatoric_variance`, `epistemic_fraction`.
   """
+  per_task = dict(per_task._asdict() if hasattr(per_task, "_asdict") else per_task)
+  if targets is not None:
+    if "targets" in per_task:
+      raise checks.fail(
+        "summarise", "targets", "given once (per_task holds 'targets' already)", "both"
+      )
+    per_task["targets"] = targets
+  if "targets" not in per_task:
+    raise checks.fail(
+      "summarise",
+      "targets",
+      "the tasks' query labels or targets: vj.summarise(kind, per_task, tasks.query_y)",
+      "none",
+    )
   metrics, curves = get(kind).summarise(per_task, num_bins, noise_std)
   return evaluation.with_nll(metrics, curves, per_task)
