@@ -25,8 +25,8 @@ def _new_figure(num_panels: int, panel_size: float = 4.0, max_cols: int = 4):
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
 
-  cols = min(num_panels, max_cols)
-  rows = math.ceil(num_panels / cols)
+  rows = math.ceil(num_panels / max_cols)
+  cols = math.ceil(num_panels / rows)  # balanced: 4 panels are 2 x 2, not 3 + 1 of 2 x 3
   fig = Figure(figsize=(panel_size * cols, panel_size * rows), layout="constrained")
   FigureCanvasAgg(fig)
   axes = fig.subplots(rows, cols, squeeze=False).reshape(-1)
@@ -35,12 +35,18 @@ def _new_figure(num_panels: int, panel_size: float = 4.0, max_cols: int = 4):
   return fig, axes[:num_panels]
 
 
-def _new_grid(num_columns: int, height_ratios: Sequence[float], column_width: float = 4.0):
+def _new_grid(
+  num_columns: int,
+  height_ratios: Sequence[float],
+  column_width: float = 4.0,
+  height: Optional[float] = None,
+):
   """An Agg figure with `num_columns` columns of stacked axes; returns (fig, columns)."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
 
-  fig = Figure(figsize=(column_width * num_columns, column_width * 1.3), layout="constrained")
+  height = column_width * 1.3 if height is None else height
+  fig = Figure(figsize=(column_width * num_columns, height), layout="constrained")
   FigureCanvasAgg(fig)
   axes = fig.subplots(
     len(height_ratios),
@@ -122,7 +128,7 @@ def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
     linewidth=2.0,
   )
   centre, bottom = edges[worst] + width[worst] / 2, min(accuracy[worst], confidence[worst])
-  # The label sits in the lower right corner, the legend in the upper left: they never meet.
+  # The label sits in the lower right corner; the legend is beside the diagram.
   ax.annotate(
     f"MCE bin: n = {int(count[worst])}",
     xy=(centre, bottom),
@@ -144,7 +150,6 @@ def _draw_reliability(ax, b: ReliabilityBins, title: str) -> None:
   )
   ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="Accuracy", title=title)
   ax.tick_params(labelbottom=False)
-  ax.legend(loc="upper left", fontsize="x-small")
 
 
 def _draw_confidence_histogram(ax, b: ReliabilityBins) -> None:
@@ -201,10 +206,17 @@ def reliability_figure(
   panels = {"": bins} if isinstance(bins, ReliabilityBins) else dict(bins)
   if not panels:
     raise ValueError("bins must be a ReliabilityBins or a non-empty dict of them")
-  fig, columns = _new_grid(len(panels), [3, 1])
+  fig, columns = _new_grid(len(panels), [3, 1], height=7.2)
   for (top, bottom), (name, b) in zip(columns, panels.items()):
     _draw_reliability(top, b, name or (title or ""))
     _draw_confidence_histogram(bottom, b)
+    # Under the histogram, not on the diagram: there it covered the bars of middle confidence.
+    bottom.legend(
+      *top.get_legend_handles_labels(),
+      loc="upper center",
+      bbox_to_anchor=(0.5, -0.45),
+      fontsize="x-small",
+    )
   if len(panels) > 1 and title:
     fig.suptitle(title)
   return fig
@@ -373,6 +385,17 @@ _Y_LABELS = {
 }
 
 
+_TITLES = {
+  "loss": "Meta-training loss",
+  "accuracy": "Accuracy",
+  "mse": "MSE",
+  "nll": "NLL",
+  "mae": "MAE",
+  "log_std": "Prior's log-std",
+  "ece": "Calibration (ECE)",
+}
+
+
 def training_curves_figure(
   history: dict[str, Sequence[float]],
   steps: Sequence[int],
@@ -414,12 +437,17 @@ def training_curves_figure(
           markeredgecolor="black",
           label=f"best checkpoint (step {best['step']}), the one tested",
         )
-    if ax.get_legend_handles_labels()[0]:
-      ax.legend(fontsize="small")
     ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 12500 -> 12.5k
-    ax.set(title=name, xlabel="meta-step", ylabel=_Y_LABELS.get(name, name))
+    ax.set(title=_TITLES.get(name, name), xlabel="meta-step", ylabel=_Y_LABELS.get(name, name))
     ax.grid(alpha=0.3)
+  # One legend for every panel, below them: inside a panel it covered the first points.
+  entries = {}
+  for ax in axes[: len(names)]:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      entries.setdefault(label, handle)
+  if entries:
+    fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=2)
   return fig
 
 

@@ -361,7 +361,7 @@ def test_reliability_figure_greys_low_count_bins_and_marks_the_mce_bin():
   grey = [p for p in diagram.patches if np.allclose(p.get_facecolor()[:3], 211 / 255)]
   assert [round(p.get_x(), 6) for p in grey] == [0.4]  # only bin 2, (0.4, 0.6], is grey
   assert [t.get_text() for t in diagram.texts] == ["MCE bin: n = 1"]
-  legend = [t.get_text() for t in diagram.get_legend().get_texts()]
+  legend = [t.get_text() for t in histogram.get_legend().get_texts()]
   assert any("MCE = 0.550 (bin of 1)" in t and "MCE over bins of ≥ 2: 0.300" in t for t in legend)
   light = [p for p in histogram.patches if np.allclose(p.get_facecolor()[:3], 211 / 255)]
   assert [p.get_height() for p in light] == [0, 0, 1]  # empty and one-prediction bins
@@ -397,8 +397,8 @@ def test_reliability_legend_shows_the_gap_in_the_bars_colour_and_the_mce_label_c
   labels = np.zeros(400, int)
   bins = cal.classification_calibration(probs, labels, num_bins=10)
   fig = plots.reliability_figure(bins, title="toy")
-  diagram = fig.axes[0]
-  legend = diagram.get_legend()
+  diagram, histogram = fig.axes
+  legend = histogram.get_legend()
   handles = dict(zip([t.get_text() for t in legend.get_texts()], legend.legend_handles))
   gap = handles["Gap to the bin's mean confidence"]
   gap_bars = [p for p in diagram.patches if p.get_hatch() == "//"]
@@ -412,6 +412,11 @@ def test_reliability_legend_shows_the_gap_in_the_bars_colour_and_the_mce_label_c
   (label,) = diagram.texts
   text = matplotlib.text.Text.get_window_extent(label, renderer)  # the text, not its arrow
   assert not text.overlaps(legend.get_window_extent(renderer))
+  # The legend sits under the histogram, clear of the bars of both panels, inside the figure.
+  box = legend.get_window_extent(renderer)
+  for ax in (diagram, histogram):
+    assert not box.overlaps(ax.get_window_extent(renderer))
+  assert box.y0 >= 0 and box.x0 >= 0 and box.x1 <= fig.bbox.width
 
 
 def test_a_point_estimate_is_drawn_as_its_markers_not_as_a_calibrated_looking_line():
@@ -439,12 +444,36 @@ def test_training_curves_have_y_labels_and_mark_the_best_checkpoint():
     len(star) == 1 and list(star[0].get_xdata()) == [100] and list(star[0].get_ydata()) == [0.5]
   )
   assert star[0].get_label() == "best checkpoint (step 100), the one tested"
+  (legend,) = fig.legends  # one for every panel, below them
+  names = {t.get_text() for t in legend.get_texts()}
   for ax in (loss, mse):  # a dotted line at the best step on every panel, in the legend
     (line,) = [line for line in ax.get_lines() if list(line.get_xdata()) == [100, 100]]
     assert line.get_label() == "step of the best validation (100)"
-    # Every line drawn is named in its panel's legend (matplotlib names unlabelled ones "_...").
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert sorted(legend) == sorted(line.get_label() for line in ax.get_lines())
+    # Every line drawn is named in the legend (matplotlib names unlabelled ones "_...").
+    assert {line.get_label() for line in ax.get_lines()} <= names
+    assert ax.get_legend() is None
+
+
+def test_training_curves_fill_a_balanced_grid_with_readable_titles_and_a_legend_clear_of_data():
+  """Issue 41: 4 panels sat in a 2 x 3 grid, titles were raw keys, legends covered points."""
+  steps = list(range(0, 201, 10))
+  history = {name: [1.0] * len(steps) for name in ("loss", "accuracy", "log_std")}
+  validation = {"accuracy": ([100, 200], [0.5, 0.6]), "ece": ([100, 200], [0.1, 0.2])}
+  fig = plots.training_curves_figure(history, steps, validation)
+  fig.canvas.draw()
+  renderer = fig.canvas.get_renderer()
+  visible = [ax for ax in fig.axes if ax.get_visible()]
+  assert len(fig.axes) == len(visible) == 4  # 2 x 2, no empty panel
+  assert [ax.get_title() for ax in visible] == [
+    "Meta-training loss",
+    "Accuracy",
+    "Prior's log-std",
+    "Calibration (ECE)",
+  ]
+  (legend,) = fig.legends
+  box = legend.get_window_extent(renderer)
+  assert all(not box.overlaps(ax.get_window_extent(renderer)) for ax in visible)
+  assert box.x0 >= 0 and box.x1 <= fig.bbox.width
 
 
 # -- The paper's regression metric and selective prediction --------------------------
