@@ -140,7 +140,7 @@ def plot_tasks(
     keys = jax.random.split(jax.random.fold_in(key, 1), len(chosen))
     predictions[name.upper()] = np.stack(
       [
-        np.asarray(run.predict(sx, sy, grid_x[:, None], k))[..., 0]
+        np.asarray(run.predict_function_draws(sx, sy, grid_x[:, None], k))[..., 0]
         for sx, sy, k in zip(tasks.support_x, tasks.support_y, keys)
       ]
     )
