@@ -126,7 +126,7 @@ def vampire(
   Args:
     apply_fn: the network, `apply_fn(params, x)`.
     nll: likelihood on outputs, e.g. `losses.categorical_nll`.
-    num_inner_steps: S.
+    num_inner_steps: S, the gradient steps of adaptation.
     inner_lr: alpha; None: 0.01, or the likelihood's lower `default_inner_lr`
       (`default_inner_lr`). The paper's 0.1 with kl_weight 0.1 diverges at
       the initial prior (kl_step_factor 11-30); see the module docstring.

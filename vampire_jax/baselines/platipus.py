@@ -1,13 +1,13 @@
 """PLATIPUS (Finn, Xu, Levine 2018, "Probabilistic Model-Agnostic Meta-Learning").
 
 A learned Gaussian over MAML's initial weights. With L(w; D) the mean NLL
-of the data set D under weights w:
+of the data set D under weights w::
 
   prior      p(θ | D_tr)       = N(μ_θ − γ_p ⊙ ∇_μ L(μ_θ; D_tr), σ_θ²)
   inference  q(θ | D_tr, D_te) = N(μ_θ − γ_q ⊙ ∇_μ L(μ_θ; D_tr ∪ D_te), v_q)
   adaptation φ = θ − α ∇_θ L(θ; D_tr), repeated S times (MAML's steps)
 
-Meta-training (Alg. 1) draws θ from q, adapts it on D_tr and minimises
+Meta-training (Alg. 1) draws θ from q, adapts it on D_tr and minimises::
 
   mean_l L(φ_l; D_te) + kl_weight · KL(q(θ | D_tr, D_te) ‖ p(θ | D_tr)).
 
