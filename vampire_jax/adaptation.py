@@ -329,16 +329,6 @@ def _refuse_nonfinite_posterior(
   )
 
 
-def _check_float_params(where: str, params: PyTree) -> None:
-  """InputError naming the first leaf of `params` that is not a float (it cannot take a step)."""
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
-      raise InputError(
-        f"{where}: params{jax.tree_util.keystr(path)} is {jnp.result_type(leaf)}; "
-        "adapted weights must be floats (cast with .astype(jnp.float32))"
-      )
-
-
 def maml_adapt(
   params: PyTree,
   support_x: jax.Array,
@@ -372,7 +362,7 @@ def maml_adapt(
   """
   _check_steps(num_steps, "maml_adapt")
   _check_second_order_steps(second_order_steps, "maml_adapt")
-  _check_float_params("maml_adapt", params)
+  checks.float_leaves("maml_adapt", "params", params)
   checks.rate("maml_adapt", "inner_lr", inner_lr, positive=True)
   _check_support("maml_adapt", loss_fn, params, support_x, support_y, "params")
   loss_grad = jax.grad(loss_fn)

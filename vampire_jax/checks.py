@@ -154,6 +154,16 @@ def floating(where: str, name: str, x: Any, hint: str = "") -> None:
     raise fail(where, name, "floating point" + (f", {hint}" if hint else ""), describe(x))
 
 
+def float_leaves(where: str, name: str, tree: PyTree) -> None:
+  """Refuses a tree with an integer or boolean leaf, naming it: such a leaf cannot take a step."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+      raise InputError(
+        f"{where}: {name}{jax.tree_util.keystr(path)} is {jnp.result_type(leaf)}; it must "
+        "hold floats (cast with .astype(jnp.float32))"
+      )
+
+
 def _first_line(error: BaseException) -> str:
   text = (str(error).strip().splitlines() or [""])[0]
   return text.split(" (https://flax.readthedocs")[0].rstrip(".")

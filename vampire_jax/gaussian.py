@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vampire_jax import checks
 from vampire_jax.errors import InputError
 
 PyTree = Any
@@ -65,13 +66,9 @@ def check_gaussian(dist: Gaussian, where: str = "check_gaussian") -> None:
 
 def check_float32_or_wider(where: str, name: str, tree: PyTree) -> None:
   """InputError naming the first leaf of `tree` that is not a float of 32 bits or more."""
+  checks.float_leaves(where, name, tree)
   for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
     dtype = jnp.result_type(leaf)
-    if not jnp.issubdtype(dtype, jnp.floating):
-      raise InputError(
-        f"{where}: {name}{jax.tree_util.keystr(path)} is {dtype}; a distribution's "
-        "parameters must be floats (cast integer leaves with .astype(jnp.float32))"
-      )
     if jnp.finfo(dtype).bits < 32:
       raise InputError(
         f"{where}: {name}{jax.tree_util.keystr(path)} is {dtype}, where gradient steps on a "
@@ -108,12 +105,7 @@ def gaussian_from_params(
       f"got {log_std_range}"
     )
   leaves, treedef = jax.tree_util.tree_flatten(params)
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
-      raise InputError(
-        f"gaussian_from_params: params{jax.tree_util.keystr(path)} is "
-        f"{jnp.result_type(leaf)}; the means must be floats (cast with .astype(jnp.float32))"
-      )
+  checks.float_leaves("gaussian_from_params", "params", params)
   leaves = [
     jnp.asarray(leaf, jnp.float32) if jnp.finfo(jnp.result_type(leaf)).bits < 32 else leaf
     for leaf in leaves
