@@ -8,6 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import vampire_jax as vj
@@ -651,3 +652,45 @@ def test_the_support_sets_order_does_not_change_a_prediction(tiny_omniglot_run):
   grouped = run.predict(support_x, np.arange(5), query_x, key)
   shuffled = run.predict(support_x[order], np.arange(5)[order], query_x, key)
   np.testing.assert_allclose(shuffled, grouped, rtol=1e-4, atol=1e-5)
+
+
+def test_the_printed_mce_names_the_size_of_the_bin_that_sets_it():
+  """Before: the README headlined MCE 0.2823 with nothing saying one bin of 6 set it."""
+  # 3 tasks x 4 queries of 2 classes. 11 predictions at 0.9, 10 right (gap 0.009); one at
+  # 0.55 and wrong (gap 0.55): the MCE is that single prediction's.
+  probabilities = np.full((3, 4, 2), 0.1)
+  probabilities[..., 0] = 0.9
+  probabilities[2, 3] = [0.55, 0.45]
+  targets = np.zeros((3, 4), int)
+  targets[0, 0] = 1
+  targets[2, 3] = 1
+  per_task = dict(
+    accuracy=np.array([0.75, 1.0, 0.75]), nll=np.full(3, 0.5), probabilities=probabilities
+  )
+  metrics = vj.summarise("classification", per_task, targets, num_bins=10).metrics
+  assert metrics["mce"] == pytest.approx(0.55) and metrics["mce_bin_count"] == 1
+  assert "MCE 0.5500 (bin of 1)" in vj.kinds.CLASSIFICATION.summary_line(metrics)
+
+
+def test_tasks_per_step_is_stated_once_to_meta_optimizer():
+  """Before: `make_train_step` needed `tasks_per_step` again after `meta_optimizer` had it."""
+  from vampire_jax.data import sine_line
+
+  apply_fn, params, _ = _small_regression()
+  learner = vj.vampire(apply_fn, vj.gaussian_nll(0.3), num_inner_steps=1, num_mc_query=2)
+  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=4)
+  assert isinstance(optimizer, optax.GradientTransformation) and optimizer.tasks_per_step == 4
+  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(0))
+
+  def sample(data, task_keys):
+    return sine_line.tasks_from_keys(task_keys)
+
+  once = vj.make_train_step(learner, optimizer, sample)
+  twice = vj.make_train_step(learner, optimizer, sample, tasks_per_step=4)
+  (_, m_once), (_, m_twice) = (f(state, None, jax.random.key(3)) for f in (once, twice))
+  assert float(m_once["loss"][0]) == float(m_twice["loss"][0])
+  with pytest.raises(InputError, match="tasks_per_step=8 differs from the 4 tasks per step"):
+    vj.make_train_step(learner, optimizer, sample, tasks_per_step=8)
+  with pytest.raises(InputError, match="tasks_per_step is required with an optimizer not built"):
+    vj.make_train_step(learner, optax.adam(1e-3), sample)
+  assert vj.make_train_step(learner, optax.adam(1e-3), sample, tasks_per_step=4)

@@ -112,6 +112,7 @@ from vampire_jax.gaussian import (
 from vampire_jax.learners import InnerLoopSettings, MetaLearner, maml, query_loss, vampire
 from vampire_jax.losses import categorical_nll, distribution_nll, gaussian_nll, loss_from_apply
 from vampire_jax.meta_step import (
+  MetaOptimizer,
   MetaState,
   apply_meta_gradient,
   classification_metrics,
@@ -224,6 +225,7 @@ __all__ = (
   "check_inner_loop",
   "debug_nonfinite",
   # The meta-step.
+  "MetaOptimizer",
   "MetaState",
   "apply_meta_gradient",
   "classification_metrics",

@@ -338,6 +338,8 @@ def classification_summary(per_task: dict, num_bins: int) -> tuple[dict, dict]:
     accuracy_ci95=half,
     ece=bins.ece,
     mce=bins.mce,
+    # The predictions in the bin that sets the MCE: a bin of a handful explains a large MCE.
+    mce_bin_count=int(bins.count[bins.mce_bin]),
     aurc=selective.aurc,
     **{
       f"accuracy_at_{int(100 * c)}_coverage": float(selective.accuracy_at(c))

@@ -97,9 +97,10 @@ def _classification_line(test: dict) -> str:
       for k in ("max_prob", "mutual_information")
     )
   )
+  mce_bin = f" (bin of {test['mce_bin_count']})" if "mce_bin_count" in test else ""
   return (
     f"test accuracy {100 * test['accuracy']:.2f} +- {100 * test['accuracy_ci95']:.2f} %"
-    f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}"
+    f"  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}{mce_bin}"
     f"  AURC {test['aurc']:.4f}{open_set_part}  ({test['num_tasks']} tasks)"
   )
 

@@ -94,6 +94,19 @@ def _not_log_std(meta_params: PyTree) -> PyTree:
   return jax.tree_util.tree_map(lambda is_log_std: not is_log_std, log_std_mask(meta_params))
 
 
+class MetaOptimizer(optax.GradientTransformationExtraArgs):
+  """`meta_optimizer`'s result: an optax transformation that knows its `tasks_per_step`.
+
+  It is an ordinary `optax.GradientTransformation` (`init`, `update`), and
+  `make_train_step` reads `tasks_per_step` from it, so a user states T once.
+  """
+
+  def __new__(cls, init, update, tasks_per_step: Optional[int] = None):
+    self = super().__new__(cls, init, update)
+    self.tasks_per_step = tasks_per_step
+    return self
+
+
 def meta_optimizer(
   learning_rate: float = 1e-3,
   *,
@@ -113,7 +126,8 @@ def meta_optimizer(
 
   Args:
     learning_rate: gamma.
-    tasks_per_step: T, tasks per meta-update (sets the decay's step count).
+    tasks_per_step: T, tasks per meta-update (sets the decay's step count);
+      `make_train_step` takes it from here.
     decay_rate: multiplicative decay (1: none, as the authors' code).
     decay_every_tasks: tasks between decays.
     clip_norm: if set, clip the meta-gradient's global norm first (the
@@ -124,6 +138,9 @@ def meta_optimizer(
       `lambda * rho` added to its gradient, which pulls it toward 0 (a wider
       prior, sigma = 1); means and point estimates are left alone. The
       authors' VAMPIRE: 1e-3.
+
+  Returns:
+    A `MetaOptimizer`: the optax transformation, with `tasks_per_step`.
 
   Raises:
     InputError: (a ValueError) a setting that is not a finite number in its range.
@@ -148,7 +165,24 @@ def meta_optimizer(
       decay_every_tasks=decay_every_tasks,
     )
   )
-  return optax.chain(*transforms, adam) if transforms else adam
+  return MetaOptimizer(*optax.chain(*transforms, adam), tasks_per_step=tasks_per_step)
+
+
+def _tasks_per_step(optimizer: optax.GradientTransformation, tasks_per_step: Optional[int]) -> int:
+  """T from `make_train_step`'s argument or its `MetaOptimizer`; both given must agree."""
+  known = getattr(optimizer, "tasks_per_step", None)
+  if tasks_per_step is None and known is None:
+    raise InputError(
+      "make_train_step: tasks_per_step is required with an optimizer not built by "
+      "vj.meta_optimizer(..., tasks_per_step=T)"
+    )
+  if tasks_per_step is not None and known is not None and tasks_per_step != known:
+    raise InputError(
+      f"make_train_step: tasks_per_step={tasks_per_step!r} differs from the "
+      f"{known} tasks per step the optimizer's schedule counts in (vj.meta_optimizer); "
+      "give it once, to vj.meta_optimizer"
+    )
+  return known if tasks_per_step is None else tasks_per_step
 
 
 def init_meta_state(
@@ -390,7 +424,7 @@ def make_train_step(
   optimizer: optax.GradientTransformation,
   sample_tasks: TaskSampler,
   *,
-  tasks_per_step: int,
+  tasks_per_step: Optional[int] = None,
   steps_per_call: int = 1,
   task_batching: batching.Batching = "vmap",
   chunk_size: int = 1,
@@ -408,7 +442,9 @@ def make_train_step(
   Args:
     learner, optimizer: as in `make_meta_step`.
     sample_tasks: `sample_tasks(data, task_keys) -> Task`, jittable.
-    tasks_per_step: T, the tasks each meta-step draws and adapts to.
+    tasks_per_step: T, the tasks each meta-step draws and adapts to; by
+      default the `tasks_per_step` of a `vj.meta_optimizer` (needed with any
+      other optimizer; given to both, they must agree).
     steps_per_call: meta-steps per call, run with `lax.scan`.
     task_batching, chunk_size, metrics_fn, mesh: as in `make_meta_gradient`.
 
@@ -418,6 +454,7 @@ def make_train_step(
     meta-parameters' log-stds, `with_log_std`; none for MAML or BMAML) and
     `metrics_fn`'s values.
   """
+  tasks_per_step = _tasks_per_step(optimizer, tasks_per_step)
   checks.step_count("make_train_step", "tasks_per_step", tasks_per_step, 1)
   checks.step_count("make_train_step", "steps_per_call", steps_per_call, 1)
   if mesh is not None:
