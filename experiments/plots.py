@@ -8,6 +8,7 @@ the global backend or leaves figures open (safe from a notebook, too).
 """
 
 import math
+import textwrap
 import os
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -340,9 +341,11 @@ def quantile_calibration_figure(
     aspect="equal",
     xlabel="Expected quantile level p",
     ylabel="Observed fraction below the predicted p-quantile",
-    title=title or "",
   )
-  ax.legend(loc="upper left", fontsize="small")
+  # Wrapped to the panel's width (a long title was cut at the figure's edge), and the
+  # legend under the axes, where it covers no line.
+  ax.set_title(textwrap.fill(title or "", 48), fontsize="medium")
+  fig.legend(loc="outside lower center", fontsize="small")
   return fig
 
 
@@ -480,6 +483,22 @@ def plot_regression_predictions(
   Returns:
     `path`.
   """
+  return _save(
+    regression_predictions_figure(grid_x, truth, support_x, support_y, predictions, noise_std),
+    path,
+    title,
+  )
+
+
+def regression_predictions_figure(
+  grid_x: np.ndarray,
+  truth: np.ndarray,
+  support_x: np.ndarray,
+  support_y: np.ndarray,
+  predictions: dict[str, np.ndarray],
+  noise_std: float,
+):
+  """The figure `plot_regression_predictions` saves."""
   grid_x, truth = np.asarray(grid_x), np.asarray(truth)
   num_tasks = truth.shape[0]
   for name, p in predictions.items():
@@ -515,8 +534,10 @@ def plot_regression_predictions(
     ax.plot(support_x[i], support_y[i], "o", color="red", markersize=5, label="support")
     ax.set(xlabel="x", ylabel="y")
     ax.grid(alpha=0.3)
-  axes[0].legend(loc="best", fontsize="x-small")
-  return _save(fig, path, title)
+  # One legend for every panel, under them: inside the first panel it covered data.
+  handles, labels = axes[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6))
+  return fig
 
 
 def plot_calibration_bars(

@@ -1,5 +1,7 @@
 """adapt / maml_adapt / predict: reductions, closed forms, meta-gradients, invariances."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -25,74 +27,63 @@ def _sine_task(key, n=10, dtype=jnp.float32):
   return x, jnp.sin(x), xq, jnp.sin(xq)
 
 
-@pytest.mark.parametrize("num_steps", [1, 2, 5])
-def test_vampire_with_tiny_std_and_no_kl_is_maml(num_steps):
-  params, _, loss_fn = _tiny_mlp()
-  x, y, _, _ = _sine_task(jax.random.key(1))
-  posterior = vj.adapt(
-    vj.point_mass(params),
-    x,
-    y,
-    jax.random.key(2),
-    loss_fn=loss_fn,
-    num_steps=num_steps,
-    inner_lr=0.05,
-    kl_weight=0.0,
-  )
-  maml = vj.maml_adapt(params, x, y, loss_fn=loss_fn, num_steps=num_steps, inner_lr=0.05)
-  chex.assert_trees_all_close(posterior.mean, maml, atol=1e-6, rtol=1e-6)
+class AdaptationMathsTest(chex.TestCase):
+  """Reductions and closed forms of the inner loop, with and without `jax.jit` (chex.variants)."""
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_vampire_with_tiny_std_and_no_kl_is_maml(self):
+    params, _, loss_fn = _tiny_mlp()
+    x, y, _, _ = _sine_task(jax.random.key(1))
+    for num_steps in (1, 2, 5):
+      adapt = self.variant(
+        functools.partial(
+          vj.adapt, loss_fn=loss_fn, num_steps=num_steps, inner_lr=0.05, kl_weight=0.0
+        )
+      )
+      posterior = adapt(vj.point_mass(params), x, y, jax.random.key(2))
+      maml = self.variant(
+        functools.partial(vj.maml_adapt, loss_fn=loss_fn, num_steps=num_steps, inner_lr=0.05)
+      )(params, x, y)
+      chex.assert_trees_all_close(posterior.mean, maml, atol=1e-6, rtol=1e-6)
 
-def test_maml_adapt_is_plain_gradient_descent_step_by_step():
-  params, _, loss_fn = _tiny_mlp()
-  x, y, _, _ = _sine_task(jax.random.key(1))
-  expected = params
-  for _ in range(3):
-    grads = jax.grad(loss_fn)(expected, x, y)
-    expected = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, expected, grads)
-  chex.assert_trees_all_close(
-    vj.maml_adapt(params, x, y, loss_fn=loss_fn, num_steps=3, inner_lr=0.1), expected, atol=1e-6
-  )
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_maml_adapt_is_plain_gradient_descent_step_by_step(self):
+    params, _, loss_fn = _tiny_mlp()
+    x, y, _, _ = _sine_task(jax.random.key(1))
+    expected = params
+    for _ in range(3):
+      grads = jax.grad(loss_fn)(expected, x, y)
+      expected = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, expected, grads)
+    adapt = self.variant(
+      functools.partial(vj.maml_adapt, loss_fn=loss_fn, num_steps=3, inner_lr=0.1)
+    )
+    chex.assert_trees_all_close(adapt(params, x, y), expected, atol=1e-6)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_adapt_matches_closed_form_on_a_quadratic(self):
+    # loss(w) = 0.5 (w - c)^2. With many draws E_q[loss] = 0.5((m - c)^2 + s^2),
+    # so one step moves m by -lr (m - c) and log s by -lr s^2 (KL is 0 at q = p).
+    c, m, log_s, lr = 2.0, 0.5, np.log(0.3), 0.1
+    prior = vj.Gaussian({"w": jnp.array(m)}, {"w": jnp.array(log_s)})
+    loss_fn = lambda p, x, y: 0.5 * (p["w"] - c) ** 2  # noqa: E731
 
-def test_adapt_matches_closed_form_on_a_quadratic():
-  # loss(w) = 0.5 (w - c)^2. With many draws E_q[loss] = 0.5((m - c)^2 + s^2),
-  # so one step moves m by -lr (m - c) and log s by -lr s^2 (KL is 0 at q = p).
-  c, m, log_s, lr = 2.0, 0.5, np.log(0.3), 0.1
-  prior = vj.Gaussian({"w": jnp.array(m)}, {"w": jnp.array(log_s)})
-  loss_fn = lambda p, x, y: 0.5 * (p["w"] - c) ** 2  # noqa: E731
-  post = vj.adapt(
-    prior,
-    jnp.zeros((1, 1)),
-    jnp.zeros((1, 1)),
-    jax.random.key(0),
-    loss_fn=loss_fn,
-    num_steps=1,
-    inner_lr=lr,
-    num_mc_samples=100_000,
-    kl_weight=1.0,
-  )
-  np.testing.assert_allclose(post.mean["w"], m - lr * (m - c), atol=2e-3)
-  np.testing.assert_allclose(post.log_std["w"], log_s - lr * 0.3**2, atol=1e-3)
+    def adapt(num_steps):
+      settings = dict(loss_fn=loss_fn, inner_lr=lr, num_mc_samples=100_000, kl_weight=1.0)
+      run = self.variant(functools.partial(vj.adapt, num_steps=num_steps, **settings))
+      return run(prior, jnp.zeros((1, 1)), jnp.zeros((1, 1)), jax.random.key(0))
 
-  # Second step: KL(q || p) now pulls back; its gradient is known in closed form.
-  post2 = vj.adapt(
-    prior,
-    jnp.zeros((1, 1)),
-    jnp.zeros((1, 1)),
-    jax.random.key(0),
-    loss_fn=loss_fn,
-    num_steps=2,
-    inner_lr=lr,
-    num_mc_samples=100_000,
-    kl_weight=1.0,
-  )
-  m1, s1 = float(post.mean["w"]), float(np.exp(post.log_std["w"]))
-  s0 = 0.3
-  grad_m = (m1 - c) + (m1 - m) / s0**2
-  grad_log_s = s1**2 + (s1**2 / s0**2 - 1.0)
-  np.testing.assert_allclose(post2.mean["w"], m1 - lr * grad_m, atol=5e-3)
-  np.testing.assert_allclose(post2.log_std["w"], np.log(s1) - lr * grad_log_s, atol=2e-3)
+    post = adapt(1)
+    np.testing.assert_allclose(post.mean["w"], m - lr * (m - c), atol=2e-3)
+    np.testing.assert_allclose(post.log_std["w"], log_s - lr * 0.3**2, atol=1e-3)
+
+    # Second step: KL(q || p) now pulls back; its gradient is known in closed form.
+    post2 = adapt(2)
+    m1, s1 = float(post.mean["w"]), float(np.exp(post.log_std["w"]))
+    s0 = 0.3
+    grad_m = (m1 - c) + (m1 - m) / s0**2
+    grad_log_s = s1**2 + (s1**2 / s0**2 - 1.0)
+    np.testing.assert_allclose(post2.mean["w"], m1 - lr * grad_m, atol=5e-3)
+    np.testing.assert_allclose(post2.log_std["w"], np.log(s1) - lr * grad_log_s, atol=2e-3)
 
 
 def test_zero_steps_returns_the_prior():

@@ -590,3 +590,34 @@ def test_records_round_trip():
   back = cal.from_record(json.loads(json.dumps(cal.to_record(curve))))
   assert len(back.coverage) == 101 and back.aurc == curve.aurc
   np.testing.assert_allclose(back.accuracy[-1], curve.accuracy[-1])
+
+
+def test_regression_figures_keep_titles_inside_and_legends_off_the_data():
+  """Issue 41: notebook 01's calibration title was cut on the right, a legend covered data."""
+  levels = np.linspace(0.05, 0.95, 10)
+  result = cal.QuantileCalibration(levels, levels, 0.0, 0.0)
+  title = "sine/line, quantile calibration of the predictive: VAMPIRE against BMAML and MAML"
+  fig = plots.quantile_calibration_figure({"VAMPIRE": result, "MAML": result}, title, ["MAML"])
+  renderer = fig.canvas.get_renderer()
+  fig.draw(renderer)
+  (ax,) = fig.axes
+  figure_box = fig.bbox
+  title_box = ax.title.get_window_extent(renderer)
+  assert figure_box.x0 <= title_box.x0 and title_box.x1 <= figure_box.x1
+  assert ax.get_legend() is None
+  (legend,) = fig.legends
+  assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+
+  grid = np.linspace(-5, 5, 50)
+  predictions = {"VAMPIRE": np.zeros((2, 4, 50)), "MAML": np.zeros((2, 1, 50))}
+  fig = plots.regression_predictions_figure(
+    grid, np.zeros((2, 50)), np.zeros((2, 5)), np.zeros((2, 5)), predictions, 0.3
+  )
+  (first, _) = fig.axes
+  assert first.get_legend() is None
+  (legend,) = fig.legends  # one for both panels, under them
+  names = {t.get_text() for t in legend.get_texts()}
+  assert {"truth", "support", "MAML", "VAMPIRE mean", "VAMPIRE ±2σ"} <= names
+  fig.draw(fig.canvas.get_renderer())
+  for ax in fig.axes:
+    assert not legend.get_window_extent().overlaps(ax.get_window_extent())

@@ -25,53 +25,59 @@ def _random_gaussian(key, scale=1.0):
   return vj.Gaussian(mean, log_std)
 
 
-def test_kl_matches_distrax_summed_over_leaves():
-  q = _random_gaussian(jax.random.key(0), 0.5)
-  p = _random_gaussian(jax.random.key(1), 0.5)
-  expected = sum(
-    jnp.sum(distrax.Normal(mq, jnp.exp(sq)).kl_divergence(distrax.Normal(mp, jnp.exp(sp))))
-    for mq, sq, mp, sp in zip(
-      *(jax.tree_util.tree_leaves(t) for t in (q.mean, q.log_std, p.mean, p.log_std))
+class GaussianMathsTest(chex.TestCase):
+  """The closed-form KL and the sampler, each with and without `jax.jit` (chex.variants)."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_kl_matches_distrax_summed_over_leaves(self):
+    q = _random_gaussian(jax.random.key(0), 0.5)
+    p = _random_gaussian(jax.random.key(1), 0.5)
+    expected = sum(
+      jnp.sum(distrax.Normal(mq, jnp.exp(sq)).kl_divergence(distrax.Normal(mp, jnp.exp(sp))))
+      for mq, sq, mp, sp in zip(
+        *(jax.tree_util.tree_leaves(t) for t in (q.mean, q.log_std, p.mean, p.log_std))
+      )
     )
-  )
-  np.testing.assert_allclose(vj.kl_divergence(q, p), expected, rtol=1e-5)
+    np.testing.assert_allclose(self.variant(vj.kl_divergence)(q, p), expected, rtol=1e-5)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_kl_of_itself_is_zero_and_kl_is_nonnegative(self):
+    kl = self.variant(vj.kl_divergence)
+    q = _random_gaussian(jax.random.key(2))
+    assert abs(float(kl(q, q))) < 1e-5
+    for seed in range(5):
+      p = _random_gaussian(jax.random.key(10 + seed))
+      assert float(kl(q, p)) > 0.0
 
-def test_kl_of_itself_is_zero_and_kl_is_nonnegative():
-  q = _random_gaussian(jax.random.key(2))
-  assert abs(float(vj.kl_divergence(q, q))) < 1e-5
-  for seed in range(5):
-    p = _random_gaussian(jax.random.key(10 + seed))
-    assert float(vj.kl_divergence(q, p)) > 0.0
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_kl_is_stable_for_very_narrow_distributions(self):
+    q = vj.point_mass({"w": jnp.ones(3)})
+    p = vj.Gaussian({"w": jnp.ones(3)}, {"w": jnp.full(3, -30.0)})
+    assert abs(float(self.variant(vj.kl_divergence)(q, p))) < 1e-6
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_sample_moments(self):
+    dist = vj.Gaussian(
+      {"a": jnp.array([1.0, -2.0]), "b": jnp.array(3.0)},
+      {"a": jnp.log(jnp.array([0.5, 2.0])), "b": jnp.array(0.0)},
+    )
+    draws = self.variant(vj.sample, static_argnums=2)(dist, jax.random.key(0), 200_000)
+    chex.assert_shape(draws["a"], (200_000, 2))
+    chex.assert_shape(draws["b"], (200_000,))
+    np.testing.assert_allclose(jnp.mean(draws["a"], 0), [1.0, -2.0], atol=0.02)
+    np.testing.assert_allclose(jnp.std(draws["a"], 0), [0.5, 2.0], rtol=0.01)
+    np.testing.assert_allclose(jnp.mean(draws["b"]), 3.0, atol=0.01)
+    np.testing.assert_allclose(jnp.std(draws["b"]), 1.0, rtol=0.01)
 
-def test_kl_is_stable_for_very_narrow_distributions():
-  q = vj.point_mass({"w": jnp.ones(3)})
-  p = vj.Gaussian({"w": jnp.ones(3)}, {"w": jnp.full(3, -30.0)})
-  assert abs(float(vj.kl_divergence(q, p))) < 1e-6
-
-
-def test_sample_moments():
-  dist = vj.Gaussian(
-    {"a": jnp.array([1.0, -2.0]), "b": jnp.array(3.0)},
-    {"a": jnp.log(jnp.array([0.5, 2.0])), "b": jnp.array(0.0)},
-  )
-  draws = vj.sample(dist, jax.random.key(0), 200_000)
-  chex.assert_shape(draws["a"], (200_000, 2))
-  chex.assert_shape(draws["b"], (200_000,))
-  np.testing.assert_allclose(jnp.mean(draws["a"], 0), [1.0, -2.0], atol=0.02)
-  np.testing.assert_allclose(jnp.std(draws["a"], 0), [0.5, 2.0], rtol=0.01)
-  np.testing.assert_allclose(jnp.mean(draws["b"]), 3.0, atol=0.01)
-  np.testing.assert_allclose(jnp.std(draws["b"]), 1.0, rtol=0.01)
-
-
-def test_sample_is_deterministic_per_key_and_differs_across_keys():
-  dist = _random_gaussian(jax.random.key(0))
-  a = vj.sample(dist, jax.random.key(5), 3)
-  chex.assert_trees_all_equal(a, vj.sample(dist, jax.random.key(5), 3))
-  assert not np.allclose(
-    a["dense"]["kernel"], vj.sample(dist, jax.random.key(6), 3)["dense"]["kernel"]
-  )
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_sample_is_deterministic_per_key_and_differs_across_keys(self):
+    dist = _random_gaussian(jax.random.key(0))
+    sample = self.variant(vj.sample, static_argnums=2)
+    a = sample(dist, jax.random.key(5), 3)
+    chex.assert_trees_all_close(a, sample(dist, jax.random.key(5), 3), rtol=0, atol=0)
+    assert not np.allclose(
+      a["dense"]["kernel"], sample(dist, jax.random.key(6), 3)["dense"]["kernel"]
+    )
 
 
 def test_reparameterisation_gradients_match_finite_differences():

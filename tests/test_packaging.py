@@ -177,3 +177,25 @@ def test_old_run_folders_name_the_library_configs():
     "vampire_jax.configs.OmniglotConfig",
   ):
     assert vj.configs.recorded_class_name(name) == name
+
+
+# A distribution's import name where it differs from its pip name.
+IMPORT_NAME = {"orbax-checkpoint": "orbax", "pillow": "PIL"}
+
+
+def test_every_runtime_dependency_is_imported_by_the_library():
+  """Declared equals used: each of `dependencies` is imported somewhere in vampire_jax/."""
+  import re
+
+  pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+  names = [
+    re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0] for spec in pyproject["project"]["dependencies"]
+  ]
+  source = "\n".join(path.read_text() for path in (REPO / "vampire_jax").rglob("*.py"))
+  unused = []
+  for name in names:
+    module = IMPORT_NAME.get(name.lower(), name.replace("-", "_"))
+    if not re.search(rf"^\s*(import|from) {re.escape(module)}\b", source, flags=re.M):
+      unused.append(f"{name} (import {module})")
+  assert not unused, f"declared in pyproject.toml but never imported by vampire_jax/: {unused}"
+  assert {"distrax", "chex"} <= set(names)  # the design card's stack, at work in the library

@@ -143,7 +143,8 @@ def test_the_trained_model_block_runs_from_a_folder_laid_out_as_the_readme_says(
   assert done.returncode == 0, done.stderr[-3000:]
   lines = done.stdout.strip().splitlines()
   assert lines[1] == "(5, 28, 28, 1) [0 1 2 3 4] (75, 28, 28, 1)", lines
-  accuracy, half_width = (float(v) for v in lines[2].split())
+  assert lines[2] == "(75, 5) True", lines  # run.predictive's entropy is vj.uncertainty's total
+  accuracy, half_width = (float(v) for v in lines[3].split())
   assert 0.2 <= accuracy <= 1 and 0 < half_width < 0.2  # a tiny run: above chance is not asked
 
 

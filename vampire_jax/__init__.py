@@ -103,11 +103,13 @@ from vampire_jax.kinds import ProblemKind, summarise
 from vampire_jax.gaussian import (
   Gaussian,
   check_gaussian,
+  gaussian_from_distrax,
   gaussian_from_params,
   kl_divergence,
   kl_step_factor,
   point_mass,
   sample,
+  to_distrax,
 )
 from vampire_jax.learners import InnerLoopSettings, MetaLearner, maml, query_loss, vampire
 from vampire_jax.losses import categorical_nll, distribution_nll, gaussian_nll, loss_from_apply
@@ -136,6 +138,7 @@ from vampire_jax.models import (
   mixed_precision,
   pure_apply,
 )
+from vampire_jax.predictive import predictive, predictive_distribution, predictive_interval
 from vampire_jax.runs import Run, load_run
 from vampire_jax.sharding import replicate, shard_tasks, task_mesh, use_all_cpu_cores
 from vampire_jax.tasks import Task
@@ -189,6 +192,8 @@ __all__ = (
   "Gaussian",
   "check_gaussian",
   "gaussian_from_params",
+  "gaussian_from_distrax",
+  "to_distrax",
   "kl_divergence",
   "kl_step_factor",
   "point_mass",
@@ -261,6 +266,10 @@ __all__ = (
   "paper_quantile_calibration",
   "regression_quantile_calibration",
   "risk_coverage",
+  # The predictive distribution (distrax).
+  "predictive",
+  "predictive_distribution",
+  "predictive_interval",
   # Uncertainty and open-set detection.
   "Uncertainty",
   "uncertainty",

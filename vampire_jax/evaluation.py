@@ -23,6 +23,7 @@ AUROCs.
 
 from typing import Any, Callable, NamedTuple, Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,9 +93,13 @@ def _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_si
 
   task_keys = per_task_keys(keys, num_tasks)
   if mesh is None:
-    return map_tasks(meta_params, tasks, task_keys)
-  sharding.check_divisible(num_tasks, mesh)
-  return sharding.map_over_task_shards(map_tasks, mesh)(meta_params, tasks, task_keys)
+    results = map_tasks(meta_params, tasks, task_keys)
+  else:
+    sharding.check_divisible(num_tasks, mesh)
+    results = sharding.map_over_task_shards(map_tasks, mesh)(meta_params, tasks, task_keys)
+  # Every score is per task, in the tasks' order, whatever the batching or the devices.
+  chex.assert_tree_shape_prefix(results, (num_tasks,))
+  return results
 
 
 def make_classification_evaluator(

@@ -97,6 +97,12 @@ def gaussian_from_params(
   Raises:
     InputError: a non-finite or reversed `log_std_range`, or a leaf that is
       not a float.
+
+  Examples:
+    >>> params = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+    >>> prior = vj.gaussian_from_params(params, jax.random.key(0))
+    >>> prior.mean["w"].shape, -4.0 <= float(prior.log_std["w"].min()) <= -3.0
+    ((3, 2), True)
   """
   low, high = log_std_range
   if not (math.isfinite(low) and math.isfinite(high) and low <= high):
@@ -163,6 +169,11 @@ def sample(dist: Gaussian, key: jax.Array, num_samples: int) -> PyTree:
 
   Returns:
     A tree with the structure of `dist.mean`, each leaf `[num_samples, *shape]`.
+
+  Examples:
+    >>> prior = vj.gaussian_from_params({"w": jnp.zeros((3, 2))}, jax.random.key(0))
+    >>> vj.sample(prior, jax.random.key(1), num_samples=5)["w"].shape  # [samples, 3, 2]
+    (5, 3, 2)
   """
   if int(num_samples) < 1:
     raise ValueError(f"num_samples must be >= 1, got {num_samples}")
@@ -181,6 +192,12 @@ def kl_divergence(q: Gaussian, p: Gaussian) -> jax.Array:
 
   Returns:
     A float scalar.
+
+  Examples:
+    >>> q = vj.Gaussian(mean={"w": jnp.ones(4)}, log_std={"w": jnp.zeros(4)})
+    >>> p = vj.Gaussian(mean={"w": jnp.zeros(4)}, log_std={"w": jnp.zeros(4)})
+    >>> float(vj.kl_divergence(q, p))  # 4 weights, each (1 - 0)**2 / 2
+    2.0
   """
 
   def leaf_kl(m_q, s_q, m_p, s_p):
@@ -219,6 +236,40 @@ def _check_same_shapes(q: Gaussian, p: Gaussian) -> None:
         f"(q.mean), {shapes[1]} (q.log_std), {shapes[2]} (p.mean), {shapes[3]} "
         "(p.log_std); they must be equal (no broadcasting)"
       )
+
+
+def to_distrax(dist: Gaussian) -> PyTree:
+  """The same distribution as a tree of `distrax.Normal`, one per weight leaf.
+
+  Each leaf is `distrax.Normal(mean, exp(log_std))` of the leaf's shape;
+  `gaussian_from_distrax` inverts it. distrax's `kl_divergence` of two such
+  trees, summed, is `vj.kl_divergence`, and its `log_prob` scores `vj.sample`'s
+  draws, to float rounding (`tests/test_predictive.py`).
+  """
+  import distrax  # on first use (about 5 s): not with `import vampire_jax`
+
+  check_gaussian(dist, "vj.to_distrax")
+  return jax.tree_util.tree_map(lambda m, s: distrax.Normal(m, jnp.exp(s)), dist.mean, dist.log_std)
+
+
+def gaussian_from_distrax(tree: PyTree) -> Gaussian:
+  """A `Gaussian` from a tree of `distrax.Normal` leaves (`to_distrax`'s inverse)."""
+  import distrax
+
+  def is_normal(x) -> bool:
+    return isinstance(x, distrax.Normal)
+
+  leaves = jax.tree_util.tree_leaves(tree, is_leaf=is_normal)
+  if not leaves or not all(is_normal(leaf) for leaf in leaves):
+    kinds = sorted({type(leaf).__name__ for leaf in leaves if not is_normal(leaf)})
+    raise InputError(
+      f"vj.gaussian_from_distrax: tree must hold distrax.Normal leaves only, got {kinds or 'none'}"
+    )
+  mean = jax.tree_util.tree_map(lambda d: jnp.asarray(d.loc, jnp.float32), tree, is_leaf=is_normal)
+  log_std = jax.tree_util.tree_map(
+    lambda d: jnp.log(jnp.asarray(d.scale, jnp.float32)), tree, is_leaf=is_normal
+  )
+  return Gaussian(mean, log_std)
 
 
 def kl_step_factor(prior: Gaussian, inner_lr: float, kl_weight: float) -> jax.Array:

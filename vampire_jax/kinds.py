@@ -209,6 +209,21 @@ def summarise(
   (the variance of the draws' means) and its aleatoric part (the noise
   variance): `predictive_variance`, `epistemic_variance`,
   `aleatoric_variance`, `epistemic_fraction`.
+
+  Examples:
+    >>> from vampire_jax.data import sine_line
+    >>> model = vj.MLP((16,), 1)
+    >>> learner = vj.vampire(vj.pure_apply(model), vj.gaussian_nll(0.3), num_mc_query=4)
+    >>> meta_params = learner.init(vj.init_params(model, jax.random.key(0), (1, 1)),
+    ...                            jax.random.key(1))
+    >>> evaluate = jax.jit(vj.make_regression_evaluator(learner, noise_std=0.3))
+    >>> tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(2), 20))
+    >>> per_task = evaluate(meta_params, tasks, jax.random.key(3))  # one score per task
+    >>> per_task.mse.shape
+    (20,)
+    >>> summary = vj.summarise("regression", per_task, tasks.query_y, noise_std=0.3)
+    >>> summary.metrics["num_tasks"], sorted(summary.calibration)
+    (20, ['pit_calibration'])
   """
   per_task = dict(per_task._asdict() if hasattr(per_task, "_asdict") else per_task)
   if targets is not None:

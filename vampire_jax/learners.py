@@ -144,6 +144,18 @@ def vampire(
     draw_outputs: optional: draw outputs instead of weights, in the inner
       loop, on the query set and at prediction (the local reparameterisation
       trick, `vj.local_reparameterization` for a `vj.MLP`; off by default).
+
+  Examples:
+    >>> from vampire_jax.data import sine_line
+    >>> model = vj.MLP((16,), 1)
+    >>> learner = vj.vampire(vj.pure_apply(model), vj.gaussian_nll(0.3), num_mc_query=4)
+    >>> meta_params = learner.init(vj.init_params(model, jax.random.key(0), (1, 1)),
+    ...                            jax.random.key(1))
+    >>> task = sine_line.tasks_from_keys(jax.random.split(jax.random.key(2), 1))
+    >>> task = jax.tree.map(lambda field: field[0], task)  # the one task
+    >>> posterior = learner.adapt(meta_params, task.support_x, task.support_y, jax.random.key(3))
+    >>> learner.predict(posterior, task.query_x, jax.random.key(4)).shape  # [draws, query, 1]
+    (4, 10, 1)
   """
   check_settings(
     "vampire",

@@ -1,7 +1,9 @@
 """Likelihoods on network outputs, and the `loss_fn` that `adapt` takes.
 
 A likelihood here is `nll(outputs, y)`: the mean negative log-likelihood of
-targets `y` given one network output batch. `loss_from_apply` lifts it to
+targets `y` given one network output batch. Each of ours also has
+`nll.distribution(outputs, batch_ndims=1)`, the targets' distrax distribution
+(what `vj.predictive_distribution` mixes over weight draws). `loss_from_apply` lifts it to
 `loss_fn(params, x, y)` for a network `apply_fn(params, x)`. The `mixture_*`
 functions score the Monte-Carlo predictive (the average over weight draws).
 """
@@ -66,9 +68,18 @@ def _check_categorical_targets(outputs, labels) -> None:
   checks.labels_in_range("categorical_nll", "labels", labels, outputs.shape[-1])
 
 
+def _categorical_distribution(logits: jax.Array, batch_ndims: int = 1):
+  """`distrax.Categorical(logits)`: the labels' distribution under one output batch."""
+  import distrax  # on first use: it loads TFP's JAX substrate (module docstring of predictive)
+
+  del batch_ndims  # the class axis is the last; every other axis is batch
+  return distrax.Categorical(logits=logits)
+
+
 # The learners' default inner learning rate for this likelihood (see `gaussian_nll`).
 categorical_nll = _with_default_inner_lr(categorical_nll, 0.1)
 categorical_nll.check_targets = _check_categorical_targets
+categorical_nll.distribution = _categorical_distribution
 
 
 def _check_targets(where: str, outputs: jax.Array, targets: jax.Array) -> None:
@@ -103,7 +114,14 @@ def gaussian_nll(noise_std: float) -> Likelihood:
     residual = (means - targets) / noise_std
     return jnp.mean(jnp.sum(0.5 * jnp.square(residual) + log_norm, axis=-1))
 
+  def distribution(means: jax.Array, batch_ndims: int = 1):
+    """The targets' distrax distribution: the first `batch_ndims` axes are batch."""
+    import distrax
+
+    return distrax.Independent(distrax.Normal(means, noise_std), jnp.ndim(means) - batch_ndims)
+
   nll.noise_std = noise_std
+  nll.distribution = distribution
   return _with_default_inner_lr(nll, min(0.1, 0.005 * noise_std**2))
 
 
@@ -115,7 +133,8 @@ def distribution_nll(make_distribution: Callable[[jax.Array], Any]) -> Likelihoo
   `make_distribution(outputs)` must return an object with `log_prob(targets)`
   (distrax, TFP, or your own) whose batch shape is the outputs' shape: the
   NLL sums `-log_prob` over all but the leading axis and averages over it.
-  Targets must be shaped like the outputs. It has no `default_inner_lr`:
+  Targets must be shaped like the outputs; `vj.predictive_distribution` makes
+  the predictive a mixture of this family. It has no `default_inner_lr`:
   give the learners an `inner_lr`, and check it with `vj.check_inner_loop`.
   """
 
@@ -131,6 +150,13 @@ def distribution_nll(make_distribution: Callable[[jax.Array], Any]) -> Likelihoo
       )
     return -jnp.mean(jnp.sum(log_prob.reshape(log_prob.shape[0], -1), axis=-1))
 
+  def distribution(outputs: jax.Array, batch_ndims: int = 1):
+    """`make_distribution(outputs)` as one event per index of the first `batch_ndims` axes."""
+    import distrax
+
+    return distrax.Independent(make_distribution(outputs), jnp.ndim(outputs) - batch_ndims)
+
+  nll.distribution = distribution
   return nll
 
 

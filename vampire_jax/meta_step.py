@@ -18,6 +18,7 @@ faster and compiles sooner (BUILD_NOTES.md, "Speed").
 import functools
 from typing import Any, Callable, NamedTuple, Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -165,7 +166,9 @@ def meta_optimizer(
       decay_every_tasks=decay_every_tasks,
     )
   )
-  return MetaOptimizer(*optax.chain(*transforms, adam), tasks_per_step=tasks_per_step)
+  # Adam alone is not chained: its state keeps the structure of earlier runs' checkpoints.
+  optimizer = optax.chain(*transforms, adam) if transforms else adam
+  return MetaOptimizer(*optimizer, tasks_per_step=tasks_per_step)
 
 
 def _tasks_per_step(optimizer: optax.GradientTransformation, tasks_per_step: Optional[int]) -> int:
@@ -298,6 +301,9 @@ def apply_meta_gradient(
   optimizer: optax.GradientTransformation, state: MetaState, grads: PyTree
 ) -> MetaState:
   """One optimiser step on the meta-parameters (Alg. 1, line 11)."""
+  # An invariant of the meta-gradient (chunked, sharded or host-summed): a leaf of another
+  # shape would broadcast into the update and change the parameters' shapes silently.
+  chex.assert_trees_all_equal_shapes_and_dtypes(grads, state.meta_params)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
   meta_params = optax.apply_updates(state.meta_params, updates)
   return MetaState(state.step + 1, meta_params, opt_state)
@@ -453,6 +459,22 @@ def make_train_step(
     `loss`, `grad_norm`, `finite` (`with_health`), `log_std` (the mean of the
     meta-parameters' log-stds, `with_log_std`; none for MAML or BMAML) and
     `metrics_fn`'s values.
+
+  Examples:
+    >>> from vampire_jax.data import sine_line
+    >>> model = vj.MLP((16,), 1)
+    >>> params = vj.init_params(model, jax.random.key(0), (1, 1))
+    >>> learner = vj.vampire(vj.pure_apply(model), vj.gaussian_nll(0.3), num_inner_steps=2)
+    >>> optimizer = vj.meta_optimizer(1e-3, tasks_per_step=4)  # T, stated once
+    >>> state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
+    >>> def sample_tasks(data, task_keys):  # data: None for generated tasks
+    ...   return sine_line.tasks_from_keys(task_keys)
+    >>> train_step = jax.jit(
+    ...   vj.make_train_step(learner, optimizer, sample_tasks, steps_per_call=10)
+    ... )
+    >>> state, metrics = train_step(state, None, jax.random.key(2))
+    >>> int(state.step), metrics["loss"].shape, bool(metrics["finite"].all())
+    (10, (10,), True)
   """
   tasks_per_step = _tasks_per_step(optimizer, tasks_per_step)
   checks.step_count("make_train_step", "tasks_per_step", tasks_per_step, 1)

@@ -25,7 +25,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vampire_jax import algorithms, checks, configs, kinds, meta_step, models, run_folder
+from vampire_jax import (
+  algorithms,
+  checks,
+  configs,
+  kinds,
+  meta_step,
+  models,
+  predictive,
+  run_folder,
+)
 from vampire_jax.run_folder import RunCheckpoints
 from vampire_jax.config import RunConfig
 from vampire_jax.errors import InputError, MissingDataError
@@ -212,6 +221,27 @@ class Run:
         support_x, support_y, query_x, key, "Run.predict_draws", transductive, None
       )
     return self._draws(support_x, support_y, query_x, key, "Run.predict_draws", transductive)
+
+  def predictive(self, support_x, support_y, query_x, key: jax.Array, *, transductive: bool = True):
+    """The predictive distribution over the query targets, a distrax distribution.
+
+    Arguments as `predict`; the same key gives the same weight draws as
+    `predict`, `predict_draws` and `predict_function_draws`, and as the
+    evaluators' split of a task's key.
+
+    Returns:
+      Classification: `distrax.Categorical` of batch `[num_query]`, the mean
+      over the `num_mc_test` draws of their softmax (`probs` is `predict`'s
+      result; `entropy()` is `vj.uncertainty(...).total`). Regression: a
+      `distrax.MixtureSameFamily` of batch `[num_query]` and event `[1]`,
+      equal weights over the draws, each `Normal(f_l(x), noise_std)`:
+      `log_prob(query_y)` is the log of the predictive the test's NLL
+      scores, samples include the noise, and `variance()` is the draws'
+      spread plus noise_std^2 (`vj.predictive_interval` gives its central
+      intervals). See `vj.predictive_distribution`.
+    """
+    outputs = self._outputs(support_x, support_y, query_x, key, "Run.predictive", transductive)
+    return predictive.predictive_distribution(outputs, self.learner.nll)
 
   def predict_function_draws(
     self, support_x, support_y, query_x, key: jax.Array, *, transductive: bool = True

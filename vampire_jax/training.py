@@ -37,6 +37,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
+import jaxlib
 import numpy as np
 from jax.sharding import Mesh
 
@@ -704,6 +705,9 @@ def train_and_evaluate(
       "device": device_description(),
       "task_mesh_devices": _mesh_size(session.mesh),
       "jax_version": jax.__version__,
+      # XLA (in jaxlib) compiles for the CPU it runs on, and its version changes the
+      # rounding: a run is repeatable to the bit only with the same jaxlib.
+      "jaxlib_version": jaxlib.__version__,
     }
     if is_main:
       write_results(workdir, results)
