@@ -76,6 +76,11 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
   x = np.linspace(-5, 5, 12, dtype=np.float32)[:, None]
   y = np.sin(x)
   expected = np.asarray(vj.load_run(run_dir).predict(x[:5], y[:5], x[5:], jax.random.key(3)))
+  # The test's NLL of the same task and key: what run.predictive's log_prob must give.
+  run = vj.load_run(run_dir)
+  task = vj.Task(x[None, :5], y[None, :5], x[None, 5:], np.sin(x[None, 5:]))
+  evaluate = vj.make_regression_evaluator(run.learner, run.noise_std)
+  reported_nll = float(evaluate(run.meta_params, task, jax.random.key(3)[None]).nll[0])
 
   script = textwrap.dedent(f"""
       import dataclasses, json, sys, warnings
@@ -106,7 +111,9 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
         out[name] = {{"config": f"{{type(run.config).__module__}}.{{type(run.config).__name__}}",
                      "fields": dataclasses.asdict(run.config),
                      "predictions": np.asarray(run.predict(x[:5], np.sin(x[:5]), x[5:],
-                                                           jax.random.key(3))).tolist()}}
+                                                           jax.random.key(3))).tolist(),
+                     "nll": -float(run.predictive(x[:5], np.sin(x[:5]), x[5:], jax.random.key(3))
+                                   .log_prob(np.sin(x[5:])).mean())}}
       out["loaded"] = sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))
       drawing = np.full((2, 105, 105), 255, np.uint8)
       drawing[:, 40:60, 20:80] = 0  # a dark stroke on white paper
@@ -136,6 +143,7 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
     predictions = np.asarray(result[name]["predictions"])
     assert predictions.shape == (config.num_mc_test, 7, 1)
     np.testing.assert_allclose(predictions, expected, rtol=1e-5, atol=1e-6)
+    assert abs(result[name]["nll"] - reported_nll) < 1e-5, (result[name]["nll"], reported_nll)
 
 
 def test_the_wheel_holds_the_library_only_with_its_version_and_py_typed():

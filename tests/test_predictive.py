@@ -224,3 +224,23 @@ def test_a_trained_runs_interval_covers_what_its_pit_calibration_says():
   )
   assert abs(inside - (pit.observed[1] - pit.observed[0])) < 2e-3  # 1000 targets
   assert 0.3 < inside < 1.0
+
+
+def test_an_omniglot_runs_predictive_scores_what_its_test_scores(tiny_omniglot_run):
+  """Run.predictive on a trained Omniglot run: log_prob is the evaluator's NLL of the task
+  (same key), probs is Run.predict's, entropy is vj.uncertainty's total."""
+  run = vj.load_run(tiny_omniglot_run[0])
+  rng = np.random.default_rng(0)
+  support_x = rng.uniform(0, 1, (5,) + run.input_shape).astype(np.float32)
+  query_x = rng.uniform(0, 1, (10,) + run.input_shape).astype(np.float32)
+  support_y, query_y = np.arange(5), np.arange(10) % 5
+  key = jax.random.key(8)
+  dist = run.predictive(support_x, support_y, query_x, key)
+  assert isinstance(dist, distrax.Categorical) and dist.batch_shape == (10,)
+  task = vj.Task(support_x[None], support_y[None], query_x[None], query_y[None])
+  evaluate = vj.make_classification_evaluator(run.learner)
+  reported = evaluate(run.meta_params, task, key[None])
+  np.testing.assert_allclose(-jnp.mean(dist.log_prob(query_y)), reported.nll[0], atol=1e-5)
+  np.testing.assert_allclose(dist.probs, run.predict(support_x, support_y, query_x, key), atol=1e-6)
+  draws = run.predict_draws(support_x, support_y, query_x, key)
+  np.testing.assert_allclose(dist.entropy(), vj.uncertainty(draws).total, atol=1e-5)
