@@ -26,7 +26,7 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import plots
-from vampire_jax import calibration, data, kinds, training
+from vampire_jax import calibration, data, kinds, programs
 
 
 def evaluate_combinations(
@@ -67,7 +67,7 @@ def evaluate_combinations(
     data.check_class_counts(
       np.asarray(class_counts), ways=config.ways, shots=config.shots, query=query
     )
-  evaluate = training.build_evaluator(run.kind, run.noise_std, config, run.learner)
+  evaluate = programs.build_evaluator(run.kind, run.noise_std, config, run.learner)
   task_key, eval_key = jax.random.split(jax.random.key(seed))
   predict_keys = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(None, 0)))
   batch, outputs = config.eval_batch_tasks, []

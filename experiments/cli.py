@@ -332,11 +332,11 @@ def enable_compilation_cache_or_say_why_not() -> None:
   """
   import os
 
-  from vampire_jax import training
+  from vampire_jax import backend_defaults
 
   folder = compilation_cache_dir()
   try:
-    training.enable_compilation_cache(folder)
+    backend_defaults.enable_compilation_cache(folder)
     writable = os.access(folder, os.W_OK | os.X_OK)
     reason = "not writable"
   except OSError as error:

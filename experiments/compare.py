@@ -39,7 +39,7 @@ import jax
 
 from experiments import cli, plots
 from vampire_jax import algorithms as algorithm_registry
-from vampire_jax import calibration, kinds, training
+from vampire_jax import calibration, kinds, run_folder
 from vampire_jax.errors import ConfigError
 
 ALGORITHMS = ("maml", "fomaml", "platipus", "bmaml", "abml", "vampire")
@@ -265,7 +265,7 @@ def run(
     "methods": methods,
     **written,
     "command": " ".join(["python -m experiments.compare"] + sys.argv[1:]),
-    "device": training.device_description(),
+    "device": run_folder.device_description(),
   }
   (workdir / "comparison.json").write_text(json.dumps(results, indent=2, default=float))
   print(written["table"])

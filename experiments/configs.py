@@ -18,7 +18,7 @@ narrowest weights, above the stability limit of 2 for about a fifth of them
 (the runner warns); that is what produced the measured Omniglot results.
 PLATIPUS's KL term is in its meta-loss only, so no limit applies to it.
 (The `vj.baselines.platipus` factory's own defaults, MAML's 0.1 and the
-ELBO's 1, are for a user who builds it directly.) See BUILD_NOTES.md,
+ELBO's 1, are for a user who builds it directly.) See docs/fidelity.md,
 "Library defaults that converge".
 
 The Omniglot paper presets train on the paper's training set: every

@@ -115,7 +115,7 @@ def make_problem(
     num_classes=config.ways,
     num_filters=config.num_filters,
     max_pool=True,
-    conv_impl=vj.training.conv_impl(config),
+    conv_impl=vj.backend_defaults.config_conv_impl(config),
     batch_norm_affine=config.batch_norm_affine,
     batch_norm_epsilon=config.batch_norm_epsilon,
     kernel_init_gain=config.kernel_init_gain,
@@ -177,12 +177,12 @@ def main(argv=None) -> dict:
     f"mini-ImageNet {config.ways}-way {config.shots}-shot, {config.algorithm}; "
     f"workdir {workdir}; backend {jax.default_backend()}"
   )
-  vj.training.check_config(config)
+  vj.algorithms.check_config(config)
   splits = load_splits(config)
   results = {}
   if not args.calibration_only:
     results = train_and_evaluate(config, workdir, progress=not args.no_progress, splits=splits)
-    print(vj.training.test_summary_line(results["test"], results["kind"]))
+    print(vj.kinds.test_summary_line(results["test"], results["kind"]))
   calibration = calibration_protocol.run_protocol(
     workdir, args, jax.device_put(splits["test"].images)
   )

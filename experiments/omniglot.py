@@ -90,7 +90,7 @@ def make_problem(
   model = vj.Conv4(
     num_classes=config.ways,
     num_filters=config.num_filters,
-    conv_impl=vj.training.conv_impl(config),
+    conv_impl=vj.backend_defaults.config_conv_impl(config),
     batch_norm_affine=config.batch_norm_affine,
     batch_norm_epsilon=config.batch_norm_epsilon,
     kernel_init_gain=config.kernel_init_gain,
@@ -136,7 +136,7 @@ def main(argv=None) -> dict:
     f"{config.split}; workdir {workdir}; backend {jax.default_backend()}"
   )
   results = train_and_evaluate(config, workdir, progress=not args.no_progress)
-  print(vj.training.test_summary_line(results["test"], results["kind"]))
+  print(vj.kinds.test_summary_line(results["test"], results["kind"]))
   print(f"results: {workdir / 'results.json'}; figures: {', '.join(results['plots'].values())}")
   return results
 

@@ -774,8 +774,8 @@ def add_run_figures(
   workdir: PathLike, results: dict, label: str, setting: Optional[str] = None
 ) -> dict:
   """Draws `run_figures` and records them under 'plots' in results.json."""
-  from vampire_jax import training
+  from vampire_jax import run_folder
 
   results["plots"] = run_figures(workdir, results, label, setting)
-  training.write_results(workdir, results)
+  run_folder.write_results(workdir, results)
   return results

@@ -8,7 +8,7 @@ meta-parameters with each of `--draws` (L_t = L_v = L). It prints, for each L, t
 of the gradient over all log-stds and the share of positive entries (a positive entry
 narrows that weight's prior), and the cosine between the log-std gradients of the first
 and the last L. Issue 23 used it to ask whether training with L = 8 instead of the
-paper's 128 changes where the prior's width goes (BUILD_NOTES.md, "The paper's regression
+paper's 128 changes where the prior's width goes (docs/fidelity.md, "The paper's regression
 claim under its own metric").
 """
 

@@ -124,12 +124,12 @@ def main(argv=None) -> dict:
     f"{config.dataset}-ImageNet features {config.ways}-way {config.shots}-shot, "
     f"{config.algorithm}; workdir {workdir}; backend {jax.default_backend()}"
   )
-  vj.training.check_config(config)
+  vj.algorithms.check_config(config)
   splits = load_splits(config)
   results = {}
   if not args.calibration_only:
     results = train_and_evaluate(config, workdir, progress=not args.no_progress, splits=splits)
-    print(vj.training.test_summary_line(results["test"], results["kind"]))
+    print(vj.kinds.test_summary_line(results["test"], results["kind"]))
   test = splits["test"]
   calibration = calibration_protocol.run_protocol(
     workdir, args, jax.device_put(test.features), jax.device_put(test.counts)

@@ -35,11 +35,11 @@ def train_and_evaluate(
     progress: show progress.
     print_fn: where messages go.
   """
-  vj.training.check_config(config)
+  vj.algorithms.check_config(config)
   if jax.process_index() == 0:
     run_folder.check_writable(workdir)
     run_folder.check_not_in_use(workdir)
-  vj.training.check_resumable(workdir, config)
+  vj.run_folder.check_resumable(workdir, config)
   results = vj.train_and_evaluate(
     make_problem(), config, workdir, progress=progress, print_fn=print_fn
   )

@@ -310,12 +310,12 @@ def test_results_record_which_parameters_were_tested(tmp_path, which):
   # load_run gives the tested parameters: scored again on the test tasks, the same MSE.
   run = vj.load_run(tmp_path)
   test_key = jax.random.split(jax.random.key(config.seed), 4)[3]
-  evaluate = vj.training.build_evaluator(problem.kind, problem.noise_std, config, run.learner)
+  evaluate = vj.programs.build_evaluator(problem.kind, problem.noise_std, config, run.learner)
   per_task = vj.evaluate_split(
-    vj.training.split_evaluator(problem, evaluate, "test"),
+    vj.programs.split_evaluator(problem, evaluate, "test"),
     run.meta_params,
     test_key,
     config.num_test_tasks,
-    vj.training.eval_batch_size(config),
+    vj.programs.eval_batch_size(config),
   )
   assert float(np.mean(per_task["mse"])) == pytest.approx(saved["test"]["mse"], rel=1e-6)

@@ -11,7 +11,7 @@ import pytest
 from conftest import OMNIGLOT_DIR, needs_omniglot
 from experiments import cli, omniglot
 from experiments.configs import OmniglotConfig
-from vampire_jax.training import TrainingInterrupted
+from vampire_jax.interrupts import TrainingInterrupted
 
 
 def _run(argv, capsys):

@@ -265,7 +265,7 @@ def test_unknown_conv_impl_is_refused():
 
 def test_auto_conv_impl_uses_loop_safe_where_gradients_run_in_loops():
   from experiments import configs
-  from vampire_jax import training
+  from vampire_jax import backend_defaults
 
   if jax.default_backend() != "cpu":
     assert (
@@ -286,7 +286,9 @@ def test_auto_conv_impl_uses_loop_safe_where_gradients_run_in_loops():
   ]:
     assert models.auto_conv_impl(**loops) == "loop_safe", loops
   quick = configs.omniglot_config("quick")
-  assert training.conv_impl(quick) == "loop_safe"
+  assert backend_defaults.config_conv_impl(quick) == "loop_safe"
   unrolled = dataclasses.replace(quick, task_batching="host_chunked", unroll_inner_steps=True)
-  assert training.conv_impl(unrolled) == "xla"
-  assert training.conv_impl(dataclasses.replace(quick, conv_impl="patches")) == "patches"
+  assert backend_defaults.config_conv_impl(unrolled) == "xla"
+  assert (
+    backend_defaults.config_conv_impl(dataclasses.replace(quick, conv_impl="patches")) == "patches"
+  )

@@ -108,8 +108,8 @@ def test_a_run_gives_the_same_numbers_on_one_device_and_on_every_core(tmp_path, 
 @pytest.mark.parametrize("tasks", [3, 6])
 def test_tasks_that_do_not_divide_take_the_largest_mesh_that_does(tasks):
   code = (
-    "import jax, vampire_jax as vj; from vampire_jax import training; "
-    f"mesh = training.task_mesh_for(vj.RunConfig(), {tasks}); "
+    "import jax, vampire_jax as vj; from vampire_jax import backend_defaults; "
+    f"mesh = backend_defaults.task_mesh_for(vj.RunConfig(), {tasks}); "
     "print(1 if mesh is None else mesh.size)"
   )
   out = _python(code, XLA_FLAGS="--xla_force_host_platform_device_count=4")

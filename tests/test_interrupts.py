@@ -70,7 +70,7 @@ def test_each_stop_and_fault_ends_in_one_line_and_its_exit_code(row):
 def test_training_keeps_the_loop_and_interrupts_own_the_signals():
   source = Path(training.__file__).read_text()
   assert "import signal" not in source and "signal.signal" not in source
-  assert training.TrainingInterrupted is interrupts.TrainingInterrupted
+  assert vj.TrainingInterrupted is interrupts.TrainingInterrupted
   assert "import signal" not in Path(cli.__file__).read_text()
 
 
@@ -278,10 +278,10 @@ def test_the_command_line_says_what_its_algorithm_ignores_and_does_not_record_it
   )
   assert "ignores --num-mc-test 4" in err
   assert (config.kl_weight, config.num_mc_test) == (0.0, 1)
-  vj.training.check_config(config)  # what is recorded acts
+  vj.algorithms.check_config(config)  # what is recorded acts
   contradiction = ["--first-order", "--second-order-steps", "1"]  # refused: which one was meant?
   code = cli.main_entry(
-    lambda argv: vj.training.check_config(omniglot.parse_args(contradiction)[0]),
+    lambda argv: vj.algorithms.check_config(omniglot.parse_args(contradiction)[0]),
     ["--no-compilation-cache"],
   )
   err = capsys.readouterr().err
@@ -317,7 +317,7 @@ def test_an_older_run_that_recorded_an_ignored_setting_still_resumes(tmp_path):
   record = json.loads((tmp_path / "run.json").read_text())
   record["config"]["kl_weight"] = 0.5  # as runs recorded it before issue 31
   (tmp_path / "run.json").write_text(json.dumps(record))
-  vj.training.check_resumable(tmp_path, dataclasses.replace(config, num_meta_steps=6))
+  vj.run_folder.check_resumable(tmp_path, dataclasses.replace(config, num_meta_steps=6))
   assert results["meta_steps"] == 4
 
 

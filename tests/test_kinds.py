@@ -9,7 +9,7 @@ import pytest
 
 import vampire_jax as vj
 from conftest import tiny_regression_config
-from vampire_jax import kinds, training
+from vampire_jax import kinds
 from vampire_jax.errors import ConfigError, InputError
 
 
@@ -71,7 +71,7 @@ def test_a_new_kind_is_one_definition(tmp_path, monkeypatch):
     problem, config, tmp_path, progress=False, print_fn=lambda m: None
   )
   assert results["kind"] == "absolute_error" and results["best_validation"]["metric"] == "mae"
-  assert training.test_summary_line(results["test"], results["kind"]).startswith("test MAE ")
+  assert kinds.test_summary_line(results["test"], results["kind"]).startswith("test MAE ")
 
 
 def _with_mae(evaluate):

@@ -71,7 +71,7 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
   assert record["config_class"] == "vampire_jax.configs.RegressionConfig"
   record["config_class"] = "experiments.configs.RegressionConfig"
   (old_dir / "run.json").write_text(json.dumps(record))
-  vj.training.check_resumable(old_dir, config)  # the same config class: it may be resumed
+  vj.run_folder.check_resumable(old_dir, config)  # the same config class: it may be resumed
 
   x = np.linspace(-5, 5, 12, dtype=np.float32)[:, None]
   y = np.sin(x)

@@ -68,8 +68,8 @@ def test_splits_draw_different_tasks_and_the_truth_matches_the_queries():
   config = regression.get_config("quick", "maml")
   problem = regression.make_problem(config)
   key = jax.random.key(0)
-  train = vj.training.draw_tasks(problem, "train", key, 3)
-  test = vj.training.draw_tasks(problem, "test", key, 3)
+  train = vj.problem.draw_tasks(problem, "train", key, 3)
+  test = vj.problem.draw_tasks(problem, "test", key, 3)
   assert not np.allclose(train.support_x, test.support_x)
   # The noiseless truth of the sampled tasks: the targets are it plus N(0, 0.3^2) noise.
   keys = jax.random.split(jax.random.key(1), 2000)

@@ -18,7 +18,7 @@ import vampire_jax as vj
 from conftest import OMNIGLOT_DIR, needs_omniglot
 from experiments import omniglot
 from experiments.configs import OmniglotConfig
-from vampire_jax import evaluation, training
+from vampire_jax import evaluation, programs
 
 
 @needs_omniglot
@@ -101,7 +101,7 @@ def test_scores_do_not_depend_on_the_evaluation_batch():
 
   problem = regression.make_problem(regression.get_config("quick"))
   evaluate = jax.jit(vj.make_regression_evaluator(learner, 0.3))
-  split = training.split_evaluator(problem, evaluate, "test")
+  split = programs.split_evaluator(problem, evaluate, "test")
   key = jax.random.key(5)
   results = [vj.evaluate_split(split, meta_params, key, 10, batch) for batch in (3, 4, 10)]
   for other in results[1:]:

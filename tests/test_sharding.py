@@ -170,7 +170,7 @@ def _sharded_measurements() -> dict:
   per_task = {}
   for name, batch, mesh_or_none in (("one", 10, None), ("mesh", 16, mesh)):
     evaluate = jax.jit(vj.make_regression_evaluator(learner, NOISE_STD, mesh=mesh_or_none))
-    split = vj.training.split_evaluator(problem, evaluate, "test", mesh_or_none)
+    split = vj.programs.split_evaluator(problem, evaluate, "test", mesh_or_none)
     per_task[name] = vj.evaluate_split(split, meta_params, jax.random.key(9), 20, batch)["mse"]
   out["split_mse"] = {k: np.asarray(v).tolist() for k, v in per_task.items()}
 
@@ -209,7 +209,7 @@ def _runner_measurements(workdir: Path) -> dict:
   from experiments import regression
 
   out = {
-    "eval_batch_10_on_8_devices": vj.training.eval_batch_size(
+    "eval_batch_10_on_8_devices": vj.programs.eval_batch_size(
       vj.RunConfig(eval_batch_tasks=10), vj.task_mesh()
     )
   }
@@ -386,7 +386,7 @@ def _float32_meta_gradient(algorithm: str):
 
 def test_mesh_choice_and_flags():
   from experiments import cli
-  from vampire_jax import training
+  from vampire_jax import backend_defaults, programs
   import argparse
 
   parser = argparse.ArgumentParser()
@@ -394,16 +394,16 @@ def test_mesh_choice_and_flags():
   args = parser.parse_args(["--shard-tasks", "off", "--remat", "--compute-dtype", "bfloat16"])
   config = cli.apply_overrides(vj.RunConfig(), args)
   assert (config.shard_tasks, config.remat, config.compute_dtype) == ("off", True, "bfloat16")
-  assert training.task_mesh_for(config, 32) is None
+  assert backend_defaults.task_mesh_for(config, 32) is None
   # One visible device: 'auto' does not shard, 'on' makes a one-device mesh.
-  assert training.task_mesh_for(vj.RunConfig(), 32) is None
-  assert training.task_mesh_for(vj.RunConfig(shard_tasks="on"), 32).size == 1
+  assert backend_defaults.task_mesh_for(vj.RunConfig(), 32) is None
+  assert backend_defaults.task_mesh_for(vj.RunConfig(shard_tasks="on"), 32).size == 1
   with pytest.raises(vj.ConfigError, match="shard-tasks"):
     vj.RunConfig(shard_tasks="yes").validate()
   with pytest.raises(vj.ConfigError, match="compute-dtype"):
     vj.RunConfig(compute_dtype="float16").validate()
   with pytest.raises(vj.ConfigError, match="host_chunked"):
-    training.build_train_step(
+    programs.build_train_step(
       _regression_problem(),
       vj.RunConfig(task_batching="host_chunked"),
       None,

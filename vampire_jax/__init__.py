@@ -49,6 +49,8 @@ from vampire_jax import (
   meta_step,
   models,
   predictive_uncertainty,
+  problem,
+  programs,
   reporting,
   run_folder,
   runs,
@@ -142,7 +144,9 @@ from vampire_jax.predictive import predictive, predictive_distribution, predicti
 from vampire_jax.runs import Run, load_run
 from vampire_jax.sharding import replicate, shard_tasks, task_mesh, use_all_cpu_cores
 from vampire_jax.tasks import Task
-from vampire_jax.training import Problem, TrainingInterrupted, train_and_evaluate
+from vampire_jax.interrupts import TrainingInterrupted
+from vampire_jax.problem import Problem
+from vampire_jax.training import train_and_evaluate
 from vampire_jax.predictive_uncertainty import (
   Uncertainty,
   auroc,
@@ -182,6 +186,8 @@ __all__ = (
   "meta_step",
   "models",
   "predictive_uncertainty",
+  "problem",
+  "programs",
   "reporting",
   "run_folder",
   "runs",

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from vampire_jax import backend_defaults, baselines, kinds, learners, losses, meta_step, models
+from vampire_jax import config as config_lib
 from vampire_jax.errors import ConfigError
 from vampire_jax.gaussian import kl_step_factor
 from vampire_jax.learners import MetaLearner
@@ -429,3 +430,14 @@ def make_optimizer(config) -> optax.GradientTransformation:
     clip_separately=config.meta_grad_clip_separately,
     log_std_weight_decay=config.log_std_weight_decay,
   )
+
+
+def check_config(config) -> None:
+  """Raises ConfigError for an impossible setting (the config's `validate`), or one that
+  would have no effect (`check_settings`)."""
+  get(config.algorithm)
+  if hasattr(config, "validate"):
+    config.validate()
+  else:
+    config_lib.validate(config)
+  check_settings(config)

@@ -20,9 +20,14 @@ CPU for every network, as its timings in BUILD_NOTES were taken).
 """
 
 import math
+import os
+from pathlib import Path
 from typing import NamedTuple, Optional
 
 import jax
+from jax.sharding import Mesh
+
+from vampire_jax import sharding
 
 
 class BackendDefaults(NamedTuple):
@@ -163,3 +168,38 @@ def steps_per_call(config, first_step: int) -> int:
     config.num_meta_steps,
     first_step or requested,
   )
+
+
+# -- Devices and the compilation cache ---------------------------------------------
+
+
+def task_mesh_for(config, num_tasks: int) -> Optional[Mesh]:
+  """The device mesh `num_tasks` tasks are split over, or None for one device.
+
+  'off': None. 'on': every device (of every host); `num_tasks` must divide
+  evenly. 'auto': like 'on' when more than one device is visible; with one
+  process it takes the largest number of devices that divides `num_tasks`.
+  """
+  devices = jax.devices()
+  if config.shard_tasks == "off" or (config.shard_tasks == "auto" and len(devices) == 1):
+    return None
+  if config.shard_tasks == "auto" and jax.process_count() == 1:
+    count = max(n for n in range(1, len(devices) + 1) if num_tasks % n == 0)
+    devices = devices[:count]
+  mesh = sharding.task_mesh(devices)
+  sharding.check_divisible(num_tasks, mesh)
+  return mesh
+
+
+def enable_compilation_cache(cache_dir: str | os.PathLike) -> Path:
+  """Turns on JAX's persistent compilation cache in `cache_dir`.
+
+  A second run of the same program loads its compiled steps instead of
+  compiling them (keyed by the program and the compiler, so nothing stale
+  is reused). Call it before anything is compiled.
+  """
+  folder = Path(cache_dir)
+  folder.mkdir(parents=True, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", str(folder))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  return folder

@@ -241,3 +241,8 @@ def summarise(
     )
   metrics, curves = get(kind).summarise(per_task, num_bins, noise_std)
   return evaluation.with_nll(metrics, curves, per_task)
+
+
+def test_summary_line(test: dict, kind: Optional[str] = None) -> str:
+  """One line of a run's test metrics (`results["test"]`), for its `kind` (default: by its score)."""
+  return of_results({"test": test, **({"kind": kind} if kind else {})}).summary_line(test)

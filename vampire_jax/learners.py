@@ -37,7 +37,7 @@ def default_inner_lr(nll: losses.Likelihood, algorithm_default: float) -> float:
   `default_inner_lr` where it has one: a Gaussian likelihood's curvature
   grows as 1 / noise_std^2, and at the categorical defaults the inner loop of
   a regression network with noise_std 0.3 goes non-finite at initialisation
-  (BUILD_NOTES.md, "Defaults that hold").
+  (docs/fidelity.md, "Defaults that hold").
   """
   return min(algorithm_default, getattr(nll, "default_inner_lr", algorithm_default))
 

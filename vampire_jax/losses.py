@@ -102,7 +102,7 @@ def gaussian_nll(noise_std: float) -> Likelihood:
   Its `default_inner_lr` attribute, `min(0.1, 0.005 * noise_std^2)`, is the
   inner learning rate the learners use unless given one: the NLL's curvature
   is 1 / noise_std^2, so a gradient step stays stable only below a rate
-  proportional to noise_std^2 (measured for the regression MLP in BUILD_NOTES.md,
+  proportional to noise_std^2 (measured for the regression MLP in docs/fidelity.md,
   "Defaults that hold").
   """
   if not noise_std > 0:

@@ -114,8 +114,8 @@ class LoopSafeConv(nn.Module):
   forward convolutions and matrix products (see that module). A three-channel
   (RGB) input gets a fourth, zero channel (and the kernel a zero slice):
   XLA:CPU convolves 75 images of 84x84x4 in 48 ms against 75 ms at 84x84x3,
-  and the mini-ImageNet step takes 14 % less time (BUILD_NOTES.md, "What
-  limits the 84x84 step").
+  and the mini-ImageNet step takes 14 % less time (docs/performance.md, "What
+  limits the 84×84 step").
   """
 
   features: int
@@ -154,7 +154,7 @@ def max_pool_2x2(x: jax.Array) -> jax.Array:
   ReLU stops. XLA:CPU runs this gradient faster than select-and-scatter
   (`python -m benchmarks.conv_gradients`). The earlier form, a max over a
   reshaped [.., 2, .., 2, ..] window, had XLA:CPU miscompile its gradient
-  under `vmap` and in second-order meta-gradients (BUILD_NOTES.md, "A
+  under `vmap` and in second-order meta-gradients (docs/performance.md, "A
   miscompiled max-pool gradient"). Tested against `nn.max_pool` and under
   `vmap` in tests/test_models.py.
   """

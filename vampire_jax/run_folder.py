@@ -14,7 +14,7 @@
       metrics.jsonl      one JSON line per logged step, append-only
       results.json, test_per_task.npz
 
-What survives what (BUILD_NOTES.md, "Run folder guarantees"):
+What survives what (docs/reliability.md, "Run folder guarantees"):
   - Every JSON and npz file is written whole or not at all: a temporary file
     in the same folder, fsync, `os.replace`. Orbax does the same for
     checkpoint folders. A full disk or a kill leaves the previous version.
@@ -57,9 +57,11 @@ import dataclasses
 import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -635,8 +637,32 @@ def make_folder(workdir: Path) -> None:
 
 
 def write_results(workdir: os.PathLike | str, results: dict) -> None:
-  """`results` to `workdir/results.json`, atomically."""
-  write_json(Path(workdir) / RESULTS_FILE, results)
+  """`results` to `workdir/results.json`, atomically (on the first process only)."""
+  import jax
+
+  if jax.process_index() == 0:
+    write_json(Path(workdir) / RESULTS_FILE, results)
+
+
+def git_commit() -> str:
+  try:
+    return subprocess.run(
+      ["git", "rev-parse", "HEAD"],
+      capture_output=True,
+      text=True,
+      cwd=Path(__file__).parent,
+      check=True,
+    ).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def device_description() -> str:
+  """`platform: kind xN`, e.g. `gpu: NVIDIA H100 80GB HBM3 x1`."""
+  import jax
+
+  device = jax.devices()[0]
+  return f"{device.platform}: {getattr(device, 'device_kind', '')} x{jax.device_count()}"
 
 
 def save_per_task(workdir: os.PathLike | str, per_task: dict) -> None:
@@ -793,7 +819,8 @@ def drop_restore_noise() -> None:
   exception (hundreds of tracebacks; `PytestUnraisableExceptionWarning`s under
   pytest), while and after the restore fails; the failure itself is said in
   one line by `RunCheckpoints`. This wraps `sys.unraisablehook` in place
-  (pytest's, a notebook's) and passes every other error on.
+  (pytest's, a notebook's) and passes every other error on; asyncio's log of
+  orbax's deserialising tasks collected with their error is dropped too.
   """
   global _noise_filter_installed
   if _noise_filter_installed:
@@ -805,7 +832,19 @@ def drop_restore_noise() -> None:
       previous(unraisable)
 
   sys.unraisablehook = hook
+  logging.getLogger("asyncio").addFilter(_drop_unretrieved_restore_tasks)
   _noise_filter_installed = True
+
+
+# Orbax's deserialising task of an array that does not restore, collected with its error
+# unretrieved: asyncio logs "Task exception was never retrieved" with the traceback (about
+# half the time, by when the collector runs). The restore's failure is said by the caller.
+_RESTORE_TASK = "coro=<async_deserialize()"
+
+
+def _drop_unretrieved_restore_tasks(record: logging.LogRecord) -> bool:
+  message = str(record.msg)
+  return not (message.startswith("Task exception was never retrieved") and _RESTORE_TASK in message)
 
 
 class _FailedSave(contextlib.AbstractContextManager):

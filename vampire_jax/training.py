@@ -30,244 +30,27 @@ import dataclasses
 import functools
 import math
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
-import flax.linen as nn
 import jax
 import jaxlib
 import numpy as np
 from jax.sharding import Mesh
 
-from vampire_jax import algorithms, backend_defaults, calibration, config as config_lib
+from vampire_jax import algorithms, backend_defaults, calibration
 from vampire_jax import checks, diagnostics, evaluation, interrupts, kinds, meta_step, models
-from vampire_jax import run_folder
+from vampire_jax import programs, run_folder
 from vampire_jax import predictive_uncertainty, sharding
 from vampire_jax.errors import ConfigError, DivergenceError
 from vampire_jax.learners import MetaLearner
 from vampire_jax.reporting import MetricWriter, Progress, format_duration
 from vampire_jax.run_folder import RunCheckpoints
-from vampire_jax.tasks import Task
+from vampire_jax.problem import Problem
+from vampire_jax import problem as problem_lib
 
 PyTree = Any
-RUN_RECORD = "run.json"
-RUN_RECORD_FORMAT = 1
-
-
-class Problem(NamedTuple):
-  """What an experiment trains on.
-
-  Attributes:
-    model: the network, a flax module (recorded in the run folder, so it must
-      be importable and its fields JSON values).
-    input_shape: one example's shape, e.g. `(28, 28, 1)`.
-    splits: `{'train', 'val', 'test'}` -> the data the sampler draws from
-      (device arrays; for generated tasks, anything that tells splits apart).
-    sample_tasks: `sample_tasks(split_data, task_keys [n]) -> Task` with a
-      leading `[n]` axis, task i from key i alone; jittable.
-    kind: the name of its `kinds.ProblemKind`: 'classification' or 'regression'.
-    noise_std: the regression likelihood's noise (regression only).
-    query_truth: optional `query_truth(split_data, task_keys) -> [n, query, 1]`,
-      the noiseless targets of the sampled tasks (regression calibration).
-    data_info: what the data is and where it came from (recorded).
-    sample_open_set_tasks: optional, classification: `sample_open_set_tasks(
-      split_data, task_keys) -> Task`, the sampler's task i with extra queries
-      of classes outside its support set, labelled -1
-      (`data.open_set_tasks_from_keys`). With it the test adds open-set
-      episodes (`results['test']['open_set']`); None: no open-set test.
-  """
-
-  model: nn.Module
-  input_shape: tuple[int, ...]
-  splits: dict
-  sample_tasks: Callable[[PyTree, jax.Array], Task]
-  kind: str = "classification"
-  noise_std: Optional[float] = None
-  query_truth: Optional[Callable[[PyTree, jax.Array], jax.Array]] = None
-  data_info: dict = {}
-  sample_open_set_tasks: Optional[Callable[[PyTree, jax.Array], Task]] = None
-
-
-# Learner building lives beside the registry (`algorithms`); these names are kept.
-COMPUTE_DTYPES = algorithms.COMPUTE_DTYPES
-network = algorithms.network
-likelihood = algorithms.likelihood
-unroll_inner_steps = algorithms.unroll_inner_steps
-make_learner = algorithms.make_learner
-
-
-# The backend's "auto" choices are decided in `backend_defaults`; these names are kept.
-conv_impl = backend_defaults.config_conv_impl
-choose_batching = backend_defaults.task_batching
-steps_per_call = backend_defaults.steps_per_call
-
-
-def check_config(config) -> None:
-  """Raises ConfigError for an impossible setting (the config's `validate`), or one that
-  would have no effect (`algorithms.check_settings`)."""
-  algorithms.get(config.algorithm)
-  if hasattr(config, "validate"):
-    config.validate()
-  else:
-    config_lib.validate(config)
-  algorithms.check_settings(config)
-
-
-# -- Devices and batching ------------------------------------------------------
-
-
-def task_mesh_for(config, num_tasks: int) -> Optional[Mesh]:
-  """The device mesh `num_tasks` tasks are split over, or None for one device.
-
-  'off': None. 'on': every device (of every host); `num_tasks` must divide
-  evenly. 'auto': like 'on' when more than one device is visible; with one
-  process it takes the largest number of devices that divides `num_tasks`.
-  """
-  devices = jax.devices()
-  if config.shard_tasks == "off" or (config.shard_tasks == "auto" and len(devices) == 1):
-    return None
-  if config.shard_tasks == "auto" and jax.process_count() == 1:
-    count = max(n for n in range(1, len(devices) + 1) if num_tasks % n == 0)
-    devices = devices[:count]
-  mesh = sharding.task_mesh(devices)
-  sharding.check_divisible(num_tasks, mesh)
-  return mesh
-
-
-def _mesh_size(mesh: Optional[Mesh]) -> int:
-  return 1 if mesh is None else mesh.size
-
-
-def build_train_step(
-  problem: Problem, config, learner: MetaLearner, optimizer, mesh: Optional[Mesh], num_steps: int
-) -> Callable:
-  """`train_step(state, key) -> (state, metrics [num_steps])`, compiled on first call."""
-  metrics_fn = kinds.get(problem.kind).train_metrics
-  num_local_tasks = config.tasks_per_step // _mesh_size(mesh)
-  strategy, chunk = choose_batching(config.task_batching, config.chunk_size, num_local_tasks)
-  data = problem.splits["train"]
-  if config.debug_nans:  # one checked program (vj.debug_nonfinite) names the first NaN
-    strategy = "map" if strategy == "host_chunked" else strategy
-    step = diagnostics.debug_nonfinite(
-      meta_step.make_train_step(
-        learner,
-        optimizer,
-        problem.sample_tasks,
-        tasks_per_step=config.tasks_per_step,
-        steps_per_call=num_steps,
-        task_batching=strategy,
-        chunk_size=chunk,
-        metrics_fn=metrics_fn,
-        mesh=mesh,
-      )
-    )
-    return lambda state, key: step(state, data, key)
-  if strategy == "host_chunked":
-    if mesh is not None:
-      raise ConfigError(
-        "--task-batching host_chunked runs tasks from Python on one device; "
-        "with tasks sharded over devices use vmap, or --shard-tasks off"
-      )
-    step = meta_step.make_host_chunked_train_step(
-      learner,
-      optimizer,
-      problem.sample_tasks,
-      tasks_per_step=config.tasks_per_step,
-      chunk_size=chunk,
-      metrics_fn=metrics_fn,
-    )
-    return lambda state, key: step(state, data, key)
-  step = jax.jit(
-    meta_step.make_train_step(
-      learner,
-      optimizer,
-      problem.sample_tasks,
-      tasks_per_step=config.tasks_per_step,
-      steps_per_call=num_steps,
-      task_batching=strategy,
-      chunk_size=chunk,
-      metrics_fn=metrics_fn,
-      mesh=mesh,
-    ),
-    donate_argnums=0,
-  )
-  return lambda state, key: step(state, data, key)
-
-
-def eval_batch_size(config, mesh: Optional[Mesh] = None) -> int:
-  """`eval_batch_tasks`, rounded up to a multiple of the mesh's devices."""
-  size = _mesh_size(mesh)
-  return -(-config.eval_batch_tasks // size) * size
-
-
-def build_evaluator(
-  kind: str, noise_std: Optional[float], config, learner: MetaLearner, mesh: Optional[Mesh] = None
-) -> Callable:
-  """The jitted per-task evaluator of a `kind` problem, for batches of `eval_batch_size` tasks."""
-  strategy, chunk = _eval_batching(config, mesh)
-  evaluate = kinds.get(kind).make_evaluator(
-    learner, noise_std, task_batching=strategy, chunk_size=chunk, mesh=mesh
-  )
-  return jax.jit(evaluate)
-
-
-def _eval_batching(config, mesh: Optional[Mesh]) -> tuple[str, int]:
-  """`(strategy, chunk)` of the evaluators, for batches of `eval_batch_size` tasks."""
-  num_local_tasks = eval_batch_size(config, mesh) // _mesh_size(mesh)
-  strategy, chunk = choose_batching(
-    config.eval_task_batching, config.eval_chunk_size, num_local_tasks
-  )
-  if strategy == "host_chunked":  # evaluation has no gradient to accumulate
-    strategy = "chunked_unroll" if chunk < num_local_tasks else "unroll"
-  return strategy, chunk
-
-
-def split_evaluator(
-  problem: Problem, evaluate: Callable, split: str, mesh: Optional[Mesh] = None
-) -> Callable:
-  """`evaluate_indices(meta_params, key, indices)` on `split` (see `evaluation`)."""
-  return evaluation.make_split_evaluator(
-    evaluate,
-    problem.sample_tasks,
-    problem.splits[split],
-    query_truth=problem.query_truth,
-    mesh=mesh,
-  )
-
-
-def open_set_evaluator(
-  problem: Problem, config, learner: MetaLearner, mesh: Optional[Mesh] = None
-) -> Optional[Callable]:
-  """`evaluate_indices` of the test split's open-set episodes, or None if there are none.
-
-  Episode i is test task i (same sample key, same adaptation and draws) with
-  the extra queries of `problem.sample_open_set_tasks`.
-  """
-  if problem.sample_open_set_tasks is None:  # only classification samplers have them
-    return None
-  strategy, chunk = _eval_batching(config, mesh)
-  evaluate = jax.jit(
-    evaluation.make_open_set_evaluator(learner, task_batching=strategy, chunk_size=chunk, mesh=mesh)
-  )
-  return evaluation.make_split_evaluator(
-    evaluate, problem.sample_open_set_tasks, problem.splits["test"], mesh=mesh
-  )
-
-
-def draw_tasks(problem: Problem, split: str, key: jax.Array, num_tasks: int) -> Task:
-  """`num_tasks` tasks of `split` (e.g. to look at them), keys split from `key`."""
-  return jax.jit(problem.sample_tasks)(problem.splits[split], jax.random.split(key, num_tasks))
-
-
-# -- The run folder (owned by `run_folder`; these names are kept for callers) --------------
-
-RUN_RECORD = run_folder.RUN_RECORD
-RUN_RECORD_FORMAT = run_folder.RUN_RECORD_FORMAT
-run_record = run_folder.run_record
-read_run_record = run_folder.read_run_record
-check_resumable = run_folder.check_resumable
 
 
 def prepare_workdir(
@@ -284,17 +67,11 @@ def prepare_workdir(
     ConfigError: the folder holds a run of another config (`check_resumable`).
     StorageError: the folder cannot be made or written.
   """
-  check_resumable(workdir, config, print_fn=print_fn)
+  run_folder.check_resumable(workdir, config, print_fn=print_fn)
   if not is_main:
     return
   run_folder.make_folder(workdir)
-  run_folder.write_run_record(workdir, run_record(problem, config))
-
-
-# -- Interruption (owned by `interrupts`; the names are kept) -----------------------
-
-TrainingInterrupted = interrupts.TrainingInterrupted
-_interrupt_requests = interrupts.requests
+  run_folder.write_run_record(workdir, run_folder.run_record(problem, config))
 
 
 # -- The loop ------------------------------------------------------------------------
@@ -338,7 +115,7 @@ def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key
     DivergenceError: (a ConfigError) the support loss goes non-finite at
       initialisation; the message names the knob to turn and a value that works.
   """
-  task = jax.tree_util.tree_map(lambda x: x[0], draw_tasks(problem, "train", key, 1))
+  task = jax.tree_util.tree_map(lambda x: x[0], problem_lib.draw_tasks(problem, "train", key, 1))
   report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
   if report.ok:
     return
@@ -382,7 +159,7 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
     state.meta_params,
     session.val_key,
     config.num_val_tasks,
-    eval_batch_size(config, session.mesh),
+    programs.eval_batch_size(config, session.mesh),
     refuse_non_finite=False,
   )
   kind = kinds.get(session.problem.kind)
@@ -462,7 +239,7 @@ def _train(session: Session, state, earlier_seconds: float):
   # A resumed run carries on the window of steps since the last logged row.
   window = session.checkpoints.log_window(step) if step else []
   start, loop = time.perf_counter(), LoopState(window, False, False)
-  with _interrupt_requests() as received:
+  with interrupts.requests() as received:
     train_seconds = earlier_seconds
     while step < config.num_meta_steps:
       compiling = not loop.compiled
@@ -520,7 +297,7 @@ def _test(session: Session, meta_params, step: int) -> tuple[evaluation.Summary,
     meta_params,
     session.test_key,
     config.num_test_tasks,
-    eval_batch_size(config, session.mesh),
+    programs.eval_batch_size(config, session.mesh),
   )
   summary = kinds.summarise(
     session.problem.kind, per_task, num_bins=config.num_bins, noise_std=session.problem.noise_std
@@ -535,7 +312,7 @@ def _test(session: Session, meta_params, step: int) -> tuple[evaluation.Summary,
       meta_params,
       session.test_key,
       config.num_test_tasks,
-      eval_batch_size(config, session.mesh),
+      programs.eval_batch_size(config, session.mesh),
     )
     summary.metrics["open_set"] = predictive_uncertainty.open_set_summary(open_set)
     per_task.update({f"open_set_{name}": values for name, values in open_set.items()})
@@ -552,9 +329,9 @@ def _setup(
 ) -> tuple[Session, Any, float]:
   """Builds the session and the state to start from (fresh, or the latest checkpoint)."""
   is_main = jax.process_index() == 0
-  mesh = task_mesh_for(config, config.tasks_per_step)
+  mesh = backend_defaults.task_mesh_for(config, config.tasks_per_step)
   init_key, train_key, val_key, test_key = jax.random.split(jax.random.key(config.seed), 4)
-  train_learner = make_learner(
+  train_learner = algorithms.make_learner(
     problem.model,
     problem.kind,
     problem.noise_std,
@@ -562,7 +339,7 @@ def _setup(
     num_mc_train=config.num_mc_train,
     num_mc_query=config.num_mc_query,
   )
-  test_learner = make_learner(
+  test_learner = algorithms.make_learner(
     problem.model,
     problem.kind,
     problem.noise_std,
@@ -594,18 +371,18 @@ def _setup(
         f"trained to step {int(state.step)}; pass --num-meta-steps "
         f"{int(state.step)} (or more) to test or continue it"
       )
-  num_steps = steps_per_call(config, int(state.step))
-  evaluate = build_evaluator(problem.kind, problem.noise_std, config, test_learner, mesh)
+  num_steps = backend_defaults.steps_per_call(config, int(state.step))
+  evaluate = programs.build_evaluator(problem.kind, problem.noise_std, config, test_learner, mesh)
   session = Session(
     problem,
     config,
     workdir,
     is_main,
     mesh,
-    build_train_step(problem, config, train_learner, optimizer, mesh, num_steps),
+    programs.build_train_step(problem, config, train_learner, optimizer, mesh, num_steps),
     num_steps,
-    split_evaluator(problem, evaluate, "val", mesh),
-    split_evaluator(problem, evaluate, "test", mesh),
+    programs.split_evaluator(problem, evaluate, "val", mesh),
+    programs.split_evaluator(problem, evaluate, "test", mesh),
     train_key,
     val_key,
     test_key,
@@ -615,7 +392,7 @@ def _setup(
       config.num_meta_steps, int(state.step), enabled=progress and is_main, print_fn=print_fn
     ),
     print_fn,
-    open_set_evaluator(problem, config, test_learner, mesh),
+    programs.open_set_evaluator(problem, config, test_learner, mesh),
   )
   return session, state, earlier_seconds
 
@@ -650,7 +427,7 @@ def train_and_evaluate(
     FloatingPointError: the training loss became non-finite.
   """
   start = time.time()
-  check_config(config)
+  algorithms.check_config(config)
   for split, data in problem.splits.items():  # values, once, on the host: nothing NaN trains
     checks.check_finite(
       "train_and_evaluate",
@@ -664,12 +441,14 @@ def train_and_evaluate(
   is_main = jax.process_index() == 0
   if is_main:
     run_folder.check_writable(workdir)
-  check_resumable(workdir, config)  # before the folder is made: a refused run writes nothing
+  run_folder.check_resumable(
+    workdir, config
+  )  # before the folder is made: a refused run writes nothing
   if is_main:
     run_folder.make_folder(workdir)
   with run_folder.lock(workdir, is_main=is_main, print_fn=print_fn):
     prepare_workdir(workdir, problem, config, is_main=is_main, print_fn=print_fn)
-    record = run_record(problem, config)
+    record = run_folder.run_record(problem, config)
     session, state, earlier_seconds = _setup(problem, config, workdir, progress, print_fn, record)
     first_step = int(state.step)
     try:
@@ -701,59 +480,15 @@ def train_and_evaluate(
         "test": time.time() - test_start,
       },
       "data": problem.data_info,
-      "git_commit": _git_commit(),
-      "device": device_description(),
-      "task_mesh_devices": _mesh_size(session.mesh),
+      "git_commit": run_folder.git_commit(),
+      "device": run_folder.device_description(),
+      "task_mesh_devices": programs.mesh_size(session.mesh),
       "jax_version": jax.__version__,
       # XLA (in jaxlib) compiles for the CPU it runs on, and its version changes the
       # rounding: a run is repeatable to the bit only with the same jaxlib.
       "jaxlib_version": jaxlib.__version__,
     }
     if is_main:
-      write_results(workdir, results)
+      run_folder.write_results(workdir, results)
       run_folder.save_per_task(workdir, per_task)
   return results
-
-
-def write_results(workdir: str | os.PathLike, results: dict) -> None:
-  """Writes `results` to `workdir/results.json` atomically (on the first process only)."""
-  if jax.process_index() == 0:
-    run_folder.write_results(workdir, results)
-
-
-def _git_commit() -> str:
-  try:
-    return subprocess.run(
-      ["git", "rev-parse", "HEAD"],
-      capture_output=True,
-      text=True,
-      cwd=Path(__file__).parent,
-      check=True,
-    ).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
-
-
-def device_description() -> str:
-  """`platform: kind xN`, e.g. `gpu: NVIDIA H100 80GB HBM3 x1`."""
-  device = jax.devices()[0]
-  return f"{device.platform}: {getattr(device, 'device_kind', '')} x{jax.device_count()}"
-
-
-def test_summary_line(test: dict, kind: Optional[str] = None) -> str:
-  """One line of a run's test metrics (`results["test"]`), for its `kind` (default: by its score)."""
-  return kinds.of_results({"test": test, **({"kind": kind} if kind else {})}).summary_line(test)
-
-
-def enable_compilation_cache(cache_dir: str | os.PathLike) -> Path:
-  """Turns on JAX's persistent compilation cache in `cache_dir`.
-
-  A second run of the same program loads its compiled steps instead of
-  compiling them (keyed by the program and the compiler, so nothing stale
-  is reused). Call it before anything is compiled.
-  """
-  folder = Path(cache_dir)
-  folder.mkdir(parents=True, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir", str(folder))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-  return folder
