@@ -76,7 +76,7 @@ def test_channels_are_kept():
 
 
 @pytest.mark.parametrize(
-  'rotate, class_sampling', [(True, 'character'), (True, 'class'), (False, 'character')]
+  "rotate, class_sampling", [(True, "character"), (True, "class"), (False, "character")]
 )
 def test_tasks_are_valid_episodes(rotate, class_sampling):
   ways, shots, query, num_tasks = 5, 3, 4, 64
@@ -113,7 +113,7 @@ def test_tasks_are_valid_episodes(rotate, class_sampling):
     assert len(set(classes)) == ways  # Distinct classes.
     repeated_characters += len({c for c, _ in classes}) < ways
   assert turns_seen == ({0, 1, 2, 3} if rotate else {0})
-  if class_sampling == 'character':
+  if class_sampling == "character":
     assert repeated_characters == 0  # MAML's protocol: N distinct characters
   else:  # 5 of 24 (character, turn) classes: most tasks repeat a character
     assert repeated_characters > num_tasks // 4
@@ -145,7 +145,7 @@ def test_rotation_is_np_rot90():
     shots=2,
     query=3,
     rotate=True,
-    class_sampling='class',
+    class_sampling="class",
   )
   x = _to_uint8(tasks.support_x)[..., 0]
   for t in range(8):
@@ -176,7 +176,7 @@ def test_rotation_is_np_rot90():
     shots=1,
     query=1,
     rotate=True,
-    class_sampling='class',
+    class_sampling="class",
   )
   corners = {tuple(np.argwhere(np.asarray(x)[..., 0] > 0.5)[0]) for x in tasks.support_x[0]}
   assert corners == {(0, 2), (0, 0), (2, 0), (2, 2)}
@@ -193,7 +193,7 @@ def test_pool_counts_rotations():
     shots=1,
     query=1,
     rotate=True,
-    class_sampling='class',
+    class_sampling="class",
   )
   table = _source_table(images)
   for t in range(4):
@@ -251,37 +251,37 @@ def test_float_images_pass_through():
 
 
 @pytest.mark.parametrize(
-  'sizes, message',
+  "sizes, message",
   [
     (
       dict(num_classes=4, examples_per_class=20, ways=5, shots=1, query=1),
-      '5-way task needs 5 distinct classes, but the pool has only 4',
+      "5-way task needs 5 distinct classes, but the pool has only 4",
     ),
     (
       dict(num_classes=10, examples_per_class=20, ways=5, shots=5, query=16),
-      r'shots \+ query = 5 \+ 16 = 21 .* only 20',
+      r"shots \+ query = 5 \+ 16 = 21 .* only 20",
     ),
     (
       dict(num_classes=10, examples_per_class=20, ways=5, shots=1, query=0),
-      'query must be at least 1, got 0',
+      "query must be at least 1, got 0",
     ),
     (
       dict(num_classes=10, examples_per_class=20, ways=0, shots=1, query=1),
-      'ways must be at least 1',
+      "ways must be at least 1",
     ),
     (
       dict(num_classes=10, examples_per_class=20, ways=2, shots=-1, query=1),
-      'shots must be at least 1',
+      "shots must be at least 1",
     ),
     (
       dict(num_classes=0, examples_per_class=20, ways=1, shots=1, query=1),
-      'num_classes must be at least 1',
+      "num_classes must be at least 1",
     ),
   ],
 )
 def test_check_episode_spec_errors(sizes, message):
-  num_classes = sizes.pop('num_classes')
-  examples = sizes.pop('examples_per_class')
+  num_classes = sizes.pop("num_classes")
+  examples = sizes.pop("examples_per_class")
   with pytest.raises(ValueError, match=message):
     check_episode_spec(num_classes, examples, **sizes)
 
@@ -294,20 +294,20 @@ def test_sample_tasks_errors():
   images = _noise_images(num_characters=2)
   key = jax.random.key(0)
   # 2 characters: 8 (character, turn) classes; 2 characters to draw from by default.
-  sample_tasks(key, images, num_tasks=1, ways=8, shots=1, query=1, class_sampling='class')
-  with pytest.raises(ValueError, match='pool has only 8'):
-    sample_tasks(key, images, num_tasks=1, ways=9, shots=1, query=1, class_sampling='class')
-  with pytest.raises(ValueError, match='pool has only 2'):
+  sample_tasks(key, images, num_tasks=1, ways=8, shots=1, query=1, class_sampling="class")
+  with pytest.raises(ValueError, match="pool has only 8"):
+    sample_tasks(key, images, num_tasks=1, ways=9, shots=1, query=1, class_sampling="class")
+  with pytest.raises(ValueError, match="pool has only 2"):
     sample_tasks(key, images, num_tasks=1, ways=3, shots=1, query=1)
-  with pytest.raises(ValueError, match='class_sampling'):
-    sample_tasks(key, images, num_tasks=1, ways=2, shots=1, query=1, class_sampling='drawer')
-  with pytest.raises(ValueError, match='pool has only 2'):
+  with pytest.raises(ValueError, match="class_sampling"):
+    sample_tasks(key, images, num_tasks=1, ways=2, shots=1, query=1, class_sampling="drawer")
+  with pytest.raises(ValueError, match="pool has only 2"):
     sample_tasks(key, images, num_tasks=1, ways=3, shots=1, query=1, rotate=False)
-  with pytest.raises(ValueError, match='only 20'):
+  with pytest.raises(ValueError, match="only 20"):
     sample_tasks(key, images, num_tasks=1, ways=2, shots=10, query=11)
-  with pytest.raises(ValueError, match='num_tasks must be at least 1'):
+  with pytest.raises(ValueError, match="num_tasks must be at least 1"):
     sample_tasks(key, images, num_tasks=0, ways=2, shots=1, query=1)
-  with pytest.raises(ValueError, match='square'):
+  with pytest.raises(ValueError, match="square"):
     sample_tasks(key, images[:, :, :, :5], num_tasks=1, ways=2, shots=1, query=1)
-  with pytest.raises(ValueError, match=r'\[C, E, H, H\]'):
+  with pytest.raises(ValueError, match=r"\[C, E, H, H\]"):
     sample_tasks(key, images[0], num_tasks=1, ways=2, shots=1, query=1)

@@ -206,7 +206,7 @@ def test_a_run_hands_tensorboard_its_config_test_metrics_and_figures(tiny_omnigl
 
 def test_tensorstore_errors_of_a_full_disk_are_storage_errors():
   text = (
-    "RESOURCE_EXHAUSTED: Error writing local file \"x/_sharding\": Failed to write 13635 "
+    'RESOURCE_EXHAUSTED: Error writing local file "x/_sharding": Failed to write 13635 '
     "bytes to file 8: No space left on device [os_error_code='28']"
   )
   assert run_folder.storage_errno(ValueError(text)) == errno.ENOSPC
@@ -556,7 +556,7 @@ def test_a_signal_in_the_test_phase_is_one_line_and_128_plus_its_number(
       # As in a terminal: a runner that started this in the background (`cmd &`) hands
       # it SIGINT ignored, and Python then leaves Ctrl-C ignored.
       signal.signal(signal.SIGINT, signal.default_int_handler)
-      sys.path.insert(0, {str(REPO / 'tests')!r})
+      sys.path.insert(0, {str(REPO / "tests")!r})
       from conftest import tiny_omniglot_config
       from experiments import cli, omniglot
       from vampire_jax import training

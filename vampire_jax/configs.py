@@ -16,7 +16,7 @@ import math
 from typing import Optional
 
 from vampire_jax.config import RunConfig, setting
-from vampire_jax.data import episodes
+from vampire_jax.data import episodes, mini_imagenet, omniglot
 from vampire_jax.errors import ConfigError
 
 __all__ = (
@@ -130,7 +130,8 @@ OMNIGLOT_SPLIT_CHARACTERS = {
   "original": {"train": 813, "val": 151, "test": 659},
   "random": {"train": 1100, "val": 100, "test": 423},
 }
-OMNIGLOT_DRAWINGS = 20
+# The data set's facts live in its loader (`vampire_jax.data.omniglot`); named here for the configs.
+OMNIGLOT_DRAWINGS = omniglot.NUM_DRAWINGS
 # Characters of each background alphabet, in `data.BACKGROUND_ALPHABETS` order
 # (tests/test_uncertainty.py checks them against the data); the original
 # split validates on the last `num_val_alphabets`.
@@ -166,7 +167,7 @@ OMNIGLOT_BACKGROUND_ALPHABET_SIZES = (
   17,
   55,
 )
-OMNIGLOT_RANDOM_TRAIN_CHARACTERS = 1200
+OMNIGLOT_RANDOM_TRAIN_CHARACTERS = omniglot.NUM_RANDOM_TRAIN_CHARACTERS
 
 
 def omniglot_split_characters(
@@ -189,9 +190,10 @@ def omniglot_split_characters(
       else 0
     )
     train = sum(OMNIGLOT_BACKGROUND_ALPHABET_SIZES) - held_out
-    return {"train": train, "val": held_out or train, "test": 659}
+    return {"train": train, "val": held_out or train, "test": omniglot.NUM_EVALUATION_CHARACTERS}
   train = OMNIGLOT_RANDOM_TRAIN_CHARACTERS - num_val_characters
-  return {"train": train, "val": num_val_characters or train, "test": 1623 - 1200}
+  test = omniglot.NUM_CHARACTERS - OMNIGLOT_RANDOM_TRAIN_CHARACTERS
+  return {"train": train, "val": num_val_characters or train, "test": test}
 
 
 @dataclasses.dataclass
@@ -274,8 +276,9 @@ class OmniglotConfig(ConvNetConfig):
 
 # -- mini-ImageNet ---------------------------------------------------------------
 
-MINI_IMAGENET_CLASSES = {"train": 64, "val": 16, "test": 20}
-MINI_IMAGENET_IMAGES = 600
+# From the loader (`vampire_jax.data.mini_imagenet`), the one home of the split's facts.
+MINI_IMAGENET_CLASSES = mini_imagenet.NUM_CLASSES
+MINI_IMAGENET_IMAGES = mini_imagenet.IMAGES_PER_CLASS
 
 
 @dataclasses.dataclass
@@ -336,7 +339,7 @@ def test_query(config) -> int:
 
 FEATURE_CLASSES = {
   "tiered": {"train": 351, "val": 97, "test": 160},
-  "mini": {"train": 64, "val": 16, "test": 20},
+  "mini": mini_imagenet.NUM_CLASSES,
 }
 
 

@@ -37,7 +37,7 @@ def combination_at(index: int, num_classes: int, ways: int) -> tuple[int, ...]:
   """
   total = num_combinations(num_classes, ways)
   if not 0 <= index < total:
-    raise ValueError(f'index must be in [0, C({num_classes}, {ways}) = {total}), got {index}.')
+    raise ValueError(f"index must be in [0, C({num_classes}, {ways}) = {total}), got {index}.")
   combination, next_class = [], 0
   for slot in range(ways):
     while True:
@@ -75,7 +75,7 @@ def combination_ids(
   if num_tasks is None or num_tasks >= total:
     return np.arange(total, dtype=np.int64)
   if num_tasks < 1:
-    raise ValueError(f'num_tasks must be at least 1, got {num_tasks}.')
+    raise ValueError(f"num_tasks must be at least 1, got {num_tasks}.")
   rng = np.random.default_rng(seed)
   return np.sort(rng.choice(total, size=num_tasks, replace=False))
 
@@ -119,14 +119,14 @@ def combination_tasks(
   """
   if class_images.shape[0] != num_classes:
     raise ValueError(
-      f'class_images has {class_images.shape[0]} classes, '
-      f'the combinations choose from {num_classes}.'
+      f"class_images has {class_images.shape[0]} classes, "
+      f"the combinations choose from {num_classes}."
     )
   ids = np.asarray(ids, np.int64)
   if ids.size and ids.max() >= 2**32:
     raise ValueError(
-      'Combination ids must fit in 32 bits (they key the '
-      'tasks); choose a subset with ids below 2**32.'
+      "Combination ids must fit in 32 bits (they key the "
+      "tasks); choose a subset with ids below 2**32."
     )
   classes = jnp.asarray(class_combinations(ids, num_classes, ways))
   keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.asarray(ids, jnp.uint32))

@@ -34,7 +34,7 @@ import numpy as np
 from vampire_jax.tasks import Task
 
 NUM_ROTATIONS = 4  # Quarter turns: 0, 90, 180, 270 degrees.
-CLASS_SAMPLING = ('character', 'class')
+CLASS_SAMPLING = ("character", "class")
 
 
 def check_episode_spec(
@@ -63,26 +63,26 @@ def check_episode_spec(
   )
   for name, value in sizes.items():
     if value < 1:
-      raise ValueError(f'{name} must be at least 1, got {value}.')
+      raise ValueError(f"{name} must be at least 1, got {value}.")
   if ways > num_classes:
     raise ValueError(
-      f'A {ways}-way task needs {ways} distinct classes, but the pool has only {num_classes}.'
+      f"A {ways}-way task needs {ways} distinct classes, but the pool has only {num_classes}."
     )
   if shots + query > examples_per_class:
     raise ValueError(
-      f'shots + query = {shots} + {query} = {shots + query} distinct '
-      f'examples per class are needed, but each class has only '
-      f'{examples_per_class}.'
+      f"shots + query = {shots} + {query} = {shots + query} distinct "
+      f"examples per class are needed, but each class has only "
+      f"{examples_per_class}."
     )
 
 
 def num_classes_available(
-  num_characters: int, *, rotate: bool, class_sampling: str = 'character'
+  num_characters: int, *, rotate: bool, class_sampling: str = "character"
 ) -> int:
   """How many distinct classes a task can draw `ways` from."""
   if class_sampling not in CLASS_SAMPLING:
-    raise ValueError(f'class_sampling must be one of {CLASS_SAMPLING}, got {class_sampling!r}.')
-  if rotate and class_sampling == 'class':
+    raise ValueError(f"class_sampling must be one of {CLASS_SAMPLING}, got {class_sampling!r}.")
+  if rotate and class_sampling == "class":
     return num_characters * NUM_ROTATIONS
   return num_characters
 
@@ -103,12 +103,12 @@ def sample_tasks(
   shots: int,
   query: int,
   rotate: bool = True,
-  class_sampling: str = 'character',
+  class_sampling: str = "character",
   class_counts: Optional[jax.Array] = None,
 ) -> Task:
   """`num_tasks` tasks from one key: `tasks_from_keys(split(key, num_tasks), ...)`."""
   if num_tasks < 1:
-    raise ValueError(f'num_tasks must be at least 1, got {num_tasks}.')
+    raise ValueError(f"num_tasks must be at least 1, got {num_tasks}.")
   return tasks_from_keys(
     jax.random.split(key, num_tasks),
     class_images,
@@ -121,7 +121,7 @@ def sample_tasks(
   )
 
 
-@functools.partial(jax.jit, static_argnames=('ways', 'shots', 'query', 'rotate', 'class_sampling'))
+@functools.partial(jax.jit, static_argnames=("ways", "shots", "query", "rotate", "class_sampling"))
 def tasks_from_keys(
   task_keys: jax.Array,
   class_images: jax.Array,
@@ -130,7 +130,7 @@ def tasks_from_keys(
   shots: int,
   query: int,
   rotate: bool = True,
-  class_sampling: str = 'character',
+  class_sampling: str = "character",
   class_counts: Optional[jax.Array] = None,
 ) -> Task:
   """One N-way k-shot task per key (jitted; sizes are static).
@@ -198,8 +198,8 @@ def _check_class_images(class_images: jax.Array, rotate: bool) -> jax.Array:
   if rotate:
     if class_images.ndim != 5 or class_images.shape[2] != class_images.shape[3]:
       raise ValueError(
-        'Rotation needs square images [C, E, H, H] or [C, E, H, H, ch], '
-        f'got shape {class_images.shape}.'
+        "Rotation needs square images [C, E, H, H] or [C, E, H, H, ch], "
+        f"got shape {class_images.shape}."
       )
   return class_images
 
@@ -215,7 +215,7 @@ def _draw_classes(
   drawn without them.
   """
   class_key, turn_key, example_key = jax.random.split(key, 3)
-  if rotate and class_sampling == 'class':  # class c: character c // 4, turned c % 4
+  if rotate and class_sampling == "class":  # class c: character c // 4, turned c % 4
     classes = _random_subset(class_key, num_characters * NUM_ROTATIONS, ways + extra)
     return example_key, classes // NUM_ROTATIONS, classes % NUM_ROTATIONS
   characters = _random_subset(class_key, num_characters, ways + extra)
@@ -232,7 +232,7 @@ UNKNOWN_LABEL = -1  # the label of an open-set query: from none of the task's cl
 
 
 @functools.partial(
-  jax.jit, static_argnames=('ways', 'shots', 'query', 'num_unknown', 'rotate', 'class_sampling')
+  jax.jit, static_argnames=("ways", "shots", "query", "num_unknown", "rotate", "class_sampling")
 )
 def open_set_tasks_from_keys(
   task_keys: jax.Array,
@@ -243,7 +243,7 @@ def open_set_tasks_from_keys(
   query: int,
   num_unknown: int,
   rotate: bool = True,
-  class_sampling: str = 'character',
+  class_sampling: str = "character",
   class_counts: Optional[jax.Array] = None,
 ) -> Task:
   """`tasks_from_keys`' tasks, each with `query` extra queries of `num_unknown` other classes.
@@ -264,15 +264,15 @@ def open_set_tasks_from_keys(
       num_unknown` classes, or `num_unknown < 1`.
   """
   if num_unknown < 1:
-    raise ValueError(f'num_unknown must be at least 1, got {num_unknown}.')
+    raise ValueError(f"num_unknown must be at least 1, got {num_unknown}.")
   class_images = _check_class_images(class_images, rotate)
   num_characters, num_examples = class_images.shape[:2]
   available = num_classes_available(num_characters, rotate=rotate, class_sampling=class_sampling)
   check_episode_spec(available, num_examples, ways=ways, shots=shots, query=query)
   if ways + num_unknown > available:
     raise ValueError(
-      f'An open-set {ways}-way task with {num_unknown} unknown classes needs '
-      f'{ways + num_unknown} distinct classes, but the pool has only {available}.'
+      f"An open-set {ways}-way task with {num_unknown} unknown classes needs "
+      f"{ways + num_unknown} distinct classes, but the pool has only {available}."
     )
   example_keys, classes, turns = jax.vmap(
     lambda key: _draw_classes(key, num_characters, ways, num_unknown, rotate, class_sampling)
@@ -305,7 +305,7 @@ def open_set_tasks_from_keys(
   )
 
 
-@functools.partial(jax.jit, static_argnames=('shots', 'query'))
+@functools.partial(jax.jit, static_argnames=("shots", "query"))
 def tasks_for_classes(
   keys: jax.Array,
   class_images: jax.Array,
@@ -369,9 +369,9 @@ def check_class_counts(class_counts, *, ways: int, shots: int, query: int) -> No
   smallest = int(class_counts.min())
   if smallest < shots + query:
     raise ValueError(
-      f'shots + query = {shots} + {query} = {shots + query} distinct '
-      f'examples per class are needed, but the smallest class has only '
-      f'{smallest}.'
+      f"shots + query = {shots} + {query} = {shots + query} distinct "
+      f"examples per class are needed, but the smallest class has only "
+      f"{smallest}."
     )
 
 

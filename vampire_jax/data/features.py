@@ -34,26 +34,26 @@ import numpy as np
 
 PathLike = Union[str, os.PathLike]
 
-DATASETS = {'mini': 'miniImageNet', 'tiered': 'tieredImageNet'}
-CROPS = ('center', 'multiview')
-SPLITS = ('train', 'val', 'test')
+DATASETS = {"mini": "miniImageNet", "tiered": "tieredImageNet"}
+CROPS = ("center", "multiview")
+SPLITS = ("train", "val", "test")
 EMBEDDING_SIZE = 640
-FILENAME = '{split}_embeddings.pkl'
+FILENAME = "{split}_embeddings.pkl"
 
 _HELP = (
-  'Expected LEO\'s embeddings (Rusu et al. 2019, '
-  'github.com/google-deepmind/leo: embeddings.zip) laid out as '
-  '<root>/{miniImageNet,tieredImageNet}/center/{train,val,test}'
+  "Expected LEO's embeddings (Rusu et al. 2019, "
+  "github.com/google-deepmind/leo: embeddings.zip) laid out as "
+  "<root>/{miniImageNet,tieredImageNet}/center/{train,val,test}"
   '_embeddings.pkl, each a pickled dict with "embeddings" float32 '
   '[N, 640], "labels" int [N] and "keys" [N] strings like '
   '"1234-n01234567-n01234567_1234.JPEG". Pass <root> (or the dataset or '
-  'crop folder inside it) as `data_dir` / --data-dir, or set '
-  'LEO_EMBEDDINGS_DIR (TIERED_IMAGENET_DIR / MINI_IMAGENET_FEATURES_DIR '
-  'are read too).'
+  "crop folder inside it) as `data_dir` / --data-dir, or set "
+  "LEO_EMBEDDINGS_DIR (TIERED_IMAGENET_DIR / MINI_IMAGENET_FEATURES_DIR "
+  "are read too)."
 )
 _ENV_VARS = {
-  'tiered': ('LEO_EMBEDDINGS_DIR', 'TIERED_IMAGENET_DIR'),
-  'mini': ('LEO_EMBEDDINGS_DIR', 'MINI_IMAGENET_FEATURES_DIR'),
+  "tiered": ("LEO_EMBEDDINGS_DIR", "TIERED_IMAGENET_DIR"),
+  "mini": ("LEO_EMBEDDINGS_DIR", "MINI_IMAGENET_FEATURES_DIR"),
 }
 
 
@@ -73,7 +73,7 @@ class FeatureSplit(NamedTuple):
 
 
 def find_embeddings_dir(
-  data_dir: Optional[PathLike] = None, dataset: str = 'tiered', crop: str = 'center'
+  data_dir: Optional[PathLike] = None, dataset: str = "tiered", crop: str = "center"
 ) -> Path:
   """The folder holding `{train,val,test}_embeddings.pkl`.
 
@@ -86,28 +86,28 @@ def find_embeddings_dir(
     FileNotFoundError: no such folder; the message gives the layout.
   """
   if dataset not in DATASETS:
-    raise ValueError(f'dataset must be one of {tuple(DATASETS)}, got {dataset!r}.')
+    raise ValueError(f"dataset must be one of {tuple(DATASETS)}, got {dataset!r}.")
   if crop not in CROPS:
-    raise ValueError(f'crop must be one of {CROPS}, got {crop!r}.')
+    raise ValueError(f"crop must be one of {CROPS}, got {crop!r}.")
   if data_dir is None:
     data_dir = next((os.environ[v] for v in _ENV_VARS[dataset] if os.environ.get(v)), None)
   if data_dir is None:
-    raise FileNotFoundError(f'No embeddings folder given. {_HELP}')
+    raise FileNotFoundError(f"No embeddings folder given. {_HELP}")
   root = Path(data_dir)
   name = DATASETS[dataset]
   for folder in (root / name / crop, root / crop, root):
     if all((folder / FILENAME.format(split=s)).is_file() for s in SPLITS):
       return folder
   raise FileNotFoundError(
-    f'No {name}/{crop}/{{train,val,test}}_embeddings.pkl under {root}. {_HELP}'
+    f"No {name}/{crop}/{{train,val,test}}_embeddings.pkl under {root}. {_HELP}"
   )
 
 
 def load_leo_embeddings(
   data_dir: Optional[PathLike] = None,
-  dataset: str = 'tiered',
+  dataset: str = "tiered",
   *,
-  crop: str = 'center',
+  crop: str = "center",
   l2_normalize: bool = True,
 ) -> dict[str, FeatureSplit]:
   """Loads LEO's embeddings of one dataset, grouped by class.
@@ -136,7 +136,7 @@ def load_leo_embeddings(
     for wnid in splits[split].wnids.tolist():
       if wnid in seen:
         raise ValueError(
-          f'Class {wnid} is in both the {seen[wnid]} and the {split} embeddings. {_HELP}'
+          f"Class {wnid} is in both the {seen[wnid]} and the {split} embeddings. {_HELP}"
         )
       seen[wnid] = split
   return splits
@@ -144,32 +144,32 @@ def load_leo_embeddings(
 
 def class_of_key(key: Union[str, bytes]) -> str:
   """'1234-n01234567-n01234567_1234.JPEG' -> 'n01234567' (as LEO's data.py)."""
-  key = key.decode('latin1') if isinstance(key, bytes) else str(key)
-  parts = key.split('-')
-  if len(parts) != 3 or parts[2].split('_')[0] != parts[1]:
+  key = key.decode("latin1") if isinstance(key, bytes) else str(key)
+  parts = key.split("-")
+  if len(parts) != 3 or parts[2].split("_")[0] != parts[1]:
     raise ValueError(f'Key {key!r} is not "<n>-<wnid>-<wnid>_<n>.JPEG". {_HELP}')
   return parts[1]
 
 
 def group_by_class(
-  content: dict, path: PathLike = '<dict>', l2_normalize: bool = True
+  content: dict, path: PathLike = "<dict>", l2_normalize: bool = True
 ) -> FeatureSplit:
   """LEO's {'embeddings', 'labels', 'keys'} -> `FeatureSplit`."""
-  if not isinstance(content, dict) or not {'embeddings', 'keys'} <= set(content):
+  if not isinstance(content, dict) or not {"embeddings", "keys"} <= set(content):
     raise ValueError(f'{path} is not a dict with "embeddings" and "keys". {_HELP}')
-  embeddings = np.asarray(content['embeddings'], np.float32)
-  wnid_of_row = np.array([class_of_key(k) for k in content['keys']])
+  embeddings = np.asarray(content["embeddings"], np.float32)
+  wnid_of_row = np.array([class_of_key(k) for k in content["keys"]])
   if embeddings.ndim != 2 or len(embeddings) != len(wnid_of_row):
-    raise ValueError(f'{path}: embeddings {embeddings.shape} for {len(wnid_of_row)} keys. {_HELP}')
-  if 'labels' in content:
-    _check_labels(np.asarray(content['labels']), wnid_of_row, path)
+    raise ValueError(f"{path}: embeddings {embeddings.shape} for {len(wnid_of_row)} keys. {_HELP}")
+  if "labels" in content:
+    _check_labels(np.asarray(content["labels"]), wnid_of_row, path)
   if l2_normalize:
     # As tf.nn.l2_normalize: x / sqrt(max(sum x^2, 1e-12)).
     norms = np.sqrt(np.maximum(np.sum(np.square(embeddings), -1), 1e-12))
     embeddings = embeddings / norms[:, None]
 
   wnids, class_of_row, counts = np.unique(wnid_of_row, return_inverse=True, return_counts=True)
-  order = np.argsort(class_of_row, kind='stable')  # By class, file order.
+  order = np.argsort(class_of_row, kind="stable")  # By class, file order.
   slot = np.arange(len(order)) - np.repeat(np.cumsum(counts) - counts, counts)
   features = np.zeros((len(wnids), counts.max(), embeddings.shape[1]), np.float32)
   features[class_of_row[order], slot] = embeddings[order]
@@ -179,18 +179,18 @@ def group_by_class(
 def _check_labels(labels: np.ndarray, wnid_of_row: np.ndarray, path: PathLike) -> None:
   """Raises unless labels and key classes map one to one."""
   if labels.shape != wnid_of_row.shape:
-    raise ValueError(f'{path}: {labels.shape} labels for {wnid_of_row.shape} keys. {_HELP}')
+    raise ValueError(f"{path}: {labels.shape} labels for {wnid_of_row.shape} keys. {_HELP}")
   pairs = np.unique(np.stack([labels.astype(str), wnid_of_row]), axis=1)
   if len(np.unique(pairs[0])) != pairs.shape[1] or len(np.unique(pairs[1])) != pairs.shape[1]:
     raise ValueError(
-      f'{path}: labels and the classes in the keys do not correspond one to one. {_HELP}'
+      f"{path}: labels and the classes in the keys do not correspond one to one. {_HELP}"
     )
 
 
 def _read_pickle(path: Path) -> dict:
-  with open(path, 'rb') as f:
+  with open(path, "rb") as f:
     try:
       return pickle.load(f)
     except UnicodeDecodeError:  # Written by Python 2, as LEO's are.
       f.seek(0)
-      return pickle.load(f, encoding='latin1')
+      return pickle.load(f, encoding="latin1")

@@ -34,58 +34,58 @@ from vampire_jax.errors import ConfigError, DataError, MissingDataError
 PathLike = Union[str, os.PathLike]
 
 BACKGROUND_ALPHABETS = (
-  'Alphabet_of_the_Magi',
-  'Anglo-Saxon_Futhorc',
-  'Arcadian',
-  'Armenian',
-  'Asomtavruli_(Georgian)',
-  'Balinese',
-  'Bengali',
-  'Blackfoot_(Canadian_Aboriginal_Syllabics)',
-  'Braille',
-  'Burmese_(Myanmar)',
-  'Cyrillic',
-  'Early_Aramaic',
-  'Futurama',
-  'Grantha',
-  'Greek',
-  'Gujarati',
-  'Hebrew',
-  'Inuktitut_(Canadian_Aboriginal_Syllabics)',
-  'Japanese_(hiragana)',
-  'Japanese_(katakana)',
-  'Korean',
-  'Latin',
-  'Malay_(Jawi_-_Arabic)',
-  'Mkhedruli_(Georgian)',
-  'N_Ko',
-  'Ojibwe_(Canadian_Aboriginal_Syllabics)',
-  'Sanskrit',
-  'Syriac_(Estrangelo)',
-  'Tagalog',
-  'Tifinagh',
+  "Alphabet_of_the_Magi",
+  "Anglo-Saxon_Futhorc",
+  "Arcadian",
+  "Armenian",
+  "Asomtavruli_(Georgian)",
+  "Balinese",
+  "Bengali",
+  "Blackfoot_(Canadian_Aboriginal_Syllabics)",
+  "Braille",
+  "Burmese_(Myanmar)",
+  "Cyrillic",
+  "Early_Aramaic",
+  "Futurama",
+  "Grantha",
+  "Greek",
+  "Gujarati",
+  "Hebrew",
+  "Inuktitut_(Canadian_Aboriginal_Syllabics)",
+  "Japanese_(hiragana)",
+  "Japanese_(katakana)",
+  "Korean",
+  "Latin",
+  "Malay_(Jawi_-_Arabic)",
+  "Mkhedruli_(Georgian)",
+  "N_Ko",
+  "Ojibwe_(Canadian_Aboriginal_Syllabics)",
+  "Sanskrit",
+  "Syriac_(Estrangelo)",
+  "Tagalog",
+  "Tifinagh",
 )
 EVALUATION_ALPHABETS = (
-  'Angelic',
-  'Atemayar_Qelisayer',
-  'Atlantean',
-  'Aurek-Besh',
-  'Avesta',
-  'Ge_ez',
-  'Glagolitic',
-  'Gurmukhi',
-  'Kannada',
-  'Keble',
-  'Malayalam',
-  'Manipuri',
-  'Mongolian',
-  'Old_Church_Slavonic_(Cyrillic)',
-  'Oriya',
-  'Sylheti',
-  'Syriac_(Serto)',
-  'Tengwar',
-  'Tibetan',
-  'ULOG',
+  "Angelic",
+  "Atemayar_Qelisayer",
+  "Atlantean",
+  "Aurek-Besh",
+  "Avesta",
+  "Ge_ez",
+  "Glagolitic",
+  "Gurmukhi",
+  "Kannada",
+  "Keble",
+  "Malayalam",
+  "Manipuri",
+  "Mongolian",
+  "Old_Church_Slavonic_(Cyrillic)",
+  "Oriya",
+  "Sylheti",
+  "Syriac_(Serto)",
+  "Tengwar",
+  "Tibetan",
+  "ULOG",
 )
 # Global alphabet id = position here (background 0-29, evaluation 30-49).
 ALPHABETS = BACKGROUND_ALPHABETS + EVALUATION_ALPHABETS
@@ -97,20 +97,20 @@ NUM_DRAWINGS = 20
 IMAGE_SIZE = 28
 NUM_RANDOM_TRAIN_CHARACTERS = 1200  # Vinyals et al. / MAML split.
 
-CACHE_FILENAME = 'omniglot28.npz'
-SOURCES = ('auto', 'tfds', 'zip', 'cache')
-SPLITS = ('original', 'random')
+CACHE_FILENAME = "omniglot28.npz"
+SOURCES = ("auto", "tfds", "zip", "cache")
+SPLITS = ("original", "random")
 
 _CACHE_FORMAT = 2  # 2: with the provenance record
-_SETS = (('images_background', True), ('images_evaluation', False))
-_SMALL_ZIPS = ('images_background_small1.zip', 'images_background_small2.zip')
-_URL = 'https://github.com/brendenlake/omniglot/raw/master/python/'
+_SETS = (("images_background", True), ("images_evaluation", False))
+_SMALL_ZIPS = ("images_background_small1.zip", "images_background_small2.zip")
+_URL = "https://github.com/brendenlake/omniglot/raw/master/python/"
 _HELP = (
-  'Expected a folder holding images_background.zip and '
-  'images_evaluation.zip (the TFDS source also needs '
-  f'{_SMALL_ZIPS[0]} and {_SMALL_ZIPS[1]}). Download them from '
-  f'{_URL}images_background.zip and {_URL}images_evaluation.zip, then pass '
-  'the folder as `data_dir` or set the OMNIGLOT_DIR environment variable.'
+  "Expected a folder holding images_background.zip and "
+  "images_evaluation.zip (the TFDS source also needs "
+  f"{_SMALL_ZIPS[0]} and {_SMALL_ZIPS[1]}). Download them from "
+  f"{_URL}images_background.zip and {_URL}images_evaluation.zip, then pass "
+  "the folder as `data_dir` or set the OMNIGLOT_DIR environment variable."
 )
 
 
@@ -135,8 +135,8 @@ class OmniglotArrays(NamedTuple):
 
 def default_cache_dir() -> Path:
   """`$VAMPIRE_JAX_CACHE` if set, else `~/.cache/vampire_jax`."""
-  env = os.environ.get('VAMPIRE_JAX_CACHE')
-  return Path(env) if env else Path.home() / '.cache' / 'vampire_jax'
+  env = os.environ.get("VAMPIRE_JAX_CACHE")
+  return Path(env) if env else Path.home() / ".cache" / "vampire_jax"
 
 
 def read_cache_or_none(
@@ -147,17 +147,17 @@ def read_cache_or_none(
   With source 'cache', a missing or invalid cache is an error; with 'auto', an
   invalid one is reported and None says to rebuild it.
   """
-  if source in ('auto', 'cache') and cache_path.exists():
+  if source in ("auto", "cache") and cache_path.exists():
     try:
       return read(cache_path)
     except ValueError as e:
-      if source == 'cache':
+      if source == "cache":
         raise
-      print(f'{dataset}: rebuilding the cache ({e})', file=sys.stderr)
-  if source == 'cache':
+      print(f"{dataset}: rebuilding the cache ({e})", file=sys.stderr)
+  if source == "cache":
     raise FileNotFoundError(
-      f'No {dataset} cache at {cache_path}; call {loader} with another '
-      f'source once to build it. {help_text}'
+      f"No {dataset} cache at {cache_path}; call {loader} with another "
+      f"source once to build it. {help_text}"
     )
   return None
 
@@ -170,7 +170,7 @@ def load_omniglot(
   data_dir: Optional[PathLike] = None,
   *,
   cache_dir: Optional[PathLike] = None,
-  source: str = 'auto',
+  source: str = "auto",
   print_fn: Callable[[str], None] = _print_stderr,
 ) -> OmniglotArrays:
   """Loads Omniglot at 28x28, building and caching it on first use.
@@ -214,80 +214,80 @@ def load_omniglot(
     DataError: a zip is corrupt, or the data does not have Omniglot's counts.
   """
   if source not in SOURCES:
-    raise ConfigError(f'source must be one of {SOURCES}, got {source!r}.')
+    raise ConfigError(f"source must be one of {SOURCES}, got {source!r}.")
   cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
   cache_path = cache_dir / CACHE_FILENAME
-  if data_dir is None and os.environ.get('OMNIGLOT_DIR'):
-    data_dir = os.environ['OMNIGLOT_DIR']
+  if data_dir is None and os.environ.get("OMNIGLOT_DIR"):
+    data_dir = os.environ["OMNIGLOT_DIR"]
   folder = Path(data_dir) if data_dir is not None else None
   fingerprint = None
-  if folder is not None and source != 'cache':
+  if folder is not None and source != "cache":
     _check_folder(folder, cache_dir)
     fingerprint = _fingerprint(folder)
   cached = _cached_if_current(cache_path, source, folder, fingerprint, print_fn)
   if cached is not None:
     return cached
-  if source == 'auto':
-    source = 'zip' if folder is not None else 'tfds'
+  if source == "auto":
+    source = "zip" if folder is not None else "tfds"
   print_fn(
-    f'Omniglot: building 28x28 arrays from {_describe(source, folder)} (once; then cached)...'
+    f"Omniglot: building 28x28 arrays from {_describe(source, folder)} (once; then cached)..."
   )
   start = time.perf_counter()
-  arrays = _load_zips(folder) if source == 'zip' else _load_tfds(folder, cache_dir)
+  arrays = _load_zips(folder) if source == "zip" else _load_tfds(folder, cache_dir)
   _validate(arrays)
   provenance = {
-    'source': source,
-    'folder': None if folder is None else str(folder.resolve()),
-    'fingerprint': fingerprint,
-    'cache': str(cache_path.resolve()),
+    "source": source,
+    "folder": None if folder is None else str(folder.resolve()),
+    "fingerprint": fingerprint,
+    "cache": str(cache_path.resolve()),
   }
   _write_cache(cache_path, arrays, provenance)
-  print_fn(f'Omniglot: built in {time.perf_counter() - start:.0f} s; cached in {cache_path}')
-  return arrays._replace(provenance=dict(provenance, loaded='built'))
+  print_fn(f"Omniglot: built in {time.perf_counter() - start:.0f} s; cached in {cache_path}")
+  return arrays._replace(provenance=dict(provenance, loaded="built"))
 
 
 def _describe(source: str, folder: Optional[Path]) -> str:
-  if source == 'zip':
-    return f'the zips in {folder}'
-  return f'TFDS (offline, from the zips in {folder})' if folder else 'TFDS (downloading)'
+  if source == "zip":
+    return f"the zips in {folder}"
+  return f"TFDS (offline, from the zips in {folder})" if folder else "TFDS (downloading)"
 
 
 def _cached_if_current(
   cache_path: Path, source: str, folder: Optional[Path], fingerprint: Optional[list], print_fn
 ) -> Optional[OmniglotArrays]:
   """The cache, if the source allows it and it was built from `folder`'s data."""
-  if source not in ('auto', 'cache'):
+  if source not in ("auto", "cache"):
     return None
   if not cache_path.exists():
-    if source == 'cache':
+    if source == "cache":
       raise MissingDataError(
-        f'No Omniglot cache at {cache_path}; load it once from the zips '
+        f"No Omniglot cache at {cache_path}; load it once from the zips "
         f'(source "zip" or "auto") to build it. {_HELP}'
       )
     return None
   try:
     arrays = _read_cache(cache_path)
   except ValueError as error:
-    if source == 'cache':
-      raise DataError(f'The Omniglot cache {cache_path} is unusable: {error}') from error
-    print_fn(f'Omniglot: rebuilding the cache ({error})')
+    if source == "cache":
+      raise DataError(f"The Omniglot cache {cache_path} is unusable: {error}") from error
+    print_fn(f"Omniglot: rebuilding the cache ({error})")
     return None
-  built_from = arrays.provenance.get('fingerprint')
-  if source == 'auto' and folder is not None and built_from != fingerprint:
+  built_from = arrays.provenance.get("fingerprint")
+  if source == "auto" and folder is not None and built_from != fingerprint:
     print_fn(
-      f'Omniglot: the cache {cache_path} was not built from the zips in {folder} '
-      f'(it came from {arrays.provenance.get("folder") or "a download"}); rebuilding it'
+      f"Omniglot: the cache {cache_path} was not built from the zips in {folder} "
+      f"(it came from {arrays.provenance.get('folder') or 'a download'}); rebuilding it"
     )
     return None
   print_fn(
-    f'Omniglot: cached arrays {cache_path} (built from '
-    f'{_describe(arrays.provenance.get("source", "?"), _as_path(arrays.provenance))})'
+    f"Omniglot: cached arrays {cache_path} (built from "
+    f"{_describe(arrays.provenance.get('source', '?'), _as_path(arrays.provenance))})"
   )
-  return arrays._replace(provenance=dict(arrays.provenance, loaded='cache'))
+  return arrays._replace(provenance=dict(arrays.provenance, loaded="cache"))
 
 
 def _as_path(provenance: dict) -> Optional[Path]:
-  return Path(provenance['folder']) if provenance.get('folder') else None
+  return Path(provenance["folder"]) if provenance.get("folder") else None
 
 
 def split_indices(
@@ -334,10 +334,10 @@ def split_indices(
     {'train', 'val', 'test'} -> sorted int64 indices into `arrays`.
   """
   num_characters = len(arrays.images)
-  if split == 'original':
+  if split == "original":
     if not 0 <= num_val_alphabets < len(BACKGROUND_ALPHABETS):
       raise ValueError(
-        f'num_val_alphabets must be in [0, {len(BACKGROUND_ALPHABETS)}), got {num_val_alphabets}.'
+        f"num_val_alphabets must be in [0, {len(BACKGROUND_ALPHABETS)}), got {num_val_alphabets}."
       )
     background = np.asarray(arrays.is_background, bool)
     background_alphabets = np.unique(arrays.alphabet[background])
@@ -345,27 +345,27 @@ def split_indices(
     is_val = background & np.isin(arrays.alphabet, val_alphabets)
     train = np.flatnonzero(background & ~is_val)
     return {
-      'train': train,
-      'val': np.flatnonzero(is_val) if num_val_alphabets else train,
-      'test': np.flatnonzero(~background),
+      "train": train,
+      "val": np.flatnonzero(is_val) if num_val_alphabets else train,
+      "test": np.flatnonzero(~background),
     }
-  if split == 'random':
+  if split == "random":
     num_train = NUM_RANDOM_TRAIN_CHARACTERS
     if not 0 <= num_val_characters < num_train:
-      raise ValueError(f'num_val_characters must be in [0, {num_train}), got {num_val_characters}.')
+      raise ValueError(f"num_val_characters must be in [0, {num_train}), got {num_val_characters}.")
     if num_characters <= num_train:
       raise ValueError(
-        f'The random split needs more than {num_train} characters, got {num_characters}.'
+        f"The random split needs more than {num_train} characters, got {num_characters}."
       )
     order = np.random.default_rng(seed).permutation(num_characters)
     num_fit = num_train - num_val_characters
     train = np.sort(order[:num_fit])
     return {
-      'train': train,
-      'val': np.sort(order[num_fit:num_train]) if num_val_characters else train,
-      'test': np.sort(order[num_train:]),
+      "train": train,
+      "val": np.sort(order[num_fit:num_train]) if num_val_characters else train,
+      "test": np.sort(order[num_train:]),
     }
-  raise ValueError(f'split must be one of {SPLITS}, got {split!r}.')
+  raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
 
 
 def make_split(
@@ -435,20 +435,20 @@ def save_split_indices(
   )
   names = character_names(arrays)
   record = {
-    'dataset': 'omniglot',
-    'split': split,
-    'seed': seed,
-    'num_val_characters': num_val_characters,
-    'num_val_alphabets': num_val_alphabets,
-    'order': 'background then evaluation set; alphabets sorted by name; '
-    'characters by folder number',
+    "dataset": "omniglot",
+    "split": split,
+    "seed": seed,
+    "num_val_characters": num_val_characters,
+    "num_val_alphabets": num_val_alphabets,
+    "order": "background then evaluation set; alphabets sorted by name; "
+    "characters by folder number",
   }
   for part, idx in indices.items():
     record[part] = {
-      'num_characters': len(idx),
-      'alphabets': sorted({ALPHABETS[a] for a in arrays.alphabet[idx]}),
-      'indices': idx.tolist(),
-      'characters': [names[i] for i in idx],
+      "num_characters": len(idx),
+      "alphabets": sorted({ALPHABETS[a] for a in arrays.alphabet[idx]}),
+      "indices": idx.tolist(),
+      "characters": [names[i] for i in idx],
     }
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -461,7 +461,7 @@ def character_names(arrays: OmniglotArrays) -> list[str]:
   names, count = [], {}
   for a in arrays.alphabet.tolist():
     count[a] = count.get(a, 0) + 1
-    names.append(f'{ALPHABETS[a]}/character{count[a]:02d}')
+    names.append(f"{ALPHABETS[a]}/character{count[a]:02d}")
   return names
 
 
@@ -469,28 +469,28 @@ def character_names(arrays: OmniglotArrays) -> list[str]:
 
 
 def _zip_names(all_four: bool) -> list[str]:
-  names = [f'{name}.zip' for name, _ in _SETS]
+  names = [f"{name}.zip" for name, _ in _SETS]
   return names + list(_SMALL_ZIPS) if all_four else names
 
 
 def _check_folder(folder: Path, cache_dir: Path) -> None:
   """Raises unless `folder` holds both sets (zipped or extracted) and is not written to."""
   if folder.is_file():
-    raise MissingDataError(f'Omniglot folder {folder} is a file, not a folder. {_HELP}')
+    raise MissingDataError(f"Omniglot folder {folder} is a file, not a folder. {_HELP}")
   if not folder.is_dir():
-    raise MissingDataError(f'Omniglot folder {folder} does not exist. {_HELP}')
+    raise MissingDataError(f"Omniglot folder {folder} does not exist. {_HELP}")
   if cache_dir.resolve().is_relative_to(folder.resolve()):
     raise ConfigError(
-      f'cache_dir {cache_dir} is inside the data folder {folder}; the data folder is only read.'
+      f"cache_dir {cache_dir} is inside the data folder {folder}; the data folder is only read."
     )
   missing = [
-    f'{name}.zip'
+    f"{name}.zip"
     for name, _ in _SETS
-    if not (folder / f'{name}.zip').is_file() and not (folder / name).is_dir()
+    if not (folder / f"{name}.zip").is_file() and not (folder / name).is_dir()
   ]
   if missing:
     raise MissingDataError(
-      f'{", ".join(missing)} not found in the Omniglot folder {folder}. {_HELP}'
+      f"{', '.join(missing)} not found in the Omniglot folder {folder}. {_HELP}"
     )
 
 
@@ -501,11 +501,11 @@ def _fingerprint(folder: Path) -> list:
   """
   parts = []
   for name, _ in _SETS:
-    path = folder / f'{name}.zip'
+    path = folder / f"{name}.zip"
     if path.is_file():
       parts.append([path.name, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()])
     else:
-      pngs = list((folder / name).rglob('*.png'))
+      pngs = list((folder / name).rglob("*.png"))
       parts.append([name, len(pngs), sum(p.stat().st_size for p in pngs)])
   return parts
 
@@ -515,12 +515,12 @@ def _assemble(groups: dict[tuple[bool, str, int], list[np.ndarray]]) -> Omniglot
   keys = sorted(groups, key=lambda k: (not k[0], k[1], k[2]))
   unknown = sorted({alphabet for _, alphabet, _ in keys} - set(ALPHABETS))
   if unknown:
-    raise DataError(f'Unknown Omniglot alphabets {unknown}. {_HELP}')
+    raise DataError(f"Unknown Omniglot alphabets {unknown}. {_HELP}")
   for key in keys:
     if len(groups[key]) != NUM_DRAWINGS:
       raise DataError(
-        f'Character {key[1]}/{key[2]} has {len(groups[key])} '
-        f'drawings, expected {NUM_DRAWINGS}. {_HELP}'
+        f"Character {key[1]}/{key[2]} has {len(groups[key])} "
+        f"drawings, expected {NUM_DRAWINGS}. {_HELP}"
       )
   return OmniglotArrays(
     images=np.stack([np.stack(groups[k]) for k in keys]),
@@ -532,22 +532,22 @@ def _assemble(groups: dict[tuple[bool, str, int], list[np.ndarray]]) -> Omniglot
 def _load_zips(folder: Optional[Path]) -> OmniglotArrays:
   """Reads and resizes the PNGs of both sets with PIL."""
   if folder is None:
-    raise MissingDataError(f'The zip source needs a folder. {_HELP}')
+    raise MissingDataError(f"The zip source needs a folder. {_HELP}")
   groups = {}
   for set_name, is_background in _SETS:
-    zip_path, tree = folder / f'{set_name}.zip', folder / set_name
+    zip_path, tree = folder / f"{set_name}.zip", folder / set_name
     if zip_path.is_file():
       files = _read_zip(zip_path)
     else:  # An extracted folder.
-      files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in tree.rglob('*.png')}
+      files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in tree.rglob("*.png")}
     # '<set>/<alphabet>/<characterNN>/<id>_<drawer>.png', in drawer order.
     names = sorted(
-      n for n in files if n.endswith('.png') and n.count('/') == 3 and not n.startswith('__MACOSX')
+      n for n in files if n.endswith(".png") and n.count("/") == 3 and not n.startswith("__MACOSX")
     )
     for name in names:  # (a thread pool was slower: these small images hold the GIL)
-      _, alphabet, character, _ = name.split('/')
+      _, alphabet, character, _ = name.split("/")
       image = _drawing_28(files[name], name, zip_path if zip_path.is_file() else folder)
-      groups.setdefault((is_background, alphabet, int(character[len('character') :])), []).append(
+      groups.setdefault((is_background, alphabet, int(character[len("character") :])), []).append(
         image
       )
   return _assemble(groups)
@@ -559,8 +559,8 @@ def _drawing_28(data: bytes, name: str, source: Path) -> np.ndarray:
     return omniglot_drawing_to_28(pil_image().open(io.BytesIO(data)))
   except (OSError, SyntaxError, ValueError) as error:  # PIL's errors for broken images
     raise DataError(
-      f'{name} in {source} is not a readable image ({type(error).__name__}). Download the '
-      f'zip again. {_HELP}'
+      f"{name} in {source} is not a readable image ({type(error).__name__}). Download the "
+      f"zip again. {_HELP}"
     ) from None
 
 
@@ -568,11 +568,11 @@ def _read_zip(path: Path) -> dict[str, bytes]:
   """`{member name: bytes}` of a zip; a corrupt zip is a DataError naming the file."""
   try:
     with zipfile.ZipFile(path) as archive:
-      return {name: archive.read(name) for name in archive.namelist() if name.endswith('.png')}
+      return {name: archive.read(name) for name in archive.namelist() if name.endswith(".png")}
   except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as error:
     raise DataError(
-      f'{path} is not a readable zip file ({error}); it may be truncated. '
-      f'Download it again. {_HELP}'
+      f"{path} is not a readable zip file ({error}); it may be truncated. "
+      f"Download it again. {_HELP}"
     ) from None
 
 
@@ -584,9 +584,9 @@ def _local_checksums(tfds, folder: Path):
   not the ones TFDS registers (recipe 1 of that folder's README). The builder
   class is restored on exit.
   """
-  builder_cls = tfds.builder_cls('omniglot')
-  had_own = 'url_infos' in vars(builder_cls)
-  previous = vars(builder_cls).get('url_infos')
+  builder_cls = tfds.builder_cls("omniglot")
+  had_own = "url_infos" in vars(builder_cls)
+  previous = vars(builder_cls).get("url_infos")
   builder_cls.url_infos = {
     url: tfds.core.download.checksums.compute_url_info(folder / info.filename)
     for url, info in builder_cls.url_infos.items()
@@ -606,42 +606,42 @@ def _load_tfds(folder: Optional[Path], cache_dir: Path) -> OmniglotArrays:
   The builder's files go to a temporary folder beside `<cache_dir>/tfds`,
   renamed into place only when the build succeeded: a failure leaves nothing.
   """
-  if importlib.util.find_spec('tensorflow') is None:
+  if importlib.util.find_spec("tensorflow") is None:
     raise MissingDataError(
-      'Building Omniglot with TFDS needs TensorFlow, which is not installed: '
+      "Building Omniglot with TFDS needs TensorFlow, which is not installed: "
       'run `pip install -e ".[data]"` (or pip install tensorflow), or give a folder with the '
-      f'zips, which is read without TensorFlow. {_HELP}'
+      f"zips, which is read without TensorFlow. {_HELP}"
     )
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   tfds.disable_progress_bar()
-  tfds_dir = cache_dir / 'tfds'
+  tfds_dir = cache_dir / "tfds"
   if folder is not None:
     missing = [f for f in _zip_names(all_four=True) if not (folder / f).is_file()]
     if missing:
-      raise MissingDataError(f'The TFDS source needs {missing} in {folder}. {_HELP}')
+      raise MissingDataError(f"The TFDS source needs {missing} in {folder}. {_HELP}")
   if not tfds_dir.exists():
     cache_dir.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(dir=cache_dir, prefix='tfds.partial-'))
+    building = Path(tempfile.mkdtemp(dir=cache_dir, prefix="tfds.partial-"))
     try:
       _prepare_tfds(tfds, folder, building)
     except Exception as error:
       shutil.rmtree(building, ignore_errors=True)
       raise DataError(
-        f'TFDS could not build Omniglot ({type(error).__name__}: {error}); '
-        f'nothing was kept. {_HELP}'
+        f"TFDS could not build Omniglot ({type(error).__name__}: {error}); "
+        f"nothing was kept. {_HELP}"
       ) from error
     os.replace(building, tfds_dir)
-  builder = tfds.builder('omniglot', data_dir=os.fspath(tfds_dir))
-  names = builder.info.features['alphabet'].names
+  builder = tfds.builder("omniglot", data_dir=os.fspath(tfds_dir))
+  names = builder.info.features["alphabet"].names
   groups = {}
-  for split, is_background in (('train', True), ('test', False)):
+  for split, is_background in (("train", True), ("test", False)):
     dataset = builder.as_dataset(split=split, shuffle_files=False)
-    dataset = dataset.map(lambda ex: {**ex, 'image': ex['image'][..., 0]})
+    dataset = dataset.map(lambda ex: {**ex, "image": ex["image"][..., 0]})
     for batch in tfds.as_numpy(dataset.batch(1000)):
       for image, alphabet, character in zip(
-        batch['image'], batch['alphabet'], batch['alphabet_char_id']
+        batch["image"], batch["alphabet"], batch["alphabet_char_id"]
       ):
         # alphabet_char_id is the character folder's number minus one.
         key = (is_background, names[alphabet], int(character) + 1)
@@ -657,7 +657,7 @@ def _prepare_tfds(tfds, folder: Optional[Path], tfds_dir: Path) -> None:
       download_config = tfds.download.DownloadConfig(
         manual_dir=os.fspath(folder), try_download_gcs=False
       )
-    builder = tfds.builder('omniglot', data_dir=os.fspath(tfds_dir))
+    builder = tfds.builder("omniglot", data_dir=os.fspath(tfds_dir))
     builder.download_and_prepare(download_config=download_config)
 
 
@@ -666,33 +666,33 @@ def _validate(arrays: OmniglotArrays) -> None:
   shape = (NUM_CHARACTERS, NUM_DRAWINGS, IMAGE_SIZE, IMAGE_SIZE)
   problems = []
   if arrays.images.shape != shape or arrays.images.dtype != np.uint8:
-    problems.append(f'images are {arrays.images.dtype}{arrays.images.shape}, expected uint8{shape}')
+    problems.append(f"images are {arrays.images.dtype}{arrays.images.shape}, expected uint8{shape}")
   num_background = int(np.sum(arrays.is_background))
   if num_background != NUM_BACKGROUND_CHARACTERS:
-    problems.append(f'{num_background} background characters, expected {NUM_BACKGROUND_CHARACTERS}')
+    problems.append(f"{num_background} background characters, expected {NUM_BACKGROUND_CHARACTERS}")
   elif not np.all(arrays.is_background[:num_background]):
-    problems.append('background characters do not come first')
+    problems.append("background characters do not come first")
   elif set(arrays.alphabet[:num_background].tolist()) != set(
     range(len(BACKGROUND_ALPHABETS))
   ) or set(arrays.alphabet[num_background:].tolist()) != set(
     range(len(BACKGROUND_ALPHABETS), len(ALPHABETS))
   ):
-    problems.append('alphabets are not the 30 background and 20 evaluation ones')
+    problems.append("alphabets are not the 30 background and 20 evaluation ones")
   if problems:
-    raise DataError(f'Not the full Omniglot set: {"; ".join(problems)}. {_HELP}')
+    raise DataError(f"Not the full Omniglot set: {'; '.join(problems)}. {_HELP}")
 
 
 def _read_cache(path: Path) -> OmniglotArrays:
   """The cached arrays; a ValueError if the file is damaged (truncated, not an npz)."""
   try:
     with np.load(path, allow_pickle=False) as f:
-      if int(f['format']) != _CACHE_FORMAT:
-        raise ValueError(f'{path} has format {int(f["format"])}, expected {_CACHE_FORMAT}')
+      if int(f["format"]) != _CACHE_FORMAT:
+        raise ValueError(f"{path} has format {int(f['format'])}, expected {_CACHE_FORMAT}")
       arrays = OmniglotArrays(
-        f['images'], f['alphabet'], f['is_background'], json.loads(str(f['provenance']))
+        f["images"], f["alphabet"], f["is_background"], json.loads(str(f["provenance"]))
       )
   except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, OSError) as error:
-    raise ValueError(f'{path} is damaged ({type(error).__name__}: {error})') from error
+    raise ValueError(f"{path} is damaged ({type(error).__name__}: {error})") from error
   _validate(arrays)
   return arrays
 
@@ -700,12 +700,12 @@ def _read_cache(path: Path) -> OmniglotArrays:
 def _write_cache(path: Path, arrays: OmniglotArrays, provenance: dict) -> None:
   """Writes atomically (temporary file, then rename)."""
   path.parent.mkdir(parents=True, exist_ok=True)
-  with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp', delete=False) as f:
+  with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
     np.savez(
       f,
       format=_CACHE_FORMAT,
       provenance=json.dumps(provenance),
-      resample='lanczos',
+      resample="lanczos",
       images=arrays.images,
       alphabet=arrays.alphabet,
       is_background=arrays.is_background,

@@ -40,21 +40,21 @@ def pil_image():
   return Image
 
 
-def omniglot_drawing_to_28(image: 'Image.Image') -> np.ndarray:
+def omniglot_drawing_to_28(image: "Image.Image") -> np.ndarray:
   """One 105x105 drawing, strokes dark -> uint8 `[28, 28]`, strokes 255, background 0.
 
   Grey conversion, LANCZOS resize, then inversion (as MAML inverts; MAML
   resized the 1-bit image, which PIL does with NEAREST, so edges differ).
   """
   if image.size != (OMNIGLOT_ORIGINAL_SIZE, OMNIGLOT_ORIGINAL_SIZE):
-    raise ValueError(f'Expected 105x105 Omniglot drawings, got {image.size[0]}x{image.size[1]}.')
-  small = image.convert('L').resize((OMNIGLOT_SIZE, OMNIGLOT_SIZE), pil_image().Resampling.LANCZOS)
+    raise ValueError(f"Expected 105x105 Omniglot drawings, got {image.size[0]}x{image.size[1]}.")
+  small = image.convert("L").resize((OMNIGLOT_SIZE, OMNIGLOT_SIZE), pil_image().Resampling.LANCZOS)
   return 255 - np.asarray(small, np.uint8)
 
 
-def resize_to_84(image: 'Image.Image') -> np.ndarray:
+def resize_to_84(image: "Image.Image") -> np.ndarray:
   """PIL image -> uint8 `[84, 84, 3]` RGB (LANCZOS if not 84x84 already)."""
-  image = image.convert('RGB')
+  image = image.convert("RGB")
   if image.size != (MINI_IMAGENET_SIZE, MINI_IMAGENET_SIZE):
     image = image.resize((MINI_IMAGENET_SIZE, MINI_IMAGENET_SIZE), pil_image().Resampling.LANCZOS)
   return np.asarray(image, np.uint8)
@@ -72,11 +72,11 @@ def preprocess_omniglot(images) -> np.ndarray:
   """
   images = np.asarray(images)
   if images.ndim != 3 or images.shape[1:] != (OMNIGLOT_ORIGINAL_SIZE,) * 2:
-    raise ValueError(f'images must be [n, 105, 105] Omniglot drawings, got shape {images.shape}')
+    raise ValueError(f"images must be [n, 105, 105] Omniglot drawings, got shape {images.shape}")
   if images.dtype == bool:
     images = images.astype(np.uint8) * 255
   if images.dtype != np.uint8:
-    raise ValueError(f'images must be uint8 (0 = ink, 255 = paper), got dtype {images.dtype}')
+    raise ValueError(f"images must be uint8 (0 = ink, 255 = paper), got dtype {images.dtype}")
   small = [omniglot_drawing_to_28(pil_image().fromarray(image)) for image in images]
   return (np.stack(small).astype(np.float32) / 255.0)[..., None]
 
@@ -89,6 +89,6 @@ def preprocess_mini_imagenet(images) -> np.ndarray:
   """
   images = np.asarray(images)
   if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
-    raise ValueError(f'images must be uint8 [n, H, W, 3], got {images.dtype}{images.shape}')
+    raise ValueError(f"images must be uint8 [n, H, W, 3], got {images.dtype}{images.shape}")
   resized = [resize_to_84(pil_image().fromarray(image)) for image in images]
   return np.stack(resized).astype(np.float32) / 255.0
