@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from vampire_jax.normal_cdf import normal_cdf
+from vampire_jax._normal_cdf import normal_cdf
 
 
 # -- Classification ------------------------------------------------------------

@@ -34,20 +34,6 @@ def build_train_step(
   data = problem.splits["train"]
   if config.debug_nans:  # one checked program (vj.debug_nonfinite) names the first NaN
     strategy = "map" if strategy == "host_chunked" else strategy
-    step = diagnostics.debug_nonfinite(
-      meta_step.make_train_step(
-        learner,
-        optimizer,
-        problem.sample_tasks,
-        tasks_per_step=config.tasks_per_step,
-        steps_per_call=num_steps,
-        task_batching=strategy,
-        chunk_size=chunk,
-        metrics_fn=metrics_fn,
-        mesh=mesh,
-      )
-    )
-    return lambda state, key: step(state, data, key)
   if strategy == "host_chunked":
     if mesh is not None:
       raise ConfigError(
@@ -63,20 +49,21 @@ def build_train_step(
       metrics_fn=metrics_fn,
     )
     return lambda state, key: step(state, data, key)
-  step = jax.jit(
-    meta_step.make_train_step(
-      learner,
-      optimizer,
-      problem.sample_tasks,
-      tasks_per_step=config.tasks_per_step,
-      steps_per_call=num_steps,
-      task_batching=strategy,
-      chunk_size=chunk,
-      metrics_fn=metrics_fn,
-      mesh=mesh,
-    ),
-    donate_argnums=0,
+  train_step = meta_step.make_train_step(
+    learner,
+    optimizer,
+    problem.sample_tasks,
+    tasks_per_step=config.tasks_per_step,
+    steps_per_call=num_steps,
+    task_batching=strategy,
+    chunk_size=chunk,
+    metrics_fn=metrics_fn,
+    mesh=mesh,
   )
+  if config.debug_nans:
+    step = diagnostics.debug_nonfinite(train_step)
+  else:
+    step = jax.jit(train_step, donate_argnums=0)
   return lambda state, key: step(state, data, key)
 
 
