@@ -38,6 +38,44 @@ NOT_IN_THE_WHEEL = (
 )
 
 
+# Run first in a script: as if only the wheel were installed, the packages of
+# NOT_IN_THE_WHEEL are not found.
+WHEEL_ALONE = textwrap.dedent(f"""
+    import sys
+    BLOCKED = {NOT_IN_THE_WHEEL!r}
+
+    class Hide:
+      def __init__(self, finders):
+        self.finders = finders
+
+      def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+          return None
+        for finder in self.finders:
+          spec = finder.find_spec(name, path, target)
+          if spec is not None:
+            return spec
+        return None
+
+    sys.meta_path[:] = [Hide(list(sys.meta_path))]
+""")
+
+
+def _run_with_the_wheel_alone(script: str, cwd: Path) -> str:
+  """stdout of `WHEEL_ALONE + script` in a fresh process, importing the vampire_jax under test."""
+  env = {**os.environ, "PYTHONPATH": str(Path(vj.__file__).parents[1])}
+  done = subprocess.run(
+    [sys.executable, "-c", WHEEL_ALONE + textwrap.dedent(script)],
+    cwd=cwd,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout
+
+
 def _tiny_regression_run(workdir: Path):
   config = dataclasses.replace(
     regression.get_config("quick", "vampire"),
@@ -82,39 +120,23 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
   evaluate = vj.make_regression_evaluator(run.learner, run.noise_std)
   reported_nll = float(evaluate(run.meta_params, task, jax.random.key(3)[None]).nll[0])
 
-  script = textwrap.dedent(f"""
-      import dataclasses, json, sys, warnings
-      BLOCKED = {NOT_IN_THE_WHEEL!r}
-
-      class Hide:  # as if only the wheel were installed: these packages are not found
-        def __init__(self, finders):
-          self.finders = finders
-
-        def find_spec(self, name, path=None, target=None):
-          if name.split(".")[0] in BLOCKED:
-            return None
-          for finder in self.finders:
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-              return spec
-          return None
-
-      sys.meta_path[:] = [Hide(list(sys.meta_path))]
+  script = textwrap.dedent("""
+      import dataclasses, json, warnings
       # load_run's warning when it falls back to a stand-in config class.
       warnings.filterwarnings("error", message="cannot import the run's config class")
       import jax, numpy as np
       import vampire_jax as vj
       x = np.linspace(-5, 5, 12, dtype=np.float32)[:, None]
-      out = {{}}
+      out = {}
       for name in ("run", "old_run"):
         run = vj.load_run(name)
-        out[name] = {{"config": f"{{type(run.config).__module__}}.{{type(run.config).__name__}}",
+        out[name] = {"config": f"{type(run.config).__module__}.{type(run.config).__name__}",
                      "fields": dataclasses.asdict(run.config),
                      "predictions": np.asarray(run.predict(x[:5], np.sin(x[:5]), x[5:],
                                                            jax.random.key(3))).tolist(),
                      "nll": -float(run.predictive(x[:5], np.sin(x[:5]), x[5:], jax.random.key(3))
-                                   .log_prob(np.sin(x[5:])).mean())}}
-      out["loaded"] = sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))
+                                   .log_prob(np.sin(x[5:])).mean())}
+      out["loaded"] = sorted({m.split(".")[0] for m in sys.modules} & set(BLOCKED))
       drawing = np.full((2, 105, 105), 255, np.uint8)
       drawing[:, 40:60, 20:80] = 0  # a dark stroke on white paper
       out["preprocessed"] = vj.data.preprocess_omniglot(drawing).tolist()
@@ -122,17 +144,8 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
   """)
   # From the folder that holds the runs, outside the repository, importing the
   # vampire_jax under test (the blocker keeps the clone's other packages out).
-  env = {**os.environ, "PYTHONPATH": str(Path(vj.__file__).parents[1])}
-  done = subprocess.run(
-    [sys.executable, "-c", script],
-    cwd=tmp_path,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert done.returncode == 0, done.stderr[-3000:]
-  result = json.loads(done.stdout.strip().splitlines()[-1])
+  stdout = _run_with_the_wheel_alone(script, tmp_path)
+  result = json.loads(stdout.strip().splitlines()[-1])
   assert result["loaded"] == []
   drawing = np.full((2, 105, 105), 255, np.uint8)
   drawing[:, 40:60, 20:80] = 0
@@ -207,3 +220,33 @@ def test_every_runtime_dependency_is_imported_by_the_library():
       unused.append(f"{name} (import {module})")
   assert not unused, f"declared in pyproject.toml but never imported by vampire_jax/: {unused}"
   assert {"distrax", "chex"} <= set(names)  # the design card's stack, at work in the library
+
+
+def test_an_omniglot_runs_predictive_with_the_wheel_alone(tiny_omniglot_run):
+  """`Run.predictive` on a trained Omniglot run, in a process without the clone's packages:
+  its log_prob is the evaluator's NLL of the same task and key."""
+  run = vj.load_run(tiny_omniglot_run[0])
+  rng = np.random.default_rng(0)
+  support_x = rng.uniform(0, 1, (5,) + run.input_shape).astype(np.float32)
+  query_x = rng.uniform(0, 1, (10,) + run.input_shape).astype(np.float32)
+  support_y, query_y = np.arange(5), np.arange(10) % 5
+  task = vj.Task(support_x[None], support_y[None], query_x[None], query_y[None])
+  evaluate = vj.make_classification_evaluator(run.learner)
+  reported = float(evaluate(run.meta_params, task, jax.random.key(8)[None]).nll[0])
+  np.savez(tiny_omniglot_run[0].parent / "omniglot_task.npz", support_x=support_x, query_x=query_x)
+  stdout = _run_with_the_wheel_alone(
+    f"""
+    import jax, numpy as np
+    import vampire_jax as vj
+    arrays = np.load({str(tiny_omniglot_run[0].parent / "omniglot_task.npz")!r})
+    run = vj.load_run({str(tiny_omniglot_run[0])!r})
+    dist = run.predictive(arrays["support_x"], np.arange(5), arrays["query_x"], jax.random.key(8))
+    print(type(dist).__name__, -float(dist.log_prob(np.arange(10) % 5).mean()))
+    print(sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED)))
+    """,
+    tiny_omniglot_run[0].parent,
+  )
+  first, loaded = stdout.strip().splitlines()[-2:]
+  name, nll = first.split()
+  assert name == "Categorical" and abs(float(nll) - reported) < 1e-5, (first, reported)
+  assert loaded == "[]"
