@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 
 from vampire_jax import batching, calibration, checks, losses, sharding
 from vampire_jax import predictive_uncertainty
-from vampire_jax.learners import MetaLearner
+from vampire_jax.learners import MetaLearner, adapt_to_task
 from vampire_jax.tasks import Task, check_task_batch
 
 PyTree = Any
@@ -78,8 +78,9 @@ def _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_si
   num_tasks = check_task_batch(tasks, "evaluate")
 
   def one_task(meta_params, task, task_key):
-    adapt_key, predict_key = jax.random.split(task_key)
-    task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
+    task_params, predict_key = adapt_to_task(
+      learner, meta_params, task.support_x, task.support_y, task_key
+    )
     return score(learner.predict(task_params, task.query_x, predict_key), task.query_y)
 
   def map_tasks(meta_params, tasks, task_keys):

@@ -259,6 +259,23 @@ def maml(
   )
 
 
+def adapt_to_task(
+  learner: MetaLearner,
+  meta_params: PyTree,
+  support_x: jax.Array,
+  support_y: jax.Array,
+  key: jax.Array,
+) -> tuple[PyTree, jax.Array]:
+  """`(task_params, predict_key)`: one task's adaptation and the key of its predictions.
+
+  `key` is split into the adaptation's key and the prediction's. The meta-training
+  loss, the evaluators, `Run.predict` and `vj.predictive` all split it here (and
+  `check_inner_loop` the same way), so one key gives the same weight draws in all.
+  """
+  adapt_key, predict_key = jax.random.split(key)
+  return learner.adapt(meta_params, support_x, support_y, adapt_key), predict_key
+
+
 def query_loss(
   learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
@@ -277,8 +294,7 @@ def query_loss(
   """
   if learner.meta_loss is not None:
     return learner.meta_loss(meta_params, task, key)
-  adapt_key, query_key = jax.random.split(key)
-  task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
+  task_params, query_key = adapt_to_task(learner, meta_params, task.support_x, task.support_y, key)
   outputs = learner.predict(task_params, task.query_x, query_key)
   return query_nll(learner.nll, outputs, task.query_y), outputs
 

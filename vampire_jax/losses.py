@@ -1,9 +1,10 @@
 """Likelihoods on network outputs, and the `loss_fn` that `adapt` takes.
 
 A likelihood here is `nll(outputs, y)`: the mean negative log-likelihood of
-targets `y` given one network output batch. Each of ours also has
-`nll.distribution(outputs, batch_ndims=1)`, the targets' distrax distribution
-(what `vj.predictive_distribution` mixes over weight draws). `loss_from_apply` lifts it to
+targets `y` given one network output batch. `gaussian_nll`'s and
+`distribution_nll`'s also have `nll.distribution(outputs, batch_ndims=1)`, the
+targets' distrax distribution, which `vj.predictive_distribution` mixes over
+weight draws (a classifier's predictive is the Categorical of the mean softmax). `loss_from_apply` lifts it to
 `loss_fn(params, x, y)` for a network `apply_fn(params, x)`. The `mixture_*`
 functions score the Monte-Carlo predictive (the average over weight draws).
 """
@@ -68,18 +69,9 @@ def _check_categorical_targets(outputs, labels) -> None:
   checks.labels_in_range("categorical_nll", "labels", labels, outputs.shape[-1])
 
 
-def _categorical_distribution(logits: jax.Array, batch_ndims: int = 1):
-  """`distrax.Categorical(logits)`: the labels' distribution under one output batch."""
-  import distrax  # on first use: it loads TFP's JAX substrate (module docstring of predictive)
-
-  del batch_ndims  # the class axis is the last; every other axis is batch
-  return distrax.Categorical(logits=logits)
-
-
 # The learners' default inner learning rate for this likelihood (see `gaussian_nll`).
 categorical_nll = _with_default_inner_lr(categorical_nll, 0.1)
 categorical_nll.check_targets = _check_categorical_targets
-categorical_nll.distribution = _categorical_distribution
 
 
 def _check_targets(where: str, outputs: jax.Array, targets: jax.Array) -> None:

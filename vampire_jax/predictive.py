@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from vampire_jax import checks, losses
 from vampire_jax.errors import InputError
-from vampire_jax.learners import MetaLearner
+from vampire_jax.learners import MetaLearner, adapt_to_task
 
 PyTree = Any
 
@@ -113,8 +113,7 @@ def predictive(
     True
   """
   checks.prng_key("vj.predictive", "key", key)
-  adapt_key, predict_key = jax.random.split(key)  # as the evaluators split a task's key
-  task_params = learner.adapt(meta_params, support_x, support_y, adapt_key)
+  task_params, predict_key = adapt_to_task(learner, meta_params, support_x, support_y, key)
   return predictive_distribution(learner.predict(task_params, query_x, predict_key), learner.nll)
 
 

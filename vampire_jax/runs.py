@@ -38,7 +38,7 @@ from vampire_jax import (
 from vampire_jax.run_folder import RunCheckpoints
 from vampire_jax.config import RunConfig
 from vampire_jax.errors import InputError, MissingDataError
-from vampire_jax.learners import MetaLearner
+from vampire_jax.learners import MetaLearner, adapt_to_task
 
 PyTree = Any
 
@@ -111,8 +111,8 @@ class Run:
 
   def _predict_outputs_one(self, meta_params, support_x, support_y, query_x, key, transductive):
     """The network's outputs on the queries, `[num_mc_test, num_query, ...]`, one per draw."""
-    adapt_key, predict_key = jax.random.split(key)  # as the evaluator splits a task's key
-    task_params = self.learner.adapt(meta_params, support_x, support_y, adapt_key)
+    # The key split as the evaluators split a task's key: the same draws as the test's.
+    task_params, predict_key = adapt_to_task(self.learner, meta_params, support_x, support_y, key)
     if transductive:  # the queries are one batch: batch norm normalises them together
       return self.learner.predict(task_params, query_x, predict_key)
 
