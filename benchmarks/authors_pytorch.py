@@ -41,7 +41,7 @@ The authors' `maml.py` of the same era truncates as VAMPIRE does
 first order by default.
 
 What is ours, not theirs, so that both sides compute the same thing:
-  - The networks of `benchmarks.suite` (`vampire_jax.models`): Omniglot
+  - The networks of `benchmarks.suite` (`vampire_jax._src.core.models`): Omniglot
     Conv4-64 with stride-2 convolutions and no pooling, 28x28x1;
     mini-ImageNet Conv4-32 with stride-1 convolutions and 2x2 max-pooling,
     84x84x3; batch norm on the batch's statistics with a scale and an offset
@@ -134,7 +134,7 @@ def same_padding(size: int, stride: int, kernel: int = 3) -> tuple[int, int]:
 
 
 def conv4(num_classes: int, image: tuple, num_filters: int, max_pool: bool) -> Network:
-  """`vampire_jax.models.Conv4` (scale and offset in batch norm), on NCHW inputs.
+  """`vampire_jax._src.core.models.Conv4` (scale and offset in batch norm), on NCHW inputs.
 
   Four [conv 3x3 'SAME' -> batch norm (batch statistics) -> ReLU (-> 2x2
   max-pool)] blocks and a dense head. Stride 2 without pooling (Omniglot),
@@ -175,7 +175,7 @@ def conv4(num_classes: int, image: tuple, num_filters: int, max_pool: bool) -> N
 
 
 def mlp(hidden_sizes: Sequence[int], num_inputs: int, num_outputs: int) -> Network:
-  """`vampire_jax.models.MLP`: ReLU layers, then a linear output (flax names Dense_i)."""
+  """`vampire_jax._src.core.models.MLP`: ReLU layers, then a linear output (flax names Dense_i)."""
   sizes = [num_inputs, *hidden_sizes, num_outputs]
   names, shapes = [], []
   for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):

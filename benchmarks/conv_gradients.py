@@ -21,8 +21,8 @@ import flax.linen as nn
 import jax
 from jax import lax
 
-from vampire_jax import convolution
-from vampire_jax import sharding
+from vampire_jax._src.core import convolution
+from vampire_jax._src.core import sharding
 
 
 def _milliseconds(fn, args, trips: int, repeats: int) -> float:

@@ -60,7 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
-from vampire_jax import sharding
+from vampire_jax._src.core import sharding
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMED_STEPS, QUICK_TIMED_STEPS = 30, 2

@@ -19,7 +19,7 @@ import concurrent.futures
 import multiprocessing
 import resource
 import time
-from vampire_jax import sharding
+from vampire_jax._src.core import sharding
 
 
 def _hlo_gflop(setting, algorithm, apply_fn, nll, remat, optimizer, state, tasks) -> float:

@@ -9,11 +9,11 @@ call draws its T tasks inside the step from per-task keys, out of random
 uint8 class images (`make_train_step`, jitted with the state donated;
 `make_host_chunked_train_step` for `host_chunked`). A chunk that does not
 divide T becomes the largest divisor of T below it
-(`vampire_jax.backend_defaults.task_batching`), so `--tasks 2` runs
+(`vampire_jax._src.core.backend_defaults.task_batching`), so `--tasks 2` runs
 `host_chunked:4` as `host_chunked:2`. The defaults are the library's: the
 backend's task batching (`map` on a CPU, `vmap` elsewhere), the inner loop in
 `lax.scan` (`--unroll-inner-steps` unrolls it) and `--conv-impl auto`
-(`vampire_jax.backend_defaults.conv_impl`: `loop_safe` on a CPU unless nothing is
+(`vampire_jax._src.core.backend_defaults.conv_impl`: `loop_safe` on a CPU unless nothing is
 in a loop).
 
 For each algorithm and task batching strategy it prints compile time (first
@@ -30,9 +30,11 @@ from typing import Optional
 import jax
 
 import vampire_jax as vj
+from vampire_jax._src.core.batching import BATCHING_STRATEGIES
 from benchmarks import suite
-from vampire_jax import backend_defaults, models
-from vampire_jax import sharding
+from vampire_jax._src.core import backend_defaults
+from vampire_jax._src.core import models
+from vampire_jax._src.core import sharding
 
 SETTING = suite.SETTINGS["omniglot_5w1s"]
 
@@ -131,7 +133,7 @@ def main(argv=None) -> list[dict]:
     "--strategies",
     default=None,
     help="comma list of STRATEGY[:CHUNK]; STRATEGY is host_chunked or one of "
-    f"{vj.BATCHING_STRATEGIES}; default: the backend's choice",
+    f"{BATCHING_STRATEGIES}; default: the backend's choice",
   )
   parser.add_argument("--tasks", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=3)

@@ -14,7 +14,7 @@ bfloat16`.
 import argparse
 import tempfile
 from pathlib import Path
-from vampire_jax import sharding
+from vampire_jax._src.core import sharding
 
 
 def main(argv=None) -> dict:

@@ -34,6 +34,7 @@ machine (every operation is slowed alike, roughly); the seconds are not.
 """
 
 import argparse
+from vampire_jax._src.core.batching import MAPPED_STRATEGIES
 import collections
 import dataclasses
 import glob
@@ -45,7 +46,7 @@ import time
 from typing import Optional
 
 from benchmarks import suite
-from vampire_jax import sharding
+from vampire_jax._src.core import sharding
 
 _INSTRUCTION = re.compile(
   r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\S+(?:\[[^\]]*\])?(?:\{[^}]*\})?\s+([\w\-]+)\("
@@ -199,7 +200,7 @@ def profile(
   """
   import jax
   import vampire_jax as vj
-  from vampire_jax import backend_defaults
+  from vampire_jax._src.core import backend_defaults
 
   if algorithm == "maml":
     mc_samples = 1
@@ -215,7 +216,7 @@ def profile(
       conv_impl=backend_defaults.conv_impl(
         task_batching=strategy,
         inner_steps_unrolled=False,
-        draws_mapped=mc_samples > 1 and draws in vj.MAPPED_STRATEGIES,
+        draws_mapped=mc_samples > 1 and draws in MAPPED_STRATEGIES,
       ),
     )
   apply_fn, params, nll = suite.network(setting)

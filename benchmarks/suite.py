@@ -69,6 +69,9 @@ batching above) scores them all. Each row reports the compile time
 """
 
 import argparse
+from vampire_jax._src.core.batching import BATCHING_STRATEGIES
+from vampire_jax._src.core.batching import MAPPED_STRATEGIES
+from vampire_jax._src.core.host_chunked import make_host_chunked_train_step
 import concurrent.futures
 import dataclasses
 import json
@@ -79,7 +82,7 @@ import resource
 import tempfile
 import time
 from typing import Optional
-from vampire_jax import sharding
+from vampire_jax._src.core import sharding
 
 SETTINGS_HELP = "omniglot_5w1s, omniglot_20w1s, mini_imagenet_5w1s, regression"
 # --sample-batching: how VAMPIRE's L draws are batched (auto: the backend's choice).
@@ -223,7 +226,7 @@ def network(setting: Setting):
   """`(apply_fn, params, nll)` of the setting's network."""
   import jax
   import vampire_jax as vj
-  from vampire_jax import backend_defaults
+  from vampire_jax._src.core import backend_defaults
 
   if setting.kind == "regression":
     model = vj.MLP((100, 100, 100), 1)
@@ -263,7 +266,7 @@ def make_learner(
   `sample_batching` None: the draws as `backend_defaults` batches them (below).
   """
   import vampire_jax as vj
-  from vampire_jax import backend_defaults
+  from vampire_jax._src.core import backend_defaults
 
   options = dict(
     num_inner_steps=setting.inner_steps,
@@ -289,7 +292,7 @@ def make_learner(
 
 def choose_batching(setting: Setting, requested: Optional[str]) -> tuple[str, int]:
   """`requested` (STRATEGY[:CHUNK]), else what `backend_defaults` picks for the setting."""
-  from vampire_jax import backend_defaults
+  from vampire_jax._src.core import backend_defaults
 
   if requested:
     name, _, chunk = requested.partition(":")
@@ -324,7 +327,7 @@ def build_train_step(
   import vampire_jax as vj
 
   if strategy == "host_chunked":
-    return vj.make_host_chunked_train_step(
+    return make_host_chunked_train_step(
       learner, optimizer, sample_tasks, tasks_per_step=num_tasks, chunk_size=chunk
     )
   step = vj.make_train_step(
@@ -471,7 +474,7 @@ def _row_setting(name: str, options: dict) -> Setting:
 
 def draw_batching(setting: Setting, options: dict) -> str:
   """How the row batches VAMPIRE's draws: --sample-batching, else the backend's choice."""
-  from vampire_jax import backend_defaults
+  from vampire_jax._src.core import backend_defaults
 
   return backend_defaults.sample_batching(
     options.get("sample_batching") or "auto", dense_only=setting.kind == "regression"
@@ -484,7 +487,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   import jax
   import numpy as np
   import vampire_jax as vj
-  from vampire_jax import backend_defaults
+  from vampire_jax._src.core import backend_defaults
 
   setting = _row_setting(name, options)
   num_tasks = setting.tasks
@@ -498,7 +501,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
       conv_impl=backend_defaults.conv_impl(
         task_batching=strategy,
         inner_steps_unrolled=unroll_steps,
-        draws_mapped=setting.mc_samples > 1 and draws in vj.MAPPED_STRATEGIES,
+        draws_mapped=setting.mc_samples > 1 and draws in MAPPED_STRATEGIES,
       ),
     )
   apply_fn, params, nll = network(setting)
@@ -594,7 +597,7 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
   import jax
   import numpy as np
   import vampire_jax as vj
-  from vampire_jax import backend_defaults
+  from vampire_jax._src.core import backend_defaults
 
   setting = dataclasses.replace(SETTINGS[name], tasks=num_tasks)
   if options.get("mc_samples"):
@@ -603,7 +606,7 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
   if strategy == "host_chunked":
     raise ValueError(
       "--batching host_chunked is for training steps; an episode row needs one of"
-      f" {vj.BATCHING_STRATEGIES}"
+      f" {BATCHING_STRATEGIES}"
     )
   strategy, chunk = backend_defaults.task_batching(strategy, chunk, num_tasks)
   if setting.conv_impl == "auto":

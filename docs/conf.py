@@ -33,7 +33,9 @@ source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 nitpicky = True
 nitpick_ignore_regex = [
   ("py:class", r"(jax|jaxlib|numpy|flax|optax|os|pathlib|collections|typing|PIL|Image)\b.*"),
-  ("py:class", r"(tuple|ArrayTree|vampire_jax\.batching\.T)\b.*"),
+  ("py:class", r"(tuple|ArrayTree)\b.*"),
+  # Private types in public signatures (the implementation under _src/ is not documented).
+  ("py:class", r"vampire_jax\._src\..*"),
 ]
 # The history pages were BUILD_NOTES.md's sections: headings start at any level, and they
 # name files of the repository (README.md, tests/...) that are not pages of this site.

@@ -5,7 +5,10 @@
 
 Modules are the .py files under vampire_jax/ and experiments/ (a package's
 `__init__` is left out: it only re-exports). An arrow A -> B means A imports
-B. Modules are placed in layers by their longest chain of imports, leaves at
+B. Each module belongs to a layer folder (`LAYERS`: _src/core, data and
+baselines, _src/metrics, _src/runs, experiments); an import of a later layer
+from an earlier one is an upward arrow, and the script prints how many there
+are, and how many import cycles. Modules are placed in layers by their longest chain of imports, leaves at
 the bottom. To keep the picture readable, an import that a chain of other
 imports already implies (A -> C when A -> B -> C) is not drawn (the
 transitive reduction); the counts printed are of all imports.
@@ -17,6 +20,53 @@ import subprocess
 from pathlib import Path
 
 PACKAGES = ("vampire_jax", "experiments")
+# The layer folders, from the bottom: a module may import its own layer and those below.
+LAYERS = (
+  ("vampire_jax._src.core.",),
+  ("vampire_jax.data.", "vampire_jax.baselines."),
+  ("vampire_jax._src.metrics.",),
+  ("vampire_jax._src.runs.",),
+  ("vampire_jax._src.deprecations",),
+  ("experiments.",),
+)
+COLOURS = ("#dbe9f6", "#e2f0d9", "#ede1f5", "#fbe3e3", "#eeeeee", "#fde7c8")
+
+
+def layer_of(name: str) -> int:
+  """The index in `LAYERS` of the folder that holds module `name`."""
+  for index, prefixes in enumerate(LAYERS):
+    if name.startswith(prefixes):
+      return index
+  raise ValueError(f"{name} is in no layer folder of LAYERS")
+
+
+def upward_arrows(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+  """The imports of a later layer's module by an earlier layer's."""
+  return sorted(
+    (name, target)
+    for name, targets in edges.items()
+    for target in targets
+    if layer_of(target) > layer_of(name)
+  )
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+  """One cycle of imports through each module that is on one (depth-first search)."""
+  found, state = [], {}
+
+  def visit(name, path):
+    state[name] = "open"
+    for target in sorted(edges[name]):
+      if state.get(target) == "open":
+        found.append(path[path.index(target) :] + [target])
+      elif target not in state:
+        visit(target, path + [target])
+    state[name] = "done"
+
+  for name in sorted(edges):
+    if name not in state:
+      visit(name, [name])
+  return found
 
 
 def _sources(rev: str | None, repo: Path) -> dict[str, str]:
@@ -155,11 +205,13 @@ def draw(edges: dict[str, set[str]], path: Path, title: str) -> None:
         ),
       )
   for name, (x, y) in where.items():
-    colour = "#dbe9f6" if name.startswith("vampire_jax") else "#fde7c8"
+    colour = COLOURS[layer_of(name)]
     ax.text(
       x,
       y,
-      name.replace("vampire_jax.", "vj.").replace("experiments.", "exp."),
+      name.replace("vampire_jax._src.", "")
+      .replace("vampire_jax.", "vj.")
+      .replace("experiments.", "exp."),
       ha="center",
       va="center",
       fontsize=8,
@@ -197,7 +249,8 @@ def main(argv=None) -> None:
   )
   print(
     f"{args.out}: {len(edges)} modules, {sum(map(len, edges.values()))} imports, "
-    f"{drawn} not implied by others, {1 + max(_layers(edges).values())} layers"
+    f"{drawn} not implied by others, {1 + max(_layers(edges).values())} layers; "
+    f"{len(cycles(edges))} cycles, {len(upward_arrows(edges))} upward arrows"
   )
 
 

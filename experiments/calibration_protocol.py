@@ -26,7 +26,10 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import plots
-from vampire_jax import calibration, data, kinds, programs
+from vampire_jax import data
+from vampire_jax._src.metrics import calibration
+from vampire_jax._src.runs import experiment_configs as configs
+from vampire_jax._src.runs import kinds, programs
 
 
 def evaluate_combinations(
@@ -41,7 +44,7 @@ def evaluate_combinations(
   """Scores a trained run on tasks made of every `config.ways`-class combination.
 
   Task r uses the classes `data.combination_at(ids[r])` (itertools order)
-  with `config.shots` support and `vj.configs.test_query(config)` query examples per class;
+  with `config.shots` support and `configs.test_query(config)` query examples per class;
   its examples and Monte-Carlo draws depend only on `seed` and the
   combination's index, so the scores do not depend on the batch size. The
   test learner uses the run's `num_mc_test` draws.
@@ -60,7 +63,7 @@ def evaluate_combinations(
      'num_combinations', ...} as written to calibration.json.
   """
   start, config = time.time(), run.config
-  query = vj.configs.test_query(config)
+  query = configs.test_query(config)
   num_classes = int(class_images.shape[0])
   ids = data.combination_ids(num_classes, config.ways, num_tasks, seed=seed)
   if class_counts is not None:

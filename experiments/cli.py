@@ -17,8 +17,9 @@ import typing
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from vampire_jax import algorithms, interrupts, sharding
-from vampire_jax.errors import ConfigError
+from vampire_jax._src.core import sharding
+from vampire_jax._src.core.errors import ConfigError
+from vampire_jax._src.runs import algorithms, interrupts
 
 # `--help`'s groups, in order, and the config fields each shows. A new config
 # field goes in one of them (tests/test_cli.py checks that every field has one).
@@ -332,7 +333,7 @@ def enable_compilation_cache_or_say_why_not() -> None:
   """
   import os
 
-  from vampire_jax import backend_defaults
+  from vampire_jax._src.core import backend_defaults
 
   folder = compilation_cache_dir()
   try:
@@ -360,7 +361,7 @@ def main_entry(
   XLA gets one CPU device per core (`vj.use_all_cpu_cores`; a device count
   set in `JAX_NUM_CPU_DEVICES` or `XLA_FLAGS` wins). TensorFlow and absl stay
   quiet; the compilation cache is on unless `--no-compilation-cache`. How a
-  stop or a fault ends is `vampire_jax.interrupts.run_command`'s: a
+  stop or a fault ends is `vampire_jax._src.runs.interrupts.run_command`'s: a
   `UserError` (bad flag, missing or corrupt data, a resumed run of another
   config, a run folder in use, full or read-only) prints `error: ...` and
   returns 2, as does any other error of the file system (a full disk while

@@ -8,7 +8,7 @@ driver that trains several methods (the regression experiment uses it too).
 
 Trains each of MAML, first-order MAML, PLATIPUS, BMAML, ABML and VAMPIRE with
 the benchmark's preset (each algorithm's own settings come from
-`vampire_jax.algorithms`) in `<workdir>/<algorithm>/`, resuming finished or
+`vampire_jax._src.runs.algorithms`) in `<workdir>/<algorithm>/`, resuming finished or
 interrupted runs, and writes to `<workdir>`:
 
   comparison.png       every method's reliability diagram (regression: one
@@ -38,9 +38,10 @@ from pathlib import Path
 import jax
 
 from experiments import cli, plots
-from vampire_jax import algorithms as algorithm_registry
-from vampire_jax import calibration, kinds, run_folder
-from vampire_jax.errors import ConfigError
+from vampire_jax._src.core.errors import ConfigError
+from vampire_jax._src.metrics import calibration
+from vampire_jax._src.runs import algorithms as algorithm_registry
+from vampire_jax._src.runs import kinds, run_folder
 
 ALGORITHMS = ("maml", "fomaml", "platipus", "bmaml", "abml", "vampire")
 BENCHMARKS = {
@@ -73,7 +74,7 @@ def run_methods(
 
   Args:
     experiment: an experiment module (`get_config(preset, algorithm)` and
-      `train_and_evaluate(config, workdir, progress=...)`).
+      `run_experiment(config, workdir, progress=...)`).
     algorithms: names, trained in turn, each in `workdir / name`.
     preset: the experiment's preset.
     workdir: the comparison's folder.
@@ -96,7 +97,7 @@ def run_methods(
       f" inner lr {config.inner_lr}{kl}; {workdir / algorithm}"
     )
     try:
-      results = experiment.train_and_evaluate(config, workdir / algorithm, progress=progress)
+      results = experiment.run_experiment(config, workdir / algorithm, progress=progress)
     except FloatingPointError as error:  # recorded, and the other methods still run
       print(f"   {algorithm}: {error}")
       methods[algorithm] = {"diverged": str(error), "config": dataclasses.asdict(config)}

@@ -37,10 +37,13 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import calibration_protocol, cli, train
-from experiments.configs import MINI_IMAGENET_PRESETS as PRESETS
-from experiments.configs import MiniImagenetConfig
-from experiments.configs import mini_imagenet_config as get_config
+from experiments.presets import MINI_IMAGENET_PRESETS as PRESETS
+from experiments.presets import MiniImagenetConfig
+from experiments.presets import mini_imagenet_config as get_config
 from vampire_jax import data
+from vampire_jax._src.core import backend_defaults
+from vampire_jax._src.runs import algorithms, kinds
+from vampire_jax._src.runs import experiment_configs as configs
 
 
 def load_splits(config: MiniImagenetConfig) -> dict[str, data.MiniImagenetSplit]:
@@ -77,9 +80,7 @@ def make_problem(
 ) -> vj.Problem:
   """Loads mini-ImageNet (unless `splits` is given) and puts it on the device."""
   splits = splits or load_splits(config)
-  query = {
-    name: vj.configs.test_query(config) if name == "test" else config.query for name in splits
-  }
+  query = {name: configs.test_query(config) if name == "test" else config.query for name in splits}
   for name, split in splits.items():  # partial copies: the images actually present
     data.check_episode_spec(
       len(split.wnids),
@@ -101,7 +102,7 @@ def make_problem(
     (Path(workdir) / "split.json").write_text(json.dumps(record, indent=1))
 
   episode = dict(ways=config.ways, shots=config.shots, rotate=False)
-  num_unknown = vj.configs.open_set_classes(config, len(splits["test"].wnids))
+  num_unknown = configs.open_set_classes(config, len(splits["test"].wnids))
 
   def sample_tasks(split: ImageSplit, task_keys):
     return data.tasks_from_keys(task_keys, split.images, **episode, query=split.query)
@@ -115,7 +116,7 @@ def make_problem(
     num_classes=config.ways,
     num_filters=config.num_filters,
     max_pool=True,
-    conv_impl=vj.backend_defaults.config_conv_impl(config),
+    conv_impl=backend_defaults.config_conv_impl(config),
     batch_norm_affine=config.batch_norm_affine,
     batch_norm_epsilon=config.batch_norm_epsilon,
     kernel_init_gain=config.kernel_init_gain,
@@ -150,11 +151,11 @@ def default_workdir(config: MiniImagenetConfig, preset: str) -> Path:
   return Path("runs") / f"mini_imagenet_{preset}_{config.algorithm}_seed{config.seed}"
 
 
-def train_and_evaluate(
+def run_experiment(
   config: MiniImagenetConfig, workdir: Path, *, progress: bool = True, splits=None, print_fn=print
 ) -> dict:
   """Checks the config, loads the data, meta-trains, tests and draws the figures."""
-  return train.train_and_evaluate(
+  return train.run_experiment(
     config,
     workdir,
     lambda: make_problem(config, workdir, splits),
@@ -177,12 +178,12 @@ def main(argv=None) -> dict:
     f"mini-ImageNet {config.ways}-way {config.shots}-shot, {config.algorithm}; "
     f"workdir {workdir}; backend {jax.default_backend()}"
   )
-  vj.algorithms.check_config(config)
+  algorithms.check_config(config)
   splits = load_splits(config)
   results = {}
   if not args.calibration_only:
-    results = train_and_evaluate(config, workdir, progress=not args.no_progress, splits=splits)
-    print(vj.kinds.test_summary_line(results["test"], results["kind"]))
+    results = run_experiment(config, workdir, progress=not args.no_progress, splits=splits)
+    print(kinds.test_summary_line(results["test"], results["kind"]))
   calibration = calibration_protocol.run_protocol(
     workdir, args, jax.device_put(splits["test"].images)
   )

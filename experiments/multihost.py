@@ -36,7 +36,7 @@ def main(argv=None):
   parser.add_argument("experiment_args", nargs=argparse.REMAINDER)
   args = parser.parse_args(argv)
 
-  from vampire_jax import sharding
+  from vampire_jax._src.core import sharding
 
   sharding.initialize_multihost(args.coordinator_address, args.num_processes, args.process_id)
   return importlib.import_module(f"experiments.{args.experiment}").main(args.experiment_args)

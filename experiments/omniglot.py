@@ -37,10 +37,13 @@ import jax
 
 import vampire_jax as vj
 from experiments import cli, train
-from experiments.configs import OMNIGLOT_PRESETS as PRESETS
-from experiments.configs import OmniglotConfig
-from experiments.configs import omniglot_config as get_config
+from experiments.presets import OMNIGLOT_PRESETS as PRESETS
+from experiments.presets import OmniglotConfig
+from experiments.presets import omniglot_config as get_config
 from vampire_jax import data
+from vampire_jax._src.core import backend_defaults
+from vampire_jax._src.runs import experiment_configs as configs
+from vampire_jax._src.runs import kinds
 
 INPUT_SHAPE = (28, 28, 1)
 
@@ -84,13 +87,13 @@ def make_problem(
 
   def sample_open_set_tasks(images, task_keys):
     return data.open_set_tasks_from_keys(
-      task_keys, images, **episode, num_unknown=vj.configs.open_set_classes(config)
+      task_keys, images, **episode, num_unknown=configs.open_set_classes(config)
     )
 
   model = vj.Conv4(
     num_classes=config.ways,
     num_filters=config.num_filters,
-    conv_impl=vj.backend_defaults.config_conv_impl(config),
+    conv_impl=backend_defaults.config_conv_impl(config),
     batch_norm_affine=config.batch_norm_affine,
     batch_norm_epsilon=config.batch_norm_epsilon,
     kernel_init_gain=config.kernel_init_gain,
@@ -102,7 +105,7 @@ def make_problem(
     sample_tasks=sample_tasks,
     kind="classification",
     data_info=dict(arrays.provenance, split=config.split),
-    sample_open_set_tasks=(sample_open_set_tasks if vj.configs.open_set_classes(config) else None),
+    sample_open_set_tasks=(sample_open_set_tasks if configs.open_set_classes(config) else None),
   )
 
 
@@ -110,11 +113,11 @@ def default_workdir(config: OmniglotConfig, preset: str) -> Path:
   return Path("runs") / f"omniglot_{preset}_{config.algorithm}_{config.split}_seed{config.seed}"
 
 
-def train_and_evaluate(
+def run_experiment(
   config: OmniglotConfig, workdir: Path, *, progress: bool = True, print_fn=print
 ) -> dict:
   """Checks the config, loads the data, meta-trains, tests and draws the figures."""
-  return train.train_and_evaluate(
+  return train.run_experiment(
     config,
     workdir,
     lambda: make_problem(config, workdir, print_fn=print_fn),
@@ -135,8 +138,8 @@ def main(argv=None) -> dict:
     f"Omniglot {config.ways}-way {config.shots}-shot, {config.algorithm}, split "
     f"{config.split}; workdir {workdir}; backend {jax.default_backend()}"
   )
-  results = train_and_evaluate(config, workdir, progress=not args.no_progress)
-  print(vj.kinds.test_summary_line(results["test"], results["kind"]))
+  results = run_experiment(config, workdir, progress=not args.no_progress)
+  print(kinds.test_summary_line(results["test"], results["kind"]))
   print(f"results: {workdir / 'results.json'}; figures: {', '.join(results['plots'].values())}")
   return results
 

@@ -40,7 +40,7 @@ Ctrl-C or SIGTERM to this runner is passed on to the running child (which
 runs in its own session, so it gets the signal once): the child saves its
 checkpoint and exits (or is killed after --grace seconds), then the runner
 says so in one line and exits with 128 + the signal's number; no child is
-left behind holding its run folder's lock (`vampire_jax.interrupts`).
+left behind holding its run folder's lock (`vampire_jax._src.runs.interrupts`).
 
 Exit status: 0 when every selected cell is done (cells skipped for a stated
 reason aside); 3 when the time budget stopped it first; 1 when a cell failed
@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from experiments import paper_table
-from vampire_jax import interrupts
-from vampire_jax.errors import ConfigError, UserError
+from vampire_jax._src.core.errors import ConfigError, UserError
+from vampire_jax._src.runs import interrupts
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("omniglot", "regression", "mini_imagenet")

@@ -13,7 +13,7 @@ summary per method under "methods", each method trained in
 
 A run fills a cell of the paper's tables when its experiment, algorithm and
 setting (split, ways, shots) are the cell's and every setting of its config
-is the paper preset's (`experiments.configs.get_config`, read each time, so
+is the paper preset's (`experiments.presets.get_config`, read each time, so
 a preset that changes is followed), but those that do not change what a run
 measures (`NOT_PROTOCOL`: speed knobs, where the data was read from, the
 seed, how often it logged or saved, the number of test tasks, which is shown).
@@ -34,8 +34,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from experiments import cli, configs
-from vampire_jax.errors import ConfigError, UserError
+from experiments import cli, presets
+from vampire_jax._src.core.errors import ConfigError, UserError
 
 # The paper's published numbers (Nguyen et al., WACV 2020; paper/vampire_wacv2020.tex),
 # written as printed there: "mean±95% CI", or the mean alone.
@@ -102,7 +102,7 @@ MINI_IMAGENET_SETTINGS = ("5way1shot", "5way5shot")
 CALIBRATION_SETTING = "5way1shot"
 
 # Config fields that do not change what a run measures; every other field must equal the
-# paper preset's (experiments.configs, for the run's algorithm) for the run to fill a cell.
+# paper preset's (experiments.presets, for the run's algorithm) for the run to fill a cell.
 # The speed group changes nothing beyond float rounding (but bfloat16 compute does more).
 NOT_PROTOCOL = (frozenset(cli.GROUPS["speed"]) - {"compute_dtype"}) | {
   "seed",  # another seed is a replicate of the same protocol
@@ -116,7 +116,7 @@ NOT_PROTOCOL = (frozenset(cli.GROUPS["speed"]) - {"compute_dtype"}) | {
   "num_plot_tasks",
   "debug_nans",
 }
-# A config field only that experiment's config has (experiments.configs).
+# A config field only that experiment's config has (experiments.presets).
 EXPERIMENT_MARKERS = {
   "class_sampling": "omniglot",
   "image_size": "mini_imagenet",
@@ -322,13 +322,13 @@ def _as_json(value):
 def protocol_differences(run: Run, key: tuple) -> dict:
   """`{field: (the run's value, the paper preset's)}` for each setting that differs.
 
-  Every field of the paper preset's config (`configs.get_config`, for the
+  Every field of the paper preset's config (`presets.get_config`, for the
   run's algorithm) but `NOT_PROTOCOL` and the cell's own setting (split,
   ways, shots); a field the run's record lacks (added since) counts as its
   default.
   """
   preset = "paper" if run.experiment == "regression" else key[-1]
-  paper = configs.get_config(run.experiment, preset, run.config["algorithm"])
+  paper = presets.get_config(run.experiment, preset, run.config["algorithm"])
   differences = {}
   for field in dataclasses.fields(paper):
     if field.name in NOT_PROTOCOL or field.name in _SETTING_FIELDS.get(run.experiment, ()):

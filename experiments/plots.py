@@ -8,15 +8,16 @@ the global backend or leaves figures open (safe from a notebook, too).
 """
 
 import math
-import textwrap
 import os
+import textwrap
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from vampire_jax import calibration, kinds, reporting
-from vampire_jax.calibration import QuantileCalibration, ReliabilityBins, RiskCoverage
+from vampire_jax._src.metrics import calibration
+from vampire_jax._src.metrics.calibration import QuantileCalibration, ReliabilityBins, RiskCoverage
+from vampire_jax._src.runs import kinds, reporting
 
 PathLike = Union[str, os.PathLike]
 
@@ -62,7 +63,7 @@ def _new_grid(
 def _save(fig, path: PathLike, title: Optional[str]) -> PathLike:
   """Writes `fig` to `path` whole or not at all (`run_folder.write_atomic`: a full disk
   keeps the previous image and is a one-line `StorageError` naming the file)."""
-  from vampire_jax import run_folder
+  from vampire_jax._src.runs import run_folder
 
   if title:
     fig.suptitle(title)
@@ -774,7 +775,7 @@ def add_run_figures(
   workdir: PathLike, results: dict, label: str, setting: Optional[str] = None
 ) -> dict:
   """Draws `run_figures` and records them under 'plots' in results.json."""
-  from vampire_jax import run_folder
+  from vampire_jax._src.runs import run_folder
 
   results["plots"] = run_figures(workdir, results, label, setting)
   run_folder.write_results(workdir, results)

@@ -20,8 +20,8 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import regression
-from vampire_jax import algorithms, meta_step
-from vampire_jax import sharding
+from vampire_jax._src.core import meta_step, sharding
+from vampire_jax._src.runs import algorithms
 
 
 def flat(tree) -> np.ndarray:

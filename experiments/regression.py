@@ -31,9 +31,9 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import cli, compare, plots, train
-from experiments.configs import REGRESSION_PRESETS as PRESETS
-from experiments.configs import RegressionConfig
-from experiments.configs import regression_config as get_config
+from experiments.presets import REGRESSION_PRESETS as PRESETS
+from experiments.presets import RegressionConfig
+from experiments.presets import regression_config as get_config
 from vampire_jax.data import sine_line
 
 # The paper's Table 2 (MSE on 1000 tasks). Fig. 2d's ECE and MCE are a bar
@@ -99,11 +99,11 @@ def make_problem(
   )
 
 
-def train_and_evaluate(
+def run_experiment(
   config: RegressionConfig, workdir: Path, *, progress: bool = True, print_fn=print
 ) -> dict:
   """One method: meta-trains, tests, draws its calibration and training figures."""
-  return train.train_and_evaluate(
+  return train.run_experiment(
     config, workdir, lambda: make_problem(config), progress=progress, print_fn=print_fn
   )
 

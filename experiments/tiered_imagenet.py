@@ -28,10 +28,12 @@ import jax
 
 import vampire_jax as vj
 from experiments import calibration_protocol, cli, train
-from experiments.configs import FEATURES_PRESETS as PRESETS
-from experiments.configs import FeaturesConfig
-from experiments.configs import features_config as get_config
+from experiments.presets import FEATURES_PRESETS as PRESETS
+from experiments.presets import FeaturesConfig
+from experiments.presets import features_config as get_config
 from vampire_jax import data
+from vampire_jax._src.runs import algorithms, kinds
+from vampire_jax._src.runs import experiment_configs as configs
 
 
 def load_splits(config: FeaturesConfig) -> dict[str, data.FeatureSplit]:
@@ -62,7 +64,7 @@ def make_problem(
     (Path(workdir) / "split.json").write_text(json.dumps(record, indent=1))
 
   episode = dict(ways=config.ways, shots=config.shots, query=config.query, rotate=False)
-  num_unknown = vj.configs.open_set_classes(config, len(splits["test"].wnids))
+  num_unknown = configs.open_set_classes(config, len(splits["test"].wnids))
 
   def sample_tasks(split, task_keys):
     features, counts = split
@@ -97,11 +99,11 @@ def default_workdir(config: FeaturesConfig, preset: str) -> Path:
   return Path("runs") / f"{config.dataset}_features_{preset}_{config.algorithm}_seed{config.seed}"
 
 
-def train_and_evaluate(
+def run_experiment(
   config: FeaturesConfig, workdir: Path, *, progress: bool = True, splits=None, print_fn=print
 ) -> dict:
   """Checks the config, loads the features, meta-trains, tests and draws the figures."""
-  return train.train_and_evaluate(
+  return train.run_experiment(
     config,
     workdir,
     lambda: make_problem(config, workdir, splits),
@@ -124,12 +126,12 @@ def main(argv=None) -> dict:
     f"{config.dataset}-ImageNet features {config.ways}-way {config.shots}-shot, "
     f"{config.algorithm}; workdir {workdir}; backend {jax.default_backend()}"
   )
-  vj.algorithms.check_config(config)
+  algorithms.check_config(config)
   splits = load_splits(config)
   results = {}
   if not args.calibration_only:
-    results = train_and_evaluate(config, workdir, progress=not args.no_progress, splits=splits)
-    print(vj.kinds.test_summary_line(results["test"], results["kind"]))
+    results = run_experiment(config, workdir, progress=not args.no_progress, splits=splits)
+    print(kinds.test_summary_line(results["test"], results["kind"]))
   test = splits["test"]
   calibration = calibration_protocol.run_protocol(
     workdir, args, jax.device_put(test.features), jax.device_put(test.counts)

@@ -1,10 +1,8 @@
-"""What every experiment's `train_and_evaluate(config, workdir)` does, once.
+"""What every experiment's `run_experiment(config, workdir)` does, once.
 
-Check the config (before any data is read or anything compiled), that
-`workdir` can be written, is not in use by another process and holds no run
-of another config; build the problem (load the data);
-run the library's loop (`vj.train_and_evaluate`); draw the run's figures
-(and add them to its TensorBoard events).
+Run the library's `vj.train_and_evaluate` with the function that builds the
+problem (it checks the config and the folder before the data is loaded), then
+draw the run's figures (and add them to its TensorBoard events).
 """
 
 from pathlib import Path
@@ -14,10 +12,11 @@ import jax
 
 import vampire_jax as vj
 from experiments import plots
-from vampire_jax import reporting, run_folder
+from vampire_jax._src.runs import experiment_configs as configs
+from vampire_jax._src.runs import reporting
 
 
-def train_and_evaluate(
+def run_experiment(
   config,
   workdir: Path,
   make_problem: Callable[[], vj.Problem],
@@ -35,13 +34,8 @@ def train_and_evaluate(
     progress: show progress.
     print_fn: where messages go.
   """
-  vj.algorithms.check_config(config)
-  if jax.process_index() == 0:
-    run_folder.check_writable(workdir)
-    run_folder.check_not_in_use(workdir)
-  vj.run_folder.check_resumable(workdir, config)
   results = vj.train_and_evaluate(
-    make_problem(), config, workdir, progress=progress, print_fn=print_fn
+    make_problem, config, workdir, progress=progress, print_fn=print_fn
   )
   results = plots.add_run_figures(workdir, results, config.algorithm.upper(), setting_name(config))
   if jax.process_index() == 0:
@@ -51,13 +45,13 @@ def train_and_evaluate(
 
 def setting_name(config) -> str:
   """The data set and setting a figure's title names, e.g. "Omniglot 5-way 1-shot"."""
-  if isinstance(config, vj.configs.RegressionConfig):
+  if isinstance(config, configs.RegressionConfig):
     return f"sine/line regression, {config.num_support}-shot"
-  if isinstance(config, vj.configs.OmniglotConfig):
+  if isinstance(config, configs.OmniglotConfig):
     data = "Omniglot"
-  elif isinstance(config, vj.configs.MiniImagenetConfig):
+  elif isinstance(config, configs.MiniImagenetConfig):
     data = "mini-ImageNet"
-  elif isinstance(config, vj.configs.FeaturesConfig):
+  elif isinstance(config, configs.FeaturesConfig):
     data = f"{config.dataset}-ImageNet (LEO features)"
   else:
     data = type(config).__name__.removesuffix("Config")

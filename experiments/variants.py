@@ -24,8 +24,8 @@ from typing import Optional
 import numpy as np
 
 from experiments import plots
-from vampire_jax import reporting
-from vampire_jax.errors import ConfigError, UserError
+from vampire_jax._src.core.errors import ConfigError, UserError
+from vampire_jax._src.runs import reporting
 
 METRICS = ("ece", "mce", "nll", "mse", "median_mse")
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from vampire_jax import algorithms, learners
+from vampire_jax._src.runs import algorithms
+from vampire_jax._src.core import learners
 
 
 def _default(factory, name):

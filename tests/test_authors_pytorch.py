@@ -31,7 +31,7 @@ import pytest
 
 import vampire_jax as vj
 from benchmarks import side_by_side, suite
-from vampire_jax import gaussian
+from vampire_jax._src.core import gaussian
 
 torch = pytest.importorskip("torch")
 from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
@@ -201,7 +201,7 @@ def test_layout_conversions_are_inverse_and_put_the_head_in_nchw_order():
 
 
 def test_same_padding_is_xlas():
-  from vampire_jax import convolution
+  from vampire_jax._src.core import convolution
 
   for size in (28, 14, 7, 4, 84, 21, 5):
     for stride in (1, 2):

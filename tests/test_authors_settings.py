@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from experiments import configs, regression
+from vampire_jax._src.core.meta_step import log_std_mask
+from vampire_jax._src.metrics.evaluation import evaluate_split
+from vampire_jax._src.runs import programs
+from experiments import presets, regression
 from vampire_jax.baselines.platipus import PlatipusParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,16 +36,16 @@ def _gaussian(seed: int = 0) -> vj.Gaussian:
 
 def test_log_std_mask_marks_log_stds_only():
   prior = _gaussian()
-  assert vj.log_std_mask(prior) == vj.Gaussian({"w": False, "b": False}, {"w": True, "b": True})
+  assert log_std_mask(prior) == vj.Gaussian({"w": False, "b": False}, {"w": True, "b": True})
   platipus = PlatipusParams(prior.mean, prior.log_std, prior.log_std, prior.mean, prior.mean)
-  mask = vj.log_std_mask(platipus)
+  mask = log_std_mask(platipus)
   assert (
     jax.tree_util.tree_leaves(mask.log_std) + jax.tree_util.tree_leaves(mask.log_std_q)
     == [True] * 4
   )
   others = (mask.mean, mask.log_step_p, mask.log_step_q)  # the step sizes are no log-stds
   assert not any(jax.tree_util.tree_leaves(others))
-  assert not any(jax.tree_util.tree_leaves(vj.log_std_mask(prior.mean)))  # MAML: none
+  assert not any(jax.tree_util.tree_leaves(log_std_mask(prior.mean)))  # MAML: none
 
 
 def test_weight_decay_with_zero_gradient_widens_the_log_stds_and_leaves_the_means():
@@ -199,7 +202,7 @@ def _build_notes_table(title: str, page: str = "BUILD_NOTES.md") -> dict[str, ob
 def test_authors2019_presets_are_the_build_notes_table(experiment, title, page):
   table = _build_notes_table(title, page)
   assert len(table) >= 15, table  # one row per setting
-  config = configs.get_config(experiment, "authors2019", "vampire")
+  config = presets.get_config(experiment, "authors2019", "vampire")
   config.validate()
   for field, value in table.items():
     got = getattr(config, field)
@@ -209,8 +212,8 @@ def test_authors2019_presets_are_the_build_notes_table(experiment, title, page):
 
 
 def test_authors2019_regression_per_method():
-  for name, (draws, clip, separately, decay, steps) in configs.AUTHORS2019_REGRESSION.items():
-    config = configs.get_config("regression", "authors2019", name)
+  for name, (draws, clip, separately, decay, steps) in presets.AUTHORS2019_REGRESSION.items():
+    config = presets.get_config("regression", "authors2019", name)
     config.validate()
     assert config.data_noise_std == 0.09 and config.noise_std == 0.3
     assert config.likelihood_std == pytest.approx(math.sqrt(0.5))  # the MSE
@@ -220,7 +223,7 @@ def test_authors2019_regression_per_method():
     if name in ("vampire", "platipus", "abml"):
       assert config.num_mc_train == config.num_mc_query == draws
   with pytest.raises(vj.ConfigError, match="authors2019"):
-    configs.get_config("mini_imagenet", "authors2019", "maml")
+    presets.get_config("mini_imagenet", "authors2019", "maml")
 
 
 def test_paper_presets_follow_the_code_where_the_text_is_silent():
@@ -230,7 +233,7 @@ def test_paper_presets_follow_the_code_where_the_text_is_silent():
     ("omniglot", "5way1shot"),
   ):
     for algorithm in ("vampire", "maml", "platipus"):
-      config = configs.get_config(experiment, preset, algorithm)
+      config = presets.get_config(experiment, preset, algorithm)
       assert config.test_parameters == "final" and config.kernel_init_gain == 1.0
       # Omniglot's presets leave the decay out: it stalled the 5-way 1-shot preset on a GPU.
       carries_decay = algorithm == "vampire" and experiment != "omniglot"
@@ -238,7 +241,7 @@ def test_paper_presets_follow_the_code_where_the_text_is_silent():
       assert config.meta_grad_clip_separately == (algorithm == "vampire")
       # ...and the text where the two disagree: the decay of gamma, no truncation.
       assert config.meta_lr_decay == 0.99 and config.second_order_steps is None
-  quick = configs.get_config("omniglot", "quick", "vampire")
+  quick = presets.get_config("omniglot", "quick", "vampire")
   assert (quick.test_parameters, quick.log_std_weight_decay) == ("best", 0.0)
 
 
@@ -247,7 +250,7 @@ def test_paper_presets_follow_the_code_where_the_text_is_silent():
 
 def test_data_noise_is_separate_from_the_metric_noise():
   config = dataclasses.replace(
-    configs.get_config("regression", "authors2019", "vampire"), num_query=400
+    presets.get_config("regression", "authors2019", "vampire"), num_query=400
   )
   problem = regression.make_problem(config)
   keys = jax.random.split(jax.random.key(0), 50)
@@ -263,7 +266,7 @@ def test_data_noise_is_separate_from_the_metric_noise():
   train = problem.sample_tasks(problem.splits["train"], keys[:3])
   assert train.query_x.shape == (3, 400, 1) and not np.allclose(train.query_x[0], train.query_x[1])
   # The default (data_noise_std None) is the metric's noise, with the same tasks as before.
-  plain = regression.make_problem(configs.get_config("regression", "cpu", "vampire"))
+  plain = regression.make_problem(presets.get_config("regression", "cpu", "vampire"))
   tasks = plain.sample_tasks(plain.splits["train"], keys)
   before = vj.data.sine_line.tasks_from_keys(
     jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0), num_support=5, num_query=10
@@ -284,7 +287,7 @@ def test_kernel_init_gain_is_xavier_normal(gain):
 @pytest.mark.parametrize("which", ["best", "final"])
 def test_results_record_which_parameters_were_tested(tmp_path, which):
   config = dataclasses.replace(
-    configs.get_config("regression", "quick", "maml"),
+    presets.get_config("regression", "quick", "maml"),
     hidden_sizes=(8, 8, 8),
     tasks_per_step=2,
     num_meta_steps=6,
@@ -310,12 +313,12 @@ def test_results_record_which_parameters_were_tested(tmp_path, which):
   # load_run gives the tested parameters: scored again on the test tasks, the same MSE.
   run = vj.load_run(tmp_path)
   test_key = jax.random.split(jax.random.key(config.seed), 4)[3]
-  evaluate = vj.programs.build_evaluator(problem.kind, problem.noise_std, config, run.learner)
-  per_task = vj.evaluate_split(
-    vj.programs.split_evaluator(problem, evaluate, "test"),
+  evaluate = programs.build_evaluator(problem.kind, problem.noise_std, config, run.learner)
+  per_task = evaluate_split(
+    programs.split_evaluator(problem, evaluate, "test"),
     run.meta_params,
     test_key,
     config.num_test_tasks,
-    vj.programs.eval_batch_size(config),
+    programs.eval_batch_size(config),
   )
   assert float(np.mean(per_task["mse"])) == pytest.approx(saved["test"]["mse"], rel=1e-6)

@@ -11,6 +11,7 @@ import pytest
 import scipy.stats
 
 import vampire_jax as vj
+from vampire_jax._src.core.host_chunked import make_host_chunked_meta_step
 from vampire_jax import baselines
 
 NOISE_STD = 0.3
@@ -570,7 +571,7 @@ def test_host_chunked_meta_step_takes_the_vmapped_step(name):
   state = vj.init_meta_state(learner, opt, params, jax.random.key(1))
   tasks = _sine_tasks(jax.random.key(2), 2)
   vmapped, metrics = jax.jit(vj.make_meta_step(learner, opt))(state, tasks, jax.random.key(3))
-  host_chunked, host_metrics = vj.make_host_chunked_meta_step(learner, opt, chunk_size=1)(
+  host_chunked, host_metrics = make_host_chunked_meta_step(learner, opt, chunk_size=1)(
     state, tasks, jax.random.key(3)
   )
   chex.assert_trees_all_close(host_chunked, vmapped, atol=1e-6, rtol=1e-5)

@@ -10,7 +10,7 @@ import matplotlib.text
 import numpy as np
 import pytest
 
-from vampire_jax import calibration as cal
+from vampire_jax._src.metrics import calibration as cal
 from experiments import plots
 
 LEVELS = np.linspace(0.1, 0.9, 9)

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import OMNIGLOT_DIR, needs_omniglot
 from experiments import cli, omniglot
-from experiments.configs import OmniglotConfig
-from vampire_jax.interrupts import TrainingInterrupted
+from experiments.presets import OmniglotConfig
+from vampire_jax._src.runs.interrupts import TrainingInterrupted
 
 
 def _run(argv, capsys):
@@ -130,7 +130,7 @@ def test_help_describes_every_flag_with_the_presets_default(capsys):
 
 
 def test_help_groups_every_flag_and_says_each_default_once(capsys):
-  from vampire_jax import configs
+  from vampire_jax._src.runs import experiment_configs as configs
 
   for config_class in (
     configs.OmniglotConfig,

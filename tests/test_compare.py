@@ -8,8 +8,8 @@ import pytest
 
 import vampire_jax as vj
 from experiments import compare
-from vampire_jax import calibration
-from vampire_jax.errors import ConfigError
+from vampire_jax._src.metrics import calibration
+from vampire_jax._src.core.errors import ConfigError
 
 from conftest import OMNIGLOT_DIR, needs_omniglot
 

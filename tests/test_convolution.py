@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from vampire_jax import convolution, models
+from vampire_jax._src.core import convolution
+from vampire_jax._src.core import models
 
 
 def xla_conv(x, kernel, stride, padding):
@@ -264,8 +265,8 @@ def test_unknown_conv_impl_is_refused():
 
 
 def test_auto_conv_impl_uses_loop_safe_where_gradients_run_in_loops():
-  from experiments import configs
-  from vampire_jax import backend_defaults
+  from experiments import presets
+  from vampire_jax._src.core import backend_defaults
 
   if jax.default_backend() != "cpu":
     assert (
@@ -285,7 +286,7 @@ def test_auto_conv_impl_uses_loop_safe_where_gradients_run_in_loops():
     dict(task_batching="host_chunked", inner_steps_unrolled=True, draws_mapped=True),
   ]:
     assert models.auto_conv_impl(**loops) == "loop_safe", loops
-  quick = configs.omniglot_config("quick")
+  quick = presets.omniglot_config("quick")
   assert backend_defaults.config_conv_impl(quick) == "loop_safe"
   unrolled = dataclasses.replace(quick, task_batching="host_chunked", unroll_inner_steps=True)
   assert backend_defaults.config_conv_impl(unrolled) == "xla"

@@ -31,8 +31,8 @@ def _python(code: str, **variables) -> subprocess.CompletedProcess:
 
 
 COUNT = (
-  "import jax, vampire_jax as vj; vj.use_all_cpu_cores(); "
-  "print(len(jax.devices('cpu')), vj.sharding.cpu_core_count())"
+  "import jax, vampire_jax as vj; from vampire_jax._src.core import sharding; "
+  "vj.use_all_cpu_cores(); print(len(jax.devices('cpu')), sharding.cpu_core_count())"
 )
 
 
@@ -62,8 +62,8 @@ def test_too_late_is_said_not_ignored():
   assert "use_all_cpu_cores: JAX has started already, with 1 CPU device(s)" in late.stderr
   # An entry point called in a process whose JAX has started (a notebook, a test) goes on.
   entry = _python(
-    "import jax, vampire_jax as vj; jax.numpy.zeros(1); "
-    "vj.sharding.default_to_all_cpu_cores(); print(len(jax.devices()))"
+    "import jax; from vampire_jax._src.core import sharding; jax.numpy.zeros(1); "
+    "sharding.default_to_all_cpu_cores(); print(len(jax.devices()))"
   )
   assert entry.returncode == 0 and entry.stdout.strip() == "1"
 

@@ -10,7 +10,7 @@ import pytest
 
 from vampire_jax.data import check_episode_spec
 from vampire_jax.data import sample_tasks
-from vampire_jax.tasks import Task
+from vampire_jax._src.core.tasks import Task
 
 
 def _noise_images(num_characters=6, num_examples=20, size=8, channels=None, seed=0):

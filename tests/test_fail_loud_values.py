@@ -21,9 +21,9 @@ import pytest
 import vampire_jax as vj
 from conftest import tiny_regression_config
 from experiments import regression
-from vampire_jax import checks
+from vampire_jax._src.core import input_checks as checks
 from vampire_jax.data import sine_line
-from vampire_jax.errors import InputError
+from vampire_jax._src.core.errors import InputError
 
 WAYS = 5
 CLASSIFIER = vj.MLP((8,), WAYS)
@@ -281,7 +281,7 @@ def test_traced_out_of_range_labels_give_nan_and_the_finite_flag_catches_them():
 def tiny_regression_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("values_run")
   config = tiny_regression_config(num_meta_steps=2, num_mc_test=2)
-  regression.train_and_evaluate(config, workdir, progress=False, print_fn=lambda m: None)
+  regression.run_experiment(config, workdir, progress=False, print_fn=lambda m: None)
   return workdir
 
 

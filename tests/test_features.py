@@ -151,7 +151,7 @@ def test_short_maml_run_learns_and_scores_combinations(leo_root, tmp_path):
     num_test_tasks=100,
   )
   splits = tiered_imagenet.load_splits(config)
-  results = tiered_imagenet.train_and_evaluate(config, tmp_path, progress=False, splits=splits)
+  results = tiered_imagenet.run_experiment(config, tmp_path, progress=False, splits=splits)
   args = SimpleNamespace(calibration_only=False, calibration_tasks=40, calibration_seed=0)
   calibration_protocol.run_protocol(
     tmp_path, args, jax.device_put(splits["test"].features), jax.device_put(splits["test"].counts)
@@ -191,7 +191,7 @@ def test_tiny_vampire_run(leo_root, tmp_path):
     eval_batch_tasks=4,
     num_mc_test=2,
   )
-  results = tiered_imagenet.train_and_evaluate(config, tmp_path, progress=False)
+  results = tiered_imagenet.run_experiment(config, tmp_path, progress=False)
   logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [m["step"] for m in logged if "train/loss" in m] == [2, 4]
   assert results["config"]["algorithm"] == "vampire" and results["best_validation"]["step"] == 4

@@ -1,6 +1,6 @@
 """One line for every interrupt and every fault, in every phase (issue 31, section 3).
 
-`vampire_jax.interrupts` owns these paths; each row was a traceback, a silent
+`vampire_jax._src.runs.interrupts` owns these paths; each row was a traceback, a silent
 death or a setting recorded with no effect before issue 31.
 """
 
@@ -20,10 +20,13 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from vampire_jax._src.runs import algorithms
+from vampire_jax._src.runs import run_folder
 from conftest import tiny_regression_config
 from experiments import cli, compare, plots, regression
-from vampire_jax import algorithms, interrupts, run_folder, training
-from vampire_jax.errors import ConfigError, DataError, StorageError
+from vampire_jax._src.runs import interrupts
+from vampire_jax._src.runs import loop as training
+from vampire_jax._src.core.errors import ConfigError, DataError, StorageError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,7 +85,7 @@ def test_a_signal_during_validation_on_a_checkpoint_step_saves_once_and_resumes(
   signum, tmp_path, monkeypatch
 ):
   """Before: orbax's StepAlreadyExistsError (the step was saved twice), a traceback, exit 1."""
-  evaluate_split = vj.evaluate_split
+  evaluate_split = training.evaluation.evaluate_split
 
   def signal_at_step_2(*args, refuse_non_finite=True, **kwargs):
     if not refuse_non_finite and not (tmp_path / "signalled").exists():  # the loop's validation
@@ -91,7 +94,7 @@ def test_a_signal_during_validation_on_a_checkpoint_step_saves_once_and_resumes(
     return evaluate_split(*args, refuse_non_finite=refuse_non_finite, **kwargs)
 
   monkeypatch.setattr(training.evaluation, "evaluate_split", signal_at_step_2)
-  run = lambda argv: regression.train_and_evaluate(  # noqa: E731
+  run = lambda argv: regression.run_experiment(  # noqa: E731
     _tiny_config(), tmp_path / "run", progress=False, print_fn=lambda m: None
   )
   lines = []
@@ -192,9 +195,7 @@ def _garbage(folder: Path) -> None:
 def test_a_damaged_latest_checkpoint_is_one_line_without_orbax_noise(tmp_path):
   """Before: hundreds of lines of "RuntimeError: Event loop is closed" tracebacks."""
   workdir = tmp_path / "run"
-  regression.train_and_evaluate(
-    _tiny_config(), workdir, progress=False, print_fn=lambda message: None
-  )
+  regression.run_experiment(_tiny_config(), workdir, progress=False, print_fn=lambda message: None)
   shutil.rmtree(workdir / "best")
   copies = []
   for i in range(3):  # the noise comes from threads: three tries make it near certain
@@ -262,7 +263,7 @@ def test_a_setting_with_no_effect_is_refused_before_anything_runs(row, tmp_path)
   config = dataclasses.replace(_tiny_config(), algorithm=algorithm)
   config = dataclasses.replace(algorithms.configure(config, algorithm), **changes)
   with pytest.raises(ConfigError, match=message):
-    regression.train_and_evaluate(config, tmp_path / "run", progress=False)
+    regression.run_experiment(config, tmp_path / "run", progress=False)
   assert not (tmp_path / "run").exists()
 
 
@@ -278,10 +279,10 @@ def test_the_command_line_says_what_its_algorithm_ignores_and_does_not_record_it
   )
   assert "ignores --num-mc-test 4" in err
   assert (config.kl_weight, config.num_mc_test) == (0.0, 1)
-  vj.algorithms.check_config(config)  # what is recorded acts
+  algorithms.check_config(config)  # what is recorded acts
   contradiction = ["--first-order", "--second-order-steps", "1"]  # refused: which one was meant?
   code = cli.main_entry(
-    lambda argv: vj.algorithms.check_config(omniglot.parse_args(contradiction)[0]),
+    lambda argv: algorithms.check_config(omniglot.parse_args(contradiction)[0]),
     ["--no-compilation-cache"],
   )
   err = capsys.readouterr().err
@@ -301,7 +302,7 @@ def test_a_comparison_drops_what_a_method_ignores_and_says_so(tmp_path, monkeypa
       "config": dataclasses.asdict(config),
     }
 
-  monkeypatch.setattr(regression, "train_and_evaluate", fake_train)
+  monkeypatch.setattr(regression, "run_experiment", fake_train)
   compare.run_methods(
     regression, ["vampire", "maml"], "quick", tmp_path, {"kl_weight": 0.5}, progress=False
   )
@@ -313,11 +314,11 @@ def test_a_comparison_drops_what_a_method_ignores_and_says_so(tmp_path, monkeypa
 
 def test_an_older_run_that_recorded_an_ignored_setting_still_resumes(tmp_path):
   config = algorithms.configure(_tiny_config(), "maml")
-  results = regression.train_and_evaluate(config, tmp_path, progress=False, print_fn=print)
+  results = regression.run_experiment(config, tmp_path, progress=False, print_fn=print)
   record = json.loads((tmp_path / "run.json").read_text())
   record["config"]["kl_weight"] = 0.5  # as runs recorded it before issue 31
   (tmp_path / "run.json").write_text(json.dumps(record))
-  vj.run_folder.check_resumable(tmp_path, dataclasses.replace(config, num_meta_steps=6))
+  run_folder.check_resumable(tmp_path, dataclasses.replace(config, num_meta_steps=6))
   assert results["meta_steps"] == 4
 
 
@@ -328,7 +329,7 @@ from conftest import tiny_regression_config
 from experiments import cli, regression
 config = tiny_regression_config(num_meta_steps=16, num_mc_test=2)
 sys.exit(cli.main_entry(
-  lambda argv: regression.train_and_evaluate(config, sys.argv[1], progress=False),
+  lambda argv: regression.run_experiment(config, sys.argv[1], progress=False),
   ["--no-compilation-cache"]))
 """
 

@@ -9,8 +9,8 @@ import pytest
 
 import vampire_jax as vj
 from conftest import tiny_regression_config
-from vampire_jax import kinds
-from vampire_jax.errors import ConfigError, InputError
+from vampire_jax._src.runs import kinds
+from vampire_jax._src.core.errors import ConfigError, InputError
 
 
 def test_an_unknown_kind_is_refused_naming_the_choices():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from vampire_jax._src.core import adaptation
 
 
 def _prior(hidden=(16, 16), log_std=(-1.5, -0.5), seed=0):
@@ -64,7 +65,7 @@ def test_the_vfe_has_the_same_expectation():
   keys = jax.random.split(jax.random.key(6), 400)
 
   def estimate(key, local):
-    return vj.adaptation.expected_nll(
+    return adaptation.expected_nll(
       dist,
       x,
       y,
@@ -149,7 +150,7 @@ def test_a_config_asking_for_it_builds_a_learner_that_draws_examples_apart(name)
   # The config's flag reaches the learner (`algorithms.draw_outputs`): its predictions for
   # two neighbouring points are uncorrelated, where one weight draw would tie them.
   from conftest import tiny_regression_config
-  from vampire_jax import algorithms
+  from vampire_jax._src.runs import algorithms
 
   assert "local_reparameterization" not in algorithms.ignored_fields(name)
   config = tiny_regression_config(name, local_reparameterization=True)
@@ -162,6 +163,6 @@ def test_a_config_asking_for_it_builds_a_learner_that_draws_examples_apart(name)
 
 
 def test_platipus_ignores_it():
-  from vampire_jax import algorithms
+  from vampire_jax._src.runs import algorithms
 
   assert "local_reparameterization" in algorithms.ignored_fields("platipus")

@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from vampire_jax._src.core.batching import BATCHING_STRATEGIES
+from vampire_jax._src.core.batching import batched_map
+from vampire_jax._src.core.host_chunked import make_host_chunked_meta_step
 
 
 def _sine_tasks(key, num_tasks, shots=5, query=10):
@@ -48,10 +51,10 @@ def test_all_task_batching_strategies_give_the_same_step(algorithm):
   state = vj.init_meta_state(learner, opt, params, jax.random.key(1))
   tasks = _sine_tasks(jax.random.key(2), 4)
   results = {}
-  for strategy in vj.BATCHING_STRATEGIES:
+  for strategy in BATCHING_STRATEGIES:
     step = jax.jit(vj.make_meta_step(learner, opt, task_batching=strategy, chunk_size=2))
     results[strategy] = step(state, tasks, jax.random.key(3))
-  results["host_chunked"] = vj.make_host_chunked_meta_step(learner, opt, chunk_size=2)(
+  results["host_chunked"] = make_host_chunked_meta_step(learner, opt, chunk_size=2)(
     state, tasks, jax.random.key(3)
   )
   reference = results.pop("vmap")
@@ -161,9 +164,9 @@ def test_bad_task_batches_are_rejected():
   with pytest.raises(ValueError, match=r"tasks.support_y must be \[tasks, 5, ...\], one entry"):
     step(state, tasks._replace(support_y=tasks.support_y[:, :2]), jax.random.key(0))
   with pytest.raises(ValueError, match="chunk_size"):
-    vj.batched_map(lambda x: x, jnp.zeros((3, 2)), strategy="chunked_unroll", chunk_size=2)
+    batched_map(lambda x: x, jnp.zeros((3, 2)), strategy="chunked_unroll", chunk_size=2)
   with pytest.raises(ValueError, match="unknown batching"):
-    vj.batched_map(lambda x: x, jnp.zeros((3, 2)), strategy="threads")
+    batched_map(lambda x: x, jnp.zeros((3, 2)), strategy="threads")
 
 
 @pytest.mark.parametrize("algorithm", ["maml", "vampire"])

@@ -225,7 +225,7 @@ def test_tiny_run_and_calibration_protocol(sample, cache_dir, tmp_path):
   splits = mini_imagenet.load_splits(config)
   assert splits["train"].images.shape == (64, PER_CLASS, 16, 16, 3)
   test_images = jax.device_put(splits["test"].images)
-  mini_imagenet.train_and_evaluate(config, tmp_path, progress=False, splits=splits)
+  mini_imagenet.run_experiment(config, tmp_path, progress=False, splits=splits)
   losses = [
     json.loads(line)["train/loss"]
     for line in (tmp_path / "metrics.jsonl").read_text().splitlines()

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import vampire_jax as vj
+from vampire_jax._src.core import models
 
 
 def test_import_does_not_load_tensorflow():
@@ -57,7 +58,7 @@ def test_patch_convolution_equals_xla_convolution_with_the_same_weights():
 
 
 def test_batch_norm_uses_the_batch_statistics():
-  norm = vj.models.BatchStatNorm()
+  norm = models.BatchStatNorm()
   params = {"scale": jnp.array([2.0, 1.0]), "offset": jnp.array([0.5, 0.0])}
   x = jax.random.normal(jax.random.key(0), (50, 2)) * 3.0 + 7.0
   y = norm.apply({"params": params}, x)
@@ -77,7 +78,7 @@ def _pool_chain(pool, x):
 def test_max_pool_2x2_equals_flax_max_pool_at_odd_sizes():
   flax_pool = lambda x: flax.linen.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
   x = jax.random.normal(jax.random.key(0), (2, 84, 84, 3))  # continuous: no tied maxima
-  ours, theirs = _pool_chain(vj.models.max_pool_2x2, x), _pool_chain(flax_pool, x)
+  ours, theirs = _pool_chain(models.max_pool_2x2, x), _pool_chain(flax_pool, x)
   assert [o.shape[1:3] for o in ours] == [(42, 42), (21, 21), (10, 10), (5, 5)]
   for a, b in zip(ours, theirs):
     np.testing.assert_array_equal(a, b)
@@ -88,7 +89,7 @@ def test_max_pool_2x2_equals_flax_max_pool_at_odd_sizes():
   def readout(pool):
     return jax.jit(jax.grad(lambda x: jnp.sum(weights * jnp.tanh(_pool_chain(pool, x)[-1]))))
 
-  grad = readout(vj.models.max_pool_2x2)(x)
+  grad = readout(models.max_pool_2x2)(x)
   np.testing.assert_allclose(grad, readout(flax_pool)(x), rtol=1e-6, atol=1e-7)
   assert int(jnp.sum(grad != 0)) == weights.size  # one maximum per window reaches the output
 
@@ -96,9 +97,9 @@ def test_max_pool_2x2_equals_flax_max_pool_at_odd_sizes():
 def test_max_pool_2x2_splits_the_gradient_equally_between_tied_maxima():
   window = jnp.array([[3.0, 3.0], [1.0, 3.0]])  # three tied maxima
   x = jnp.zeros((1, 3, 5, 1)).at[0, :2, 2:4, 0].set(window)  # odd: row 2 and column 4 dropped
-  y = vj.models.max_pool_2x2(x)
+  y = models.max_pool_2x2(x)
   np.testing.assert_array_equal(y[0, :, :, 0], [[0.0, 3.0]])
-  grad = jax.grad(lambda x: jnp.sum(vj.models.max_pool_2x2(x) * jnp.array([2.0, 6.0])[:, None]))(x)
+  grad = jax.grad(lambda x: jnp.sum(models.max_pool_2x2(x) * jnp.array([2.0, 6.0])[:, None]))(x)
   expected = jnp.zeros((3, 5)).at[:2, :2].set(2.0 / 4)  # a window of four zeros: a quarter each
   expected = expected.at[:2, 2:4].set(jnp.array([[2.0, 2.0], [0.0, 2.0]]))  # 6 / 3 to each maximum
   np.testing.assert_allclose(grad[0, :, :, 0], expected)

@@ -29,7 +29,8 @@ from vampire_jax.data import OmniglotArrays
 from vampire_jax.data import save_split_indices
 from vampire_jax.data import split_indices
 from vampire_jax.data import omniglot
-from vampire_jax.errors import DataError
+from vampire_jax.data import omniglot_tfds
+from vampire_jax._src.core.errors import DataError
 
 DATA_DIR = Path(
   os.environ.get("OMNIGLOT_DIR") or Path(__file__).resolve().parents[2] / "shared/data/omniglot"
@@ -367,7 +368,7 @@ def test_a_failed_tfds_build_leaves_no_files(tmp_path, monkeypatch):
     (tfds_dir / "downloads" / "partial.zip").write_bytes(b"x" * 1000)
     raise OSError("the download broke off")
 
-  monkeypatch.setattr(omniglot, "_prepare_tfds", failing)
+  monkeypatch.setattr(omniglot_tfds, "_prepare_tfds", failing)
   monkeypatch.delenv("OMNIGLOT_DIR", raising=False)
   with pytest.raises(DataError, match="the download broke off"):
     load_omniglot(cache_dir=tmp_path / "cache", source="tfds")
@@ -428,7 +429,7 @@ def test_tfds_checksums_are_replaced_then_restored():
   url = "https://github.com/brendenlake/omniglot/raw/master/python/"
   registered = dict(builder_cls.url_infos)
   assert registered[url + "images_background.zip"].checksum.startswith("ad41ab")
-  with omniglot._local_checksums(tfds, DATA_DIR):
+  with omniglot_tfds._local_checksums(tfds, DATA_DIR):
     # The digests of the rebuilt zips, from the data folder's README.
     local = builder_cls.url_infos
     assert local[url + "images_background.zip"].checksum.startswith("512b4a")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from vampire_jax import run_folder
+from vampire_jax._src.runs import run_folder
 import pytest
 
 import vampire_jax as vj
@@ -28,7 +28,7 @@ def test_quick_maml_run_learns(omniglot_cache, tmp_path):
     checkpoint_every=150,
     cache_dir=str(omniglot_cache),
   )
-  results = omniglot.train_and_evaluate(config, tmp_path, progress=False)
+  results = omniglot.run_experiment(config, tmp_path, progress=False)
   # Chance is 20 %; 150 meta-steps of 8 tasks on Conv4-16 reach about 55-60 % here.
   assert results["test"]["accuracy"] > 0.45, results["test"]
   for name in (
@@ -62,8 +62,8 @@ def test_interrupted_run_resumes_to_the_same_result(omniglot_cache, tiny_omniglo
   straight, full = tiny_omniglot_run[0], tiny_omniglot_run[2]
   quiet = dict(progress=False, print_fn=lambda message: None)
   # Stopped after 3 steps (as a kill -9 after the step-3 checkpoint leaves it), then resumed.
-  omniglot.train_and_evaluate(tiny_omniglot_config(omniglot_cache, 3), tmp_path, **quiet)
-  resumed = omniglot.train_and_evaluate(tiny_omniglot_config(omniglot_cache, 6), tmp_path, **quiet)
+  omniglot.run_experiment(tiny_omniglot_config(omniglot_cache, 3), tmp_path, **quiet)
+  resumed = omniglot.run_experiment(tiny_omniglot_config(omniglot_cache, 6), tmp_path, **quiet)
   assert resumed["resumed_from_step"] == 3
   assert int(_final_state(tmp_path)["step"]) == 6
   _assert_same_state(_final_state(straight), _final_state(tmp_path))
@@ -80,12 +80,12 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_finishes_the_same(
       os.kill(os.getpid(), signal.SIGTERM)
 
   with pytest.raises(vj.TrainingInterrupted) as stop:
-    omniglot.train_and_evaluate(config, tmp_path, print_fn=terminate_at_step_2)
+    omniglot.run_experiment(config, tmp_path, print_fn=terminate_at_step_2)
   assert stop.value.step == 2 and stop.value.signum == signal.SIGTERM
   assert "run the same command again to resume" in str(stop.value)
   assert int(_final_state(tmp_path)["step"]) == 2  # saved, though checkpoint_every is 6
   assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
-  resumed = omniglot.train_and_evaluate(config, tmp_path, progress=False)
+  resumed = omniglot.run_experiment(config, tmp_path, progress=False)
   assert resumed["resumed_from_step"] == 2
   _assert_same_state(_final_state(tiny_omniglot_run[0]), _final_state(tmp_path))
 

@@ -21,6 +21,8 @@ import numpy as np
 import setuptools
 
 import vampire_jax as vj
+from vampire_jax._src.runs import experiment_configs as configs_lib
+from vampire_jax._src.runs import run_folder
 from experiments import regression
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,10 +108,10 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
   old_dir = tmp_path / "old_run"
   shutil.copytree(run_dir, old_dir)
   record = json.loads((old_dir / "run.json").read_text())
-  assert record["config_class"] == "vampire_jax.configs.RegressionConfig"
+  assert record["config_class"] == "vampire_jax._src.runs.experiment_configs.RegressionConfig"
   record["config_class"] = "experiments.configs.RegressionConfig"
   (old_dir / "run.json").write_text(json.dumps(record))
-  vj.run_folder.check_resumable(old_dir, config)  # the same config class: it may be resumed
+  run_folder.check_resumable(old_dir, config)  # the same config class: it may be resumed
 
   x = np.linspace(-5, 5, 12, dtype=np.float32)[:, None]
   y = np.sin(x)
@@ -151,7 +153,9 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
   drawing[:, 40:60, 20:80] = 0
   np.testing.assert_array_equal(result["preprocessed"], vj.data.preprocess_omniglot(drawing))
   for name in ("run", "old_run"):
-    assert result[name]["config"] == "vampire_jax.configs.RegressionConfig", result[name]
+    assert result[name]["config"] == "vampire_jax._src.runs.experiment_configs.RegressionConfig", (
+      result[name]
+    )
     assert result[name]["fields"] == json.loads(json.dumps(dataclasses.asdict(config)))
     predictions = np.asarray(result[name]["predictions"])
     assert predictions.shape == (config.num_mc_test, 7, 1)
@@ -189,15 +193,16 @@ def test_all_lists_every_public_name_once():
 def test_old_run_folders_name_the_library_configs():
   for name in ("OmniglotConfig", "MiniImagenetConfig", "FeaturesConfig", "RegressionConfig"):
     assert (
-      vj.configs.recorded_class_name(f"experiments.configs.{name}") == f"vampire_jax.configs.{name}"
+      configs_lib.recorded_class_name(f"experiments.configs.{name}")
+      == f"vampire_jax._src.runs.experiment_configs.{name}"
     )
   # Other names, and the experiments' preset functions, are left as they are.
   for name in (
     "experiments.configs.get_config",
     "my_project.MyConfig",
-    "vampire_jax.configs.OmniglotConfig",
+    "vampire_jax._src.runs.experiment_configs.OmniglotConfig",
   ):
-    assert vj.configs.recorded_class_name(name) == name
+    assert configs_lib.recorded_class_name(name) == name
 
 
 # A distribution's import name where it differs from its pip name.

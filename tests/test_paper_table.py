@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from experiments import configs, paper_table
+from experiments import presets, paper_table
 
 
 def _config(experiment: str, preset: str, algorithm: str, **changes) -> dict:
   """The paper preset's config as a run records it, with `changes`."""
-  config = dataclasses.asdict(configs.get_config(experiment, preset, algorithm))
+  config = dataclasses.asdict(presets.get_config(experiment, preset, algorithm))
   return json.loads(json.dumps({**config, **changes}))  # tuples -> lists, as in results.json
 
 

@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, user_env
-from vampire_jax import run_folder
-from vampire_jax.errors import RunFolderError
+from vampire_jax._src.runs import run_folder
+from vampire_jax._src.runs.run_folder import checkpoints as run_folder_checkpoints
+from vampire_jax._src.core.errors import RunFolderError
 
 # Short enough for CI, long enough to tell: batching each device's tasks with vmap (the
 # regression default before) already gave another loss at the first logged row on 8 devices.
@@ -181,7 +182,7 @@ def test_an_environment_failure_leaves_the_folder_alone_and_says_what_differs(
   def fail(self, *args, **kwargs):
     raise error
 
-  monkeypatch.setattr(run_folder.ocp.CheckpointManager, "restore", fail)
+  monkeypatch.setattr(run_folder_checkpoints.ocp.CheckpointManager, "restore", fail)
   with pytest.raises(RunFolderError) as raised:
     vj.load_run(workdir)
   message = str(raised.value)

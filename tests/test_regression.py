@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from vampire_jax._src.runs import algorithms as algorithms_lib
+from vampire_jax._src.runs import problem as problem_lib
 from experiments import regression
-from vampire_jax import calibration, kinds
+from vampire_jax._src.metrics import calibration
+from vampire_jax._src.runs import kinds
 from vampire_jax.data import sine_line
-from vampire_jax.errors import ConfigError
+from vampire_jax._src.core.errors import ConfigError
 
 
 def test_task_generator_ranges_and_mixture():
@@ -68,8 +71,8 @@ def test_splits_draw_different_tasks_and_the_truth_matches_the_queries():
   config = regression.get_config("quick", "maml")
   problem = regression.make_problem(config)
   key = jax.random.key(0)
-  train = vj.problem.draw_tasks(problem, "train", key, 3)
-  test = vj.problem.draw_tasks(problem, "test", key, 3)
+  train = problem_lib.draw_tasks(problem, "train", key, 3)
+  test = problem_lib.draw_tasks(problem, "test", key, 3)
   assert not np.allclose(train.support_x, test.support_x)
   # The noiseless truth of the sampled tasks: the targets are it plus N(0, 0.3^2) noise.
   keys = jax.random.split(jax.random.key(1), 2000)
@@ -188,11 +191,11 @@ def test_likelihood_std_is_the_noise_the_learner_trains_and_adapts_with():
   config = dataclasses.replace(regression.get_config("quick", "vampire"), hidden_sizes=(8, 8))
   model = vj.MLP(tuple(config.hidden_sizes), 1)
   sizes = dict(num_mc_train=2, num_mc_query=2)
-  as_mse = vj.algorithms.make_learner(
+  as_mse = algorithms_lib.make_learner(
     model, "regression", 0.3, dataclasses.replace(config, likelihood_std=0.7071), **sizes
   )
-  noisier = vj.algorithms.make_learner(model, "regression", 0.7071, config, **sizes)
-  default = vj.algorithms.make_learner(model, "regression", 0.3, config, **sizes)
+  noisier = algorithms_lib.make_learner(model, "regression", 0.7071, config, **sizes)
+  default = algorithms_lib.make_learner(model, "regression", 0.3, config, **sizes)
   outputs, targets = jnp.array([[0.5], [1.0]]), jnp.array([[1.5], [-1.0]])
   expected = np.mean(
     0.5 * ((outputs - targets) / 0.7071) ** 2 + np.log(0.7071 * np.sqrt(2 * np.pi))

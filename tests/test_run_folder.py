@@ -22,9 +22,11 @@ import orbax.checkpoint as ocp
 import pytest
 
 import vampire_jax as vj
+from vampire_jax._src.runs import reporting
 from conftest import OMNIGLOT_DIR, needs_omniglot, tiny_omniglot_config
 from experiments import cli, omniglot
-from vampire_jax import run_folder
+from vampire_jax._src.runs import run_folder
+from vampire_jax._src.runs.run_folder import storage as run_folder_storage
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = dict(progress=False, print_fn=lambda message: None)
@@ -90,11 +92,11 @@ def test_damaged_json_is_read_as_missing_and_a_torn_log_line_is_cut(tmp_path):
   assert len(notes) == 2 and all("is damaged" in note for note in notes)
   log = tmp_path / "metrics.jsonl"
   log.write_text('{"step": 3, "train/loss": 1.5}\n{"step": 6, "train/lo')  # killed mid-write
-  assert vj.reporting.read_metrics(tmp_path) == [{"step": 3, "train/loss": 1.5}]
-  writer = vj.reporting.MetricWriter(tmp_path)
+  assert reporting.read_metrics(tmp_path) == [{"step": 3, "train/loss": 1.5}]
+  writer = reporting.MetricWriter(tmp_path)
   writer.write(6, {"train/loss": 1.25})
   writer.close()
-  assert vj.reporting.read_metrics(tmp_path) == [
+  assert reporting.read_metrics(tmp_path) == [
     {"step": 3, "train/loss": 1.5},
     {"step": 6, "train/loss": 1.25},
   ]
@@ -129,7 +131,7 @@ def test_tensorboard_gets_the_config_as_hparams_the_test_metrics_and_the_figures
   pytest.importorskip("tensorboardX", reason="tensorboardX (the experiments extra) not installed")
   from tensorboardX.proto import plugin_hparams_pb2
 
-  writer = vj.reporting.MetricWriter(tmp_path)
+  writer = reporting.MetricWriter(tmp_path)
   writer.write(10, {"train/loss": 1.25})
   config = {
     "algorithm": "vampire",
@@ -145,7 +147,7 @@ def test_tensorboard_gets_the_config_as_hparams_the_test_metrics_and_the_figures
   assert scalars[("train/loss", 10)] == 1.25
   assert scalars[("test/accuracy", 10)] == 0.75 and scalars[("test/num_tasks", 10)] == 6
   assert not any(tag.startswith("test/open_set") for tag, _ in scalars)  # not a number: skipped
-  assert vj.reporting.read_metrics(tmp_path) == [{"step": 10, "train/loss": 1.25}]  # as before
+  assert reporting.read_metrics(tmp_path) == [{"step": 10, "train/loss": 1.25}]  # as before
   starts = [
     v.metadata.plugin_data.content
     for e in _tensorboard_events(tmp_path / "hparams")
@@ -170,9 +172,7 @@ def test_tensorboard_gets_the_config_as_hparams_the_test_metrics_and_the_figures
   for event in _tensorboard_events(tmp_path):  # nothing yet
     assert not any(v.HasField("image") for v in event.summary.value)
   assert (
-    vj.reporting.write_figures(
-      tmp_path, {"reliability": png, "table": tmp_path / "table.md"}, step=10
-    )
+    reporting.write_figures(tmp_path, {"reliability": png, "table": tmp_path / "table.md"}, step=10)
     == 1
   )
   images = [
@@ -235,7 +235,7 @@ def _read_only_folder(tmp_path: Path, monkeypatch) -> tuple[Path, str]:
     def read_only(*args, **kwargs):
       raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(run_folder.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(run_folder_storage.tempfile, "mkstemp", read_only)
   return folder, "tmpfs" if mounted else "simulated"
 
 
@@ -285,7 +285,7 @@ def test_a_second_process_is_refused_naming_the_holder_and_a_dead_holders_lock_i
       "-c",
       textwrap.dedent("""
           import sys, time
-          from vampire_jax import run_folder
+          from vampire_jax._src.runs import run_folder
           with run_folder.lock(sys.argv[1]):
             print("held", flush=True)
             time.sleep(120)
@@ -327,7 +327,7 @@ def test_the_cli_refuses_a_folder_in_use_in_one_line(tiny_omniglot_run, tmp_path
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.write(fd, b"4242 otherhost\n")
     code = cli.main_entry(
-      lambda argv: omniglot.train_and_evaluate(tiny_omniglot_run[1], workdir, **QUIET),
+      lambda argv: omniglot.run_experiment(tiny_omniglot_run[1], workdir, **QUIET),
       ["--no-compilation-cache"],
     )
   finally:
@@ -397,7 +397,7 @@ def test_a_damaged_latest_checkpoint_walks_back_and_the_rerun_ends_the_same(
   with open(workdir / "metrics.jsonl", "a") as f:
     f.write('{"step": 9, "train/lo')
   lines = []
-  results = omniglot.train_and_evaluate(config, workdir, progress=False, print_fn=lines.append)
+  results = omniglot.run_experiment(config, workdir, progress=False, print_fn=lines.append)
   said = "\n".join(lines)
   assert (
     "checkpoint 6 in" in said and "does not restore" in said and "trying the next older" in said
@@ -408,7 +408,7 @@ def test_a_damaged_latest_checkpoint_walks_back_and_the_rerun_ends_the_same(
   assert _leaves_equal(_checkpoint_params(workdir, 6), _checkpoint_params(straight, 6))
   assert results["test"]["accuracy"] == full["test"]["accuracy"]
   assert results["meta_steps"] == 6
-  assert vj.reporting.read_metrics(workdir)[-1]["step"] == 6  # the torn line was cut off
+  assert reporting.read_metrics(workdir)[-1]["step"] == 6  # the torn line was cut off
 
 
 # -- The config check never depends on run.json alone --------------------------------------------
@@ -492,14 +492,14 @@ def test_a_full_disk_at_a_checkpoint_names_it_and_the_intact_one(
   monkeypatch.setattr(ocp.CheckpointManager, "save", full_at_6)
   config = tiny_omniglot_config(omniglot_cache)
   with pytest.raises(vj.StorageError) as error:
-    omniglot.train_and_evaluate(config, tmp_path, **QUIET)
+    omniglot.run_experiment(config, tmp_path, **QUIET)
   assert str(error.value) == (
     f"no space left on device writing {tmp_path}/checkpoints/6 "
     "(checkpoint 3 is intact; free space and run again)"
   )
   assert not (tmp_path / "results.json").exists()
   monkeypatch.setattr(ocp.CheckpointManager, "save", save)  # space freed
-  assert omniglot.train_and_evaluate(config, tmp_path, **QUIET)["resumed_from_step"] == 3
+  assert omniglot.run_experiment(config, tmp_path, **QUIET)["resumed_from_step"] == 3
 
 
 @needs_omniglot
@@ -519,7 +519,7 @@ def test_a_real_full_disk_is_one_line_and_the_rerun_resumes_once_space_is_freed(
   try:
     workdir = disk / "run"
     config = tiny_omniglot_config(omniglot_cache, 12)
-    run = lambda argv: omniglot.train_and_evaluate(config, workdir, **QUIET)  # noqa: E731
+    run = lambda argv: omniglot.run_experiment(config, workdir, **QUIET)  # noqa: E731
     assert cli.main_entry(run, ["--no-compilation-cache"]) == 2
     err = capsys.readouterr().err
     _one_line_error(err, "no space left on device writing")
@@ -559,14 +559,14 @@ def test_a_signal_in_the_test_phase_is_one_line_and_128_plus_its_number(
       sys.path.insert(0, {str(REPO / "tests")!r})
       from conftest import tiny_omniglot_config
       from experiments import cli, omniglot
-      from vampire_jax import training
+      from vampire_jax._src.runs import loop as training
       original = training._test
       def _test(session, *args):  # the signal arrives as the test phase starts
         os.kill(os.getpid(), signal.{name})
         return original(session, *args)
       training._test = _test
       config = tiny_omniglot_config({tiny_omniglot_run[1].cache_dir!r})
-      sys.exit(cli.main_entry(lambda argv: omniglot.train_and_evaluate(
+      sys.exit(cli.main_entry(lambda argv: omniglot.run_experiment(
           config, {str(workdir)!r}, progress=False), ["--no-compilation-cache"]))
   """)
   out = subprocess.run(
@@ -605,24 +605,25 @@ def test_a_truncated_omniglot_cache_is_rebuilt_from_the_zips(omniglot_cache, tmp
 
 
 def test_a_corrupt_image_and_a_missing_one_name_the_file(tmp_path):
-  from vampire_jax.data import mini_imagenet as mi
+  from vampire_jax.data import mini_imagenet_files
 
   broken = tmp_path / "n01532829_00000005.jpg"
   broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
   with pytest.raises(vj.DataError, match=f"{broken} is not a readable image"):
-    mi._decode(broken)
+    mini_imagenet_files._decode(broken)
   (tmp_path / "split").mkdir()
   (tmp_path / "images").mkdir()
   for split in ("train", "val", "test"):
     (tmp_path / "split" / f"{split}.csv").write_text("filename,label\nmissing.jpg,n01532829\n")
   with pytest.raises(vj.MissingDataError, match="missing.jpg"):
-    mi._image_rows(tmp_path, "train", existing_only=False)
+    mini_imagenet_files._image_rows(tmp_path, "train", existing_only=False)
 
 
 def test_a_field_added_since_the_run_was_recorded_counts_as_its_default():
   """Runs recorded before a config field existed resume with its default, and only with it."""
   import dataclasses as dc
-  from vampire_jax import config as config_lib, configs
+  from vampire_jax._src.runs import run_config as config_lib
+  from vampire_jax._src.runs import experiment_configs as configs
 
   current = configs.OmniglotConfig()
   saved = config_lib._jsonable(dc.asdict(current))

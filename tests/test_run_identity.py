@@ -20,9 +20,11 @@ from PIL import Image
 
 import vampire_jax as vj
 from conftest import tiny_regression_config
-from experiments import cli, configs, mini_imagenet, omniglot, paper_table, regression
-from vampire_jax import run_folder
+from experiments import cli, presets, mini_imagenet, omniglot, paper_table, regression
+from vampire_jax._src.runs import run_folder
+from vampire_jax._src.runs.run_folder import record as run_folder_record
 from vampire_jax.data import mini_imagenet as mi
+from vampire_jax.data import mini_imagenet_files
 
 QUIET = dict(progress=False, print_fn=lambda message: None)
 
@@ -36,7 +38,7 @@ def two_runs(tmp_path_factory):
   """Two tiny regression runs of the same config (seeds 0 and 1): `(ours, theirs)`."""
   root = tmp_path_factory.mktemp("identity")
   for name, seed in (("ours", 0), ("theirs", 1)):
-    regression.train_and_evaluate(_tiny_config(seed=seed), root / name, **QUIET)
+    regression.run_experiment(_tiny_config(seed=seed), root / name, **QUIET)
   return root / "ours", root / "theirs"
 
 
@@ -48,7 +50,7 @@ def _copy(folder: Path, tmp_path: Path) -> Path:
 
 def _rerun(workdir: Path, **changes) -> tuple[dict, list[str]]:
   lines = []
-  results = regression.train_and_evaluate(
+  results = regression.run_experiment(
     _tiny_config(**changes), workdir, progress=False, print_fn=lines.append
   )
   return results, lines
@@ -62,9 +64,9 @@ def test_checkpoints_and_best_carry_the_runs_id_and_step(two_runs):
   run_id = json.loads((ours / "run.json").read_text())["run_id"]
   assert run_id != json.loads((theirs / "run.json").read_text())["run_id"]
   for folder, step in (("checkpoints", 4), ("checkpoints", 2), ("best", 4)):
-    carried = run_folder._step_metadata(ours / folder, step)
+    carried = run_folder_record._step_metadata(ours / folder, step)
     assert carried["run_id"] == run_id and carried.get("step", step) == step, (folder, carried)
-  assert run_folder._step_metadata(ours / "checkpoints", 4)["record"]["run_id"] == run_id
+  assert run_folder_record._step_metadata(ours / "checkpoints", 4)["record"]["run_id"] == run_id
 
 
 def test_checkpoints_deleted_and_fewer_steps_set_the_old_best_aside(two_runs, tmp_path):
@@ -263,7 +265,7 @@ def test_an_unwritable_mini_imagenet_cache_fails_before_decoding(tmp_path, monke
   folder = _fake_mini_imagenet(tmp_path / "mini")
   (tmp_path / "file").write_text("")
   decoded = []
-  monkeypatch.setattr(mi, "_decode", lambda path: decoded.append(path))
+  monkeypatch.setattr(mini_imagenet_files, "_decode", lambda path: decoded.append(path))
   caches = [tmp_path / "file" / "cache"]  # under a file
   read_only = tmp_path / "read_only"  # a read-only mount, where mounting is allowed (root)
   read_only.mkdir()
@@ -317,7 +319,7 @@ def _results(folder: Path, config: dict, test: dict) -> Path:
 
 
 def _omniglot(**changes) -> dict:
-  config = dataclasses.asdict(configs.get_config("omniglot", "5way1shot", "vampire"))
+  config = dataclasses.asdict(presets.get_config("omniglot", "5way1shot", "vampire"))
   return json.loads(json.dumps({**config, **changes}))
 
 
@@ -351,9 +353,9 @@ def test_the_protocol_is_the_presets_current_config(tmp_path, monkeypatch, capsy
   """A preset that gains a setting takes runs without it out of its cells."""
   _results(tmp_path / "runs" / "run", _omniglot(), ACCURACY)
   assert paper_table.main([str(tmp_path / "runs")])["not_paper_protocol"] == []
-  get_config = configs.get_config
+  get_config = presets.get_config
   monkeypatch.setattr(
-    configs,
+    presets,
     "get_config",
     lambda *a: dataclasses.replace(get_config(*a), meta_grad_clip_norm=1.0),
   )

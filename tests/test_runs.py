@@ -15,10 +15,12 @@ import pytest
 from PIL import Image
 
 import vampire_jax as vj
+from vampire_jax._src.metrics.evaluation import evaluate_split
 from conftest import OMNIGLOT_DIR, needs_omniglot
 from experiments import omniglot
-from experiments.configs import OmniglotConfig
-from vampire_jax import evaluation, programs
+from experiments.presets import OmniglotConfig
+from vampire_jax._src.metrics import evaluation
+from vampire_jax._src.runs import programs
 
 
 @needs_omniglot
@@ -103,11 +105,11 @@ def test_scores_do_not_depend_on_the_evaluation_batch():
   evaluate = jax.jit(vj.make_regression_evaluator(learner, 0.3))
   split = programs.split_evaluator(problem, evaluate, "test")
   key = jax.random.key(5)
-  results = [vj.evaluate_split(split, meta_params, key, 10, batch) for batch in (3, 4, 10)]
+  results = [evaluate_split(split, meta_params, key, 10, batch) for batch in (3, 4, 10)]
   for other in results[1:]:
     for name in ("mse", "nll", "predictions", "truth"):
       np.testing.assert_allclose(other[name], results[0][name], rtol=1e-5, atol=1e-6)
   # Another evaluation key scores other tasks.
   assert not np.allclose(
-    vj.evaluate_split(split, meta_params, jax.random.key(6), 10, 10)["mse"], results[0]["mse"]
+    evaluate_split(split, meta_params, jax.random.key(6), 10, 10)["mse"], results[0]["mse"]
   )

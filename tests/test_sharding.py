@@ -23,6 +23,9 @@ import optax
 import pytest
 
 import vampire_jax as vj
+from vampire_jax._src.core import sharding
+from vampire_jax._src.metrics.evaluation import evaluate_split
+from vampire_jax._src.runs import programs
 from vampire_jax.data import sine_line
 
 NUM_FAKE_DEVICES = 8
@@ -170,8 +173,8 @@ def _sharded_measurements() -> dict:
   per_task = {}
   for name, batch, mesh_or_none in (("one", 10, None), ("mesh", 16, mesh)):
     evaluate = jax.jit(vj.make_regression_evaluator(learner, NOISE_STD, mesh=mesh_or_none))
-    split = vj.programs.split_evaluator(problem, evaluate, "test", mesh_or_none)
-    per_task[name] = vj.evaluate_split(split, meta_params, jax.random.key(9), 20, batch)["mse"]
+    split = programs.split_evaluator(problem, evaluate, "test", mesh_or_none)
+    per_task[name] = evaluate_split(split, meta_params, jax.random.key(9), 20, batch)["mse"]
   out["split_mse"] = {k: np.asarray(v).tolist() for k, v in per_task.items()}
 
   try:
@@ -209,7 +212,7 @@ def _runner_measurements(workdir: Path) -> dict:
   from experiments import regression
 
   out = {
-    "eval_batch_10_on_8_devices": vj.programs.eval_batch_size(
+    "eval_batch_10_on_8_devices": programs.eval_batch_size(
       vj.RunConfig(eval_batch_tasks=10), vj.task_mesh()
     )
   }
@@ -386,7 +389,8 @@ def _float32_meta_gradient(algorithm: str):
 
 def test_mesh_choice_and_flags():
   from experiments import cli
-  from vampire_jax import backend_defaults, programs
+  from vampire_jax._src.core import backend_defaults
+  from vampire_jax._src.runs import programs
   import argparse
 
   parser = argparse.ArgumentParser()
@@ -497,7 +501,7 @@ def test_mixed_precision_meta_gradient_is_close_to_float32():
 
 
 def _multihost_measurements(process_id: int, port: int) -> dict:
-  vj.sharding.initialize_multihost(f"localhost:{port}", 2, process_id)
+  sharding.initialize_multihost(f"localhost:{port}", 2, process_id)
   mesh = vj.task_mesh()
   apply_fn, params, tasks = _regression_setup(num_tasks=8)
   learner = _learners(apply_fn)["vampire"]
@@ -519,7 +523,7 @@ def _multihost_measurements(process_id: int, port: int) -> dict:
     "process_count": jax.process_count(),
     "mesh_size": mesh.size,
     "loss": [float(metrics["loss"]), float(local_metrics["loss"])],
-    "grad_diff": _max_diff(vj.sharding.gather(grads), local_grads),
+    "grad_diff": _max_diff(sharding.gather(grads), local_grads),
     "grad_scale": _max_abs(local_grads),
   }
 

@@ -12,8 +12,9 @@ import optax
 import pytest
 
 import vampire_jax as vj
-from vampire_jax import config as config_lib
-from vampire_jax.errors import ConfigError, InputError
+from vampire_jax._src.runs import kinds
+from vampire_jax._src.runs import run_config as config_lib
+from vampire_jax._src.core.errors import ConfigError, InputError
 
 # -- KL of leaves that do not match ----------------------------------------------------------
 
@@ -112,7 +113,7 @@ def test_the_largest_seed_is_a_key_of_its_own():
 
 def test_one_way_tasks_are_refused():
   """Before: `--ways 1` printed `test accuracy 100.00 +- 0.00 %  NLL 0.0000  ECE 0.0000`."""
-  from vampire_jax.configs import check_episodes
+  from vampire_jax._src.runs.experiment_configs import check_episodes
 
   with pytest.raises(ConfigError, match="--ways 1: a task needs at least 2 classes"):
     check_episodes(1, 1, 15, 20, {"train": 100, "val": 10, "test": 50}, what="Omniglot's")
@@ -130,7 +131,7 @@ def test_an_edited_run_record_is_refused_not_used(tiny_omniglot_run, tmp_path, f
   import json
   import shutil
 
-  from vampire_jax.errors import RunFolderError
+  from vampire_jax._src.core.errors import RunFolderError
 
   workdir = tmp_path / "run"
   shutil.copytree(tiny_omniglot_run[0], workdir)
@@ -377,9 +378,7 @@ def test_regression_predict_samples_the_predictive_with_its_noise(tmp_path):
   for algorithm in ("vampire", "maml"):
     draws = {"num_mc_test": 4} if algorithm == "vampire" else {}
     config = tiny_regression_config(algorithm, num_meta_steps=2, **draws)
-    regression.train_and_evaluate(
-      config, tmp_path / algorithm, progress=False, print_fn=lambda m: None
-    )
+    regression.run_experiment(config, tmp_path / algorithm, progress=False, print_fn=lambda m: None)
     run = vj.load_run(tmp_path / algorithm)
     key = jax.random.key(1)
     functions = run.predict_function_draws(task.support_x, task.support_y, task.query_x, key)
@@ -411,7 +410,7 @@ def test_a_damaged_png_inside_the_zip_is_one_line_naming_it(tmp_path):
   from PIL import Image
 
   from vampire_jax.data import omniglot
-  from vampire_jax.errors import DataError
+  from vampire_jax._src.core.errors import DataError
 
   good = io.BytesIO()
   Image.new("L", (105, 105), 255).save(good, format="PNG")
@@ -462,13 +461,13 @@ def test_a_bad_device_count_in_the_environment_is_one_line(variable, value):
 
 def test_zero_hidden_units_is_a_config_error():
   """Before: a 60-line ZeroDivisionError."""
-  from experiments import configs
+  from experiments import presets
 
-  config = configs.get_config("regression", "quick", "vampire")
+  config = presets.get_config("regression", "quick", "vampire")
   config.hidden_sizes = (0, 0, 0)
   with pytest.raises(ConfigError, match=r"--hidden-sizes must be whole numbers >= 1"):
     config.validate()
-  config = configs.get_config("omniglot", "quick", "vampire")
+  config = presets.get_config("omniglot", "quick", "vampire")
   config.num_filters = 0
   with pytest.raises(ConfigError, match=r"--num-filters must be whole numbers >= 1"):
     config.validate()
@@ -669,7 +668,7 @@ def test_the_printed_mce_names_the_size_of_the_bin_that_sets_it():
   )
   metrics = vj.summarise("classification", per_task, targets, num_bins=10).metrics
   assert metrics["mce"] == pytest.approx(0.55) and metrics["mce_bin_count"] == 1
-  assert "MCE 0.5500 (bin of 1)" in vj.kinds.CLASSIFICATION.summary_line(metrics)
+  assert "MCE 0.5500 (bin of 1)" in kinds.CLASSIFICATION.summary_line(metrics)
 
 
 def test_tasks_per_step_is_stated_once_to_meta_optimizer():

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 import vampire_jax as vj
+from vampire_jax._src.core import meta_step
+from vampire_jax._src.core.host_chunked import make_host_chunked_train_step
 from vampire_jax.data import sine_line
 
 
@@ -138,7 +140,7 @@ def test_train_step_is_the_meta_step_on_the_tasks_it_draws(algorithm):
   )
   for t in range(1, 3):
     state, metrics = step(state, None, key)
-    task_keys, adapt_keys = vj.meta_step.step_keys(key, t - 1, 4)
+    task_keys, adapt_keys = meta_step.step_keys(key, t - 1, 4)
     tasks = _sampler(None, task_keys)
     per_task = [
       loss_and_grad(params, jax.tree_util.tree_map(lambda a, i=i: a[i], tasks), adapt_keys[i])
@@ -166,7 +168,7 @@ def test_steps_per_call_and_host_chunking_do_not_change_the_run(algorithm):
   three = jax.jit(
     vj.make_train_step(learner, optimizer, _sampler, tasks_per_step=4, steps_per_call=3)
   )
-  chunked = vj.make_host_chunked_train_step(
+  chunked = make_host_chunked_train_step(
     learner, optimizer, _sampler, tasks_per_step=4, chunk_size=2
   )
   single, chunk_state, losses = state, state, []

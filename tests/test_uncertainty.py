@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from vampire_jax import data, predictive_uncertainty
-from vampire_jax.errors import ConfigError
+from vampire_jax._src.runs import experiment_configs
+from vampire_jax import data
+from vampire_jax._src.metrics import predictive_uncertainty
+from vampire_jax._src.core.errors import ConfigError
 
 from conftest import needs_omniglot
 
@@ -277,51 +279,53 @@ def test_a_classification_run_reports_open_set_aurocs(tiny_omniglot_run):
 
 
 def test_open_set_config_checks():
-  from experiments import configs
+  from experiments import presets
 
-  config = configs.get_config("mini_imagenet", "5way1shot")
-  assert vj.configs.open_set_classes(config) == 5  # default: as many as ways
+  config = presets.get_config("mini_imagenet", "5way1shot")
+  assert experiment_configs.open_set_classes(config) == 5  # default: as many as ways
   for value, message in ((16, "needs --ways \\+ unknown = 21"), (-1, ">= 0")):
     with pytest.raises(ConfigError, match=message):
       dataclasses.replace(config, num_open_set_classes=value).validate()
-  assert vj.configs.open_set_classes(dataclasses.replace(config, num_open_set_classes=0)) == 0
+  assert (
+    experiment_configs.open_set_classes(dataclasses.replace(config, num_open_set_classes=0)) == 0
+  )
   # A partial copy with 7 test classes: the default takes the 2 left beside the 5 ways, an
   # explicit number it cannot give fails before training.
-  assert vj.configs.open_set_classes(config, test_classes=7) == 2
-  assert vj.configs.open_set_classes(config, test_classes=5) == 0
+  assert experiment_configs.open_set_classes(config, test_classes=7) == 2
+  assert experiment_configs.open_set_classes(config, test_classes=5) == 0
   with pytest.raises(ConfigError, match="test split has 7"):
-    vj.configs.open_set_classes(dataclasses.replace(config, num_open_set_classes=3), 7)
+    experiment_configs.open_set_classes(dataclasses.replace(config, num_open_set_classes=3), 7)
 
 
 def test_platipus_presets_are_the_authors_commands():
   # The VAMPIRE authors' platipus.py commands: inner_lr 1e-2, kl_reweight 0.1 for images;
   # inner_lr 1e-3, kl_reweight 1 for sine/line (BUILD_NOTES, "Library defaults").
-  from experiments import configs
+  from experiments import presets
 
   for experiment in ("omniglot", "mini_imagenet", "features"):
-    config = configs.get_config(experiment, "5way1shot", "platipus")
+    config = presets.get_config(experiment, "5way1shot", "platipus")
     assert (config.inner_lr, config.kl_weight) == (0.01, 0.1), experiment
-  config = configs.get_config("regression", "cpu", "platipus")
+  config = presets.get_config("regression", "cpu", "platipus")
   assert (config.inner_lr, config.kl_weight) == (0.001, 1.0)
 
 
 def test_omniglot_validation_size_config():
-  from experiments import configs
+  from experiments import presets
 
-  assert configs.get_config("omniglot", "5way1shot").num_val_alphabets == 0  # the paper's
-  assert configs.get_config("omniglot", "20way5shot").num_val_characters == 0
-  assert configs.get_config("omniglot", "quick").num_val_alphabets == 5
-  assert vj.configs.omniglot_split_characters("original", 0) == {
+  assert presets.get_config("omniglot", "5way1shot").num_val_alphabets == 0  # the paper's
+  assert presets.get_config("omniglot", "20way5shot").num_val_characters == 0
+  assert presets.get_config("omniglot", "quick").num_val_alphabets == 5
+  assert experiment_configs.omniglot_split_characters("original", 0) == {
     "train": 964,
     "val": 964,
     "test": 659,
   }
-  assert vj.configs.omniglot_split_characters("original", 5) == {
+  assert experiment_configs.omniglot_split_characters("original", 5) == {
     "train": 813,
     "val": 151,
     "test": 659,
   }
-  config = configs.get_config("omniglot", "quick")
+  config = presets.get_config("omniglot", "quick")
   for name, value in (("num_val_alphabets", 30), ("num_val_characters", -1)):
     with pytest.raises(ConfigError, match=name.replace("_", "-")):
       dataclasses.replace(config, **{name: value}).validate()
@@ -332,7 +336,7 @@ def test_omniglot_without_held_out_alphabets_trains_on_all_964(omniglot_cache):
   arrays = data.load_omniglot(cache_dir=omniglot_cache, source="cache")
   background = np.flatnonzero(arrays.is_background)
   sizes = [int(np.sum(arrays.alphabet[background] == a)) for a in range(30)]
-  assert tuple(sizes) == vj.configs.OMNIGLOT_BACKGROUND_ALPHABET_SIZES
+  assert tuple(sizes) == experiment_configs.OMNIGLOT_BACKGROUND_ALPHABET_SIZES
   split = data.split_indices(arrays, "original", num_val_alphabets=0)
   assert len(split["train"]) == 964
   np.testing.assert_array_equal(split["train"], background)

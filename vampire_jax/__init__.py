@@ -4,84 +4,36 @@ Pure functions over parameter pytrees. A distribution over weights is a
 `Gaussian(mean, log_std)` of two trees; `adapt` fits a task posterior by a
 few gradient steps on the variational free energy.
 
-Layers, from the leaves up (each imports only those below it):
-  errors, checks, gaussian, losses, tasks, backend_defaults
-  batching, convolution, models, sharding, config, calibration
-  adapters                        from_nnx / from_equinox: (params, apply_fn) of NNX, Equinox
-  adaptation                      adapt / maml_adapt / predict
-  learners, baselines             MetaLearner factories: vampire, maml, platipus, bmaml, abml
-  diagnostics                     check_inner_loop, debug_nonfinite
-  predictive_uncertainty          vj.uncertainty, auroc, open-set summaries
-  meta_step, evaluation           the meta-step and evaluator builders
-  kinds                           one ProblemKind per kind: likelihood, metrics, summary, score
-  algorithms                      the registry: a RunConfig -> its MetaLearner; make_learner
-  run_folder                      records, lock, checkpoints, logs, results
-  interrupts                      every stop and fault: signals, exit codes, background noise
-  checkpoint, reporting
-  training                        train_and_evaluate(problem, config, workdir)
-  runs                            load_run(workdir) -> Run (uses run_folder, not training)
-  configs                         each experiment's config dataclass (what run folders name)
-  data                            Omniglot, mini-ImageNet, LEO features, sine/line; task sampler
+This module is the public API: the names below, and the subpackages `data`
+(Omniglot, mini-ImageNet, LEO features, sine/line; the task sampler) and
+`baselines` (PLATIPUS, BMAML, ABML). The implementation is private, under
+`vampire_jax/_src/` in three layers, each importing only those before it:
+
+  core/      the maths and how it runs: Gaussians, likelihoods, networks, the
+             inner loop, learners, the meta-step, task batching, device meshes
+  metrics/   calibration, predictive uncertainty, evaluators, the predictive
+  runs/      configs, the registry, the loop, the run folder, `load_run`
+
+Module paths of earlier versions (`vampire_jax.gaussian`, ...) and names that
+left the top level warn once and still work (`_src/deprecations.py`).
 """
 
-from vampire_jax import (
-  adaptation,
-  adapters,
-  algorithms,
-  backend_defaults,
-  baselines,
-  batching,
-  calibration,
-  checkpoint,
-  checks,
-  config,
-  configs,
-  convolution,
-  data,
-  diagnostics,
-  errors,
-  evaluation,
-  gaussian,
-  interrupts,
-  kinds,
-  learners,
-  losses,
-  meta_step,
-  models,
-  predictive_uncertainty,
-  problem,
-  programs,
-  reporting,
-  run_folder,
-  runs,
-  sharding,
-  tasks,
-  training,
+from vampire_jax import baselines, data
+from vampire_jax._src import deprecations as _deprecations
+from vampire_jax._src.core.adaptation import (
+  adapt,
+  expected_nll,
+  maml_adapt,
+  predict,
+  variational_free_energy,
 )
-from vampire_jax.adapters import from_equinox, from_nnx
-from vampire_jax.adaptation import adapt, expected_nll, maml_adapt, predict, variational_free_energy
-from vampire_jax.batching import (
-  BATCHING_STRATEGIES,
-  MAPPED_STRATEGIES,
-  batched_map,
-  default_task_batching,
+from vampire_jax._src.core.diagnostics import (
+  InnerLoopReport,
+  check_inner_loop,
+  debug_nonfinite,
+  largest_curvature,
 )
-from vampire_jax.calibration import (
-  QuantileCalibration,
-  ReliabilityBins,
-  RiskCoverage,
-  classification_calibration,
-  mean_confidence_interval,
-  mixture_cdf,
-  mixture_quantile,
-  paper_quantile_calibration,
-  regression_quantile_calibration,
-  risk_coverage,
-)
-from vampire_jax.checkpoint import RunCheckpoints
-from vampire_jax.config import RunConfig
-from vampire_jax.diagnostics import InnerLoopReport, check_inner_loop, debug_nonfinite
-from vampire_jax.errors import (
+from vampire_jax._src.core.errors import (
   ConfigError,
   DataError,
   DivergenceError,
@@ -91,20 +43,12 @@ from vampire_jax.errors import (
   StorageError,
   UserError,
 )
-from vampire_jax.evaluation import (
-  ClassificationEval,
-  OpenSetEval,
-  RegressionEval,
-  evaluate_split,
-  make_classification_evaluator,
-  make_open_set_evaluator,
-  make_regression_evaluator,
-  make_split_evaluator,
+from vampire_jax._src.core.framework_adapters import (
+  from_equinox,
+  from_nnx,
 )
-from vampire_jax.kinds import ProblemKind, summarise
-from vampire_jax.gaussian import (
+from vampire_jax._src.core.gaussian import (
   Gaussian,
-  check_gaussian,
   gaussian_from_distrax,
   gaussian_from_params,
   kl_divergence,
@@ -113,24 +57,31 @@ from vampire_jax.gaussian import (
   sample,
   to_distrax,
 )
-from vampire_jax.learners import InnerLoopSettings, MetaLearner, maml, query_loss, vampire
-from vampire_jax.losses import categorical_nll, distribution_nll, gaussian_nll, loss_from_apply
-from vampire_jax.meta_step import (
+from vampire_jax._src.core.learners import (
+  InnerLoopSettings,
+  MetaLearner,
+  maml,
+  query_loss,
+  vampire,
+)
+from vampire_jax._src.core.losses import (
+  categorical_nll,
+  distribution_nll,
+  gaussian_nll,
+  loss_from_apply,
+)
+from vampire_jax._src.core.meta_step import (
   MetaOptimizer,
   MetaState,
-  apply_meta_gradient,
   classification_metrics,
   init_meta_state,
-  make_host_chunked_meta_step,
-  make_host_chunked_train_step,
   make_meta_gradient,
   make_meta_step,
   make_train_step,
   meta_lr_schedule,
   meta_optimizer,
-  log_std_mask,
 )
-from vampire_jax.models import (
+from vampire_jax._src.core.models import (
   MLP,
   Conv4,
   conv4_mini_imagenet,
@@ -140,14 +91,37 @@ from vampire_jax.models import (
   mixed_precision,
   pure_apply,
 )
-from vampire_jax.predictive import predictive, predictive_distribution, predictive_interval
-from vampire_jax.runs import Run, load_run
-from vampire_jax.sharding import replicate, shard_tasks, task_mesh, use_all_cpu_cores
-from vampire_jax.tasks import Task
-from vampire_jax.interrupts import TrainingInterrupted
-from vampire_jax.problem import Problem
-from vampire_jax.training import train_and_evaluate
-from vampire_jax.predictive_uncertainty import (
+from vampire_jax._src.core.sharding import (
+  initialize_multihost,
+  replicate,
+  shard_tasks,
+  task_mesh,
+  use_all_cpu_cores,
+)
+from vampire_jax._src.core.tasks import (
+  Task,
+)
+from vampire_jax._src.metrics.calibration import (
+  ReliabilityBins,
+  RiskCoverage,
+  classification_calibration,
+  mean_confidence_interval,
+  risk_coverage,
+)
+from vampire_jax._src.metrics.evaluation import (
+  ClassificationEval,
+  OpenSetEval,
+  RegressionEval,
+  make_classification_evaluator,
+  make_open_set_evaluator,
+  make_regression_evaluator,
+)
+from vampire_jax._src.metrics.predictive import (
+  predictive,
+  predictive_distribution,
+  predictive_interval,
+)
+from vampire_jax._src.metrics.predictive_uncertainty import (
   Uncertainty,
   auroc,
   entropy,
@@ -156,47 +130,40 @@ from vampire_jax.predictive_uncertainty import (
   roc_curve,
   uncertainty,
 )
+from vampire_jax._src.metrics.quantile_calibration import (
+  QuantileCalibration,
+  paper_quantile_calibration,
+  regression_quantile_calibration,
+)
+from vampire_jax._src.runs.interrupts import (
+  TrainingInterrupted,
+)
+from vampire_jax._src.runs.kinds import (
+  ProblemKind,
+  summarise,
+  test_summary_line,
+)
+from vampire_jax._src.runs.loop import (
+  train_and_evaluate,
+)
+from vampire_jax._src.runs.problem import (
+  Problem,
+  draw_tasks,
+)
+from vampire_jax._src.runs.run_config import (
+  RunConfig,
+)
+from vampire_jax._src.runs.trained_run import (
+  Run,
+  load_run,
+)
 
 # The one version: pyproject.toml reads it (setuptools' dynamic version).
 __version__ = "0.2.0"
 
 __all__ = (
-  # Modules.
-  "adaptation",
-  "adapters",
-  "algorithms",
-  "backend_defaults",
-  "baselines",
-  "batching",
-  "calibration",
-  "checkpoint",
-  "checks",
-  "config",
-  "configs",
-  "convolution",
-  "data",
-  "diagnostics",
-  "errors",
-  "evaluation",
-  "gaussian",
-  "interrupts",
-  "kinds",
-  "learners",
-  "losses",
-  "meta_step",
-  "models",
-  "predictive_uncertainty",
-  "problem",
-  "programs",
-  "reporting",
-  "run_folder",
-  "runs",
-  "sharding",
-  "tasks",
-  "training",
   # Distributions over weights.
   "Gaussian",
-  "check_gaussian",
   "gaussian_from_params",
   "gaussian_from_distrax",
   "to_distrax",
@@ -204,11 +171,12 @@ __all__ = (
   "kl_step_factor",
   "point_mass",
   "sample",
-  # Likelihoods, networks, tasks.
+  # Likelihoods.
   "categorical_nll",
   "distribution_nll",
   "gaussian_nll",
   "loss_from_apply",
+  # Networks.
   "MLP",
   "Conv4",
   "conv4_mini_imagenet",
@@ -219,15 +187,17 @@ __all__ = (
   "pure_apply",
   "from_equinox",
   "from_nnx",
+  # Tasks.
   "Task",
-  # Adaptation and learners.
+  # Adaptation to a task.
   "adapt",
   "expected_nll",
   "maml_adapt",
   "predict",
   "variational_free_energy",
-  "MetaLearner",
+  # Learners.
   "InnerLoopSettings",
+  "MetaLearner",
   "maml",
   "query_loss",
   "vampire",
@@ -235,70 +205,62 @@ __all__ = (
   "InnerLoopReport",
   "check_inner_loop",
   "debug_nonfinite",
+  "largest_curvature",
   # The meta-step.
   "MetaOptimizer",
   "MetaState",
-  "apply_meta_gradient",
   "classification_metrics",
   "init_meta_state",
-  "make_host_chunked_meta_step",
-  "make_host_chunked_train_step",
   "make_meta_gradient",
   "make_meta_step",
   "make_train_step",
   "meta_lr_schedule",
   "meta_optimizer",
-  "log_std_mask",
-  "BATCHING_STRATEGIES",
-  "MAPPED_STRATEGIES",
-  "batched_map",
-  "default_task_batching",
-  # Evaluation and calibration.
-  "ClassificationEval",
-  "RegressionEval",
-  "evaluate_split",
-  "make_classification_evaluator",
-  "make_regression_evaluator",
-  "make_split_evaluator",
-  "summarise",
-  "ProblemKind",
-  "QuantileCalibration",
-  "ReliabilityBins",
-  "RiskCoverage",
-  "classification_calibration",
-  "mean_confidence_interval",
-  "mixture_cdf",
-  "mixture_quantile",
-  "paper_quantile_calibration",
-  "regression_quantile_calibration",
-  "risk_coverage",
-  # The predictive distribution (distrax).
-  "predictive",
-  "predictive_distribution",
-  "predictive_interval",
-  # Uncertainty and open-set detection.
-  "Uncertainty",
-  "uncertainty",
-  "regression_uncertainty",
-  "entropy",
-  "auroc",
-  "roc_curve",
-  "open_set_summary",
-  "OpenSetEval",
-  "make_open_set_evaluator",
-  # Training runs.
-  "RunConfig",
-  "Problem",
-  "TrainingInterrupted",
-  "train_and_evaluate",
-  "RunCheckpoints",
-  "Run",
-  "load_run",
   # Several devices.
+  "initialize_multihost",
   "replicate",
   "shard_tasks",
   "task_mesh",
   "use_all_cpu_cores",
+  # Evaluation.
+  "ClassificationEval",
+  "OpenSetEval",
+  "RegressionEval",
+  "make_classification_evaluator",
+  "make_open_set_evaluator",
+  "make_regression_evaluator",
+  # Calibration.
+  "ReliabilityBins",
+  "RiskCoverage",
+  "classification_calibration",
+  "mean_confidence_interval",
+  "risk_coverage",
+  "QuantileCalibration",
+  "paper_quantile_calibration",
+  "regression_quantile_calibration",
+  # Uncertainty and open-set detection.
+  "Uncertainty",
+  "auroc",
+  "entropy",
+  "open_set_summary",
+  "regression_uncertainty",
+  "roc_curve",
+  "uncertainty",
+  # The predictive distribution (distrax, imported on first use).
+  "predictive",
+  "predictive_distribution",
+  "predictive_interval",
+  # Training runs.
+  "RunConfig",
+  "Problem",
+  "draw_tasks",
+  "ProblemKind",
+  "summarise",
+  "test_summary_line",
+  "TrainingInterrupted",
+  "train_and_evaluate",
+  "Run",
+  "load_run",
   # Errors.
   "UserError",
   "ConfigError",
@@ -308,4 +270,14 @@ __all__ = (
   "MissingDataError",
   "RunFolderError",
   "StorageError",
+  # Subpackages.
+  "data",
+  "baselines",
 )
+
+_deprecations.install()
+
+
+def __getattr__(name: str):
+  # Old module paths and names that left the top level: warn once, then work.
+  return _deprecations.moved_attribute(name)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from vampire_jax import batching
+from vampire_jax._src.core import batching
 
 PyTree = Any
 

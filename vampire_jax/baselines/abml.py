@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 from jax.scipy import stats
 
-from vampire_jax import adaptation, batching, checks, losses
-from vampire_jax.baselines import _ensemble
-from vampire_jax.gaussian import Gaussian, kl_divergence
-from vampire_jax.learners import (
+from vampire_jax._src.core import adaptation, batching, losses
+from vampire_jax._src.core import input_checks as checks
+from vampire_jax._src.core.gaussian import Gaussian, kl_divergence
+from vampire_jax._src.core.learners import (
   DEFAULT_INNER_LR,
   DEFAULT_KL_WEIGHT,
   MetaLearner,
@@ -35,7 +35,8 @@ from vampire_jax.learners import (
   default_inner_lr,
   vampire,
 )
-from vampire_jax.tasks import Task
+from vampire_jax._src.core.tasks import Task
+from vampire_jax.baselines import _ensemble
 
 PyTree = Any
 
@@ -97,7 +98,7 @@ def abml(
     num_inner_steps: S, gradient steps on the support ELBO.
     inner_lr: α. With `kl_weight`, VAMPIRE's stable defaults: the inner loop
       is VAMPIRE's, and α·kl_weight/σ_p² must stay below 2 (see
-      `vampire_jax.learners`).
+      `vampire_jax._src.core.learners`).
     kl_weight: weight of KL(q ‖ p(φ | θ)) in both ELBOs. ABML's ELBO sums
       the NLL over examples, which is kl_weight = 1 / (number of examples)
       on this library's mean NLL.

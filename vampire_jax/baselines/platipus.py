@@ -25,11 +25,16 @@ from typing import Any, Literal, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from vampire_jax import adaptation, batching, losses
+from vampire_jax._src.core import adaptation, batching, losses
+from vampire_jax._src.core.gaussian import Gaussian, gaussian_from_params, kl_divergence, sample
+from vampire_jax._src.core.learners import (
+  InnerLoopSettings,
+  MetaLearner,
+  check_settings,
+  default_inner_lr,
+)
+from vampire_jax._src.core.tasks import Task
 from vampire_jax.baselines import _ensemble
-from vampire_jax.gaussian import Gaussian, gaussian_from_params, kl_divergence, sample
-from vampire_jax.learners import InnerLoopSettings, MetaLearner, check_settings, default_inner_lr
-from vampire_jax.tasks import Task
 
 PyTree = Any
 

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vampire_jax._src.core.tasks import Task
 from vampire_jax.data.episodes import tasks_for_classes
-from vampire_jax.tasks import Task
 
 
 def num_combinations(num_classes: int, ways: int) -> int:

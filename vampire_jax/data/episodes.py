@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vampire_jax.tasks import Task
+from vampire_jax._src.core.tasks import Task
 
 NUM_ROTATIONS = 4  # Quarter turns: 0, 90, 180, 270 degrees.
 CLASS_SAMPLING = ("character", "class")

@@ -11,126 +11,72 @@ character folder (`character01`, `character02`, ...). Alphabet ids index
 them to a JSON file so that a run's split is on record.
 """
 
-import contextlib
-import hashlib
-import importlib.util
-import io
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
-from vampire_jax.data.preprocessing import omniglot_drawing_to_28, pil_image
-from vampire_jax.errors import ConfigError, DataError, MissingDataError
+from vampire_jax._src.core.errors import ConfigError, DataError, MissingDataError
+from vampire_jax.data.omniglot_format import (
+  _CACHE_FORMAT,
+  _HELP,
+)
+from vampire_jax.data.omniglot_format import (
+  ALPHABETS as ALPHABETS,
+)
+from vampire_jax.data.omniglot_format import (
+  BACKGROUND_ALPHABETS as BACKGROUND_ALPHABETS,
+)
+from vampire_jax.data.omniglot_format import (
+  CACHE_FILENAME as CACHE_FILENAME,
+)
+from vampire_jax.data.omniglot_format import (
+  EVALUATION_ALPHABETS as EVALUATION_ALPHABETS,
+)
+from vampire_jax.data.omniglot_format import (
+  IMAGE_SIZE as IMAGE_SIZE,
+)
+from vampire_jax.data.omniglot_format import (
+  NUM_BACKGROUND_CHARACTERS as NUM_BACKGROUND_CHARACTERS,
+)
+from vampire_jax.data.omniglot_format import (
+  NUM_CHARACTERS as NUM_CHARACTERS,
+)
+from vampire_jax.data.omniglot_format import (
+  NUM_DRAWINGS as NUM_DRAWINGS,
+)
+from vampire_jax.data.omniglot_format import (
+  NUM_EVALUATION_CHARACTERS as NUM_EVALUATION_CHARACTERS,
+)
+from vampire_jax.data.omniglot_format import (
+  NUM_RANDOM_TRAIN_CHARACTERS as NUM_RANDOM_TRAIN_CHARACTERS,
+)
+from vampire_jax.data.omniglot_format import (
+  SOURCES as SOURCES,
+)
+from vampire_jax.data.omniglot_format import (
+  SPLITS as SPLITS,
+)
+from vampire_jax.data.omniglot_format import (
+  OmniglotArrays as OmniglotArrays,
+)
+from vampire_jax.data.omniglot_tfds import (
+  _load_tfds,
+)
+from vampire_jax.data.omniglot_zips import (
+  _check_folder,
+  _fingerprint,
+  _load_zips,
+)
 
 PathLike = Union[str, os.PathLike]
-
-BACKGROUND_ALPHABETS = (
-  "Alphabet_of_the_Magi",
-  "Anglo-Saxon_Futhorc",
-  "Arcadian",
-  "Armenian",
-  "Asomtavruli_(Georgian)",
-  "Balinese",
-  "Bengali",
-  "Blackfoot_(Canadian_Aboriginal_Syllabics)",
-  "Braille",
-  "Burmese_(Myanmar)",
-  "Cyrillic",
-  "Early_Aramaic",
-  "Futurama",
-  "Grantha",
-  "Greek",
-  "Gujarati",
-  "Hebrew",
-  "Inuktitut_(Canadian_Aboriginal_Syllabics)",
-  "Japanese_(hiragana)",
-  "Japanese_(katakana)",
-  "Korean",
-  "Latin",
-  "Malay_(Jawi_-_Arabic)",
-  "Mkhedruli_(Georgian)",
-  "N_Ko",
-  "Ojibwe_(Canadian_Aboriginal_Syllabics)",
-  "Sanskrit",
-  "Syriac_(Estrangelo)",
-  "Tagalog",
-  "Tifinagh",
-)
-EVALUATION_ALPHABETS = (
-  "Angelic",
-  "Atemayar_Qelisayer",
-  "Atlantean",
-  "Aurek-Besh",
-  "Avesta",
-  "Ge_ez",
-  "Glagolitic",
-  "Gurmukhi",
-  "Kannada",
-  "Keble",
-  "Malayalam",
-  "Manipuri",
-  "Mongolian",
-  "Old_Church_Slavonic_(Cyrillic)",
-  "Oriya",
-  "Sylheti",
-  "Syriac_(Serto)",
-  "Tengwar",
-  "Tibetan",
-  "ULOG",
-)
-# Global alphabet id = position here (background 0-29, evaluation 30-49).
-ALPHABETS = BACKGROUND_ALPHABETS + EVALUATION_ALPHABETS
-
-NUM_BACKGROUND_CHARACTERS = 964
-NUM_EVALUATION_CHARACTERS = 659
-NUM_CHARACTERS = NUM_BACKGROUND_CHARACTERS + NUM_EVALUATION_CHARACTERS
-NUM_DRAWINGS = 20
-IMAGE_SIZE = 28
-NUM_RANDOM_TRAIN_CHARACTERS = 1200  # Vinyals et al. / MAML split.
-
-CACHE_FILENAME = "omniglot28.npz"
-SOURCES = ("auto", "tfds", "zip", "cache")
-SPLITS = ("original", "random")
-
-_CACHE_FORMAT = 2  # 2: with the provenance record
-_SETS = (("images_background", True), ("images_evaluation", False))
-_SMALL_ZIPS = ("images_background_small1.zip", "images_background_small2.zip")
-_URL = "https://github.com/brendenlake/omniglot/raw/master/python/"
-_HELP = (
-  "Expected a folder holding images_background.zip and "
-  "images_evaluation.zip (the TFDS source also needs "
-  f"{_SMALL_ZIPS[0]} and {_SMALL_ZIPS[1]}). Download them from "
-  f"{_URL}images_background.zip and {_URL}images_evaluation.zip, then pass "
-  "the folder as `data_dir` or set the OMNIGLOT_DIR environment variable."
-)
-
-
-class OmniglotArrays(NamedTuple):
-  """All of Omniglot, one row per character.
-
-  Attributes:
-    images: `[num_characters, 20, 28, 28]` uint8, strokes 255, background 0.
-    alphabet: `[num_characters]` int32, index into `ALPHABETS`.
-    is_background: `[num_characters]` bool, True for the background set's 964
-      characters (which come first).
-    provenance: where the arrays came from: `source` ('zip' or 'tfds'),
-      `folder` (the data folder, None for a TFDS download), `fingerprint`
-      (of the zips), `cache` (the cache file) and `loaded` ('cache' or 'built').
-  """
-
-  images: np.ndarray
-  alphabet: np.ndarray
-  is_background: np.ndarray
-  provenance: dict = {}
 
 
 def default_cache_dir() -> Path:
@@ -463,202 +409,6 @@ def character_names(arrays: OmniglotArrays) -> list[str]:
     count[a] = count.get(a, 0) + 1
     names.append(f"{ALPHABETS[a]}/character{count[a]:02d}")
   return names
-
-
-# Building.
-
-
-def _zip_names(all_four: bool) -> list[str]:
-  names = [f"{name}.zip" for name, _ in _SETS]
-  return names + list(_SMALL_ZIPS) if all_four else names
-
-
-def _check_folder(folder: Path, cache_dir: Path) -> None:
-  """Raises unless `folder` holds both sets (zipped or extracted) and is not written to."""
-  if folder.is_file():
-    raise MissingDataError(f"Omniglot folder {folder} is a file, not a folder. {_HELP}")
-  if not folder.is_dir():
-    raise MissingDataError(f"Omniglot folder {folder} does not exist. {_HELP}")
-  if cache_dir.resolve().is_relative_to(folder.resolve()):
-    raise ConfigError(
-      f"cache_dir {cache_dir} is inside the data folder {folder}; the data folder is only read."
-    )
-  missing = [
-    f"{name}.zip"
-    for name, _ in _SETS
-    if not (folder / f"{name}.zip").is_file() and not (folder / name).is_dir()
-  ]
-  if missing:
-    raise MissingDataError(
-      f"{', '.join(missing)} not found in the Omniglot folder {folder}. {_HELP}"
-    )
-
-
-def _fingerprint(folder: Path) -> list:
-  """What identifies the data in `folder`: each set's zip name, size and SHA-256.
-
-  An extracted set counts its PNGs and their bytes instead.
-  """
-  parts = []
-  for name, _ in _SETS:
-    path = folder / f"{name}.zip"
-    if path.is_file():
-      parts.append([path.name, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()])
-    else:
-      pngs = list((folder / name).rglob("*.png"))
-      parts.append([name, len(pngs), sum(p.stat().st_size for p in pngs)])
-  return parts
-
-
-def _assemble(groups: dict[tuple[bool, str, int], list[np.ndarray]]) -> OmniglotArrays:
-  """{(is_background, alphabet, character number): drawings} -> arrays."""
-  keys = sorted(groups, key=lambda k: (not k[0], k[1], k[2]))
-  unknown = sorted({alphabet for _, alphabet, _ in keys} - set(ALPHABETS))
-  if unknown:
-    raise DataError(f"Unknown Omniglot alphabets {unknown}. {_HELP}")
-  for key in keys:
-    if len(groups[key]) != NUM_DRAWINGS:
-      raise DataError(
-        f"Character {key[1]}/{key[2]} has {len(groups[key])} "
-        f"drawings, expected {NUM_DRAWINGS}. {_HELP}"
-      )
-  return OmniglotArrays(
-    images=np.stack([np.stack(groups[k]) for k in keys]),
-    alphabet=np.array([ALPHABETS.index(k[1]) for k in keys], np.int32),
-    is_background=np.array([k[0] for k in keys], bool),
-  )
-
-
-def _load_zips(folder: Optional[Path]) -> OmniglotArrays:
-  """Reads and resizes the PNGs of both sets with PIL."""
-  if folder is None:
-    raise MissingDataError(f"The zip source needs a folder. {_HELP}")
-  groups = {}
-  for set_name, is_background in _SETS:
-    zip_path, tree = folder / f"{set_name}.zip", folder / set_name
-    if zip_path.is_file():
-      files = _read_zip(zip_path)
-    else:  # An extracted folder.
-      files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in tree.rglob("*.png")}
-    # '<set>/<alphabet>/<characterNN>/<id>_<drawer>.png', in drawer order.
-    names = sorted(
-      n for n in files if n.endswith(".png") and n.count("/") == 3 and not n.startswith("__MACOSX")
-    )
-    for name in names:  # (a thread pool was slower: these small images hold the GIL)
-      _, alphabet, character, _ = name.split("/")
-      image = _drawing_28(files[name], name, zip_path if zip_path.is_file() else folder)
-      groups.setdefault((is_background, alphabet, int(character[len("character") :])), []).append(
-        image
-      )
-  return _assemble(groups)
-
-
-def _drawing_28(data: bytes, name: str, source: Path) -> np.ndarray:
-  """One PNG's 28x28 array; a damaged image is a DataError naming it and its zip (or folder)."""
-  try:
-    return omniglot_drawing_to_28(pil_image().open(io.BytesIO(data)))
-  except (OSError, SyntaxError, ValueError) as error:  # PIL's errors for broken images
-    raise DataError(
-      f"{name} in {source} is not a readable image ({type(error).__name__}). Download the "
-      f"zip again. {_HELP}"
-    ) from None
-
-
-def _read_zip(path: Path) -> dict[str, bytes]:
-  """`{member name: bytes}` of a zip; a corrupt zip is a DataError naming the file."""
-  try:
-    with zipfile.ZipFile(path) as archive:
-      return {name: archive.read(name) for name in archive.namelist() if name.endswith(".png")}
-  except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as error:
-    raise DataError(
-      f"{path} is not a readable zip file ({error}); it may be truncated. "
-      f"Download it again. {_HELP}"
-    ) from None
-
-
-@contextlib.contextmanager
-def _local_checksums(tfds, folder: Path):
-  """Gives TFDS's omniglot builder the checksums of the zips in `folder`.
-
-  The big zips in the shared data folder were rebuilt, so their checksums are
-  not the ones TFDS registers (recipe 1 of that folder's README). The builder
-  class is restored on exit.
-  """
-  builder_cls = tfds.builder_cls("omniglot")
-  had_own = "url_infos" in vars(builder_cls)
-  previous = vars(builder_cls).get("url_infos")
-  builder_cls.url_infos = {
-    url: tfds.core.download.checksums.compute_url_info(folder / info.filename)
-    for url, info in builder_cls.url_infos.items()
-  }
-  try:
-    yield
-  finally:
-    if had_own:
-      builder_cls.url_infos = previous
-    else:
-      del builder_cls.url_infos
-
-
-def _load_tfds(folder: Optional[Path], cache_dir: Path) -> OmniglotArrays:
-  """Prepares the TFDS `omniglot` builder (offline if `folder`) and reads it.
-
-  The builder's files go to a temporary folder beside `<cache_dir>/tfds`,
-  renamed into place only when the build succeeded: a failure leaves nothing.
-  """
-  if importlib.util.find_spec("tensorflow") is None:
-    raise MissingDataError(
-      "Building Omniglot with TFDS needs TensorFlow, which is not installed: "
-      'run `pip install -e ".[data]"` (or pip install tensorflow), or give a folder with the '
-      f"zips, which is read without TensorFlow. {_HELP}"
-    )
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  tfds.disable_progress_bar()
-  tfds_dir = cache_dir / "tfds"
-  if folder is not None:
-    missing = [f for f in _zip_names(all_four=True) if not (folder / f).is_file()]
-    if missing:
-      raise MissingDataError(f"The TFDS source needs {missing} in {folder}. {_HELP}")
-  if not tfds_dir.exists():
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(dir=cache_dir, prefix="tfds.partial-"))
-    try:
-      _prepare_tfds(tfds, folder, building)
-    except Exception as error:
-      shutil.rmtree(building, ignore_errors=True)
-      raise DataError(
-        f"TFDS could not build Omniglot ({type(error).__name__}: {error}); "
-        f"nothing was kept. {_HELP}"
-      ) from error
-    os.replace(building, tfds_dir)
-  builder = tfds.builder("omniglot", data_dir=os.fspath(tfds_dir))
-  names = builder.info.features["alphabet"].names
-  groups = {}
-  for split, is_background in (("train", True), ("test", False)):
-    dataset = builder.as_dataset(split=split, shuffle_files=False)
-    dataset = dataset.map(lambda ex: {**ex, "image": ex["image"][..., 0]})
-    for batch in tfds.as_numpy(dataset.batch(1000)):
-      for image, alphabet, character in zip(
-        batch["image"], batch["alphabet"], batch["alphabet_char_id"]
-      ):
-        # alphabet_char_id is the character folder's number minus one.
-        key = (is_background, names[alphabet], int(character) + 1)
-        groups.setdefault(key, []).append(omniglot_drawing_to_28(pil_image().fromarray(image)))
-  return _assemble(groups)
-
-
-def _prepare_tfds(tfds, folder: Optional[Path], tfds_dir: Path) -> None:
-  with contextlib.ExitStack() as stack:
-    download_config = None
-    if folder is not None:
-      stack.enter_context(_local_checksums(tfds, folder))
-      download_config = tfds.download.DownloadConfig(
-        manual_dir=os.fspath(folder), try_download_gcs=False
-      )
-    builder = tfds.builder("omniglot", data_dir=os.fspath(tfds_dir))
-    builder.download_and_prepare(download_config=download_config)
 
 
 def _validate(arrays: OmniglotArrays) -> None:

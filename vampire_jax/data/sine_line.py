@@ -12,7 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from vampire_jax.tasks import Task
+from vampire_jax._src.core.tasks import Task
 
 AMPLITUDE_RANGE = (0.1, 5.0)
 PHASE_RANGE = (0.0, math.pi)

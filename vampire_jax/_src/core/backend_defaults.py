@@ -1,0 +1,205 @@
+"""The backend's "auto" choices, decided once: what each backend picks, and why.
+
+Every setting that says 'auto' (task batching, Monte-Carlo draw batching,
+convolution) and the number of meta-steps per jitted call is resolved here;
+the training loop, `algorithms`, `models`, `batching` and the benchmarks ask
+this module instead of deciding on their own.
+
+| backend | tasks | draws | convolution | why |
+|---|---|---|---|---|
+| cpu | `lax.map`, chunk 1 | `lax.map`, each draw recomputed in the backward pass (`remat_map`) | `loop_safe`; `xla` in a loop-free program | per-task weights make `vmap` turn each convolution into a grouped one, which XLA:CPU runs slowly; XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its own convolution wins only where nothing loops; a CPU step is limited by moving the draws' stacked activations, which recomputing them avoids (BUILD_NOTES.md, "Speed") |
+| gpu | `vmap` | `vmap` | `patches` (im2col and one batched matrix product) in loops; `xla` in a loop-free program | one wide batch keeps the device busy; on one H100 `patches` ran the 5-way 1-shot loop at 839 tasks/s against `xla`'s 531 (BUILD_NOTES.md, "Speed", GPU campaign) |
+| tpu, other | `vmap` | `vmap` | `xla` | grouped convolutions are fast there (unmeasured) |
+
+Tasks sharded over devices are batched the same way on each device (on a
+CPU each device runs its share in `lax.map`: one device per core, two
+independent streams of small operations). A network without convolutions (`dense_only`) is
+`vmap`ped on every backend: batched matrix products are fast on a CPU too;
+only the benchmarks pass it so far (the training loop keeps `lax.map` on a
+CPU for every network, as its timings in BUILD_NOTES were taken).
+"""
+
+import math
+import os
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import jax
+from jax.sharding import Mesh
+
+from vampire_jax._src.core import sharding
+
+
+class BackendDefaults(NamedTuple):
+  """What 'auto' means on one backend.
+
+  Attributes:
+    task_batching: how the tasks of a meta-step are batched.
+    chunk_size: tasks per chunk for the chunked strategies.
+    sample_batching: how Monte-Carlo weight draws (or particles) are batched.
+    conv_in_loops: the convolution where its gradient runs inside a loop.
+    conv_loop_free: the convolution in a program with no loop around it.
+    why: the reason, in one line.
+  """
+
+  task_batching: str
+  chunk_size: int
+  sample_batching: str
+  conv_in_loops: str
+  conv_loop_free: str
+  why: str
+
+
+CPU = BackendDefaults(
+  "map",
+  1,
+  "remat_map",
+  "loop_safe",
+  "xla",
+  "vmap over per-task weights makes grouped convolutions, slow on XLA:CPU; convolution "
+  "gradients in loops are 5-130x slower with XLA's own convolution",
+)
+GPU = BackendDefaults(
+  "vmap",
+  1,
+  "vmap",
+  "patches",
+  "xla",
+  "one wide batch keeps the device busy; im2col convolutions ran the 5-way 1-shot loop "
+  "1.58x faster than XLA's on one H100",
+)
+ACCELERATOR = BackendDefaults(
+  "vmap",
+  1,
+  "vmap",
+  "xla",
+  "xla",
+  "grouped convolutions are fast; one wide batch keeps the device busy",
+)
+DEFAULTS = {"cpu": CPU, "gpu": GPU, "tpu": ACCELERATOR}
+
+
+def for_backend(backend: Optional[str] = None) -> BackendDefaults:
+  """The defaults of `backend` (default: JAX's default backend); unknown ones as a TPU."""
+  return DEFAULTS.get(backend or jax.default_backend(), ACCELERATOR)
+
+
+def default_task_batching() -> tuple[str, int]:
+  """`(strategy, chunk_size)`: the fastest task batching measured on the default backend."""
+  defaults = for_backend()
+  return defaults.task_batching, defaults.chunk_size
+
+
+def task_batching(
+  strategy: str, chunk_size: int, num_tasks: int, *, dense_only: bool = False
+) -> tuple[str, int]:
+  """`(strategy, chunk)`: 'auto' resolved for the backend, the chunk fitted to `num_tasks`.
+
+  Args:
+    strategy: a batching strategy or 'auto'.
+    chunk_size: the chunk asked for (0: the backend's).
+    num_tasks: the tasks to batch (a device's share, when they are split over
+      devices); the chunk becomes the largest divisor at most `chunk_size`.
+    dense_only: the network has no convolution (then 'auto' is vmap).
+  """
+  default_strategy, default_chunk = default_task_batching()
+  if strategy == "auto":
+    strategy = "vmap" if dense_only else default_strategy
+  chunk_size = max(1, min(chunk_size or default_chunk, num_tasks))
+  while num_tasks % chunk_size:
+    chunk_size -= 1
+  return strategy, chunk_size
+
+
+# The batching strategies that run their items one after another in a `lax.map` loop.
+MAPPED_STRATEGIES = ("map", "remat_map")
+
+
+def sample_batching(requested: str = "auto", *, dense_only: bool = False) -> str:
+  """How Monte-Carlo draws are batched: `requested`, or for 'auto' the backend's choice."""
+  if requested != "auto":
+    return requested
+  return "vmap" if dense_only else for_backend().sample_batching
+
+
+def conv_impl(*, task_batching: str, inner_steps_unrolled: bool, draws_mapped: bool) -> str:
+  """The fastest measured convolution for a meta-step's loop structure on this backend.
+
+  A program is loop-free when its tasks are unrolled (`task_batching`
+  'host_chunked' or 'unroll'), its inner steps unrolled, and its draws not in
+  `lax.map`.
+  """
+  defaults = for_backend()
+  tasks_unrolled = task_batching in ("host_chunked", "unroll")
+  loop_free = tasks_unrolled and inner_steps_unrolled and not draws_mapped
+  return defaults.conv_loop_free if loop_free else defaults.conv_in_loops
+
+
+def config_conv_impl(config) -> str:
+  """The config's convolution, 'auto' resolved for the loops that config builds."""
+  if config.conv_impl != "auto":
+    return config.conv_impl
+  strategy, _ = task_batching(config.task_batching, config.chunk_size, config.tasks_per_step)
+  mapped_draws = (
+    sample_batching(config.sample_batching) in MAPPED_STRATEGIES
+    and max(config.num_mc_train, config.num_mc_query) > 1
+  )
+  return conv_impl(
+    task_batching=strategy,
+    inner_steps_unrolled=bool(config.unroll_inner_steps),
+    draws_mapped=mapped_draws,
+  )
+
+
+def steps_per_call(config, first_step: int) -> int:
+  """Meta-steps per jitted call: the config's (default 1), made to divide every boundary.
+
+  Logging, validation and checkpoints happen between calls, so the count
+  divides their intervals, the run's length and the step it resumes from.
+  The same on every backend: more steps per call save the host round trip
+  only where it is not already hidden (see BUILD_NOTES.md, "Speed").
+  """
+  requested = config.steps_per_call or 1
+  return math.gcd(
+    requested,
+    config.log_every,
+    config.eval_every,
+    config.checkpoint_every,
+    config.num_meta_steps,
+    first_step or requested,
+  )
+
+
+# -- Devices and the compilation cache ---------------------------------------------
+
+
+def task_mesh_for(config, num_tasks: int) -> Optional[Mesh]:
+  """The device mesh `num_tasks` tasks are split over, or None for one device.
+
+  'off': None. 'on': every device (of every host); `num_tasks` must divide
+  evenly. 'auto': like 'on' when more than one device is visible; with one
+  process it takes the largest number of devices that divides `num_tasks`.
+  """
+  devices = jax.devices()
+  if config.shard_tasks == "off" or (config.shard_tasks == "auto" and len(devices) == 1):
+    return None
+  if config.shard_tasks == "auto" and jax.process_count() == 1:
+    count = max(n for n in range(1, len(devices) + 1) if num_tasks % n == 0)
+    devices = devices[:count]
+  mesh = sharding.task_mesh(devices)
+  sharding.check_divisible(num_tasks, mesh)
+  return mesh
+
+
+def enable_compilation_cache(cache_dir: str | os.PathLike) -> Path:
+  """Turns on JAX's persistent compilation cache in `cache_dir`.
+
+  A second run of the same program loads its compiled steps instead of
+  compiling them (keyed by the program and the compiler, so nothing stale
+  is reused). Call it before anything is compiled.
+  """
+  folder = Path(cache_dir)
+  folder.mkdir(parents=True, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", str(folder))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  return folder

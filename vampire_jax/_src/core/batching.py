@@ -1,0 +1,150 @@
+"""How independent items (tasks, Monte-Carlo samples) are batched.
+
+Per-task weights make `vmap` turn every convolution into a grouped
+convolution, which XLA runs well on GPUs and slowly on CPUs; `lax.map` runs
+one item at a time with a loop; `remat_map` is `lax.map` whose items keep no
+intermediate values for the backward pass (`jax.checkpoint`): each item's
+forward pass runs again when it is differentiated, so nothing is stacked
+across items (a CPU step is limited by moving such stacks, not by
+arithmetic: BUILD_NOTES.md, "Speed"); unrolling gives the fastest CPU code but the
+compile time grows with the number of items. The chunked strategies bound
+the compile time: `lax.map` over chunks, each chunk unrolled (or vmapped).
+`benchmarks/meta_step.py` measures them; `default_task_batching()` gives the
+measured best per backend, as `backend_defaults` decides it.
+"""
+
+from typing import Callable, Literal, TypeVar
+
+import jax
+import jax.numpy as jnp
+
+from vampire_jax._src.core import backend_defaults
+
+Batching = Literal["vmap", "map", "remat_map", "unroll", "chunked_unroll", "chunked_vmap"]
+BATCHING_STRATEGIES = ("vmap", "map", "remat_map", "unroll", "chunked_unroll", "chunked_vmap")
+MAPPED_STRATEGIES = backend_defaults.MAPPED_STRATEGIES  # those that loop over the items
+
+T = TypeVar("T")
+
+
+def default_task_batching() -> tuple[Batching, int]:
+  """The fastest task batching measured on the default backend (`backend_defaults` decides).
+
+  Returns:
+    `(strategy, chunk_size)`; see BUILD_NOTES.md for the measurements.
+  """
+  return backend_defaults.default_task_batching()
+
+
+def _unrolled(fn: Callable, xs, size: int):
+  outputs = [fn(jax.tree_util.tree_map(lambda x, i=i: x[i], xs)) for i in range(size)]
+  return jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *outputs)
+
+
+def _like_varying(buffer: jax.Array, item: jax.ShapeDtypeStruct) -> jax.Array:
+  """`buffer`, varying over the mesh axes `item` varies over (inside `shard_map`), so
+  that a loop's carry has the type of what its body writes into it."""
+  axes = getattr(item, "vma", None)
+  if axes is None:  # JAX 0.10 names it manual_axis_type.varying
+    axes = getattr(getattr(item, "manual_axis_type", None), "varying", None)
+  return jax.lax.pcast(buffer, tuple(sorted(axes)), to="varying") if axes else buffer
+
+
+def loop_map(fn: Callable[..., T], xs) -> T:
+  """`lax.map(fn, xs)` whose loop body compiles alike for any number of items.
+
+  XLA removes a loop that it can see runs once and merges its body into the
+  program around it, where it is fused (and so rounded) differently: with
+  `lax.map`, a device that holds one task computes it differently from a
+  device that holds several. Here the trip count passes through an
+  `optimization_barrier`, so XLA cannot see it, and the body is the same
+  program for 1 item or 100. Each item's result then depends on that item
+  alone, to the last bit: the tasks of a meta-step split over 1, 2 or 8
+  devices give the same numbers. The loop is a `while_loop`, so it is not
+  differentiable in reverse mode (differentiate inside `fn`, as the meta-
+  gradient and the evaluators do).
+  """
+  leaves = jax.tree_util.tree_leaves(xs)
+  size = jnp.shape(leaves[0])[0]
+  # One item: XLA would turn the slice of a length-1 axis into a plain copy and
+  # fuse the body with it differently. Two rows (the second never read) keep the
+  # slices, and so the body, as they are for any other count.
+  rows = max(size, 2)
+  if rows > size:
+    xs = jax.tree_util.tree_map(lambda x: jnp.concatenate([x, x]), xs)
+  item_shapes = jax.eval_shape(fn, jax.tree_util.tree_map(lambda x: x[0], xs))
+  outputs = jax.tree_util.tree_map(
+    lambda s: _like_varying(jnp.zeros((rows,) + s.shape, s.dtype), s), item_shapes
+  )
+  num_items = jax.lax.optimization_barrier(jnp.int32(size))
+
+  def body(carry):
+    index, outputs = carry
+    item = jax.tree_util.tree_map(
+      lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False), xs
+    )
+    outputs = jax.tree_util.tree_map(
+      lambda buffer, y: jax.lax.dynamic_update_index_in_dim(buffer, y, index, 0),
+      outputs,
+      fn(item),
+    )
+    return index + 1, outputs
+
+  _, outputs = jax.lax.while_loop(lambda carry: carry[0] < num_items, body, (jnp.int32(0), outputs))
+  return jax.tree_util.tree_map(lambda y: y[:size], outputs)
+
+
+def batched_map(
+  fn: Callable[..., T],
+  xs,
+  *,
+  strategy: Batching = "vmap",
+  chunk_size: int = 1,
+  any_count_exact: bool = False,
+) -> T:
+  """Maps `fn` over the leading axis of every leaf of `xs`.
+
+  All strategies compute the same thing; they differ only in speed, memory
+  and compile time.
+
+  Args:
+    fn: function of one item (a tree of arrays without the leading axis).
+    xs: tree of arrays that share a leading axis of size n.
+    strategy: one of BATCHING_STRATEGIES.
+    chunk_size: items per chunk for the chunked strategies; must divide n.
+    any_count_exact: the looping strategies loop with `loop_map`, so that an
+      item's result does not depend on n (tasks split over any number of
+      devices); the map is then not differentiable in reverse mode. `vmap`
+      and `unroll` compile a program per n, so their rounding may depend on n.
+
+  Returns:
+    The outputs of `fn`, stacked along a new leading axis of size n.
+  """
+  leaves = jax.tree_util.tree_leaves(xs)
+  if not leaves:
+    raise ValueError("batched_map needs at least one array to map over")
+  size = jnp.shape(leaves[0])[0]
+  map_fn = loop_map if any_count_exact else jax.lax.map
+  if strategy == "vmap":
+    return jax.vmap(fn)(xs)
+  if strategy == "map":
+    return map_fn(fn, xs)
+  if strategy == "remat_map":  # each item's residuals recomputed, not stacked
+    return map_fn(jax.checkpoint(fn), xs)
+  if strategy == "unroll":
+    return _unrolled(fn, xs, size)
+  if strategy not in ("chunked_unroll", "chunked_vmap"):
+    raise ValueError(
+      f"unknown batching strategy {strategy!r}; expected one of {BATCHING_STRATEGIES}"
+    )
+  if chunk_size < 1 or size % chunk_size:
+    raise ValueError(f"chunk_size={chunk_size} must be >= 1 and divide the batch size {size}")
+  chunks = jax.tree_util.tree_map(
+    lambda x: x.reshape((size // chunk_size, chunk_size) + x.shape[1:]), xs
+  )
+  if strategy == "chunked_vmap":
+    per_chunk = jax.vmap(fn)
+  else:
+    per_chunk = lambda chunk: _unrolled(fn, chunk, chunk_size)  # noqa: E731
+  out = map_fn(per_chunk, chunks)
+  return jax.tree_util.tree_map(lambda y: y.reshape((size,) + y.shape[2:]), out)

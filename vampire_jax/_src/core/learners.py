@@ -1,0 +1,313 @@
+"""Meta-learners as NamedTuples of pure functions: VAMPIRE and MAML.
+
+A `MetaLearner` says how to turn meta-parameters into task parameters
+(`adapt`) and task parameters into predictions (`predict`). `vampire` and
+`maml` build one (the baselines in `vampire_jax.baselines` too);
+`meta_step.make_meta_step` and the evaluators work with any.
+
+Defaults are stable: VAMPIRE's inner_lr 0.01 and kl_weight 0.02 give
+inner_lr * kl_weight / sigma_p^2 <= 0.6 at the initial prior (log-std in
+[-4, -3]), below the limit of 2 where the KL term makes the inner loop
+oscillate (`gaussian.kl_step_factor`). kl_weight 0.02 is the paper's
+beta = 0.1 on the summed NLL of a 5-example support set, expressed against
+the mean NLL this library uses.
+"""
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from vampire_jax._src.core import adaptation, batching, losses
+from vampire_jax._src.core import input_checks as checks
+from vampire_jax._src.core.errors import InputError
+from vampire_jax._src.core.gaussian import gaussian_from_params
+from vampire_jax._src.core.tasks import Task
+
+PyTree = Any
+
+# VAMPIRE's stable defaults (see the module docstring).
+DEFAULT_INNER_LR = 0.01
+DEFAULT_KL_WEIGHT = 0.02
+
+
+def default_inner_lr(nll: losses.Likelihood, algorithm_default: float) -> float:
+  """The inner learning rate a factory uses when given none.
+
+  The algorithm's own default, lowered to the likelihood's
+  `default_inner_lr` where it has one: a Gaussian likelihood's curvature
+  grows as 1 / noise_std^2, and at the categorical defaults the inner loop of
+  a regression network with noise_std 0.3 goes non-finite at initialisation
+  (docs/fidelity.md, "Defaults that hold").
+  """
+  return min(algorithm_default, getattr(nll, "default_inner_lr", algorithm_default))
+
+
+def check_settings(
+  where: str,
+  inner_lr: Optional[float],
+  kl_weight: Optional[float] = None,
+  **counts: int,
+) -> None:
+  """A factory's step sizes and counts, checked when the learner is built (one line each).
+
+  `inner_lr` finite and > 0 (None: the default), `kl_weight` finite and
+  >= 0, each of `counts` (name=(value, lowest)) an integer >= its lowest.
+  """
+  if inner_lr is not None:
+    checks.rate(where, "inner_lr", inner_lr, positive=True)
+  if kl_weight is not None:
+    checks.rate(where, "kl_weight", kl_weight, positive=False)
+  for name, (value, lowest) in counts.items():
+    checks.step_count(where, name, value, lowest)
+
+
+class MetaLearner(NamedTuple):
+  """A gradient-based meta-learning algorithm.
+
+  Attributes:
+    init: `init(params, key) -> meta_params` from a network's initial weights.
+    adapt: `adapt(meta_params, support_x, support_y, key) -> task_params`.
+    predict: `predict(task_params, x, key) -> outputs [num_samples, batch, ...]`.
+    nll: `nll(outputs_one_sample, y) -> scalar`, the likelihood trained on.
+    meta_loss: optional `meta_loss(meta_params, task, key) -> (loss, query_outputs)`,
+      one task's meta-training loss, for algorithms whose meta-objective is not
+      "adapt on support, NLL on query" (e.g. PLATIPUS, ABML). `None` means
+      `query_loss`'s default.
+    settings: optional `InnerLoopSettings` (the loss and step sizes of the
+      inner loop), read by `vj.check_inner_loop` to say which value to change.
+  """
+
+  init: Callable[[PyTree, jax.Array], PyTree]
+  adapt: Callable[[PyTree, jax.Array, jax.Array, jax.Array], PyTree]
+  predict: Callable[[PyTree, jax.Array, jax.Array], jax.Array]
+  nll: losses.Likelihood
+  meta_loss: Optional[Callable[[PyTree, Task, jax.Array], tuple[jax.Array, jax.Array]]] = None
+  settings: Optional["InnerLoopSettings"] = None
+
+
+class InnerLoopSettings(NamedTuple):
+  """What a learner's inner loop does, for diagnostics (`vj.check_inner_loop`).
+
+  Attributes:
+    loss_fn: `loss_fn(weights, x, y)`, the support loss under one weight tree.
+    inner_lr: the inner learning rate.
+    kl_weight: the KL term's weight (0 for point estimates).
+    num_inner_steps: the number of inner steps.
+  """
+
+  loss_fn: losses.LossFn
+  inner_lr: float
+  kl_weight: float
+  num_inner_steps: int
+
+
+def vampire(
+  apply_fn: losses.ApplyFn,
+  nll: losses.Likelihood,
+  *,
+  num_inner_steps: int = 5,
+  inner_lr: Optional[float] = None,
+  kl_weight: float = DEFAULT_KL_WEIGHT,
+  num_mc_train: int = 1,
+  num_mc_query: int = 1,
+  first_order: bool = False,
+  log_std_init: tuple[float, float] = (-4.0, -3.0),
+  sample_batching: batching.Batching = "vmap",
+  unroll_steps: bool = False,
+  remat: bool = False,
+  second_order_steps: Optional[int] = None,
+  draw_outputs: Optional[adaptation.OutputSampler] = None,
+) -> MetaLearner:
+  """VAMPIRE (Nguyen et al. 2020, Alg. 1): Gaussian prior, VI inner loop.
+
+  Raises `InputError` naming the argument for a non-finite or negative
+  `inner_lr` (or 0) or `kl_weight`, and for counts that are not integers.
+
+  Args:
+    apply_fn: the network, `apply_fn(params, x)`.
+    nll: likelihood on outputs, e.g. `losses.categorical_nll`.
+    num_inner_steps: S, the gradient steps of adaptation.
+    inner_lr: alpha; None: 0.01, or the likelihood's lower `default_inner_lr`
+      (`default_inner_lr`). The paper's 0.1 with kl_weight 0.1 diverges at
+      the initial prior (kl_step_factor 11-30); see the module docstring.
+    kl_weight: beta, the KL weight in the VFE, against the mean NLL.
+    num_mc_train: L_t, weight draws per inner step.
+    num_mc_query: L_v, weight draws on the query set (and for prediction).
+    first_order: stop gradients through the inner updates.
+    log_std_init: range of the uniform initial prior log-stds.
+    sample_batching: how Monte-Carlo forward passes are batched.
+    unroll_steps: unroll the inner loop.
+    remat: recompute each inner step in the backward pass instead of storing
+      its activations (`jax.checkpoint`): less memory, more compute.
+    second_order_steps: None (Alg. 1) differentiates every inner step at
+      second order; 1 is the authors' code (see `adaptation.adapt`).
+    draw_outputs: optional: draw outputs instead of weights, in the inner
+      loop, on the query set and at prediction (the local reparameterisation
+      trick, `vj.local_reparameterization` for a `vj.MLP`; off by default).
+
+  Examples:
+    >>> from vampire_jax.data import sine_line
+    >>> model = vj.MLP((16,), 1)
+    >>> learner = vj.vampire(vj.pure_apply(model), vj.gaussian_nll(0.3), num_mc_query=4)
+    >>> meta_params = learner.init(vj.init_params(model, jax.random.key(0), (1, 1)),
+    ...                            jax.random.key(1))
+    >>> task = sine_line.tasks_from_keys(jax.random.split(jax.random.key(2), 1))
+    >>> task = jax.tree.map(lambda field: field[0], task)  # the one task
+    >>> posterior = learner.adapt(meta_params, task.support_x, task.support_y, jax.random.key(3))
+    >>> learner.predict(posterior, task.query_x, jax.random.key(4)).shape  # [draws, query, 1]
+    (4, 10, 1)
+  """
+  check_settings(
+    "vampire",
+    inner_lr,
+    kl_weight,
+    num_inner_steps=(num_inner_steps, 0),
+    num_mc_train=(num_mc_train, 1),
+    num_mc_query=(num_mc_query, 1),
+  )
+  loss_fn = losses.loss_from_apply(apply_fn, nll)
+  inner_lr = default_inner_lr(nll, DEFAULT_INNER_LR) if inner_lr is None else inner_lr
+
+  def init(params, key):
+    return gaussian_from_params(params, key, log_std_init)
+
+  def adapt(prior, support_x, support_y, key):
+    return adaptation.adapt(
+      prior,
+      support_x,
+      support_y,
+      key,
+      loss_fn=loss_fn,
+      num_steps=num_inner_steps,
+      inner_lr=inner_lr,
+      num_mc_samples=num_mc_train,
+      kl_weight=kl_weight,
+      first_order=first_order,
+      sample_batching=sample_batching,
+      unroll_steps=unroll_steps,
+      remat=remat,
+      second_order_steps=second_order_steps,
+      draw_outputs=draw_outputs,
+      nll=None if draw_outputs is None else nll,
+    )
+
+  def predict(posterior, x, key):
+    return adaptation.predict(
+      posterior,
+      x,
+      key,
+      apply_fn=apply_fn,
+      num_mc_samples=num_mc_query,
+      sample_batching=sample_batching,
+      draw_outputs=draw_outputs,
+    )
+
+  return MetaLearner(
+    init,
+    adapt,
+    predict,
+    nll,
+    settings=InnerLoopSettings(loss_fn, inner_lr, kl_weight, num_inner_steps),
+  )
+
+
+def maml(
+  apply_fn: losses.ApplyFn,
+  nll: losses.Likelihood,
+  *,
+  num_inner_steps: int = 5,
+  inner_lr: Optional[float] = None,
+  first_order: bool = False,
+  unroll_steps: bool = False,
+  remat: bool = False,
+  second_order_steps: Optional[int] = None,
+) -> MetaLearner:
+  """MAML (Finn et al. 2017): the point-estimate special case; options as in `vampire`.
+
+  `inner_lr` None: 0.1, or the likelihood's lower `default_inner_lr`.
+  """
+  check_settings("maml", inner_lr, num_inner_steps=(num_inner_steps, 0))
+  loss_fn = losses.loss_from_apply(apply_fn, nll)
+  inner_lr = default_inner_lr(nll, 0.1) if inner_lr is None else inner_lr
+
+  def init(params, key):
+    del key
+    return params
+
+  def adapt(params, support_x, support_y, key):
+    del key
+    return adaptation.maml_adapt(
+      params,
+      support_x,
+      support_y,
+      loss_fn=loss_fn,
+      num_steps=num_inner_steps,
+      inner_lr=inner_lr,
+      first_order=first_order,
+      unroll_steps=unroll_steps,
+      remat=remat,
+      second_order_steps=second_order_steps,
+    )
+
+  def predict(params, x, key):
+    del key
+    adaptation.check_inputs("maml.predict", x)
+    return apply_fn(params, x)[None]
+
+  return MetaLearner(
+    init, adapt, predict, nll, settings=InnerLoopSettings(loss_fn, inner_lr, 0.0, num_inner_steps)
+  )
+
+
+def adapt_to_task(
+  learner: MetaLearner,
+  meta_params: PyTree,
+  support_x: jax.Array,
+  support_y: jax.Array,
+  key: jax.Array,
+) -> tuple[PyTree, jax.Array]:
+  """`(task_params, predict_key)`: one task's adaptation and the key of its predictions.
+
+  `key` is split into the adaptation's key and the prediction's. The meta-training
+  loss, the evaluators, `Run.predict` and `vj.predictive` all split it here (and
+  `check_inner_loop` the same way), so one key gives the same weight draws in all.
+  """
+  adapt_key, predict_key = jax.random.split(key)
+  return learner.adapt(meta_params, support_x, support_y, adapt_key), predict_key
+
+
+def query_loss(
+  learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """One task's meta-training loss: adapt on support, mean NLL on query.
+
+  Args:
+    learner: the algorithm.
+    meta_params: its meta-parameters.
+    task: one task (no leading task axis).
+    key: PRNG key.
+
+  Returns:
+    `(loss, outputs)`: the query NLL averaged over weight draws (Alg. 1,
+    line 9) and the query outputs `[num_samples, num_query, ...]`; or, if the
+    learner defines its own `meta_loss`, what that returns.
+  """
+  if learner.meta_loss is not None:
+    return learner.meta_loss(meta_params, task, key)
+  task_params, query_key = adapt_to_task(learner, meta_params, task.support_x, task.support_y, key)
+  outputs = learner.predict(task_params, task.query_x, query_key)
+  return query_nll(learner.nll, outputs, task.query_y), outputs
+
+
+def query_nll(nll: losses.Likelihood, outputs: jax.Array, query_y: jax.Array) -> jax.Array:
+  """The likelihood averaged over draws: outputs `[samples, num_query, ...]`.
+
+  Raises:
+    InputError: `query_y` does not fit the outputs (named as such).
+  """
+  try:
+    per_draw = jax.vmap(nll, in_axes=(0, None))(outputs, query_y)
+  except InputError as error:
+    raise InputError(f"query_y does not fit the network's outputs on query_x: {error}") from None
+  return jnp.mean(per_draw)

@@ -1,0 +1,403 @@
+"""The paper's networks, as flax.linen modules applied as pure functions.
+
+`apply_fn(params, x)` takes any weight tree of the module's structure, so a
+weight sample from a `Gaussian` runs through the same code as a point
+estimate.
+
+Batch norm: `BatchStatNorm` normalises with the statistics of the batch in
+hand and keeps no running averages, as MAML does; at test time a task's
+query set is normalised with its own statistics. By default it has a scale
+and an offset, ordinary weights to which VAMPIRE gives a distribution like
+every other weight; `Conv4(batch_norm_affine=False)` is the authors'
+network, whose batch norm has neither (`affine=False` in PyTorch).
+
+`module_spec(module)` / `module_from_spec(spec)` write a module's class and
+fields as JSON and build it again, so a trained run can be loaded without
+the code that trained it.
+
+Mixed precision: `mixed_precision(apply_fn)` runs a network's matmuls and
+convolutions in bfloat16 while the weight distributions, the losses and the
+batch-norm statistics stay in float32.
+"""
+
+import dataclasses
+import importlib
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vampire_jax._src.core import backend_defaults, convolution
+from vampire_jax._src.core import input_checks as checks
+
+# Kernels (the means, for VAMPIRE) start Xavier-normal with gain sqrt(2): variance
+# gain^2 * 2 / (fan_in + fan_out) = 4 / (fan_in + fan_out); biases start at zero. The
+# authors' 2019 code used gain 1 (`kernel_init_gain=1.0`), their current code He-normal.
+DEFAULT_KERNEL_INIT_GAIN = math.sqrt(2.0)
+
+
+def xavier_normal(gain: float = DEFAULT_KERNEL_INIT_GAIN) -> Callable:
+  """Xavier (Glorot) normal initialisation with `gain`: std = gain * sqrt(2 / (fan_in + fan_out))."""
+  return nn.initializers.variance_scaling(gain**2, "fan_avg", "normal")
+
+
+kernel_init = xavier_normal()
+
+
+class BatchStatNorm(nn.Module):
+  """Batch norm with batch statistics only: y = scale * (x - mean) / std + offset.
+
+  Statistics are taken in float32 (or wider) whatever the input's precision;
+  the output has the input's dtype. `use_scale_offset=False` drops the
+  scale and offset (y = (x - mean) / std).
+  """
+
+  epsilon: float = 1e-5
+  use_scale_offset: bool = True
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    axes = tuple(range(x.ndim - 1))
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    mean = jnp.mean(wide, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(wide - mean), axis=axes, keepdims=True)
+    normalised = (wide - mean) * jax.lax.rsqrt(var + self.epsilon)
+    if self.use_scale_offset:
+      features = x.shape[-1]
+      scale = self.param("scale", nn.initializers.ones, (features,))
+      offset = self.param("offset", nn.initializers.zeros, (features,))
+      normalised = normalised * scale + offset
+    return normalised.astype(x.dtype)
+
+
+class PatchConv(nn.Module):
+  """A 2-D convolution computed as image patches times a matrix (im2col).
+
+  Same parameters ('kernel' `[kh, kw, in, out]`, 'bias') and outputs as
+  `nn.Conv`. Under `vmap` with per-task weights it becomes one batched matrix
+  product, where `nn.Conv` becomes a grouped convolution that XLA runs
+  slowly on CPUs.
+  """
+
+  features: int
+  kernel_size: tuple[int, int] = (3, 3)
+  strides: int = 1
+  kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    in_features = x.shape[-1]
+    kernel = self.param(
+      "kernel",
+      xavier_normal(self.kernel_init_gain),
+      self.kernel_size + (in_features, self.features),
+    )
+    bias = self.param("bias", nn.initializers.zeros, (self.features,))
+    # Patch features come out ordered (in_channel, kh, kw).
+    patches = jax.lax.conv_general_dilated_patches(
+      x,
+      self.kernel_size,
+      (self.strides, self.strides),
+      "SAME",
+      dimension_numbers=("NHWC", "OIHW", "NHWC"),
+    )
+    matrix = jnp.transpose(kernel, (2, 0, 1, 3)).reshape(-1, self.features)
+    return jnp.einsum("bhwk,ko->bhwo", patches, matrix) + bias
+
+
+class LoopSafeConv(nn.Module):
+  """`nn.Conv` ('SAME', a stride) whose gradients run fast inside loops on a CPU.
+
+  Same parameters ('kernel' `[kh, kw, in, out]`, 'bias') and outputs as
+  `nn.Conv`; the convolution is `convolution.conv2d`, whose gradients are
+  forward convolutions and matrix products (see that module). A three-channel
+  (RGB) input gets a fourth, zero channel (and the kernel a zero slice):
+  XLA:CPU convolves 75 images of 84x84x4 in 48 ms against 75 ms at 84x84x3,
+  and the mini-ImageNet step takes 14 % less time (docs/performance.md, "What
+  limits the 84×84 step").
+  """
+
+  features: int
+  kernel_size: tuple[int, int] = (3, 3)
+  strides: int = 1
+  kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param(
+      "kernel",
+      xavier_normal(self.kernel_init_gain),
+      self.kernel_size + (x.shape[-1], self.features),
+    )
+    bias = self.param("bias", nn.initializers.zeros, (self.features,))
+    padding = convolution.same_padding(x.shape[1], x.shape[2], self.kernel_size, self.strides)
+    kernel = kernel.astype(x.dtype)
+    if x.shape[-1] == 3:  # a zero fourth channel: the same sums, a faster XLA:CPU convolution
+      x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, 1)))
+      kernel = jnp.pad(kernel, ((0, 0), (0, 0), (0, 1), (0, 0)))
+    y = convolution.conv2d(x, kernel, self.strides, padding)
+    return y + bias.astype(y.dtype)
+
+
+CONV_IMPLS = ("xla", "patches", "loop_safe")
+
+
+def max_pool_2x2(x: jax.Array) -> jax.Array:
+  """`nn.max_pool(x, (2, 2), strides=(2, 2), padding='VALID')` as a maximum of four strided views.
+
+  The same values, and an odd last row or column is dropped as 'VALID' drops
+  it (84 -> 42 -> 21 -> 10 -> 5). The gradient of a window goes to its
+  maximum; where k entries tie for the maximum, each gets 1/k of it (XLA's
+  select-and-scatter, under `nn.max_pool`, gives it all to one). That differs
+  only for tied maxima, and after a ReLU those are zeros, whose gradient the
+  ReLU stops. XLA:CPU runs this gradient faster than select-and-scatter
+  (`python -m benchmarks.conv_gradients`). The earlier form, a max over a
+  reshaped [.., 2, .., 2, ..] window, had XLA:CPU miscompile its gradient
+  under `vmap` and in second-order meta-gradients (docs/performance.md, "A
+  miscompiled max-pool gradient"). Tested against `nn.max_pool` and under
+  `vmap` in tests/test_models.py.
+  """
+  _, height, width, _ = x.shape
+  x = x[:, : height // 2 * 2, : width // 2 * 2]  # VALID: an odd last row/column is dropped
+  return _max_of_four(x[:, 0::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 0::2], x[:, 1::2, 1::2])
+
+
+@jax.custom_jvp
+def _max_of_four(a, b, c, d):
+  """The element-wise maximum of four arrays; its derivative splits ties equally."""
+  return jnp.maximum(jnp.maximum(a, b), jnp.maximum(c, d))
+
+
+@_max_of_four.defjvp
+def _max_of_four_jvp(primals, tangents):
+  # d max = sum_i [x_i = max] dx_i / #{i : x_i = max}, as XLA's reduce-max
+  # derivative; written on the four strided views, never as a reduction over
+  # a reshaped window, whose vmapped gradient XLA:CPU miscompiled.
+  maximum = _max_of_four(*primals)
+  hits = [(x == maximum).astype(maximum.dtype) for x in primals]
+  tangent = sum(hit * dx for hit, dx in zip(hits, tangents)) / sum(hits)
+  return maximum, tangent
+
+
+def auto_conv_impl(*, task_batching: str, inner_steps_unrolled: bool, draws_mapped: bool) -> str:
+  """The fastest measured convolution for a meta-step's loop structure on this backend.
+
+  `backend_defaults.conv_impl` decides: where a loop runs around a
+  convolution gradient, 'loop_safe' on a CPU and 'patches' on a GPU; XLA's
+  elsewhere.
+  """
+  return backend_defaults.conv_impl(
+    task_batching=task_batching,
+    inner_steps_unrolled=inner_steps_unrolled,
+    draws_mapped=draws_mapped,
+  )
+
+
+class Conv4(nn.Module):
+  """Four [conv 3x3 -> batch norm -> ReLU] blocks and a dense head.
+
+  Omniglot (the default): 64 filters, stride-2 convolutions, 28x28x1 input.
+  mini-ImageNet: `num_filters=32, max_pool=True`: stride-1 convolutions each
+  followed by 2x2 max-pooling, 84x84x3 input. `batch_norm_affine=False`:
+  batch norm without scale and offset, as in the authors' code.
+  `kernel_init_gain`: the kernels' Xavier-normal gain (the authors' 2019 code: 1).
+  `batch_norm_epsilon`: added to the batch variance (the authors' 2019 code: 0).
+
+  Input `[batch, height, width, channels]`, output logits `[batch, num_classes]`.
+  """
+
+  num_classes: int
+  num_filters: int = 64
+  max_pool: bool = False
+  conv_impl: str = "xla"  # "xla" (nn.Conv), "patches" (PatchConv) or "loop_safe" (LoopSafeConv)
+  batch_norm_affine: bool = True
+  kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
+  batch_norm_epsilon: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    checks.floating("Conv4", "x", x, checks.IMAGE_HINT)
+    if x.ndim != 4:
+      raise checks.fail("Conv4", "x", "[batch, height, width, channels]", checks.describe(x))
+    for block in range(4):
+      stride = 1 if self.max_pool else 2
+      gain = self.kernel_init_gain
+      if self.conv_impl == "patches":
+        x = PatchConv(self.num_filters, strides=stride, kernel_init_gain=gain, name=f"conv{block}")(
+          x
+        )
+      elif self.conv_impl == "loop_safe":
+        x = LoopSafeConv(
+          self.num_filters, strides=stride, kernel_init_gain=gain, name=f"conv{block}"
+        )(x)
+      elif self.conv_impl == "xla":
+        x = nn.Conv(
+          self.num_filters,
+          (3, 3),
+          strides=stride,
+          padding="SAME",
+          kernel_init=xavier_normal(gain),
+          name=f"conv{block}",
+        )(x)
+      else:
+        raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.conv_impl!r}")
+      x = BatchStatNorm(
+        epsilon=self.batch_norm_epsilon,
+        use_scale_offset=self.batch_norm_affine,
+        name=f"norm{block}",
+      )(x)
+      x = nn.relu(x)
+      if self.max_pool:
+        x = max_pool_2x2(x)
+    x = x.reshape((x.shape[0], -1))
+    return nn.Dense(
+      self.num_classes, kernel_init=xavier_normal(self.kernel_init_gain), name="head"
+    )(x)
+
+
+class MLP(nn.Module):
+  """Fully connected ReLU network: `hidden_sizes` then a linear output layer.
+
+  Regression uses `MLP((100, 100, 100), 1)`; pre-extracted features use
+  `MLP((128, 32), num_classes)`. `kernel_init_gain`: the kernels' Xavier-normal
+  gain (the authors' 2019 code: 1). Input `[batch, features]`: a leading task
+  axis is refused (it would pool the tasks' examples); vmap over tasks.
+  """
+
+  hidden_sizes: Sequence[int]
+  num_outputs: int
+  kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    checks.floating("MLP", "x", x)
+    if x.ndim != 2:  # a task axis in front would pool the tasks' examples
+      raise checks.fail(
+        "MLP", "x", "[batch, features] (one task; vmap over a task axis)", checks.describe(x)
+      )
+    init = xavier_normal(self.kernel_init_gain)
+    for width in self.hidden_sizes:
+      x = nn.relu(nn.Dense(width, kernel_init=init)(x))
+    return nn.Dense(self.num_outputs, kernel_init=init)(x)
+
+
+def conv4_omniglot(num_classes: int) -> Conv4:
+  return Conv4(num_classes=num_classes, num_filters=64, max_pool=False)
+
+
+def conv4_mini_imagenet(num_classes: int) -> Conv4:
+  return Conv4(num_classes=num_classes, num_filters=32, max_pool=True)
+
+
+def mixed_precision(
+  apply_fn: Callable[[dict, jax.Array], jax.Array], compute_dtype=jnp.bfloat16
+) -> Callable[[dict, jax.Array], jax.Array]:
+  """`apply_fn` computing in `compute_dtype`, with float32 weights in and outputs out.
+
+  Floating-point weights and inputs are cast to `compute_dtype` on the way in
+  (so matmuls and convolutions run at that precision) and the outputs back
+  to float32, so the likelihood, the KL and the weight distributions stay in
+  float32; the gradients reaching the float32 weights are float32.
+  """
+
+  def cast(x):
+    return x.astype(compute_dtype) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x
+
+  def apply(params, x):
+    outputs = apply_fn(jax.tree_util.tree_map(cast, params), cast(x))
+    return jax.tree_util.tree_map(lambda y: y.astype(jnp.float32), outputs)
+
+  return apply
+
+
+def pure_apply(module: nn.Module) -> Callable[[dict, jax.Array], jax.Array]:
+  """`apply_fn(params, x)` for a module whose only collection is 'params'."""
+
+  def apply_fn(params, x):
+    return module.apply({"params": params}, x)
+
+  return apply_fn
+
+
+def init_params(module: nn.Module, key: jax.Array, input_shape: Sequence[int]) -> dict:
+  """The module's initial 'params' tree for inputs of shape `[batch, ...]`.
+
+  Jitted: run op by op, a network's initialisation compiles every small
+  operation on its own, which takes seconds on a CPU.
+  """
+  shape = tuple(input_shape)
+  return jax.jit(lambda k: module.init(k, jnp.zeros(shape, jnp.float32))["params"])(key)
+
+
+def module_spec(module: nn.Module) -> dict[str, Any]:
+  """`{"class": "package.module.Class", "fields": {...}}`: what rebuilds `module`.
+
+  Fields are the module's dataclass fields (not `parent`, `name`); they must
+  be JSON values (tuples come back as lists and are turned back into tuples).
+  """
+  cls = type(module)
+  fields = {
+    f.name: getattr(module, f.name)
+    for f in dataclasses.fields(module)
+    if f.name not in ("parent", "name")
+  }
+  return {"class": f"{cls.__module__}.{cls.__qualname__}", "fields": fields}
+
+
+def module_from_spec(spec: dict[str, Any]) -> nn.Module:
+  """The module `module_spec` described: its class imported, its fields set."""
+  module_name, _, class_name = spec["class"].rpartition(".")
+  cls = getattr(importlib.import_module(module_name), class_name)
+  if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+    raise TypeError(f"{spec['class']} is not a flax.linen.Module")
+  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["fields"].items()}
+  return cls(**fields)
+
+
+def local_reparameterization(dist, x: jax.Array, key: jax.Array, num_samples: int) -> jax.Array:
+  """`MLP` outputs under `num_samples` draws of its weights, drawn layer by layer.
+
+  The local reparameterisation trick (Kingma, Salimans & Welling, 2015): for a
+  dense layer h = a W + b with independent W_ij ~ N(mu_ij, s_ij^2), b_j ~
+  N(m_j, t_j^2), each pre-activation is Gaussian given the layer's input a:
+  h_j ~ N(sum_i a_i mu_ij + m_j, sum_i a_i^2 s_ij^2 + t_j^2). Drawing h per
+  example, layer after layer, gives each example's outputs exactly the
+  distribution a weight draw gives them; different examples' draws are
+  independent (with one weight draw they would be correlated). Expected
+  losses that are means over examples are unchanged, with less variance, and
+  it draws L x examples x units normals instead of L x weights.
+
+  Args:
+    dist: a `Gaussian` over a `vj.MLP`'s parameters (`Dense_0` ... `Dense_n`,
+      each `kernel` [in, out] and `bias` [out]; ReLU between the layers).
+    x: `[batch, in]` inputs.
+    key: PRNG key.
+    num_samples: L, the number of draws.
+
+  Returns:
+    `[num_samples, batch, out]`.
+  """
+  layers = [f"Dense_{i}" for i in range(len(dist.mean))]
+  if (
+    not layers
+    or set(dist.mean) != set(layers)
+    or any(set(dist.mean[name]) != {"kernel", "bias"} for name in layers)
+  ):
+    raise checks.fail(
+      "local_reparameterization",
+      "dist",
+      "a Gaussian over a vj.MLP's parameters (Dense_0 ... Dense_n, each kernel and bias)",
+      f"parameters {sorted(dist.mean)}",
+    )
+  keys = jax.random.split(key, len(layers))
+  h = jnp.broadcast_to(x, (num_samples,) + jnp.shape(x))
+  for i, (name, layer_key) in enumerate(zip(layers, keys)):
+    mean, log_std = dist.mean[name], dist.log_std[name]
+    mu = h @ mean["kernel"] + mean["bias"]
+    var = jnp.square(h) @ jnp.exp(2 * log_std["kernel"]) + jnp.exp(2 * log_std["bias"])
+    h = mu + jnp.sqrt(var) * jax.random.normal(layer_key, mu.shape, mu.dtype)
+    if i < len(layers) - 1:
+      h = nn.relu(h)
+  return h

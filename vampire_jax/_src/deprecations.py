@@ -1,0 +1,125 @@
+"""Old import paths, kept for one release: each warns once (a `FutureWarning`), then works.
+
+Issue 43 moved the implementation under `vampire_jax._src/` (core, metrics, runs) and
+kept about 90 names at the top level. `vampire_jax.<old module>` and the names that left
+the top level stay importable through these tables until `REMOVED_IN`.
+"""
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
+REMOVED_IN = "0.4.0"
+
+# vampire_jax.<old module> -> where it lives now. (`vampire_jax.predictive` is the function:
+# its module of the same name was never released, and an alias would shadow the function.)
+MOVED_MODULES = {
+  "adaptation": "vampire_jax._src.core.adaptation",
+  "adapters": "vampire_jax._src.core.framework_adapters",
+  "algorithms": "vampire_jax._src.runs.algorithms",
+  "backend_defaults": "vampire_jax._src.core.backend_defaults",
+  "batching": "vampire_jax._src.core.batching",
+  "calibration": "vampire_jax._src.metrics.calibration",
+  "checkpoint": "vampire_jax._src.runs.run_folder",
+  "checks": "vampire_jax._src.core.input_checks",
+  "config": "vampire_jax._src.runs.run_config",
+  "configs": "vampire_jax._src.runs.experiment_configs",
+  "convolution": "vampire_jax._src.core.convolution",
+  "diagnostics": "vampire_jax._src.core.diagnostics",
+  "errors": "vampire_jax._src.core.errors",
+  "evaluation": "vampire_jax._src.metrics.evaluation",
+  "gaussian": "vampire_jax._src.core.gaussian",
+  "interrupts": "vampire_jax._src.runs.interrupts",
+  "kinds": "vampire_jax._src.runs.kinds",
+  "learners": "vampire_jax._src.core.learners",
+  "losses": "vampire_jax._src.core.losses",
+  "meta_step": "vampire_jax._src.core.meta_step",
+  "models": "vampire_jax._src.core.models",
+  "predictive_uncertainty": "vampire_jax._src.metrics.predictive_uncertainty",
+  "problem": "vampire_jax._src.runs.problem",
+  "programs": "vampire_jax._src.runs.programs",
+  "reporting": "vampire_jax._src.runs.reporting",
+  "run_folder": "vampire_jax._src.runs.run_folder",
+  "runs": "vampire_jax._src.runs.trained_run",
+  "sharding": "vampire_jax._src.core.sharding",
+  "tasks": "vampire_jax._src.core.tasks",
+  "training": "vampire_jax._src.runs.loop",
+}
+
+# vampire_jax.<name> that left the top level -> the module that holds it.
+MOVED_NAMES = {
+  "BATCHING_STRATEGIES": "vampire_jax._src.core.batching",
+  "MAPPED_STRATEGIES": "vampire_jax._src.core.batching",
+  "batched_map": "vampire_jax._src.core.batching",
+  "default_task_batching": "vampire_jax._src.core.batching",
+  "check_gaussian": "vampire_jax._src.core.gaussian",
+  "apply_meta_gradient": "vampire_jax._src.core.meta_step",
+  "log_std_mask": "vampire_jax._src.core.meta_step",
+  "make_host_chunked_meta_step": "vampire_jax._src.core.host_chunked",
+  "make_host_chunked_train_step": "vampire_jax._src.core.host_chunked",
+  "mixture_cdf": "vampire_jax._src.metrics.quantile_calibration",
+  "mixture_quantile": "vampire_jax._src.metrics.quantile_calibration",
+  "evaluate_split": "vampire_jax._src.metrics.evaluation",
+  "make_split_evaluator": "vampire_jax._src.metrics.evaluation",
+  "RunCheckpoints": "vampire_jax._src.runs.run_folder",
+}
+
+_warned: set[str] = set()
+
+
+def warn_once(old: str, new: str, stacklevel: int = 3) -> None:
+  """One FutureWarning per old path and process (shown by Python's default filters)."""
+  if old in _warned:
+    return
+  _warned.add(old)
+  warnings.warn(
+    f"{old} is deprecated: use {new} (the old path works until vampire_jax {REMOVED_IN})",
+    FutureWarning,
+    stacklevel=stacklevel,
+  )
+
+
+def moved_attribute(name: str):
+  """`vampire_jax.<name>` for a moved module or name (module `__getattr__`)."""
+  if name in MOVED_MODULES:
+    warn_once(f"vampire_jax.{name}", _public_home(name), stacklevel=4)
+    return importlib.import_module(MOVED_MODULES[name])
+  if name in MOVED_NAMES:
+    warn_once(f"vampire_jax.{name}", f"{MOVED_NAMES[name]}.{name}", stacklevel=4)
+    return getattr(importlib.import_module(MOVED_NAMES[name]), name)
+  raise AttributeError(f"module 'vampire_jax' has no attribute {name!r}")
+
+
+def _public_home(old_module: str) -> str:
+  return f"the names `vampire_jax` exports (implementation: {MOVED_MODULES[old_module]})"
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  """`import vampire_jax.<old>` and `from vampire_jax.<old> import x`: the module now."""
+
+  def __init__(self):
+    self._real_specs = {}
+
+  def find_spec(self, fullname, path=None, target=None):
+    package, _, name = fullname.partition(".")
+    if package != "vampire_jax" or name not in MOVED_MODULES:
+      return None
+    return importlib.util.spec_from_loader(fullname, self)
+
+  def create_module(self, spec):
+    name = spec.name.partition(".")[2]
+    warn_once(spec.name, _public_home(name), stacklevel=3)
+    module = importlib.import_module(MOVED_MODULES[name])
+    self._real_specs[spec.name] = module.__spec__
+    return module
+
+  def exec_module(self, module):
+    # The import system set the alias's spec on the real module; give it back its own.
+    module.__spec__ = self._real_specs.pop(module.__spec__.name)
+
+
+def install() -> None:
+  if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModules())

@@ -1,0 +1,502 @@
+"""The training loop as a plain function: meta-train, validate, checkpoint, test.
+
+    results = vj.train_and_evaluate(problem, config, workdir)
+
+A `Problem` says what to learn: the network (a flax module), the task
+sampler and the data it draws from, and the likelihood. A `RunConfig` says
+how. `train_and_evaluate` checks the config, records the run in `workdir`
+(so `vj.load_run(workdir)` can rebuild it without the data), resumes from
+the last checkpoint, trains with one jitted call per `steps_per_call` steps
+(tasks sampled inside), validates every `eval_every` steps keeping the best
+meta-parameters, tests them, and writes `results.json`.
+
+The path of a meta-step's data: `problem.splits['train']` (device arrays,
+put there once) -> the jitted train step, which draws `tasks_per_step` task
+keys from (seed, step), samples the tasks from the split inside the same
+program, adapts to each task (`learner.adapt`, vmapped, or in `lax.map`
+on a CPU), averages the query losses' gradients and applies Adam.
+Nothing but the state and a few scalars crosses between host and device.
+
+What a run leaves in `workdir`: `run.json` (the config, network and data it
+was trained with), `config.json`, `checkpoints/`, `best/`, `metrics.jsonl`
+(and TensorBoard files), `results.json`, `test_per_task.npz`; `run_folder`
+owns them (atomic writes, the folder's lock, checkpoints that fall back to an
+older one). Ctrl-C or SIGTERM saves a checkpoint before the run stops;
+running again resumes; `interrupts` owns that path and every other way a run
+stops or fails.
+"""
+
+import dataclasses
+import functools
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jaxlib
+import numpy as np
+from jax.sharding import Mesh
+
+from vampire_jax._src.core import backend_defaults, diagnostics, meta_step, models, sharding
+from vampire_jax._src.core import input_checks as checks
+from vampire_jax._src.core.errors import ConfigError, DivergenceError
+from vampire_jax._src.core.learners import MetaLearner
+from vampire_jax._src.metrics import calibration, evaluation, predictive_uncertainty
+from vampire_jax._src.runs import algorithms, interrupts, kinds, programs, run_folder
+from vampire_jax._src.runs import problem as problem_lib
+from vampire_jax._src.runs.problem import Problem
+from vampire_jax._src.runs.reporting import MetricWriter, Progress, format_duration
+from vampire_jax._src.runs.run_folder import RunCheckpoints
+
+PyTree = Any
+
+
+def prepare_workdir(
+  workdir: Path,
+  problem: Problem,
+  config,
+  *,
+  is_main: bool,
+  print_fn: Optional[Callable[[str], None]] = None,
+) -> None:
+  """Checks that a resumed run matches, creates the run folder and records the run.
+
+  Called with the folder's lock held. `train_and_evaluate` checked the folder
+  before it loaded the data; this check, under the lock, is the one that no
+  run written in between (by a process that has finished since) can pass.
+
+  Raises:
+    ConfigError: the folder holds a run of another config (`check_resumable`).
+    StorageError: the folder cannot be made or written.
+  """
+  run_folder.check_resumable(workdir, config, print_fn=print_fn)
+  if not is_main:
+    return
+  run_folder.make_folder(workdir)
+  run_folder.write_run_record(workdir, run_folder.run_record(problem, config))
+
+
+# -- The loop ------------------------------------------------------------------------
+
+
+class Session(NamedTuple):
+  """Everything the loop needs, built once."""
+
+  problem: Problem
+  config: Any
+  workdir: Path
+  is_main: bool
+  mesh: Optional[Mesh]
+  train_step: Callable
+  steps_per_call: int
+  evaluate_val: Callable  # evaluate_indices(meta_params, key, indices) on the validation split
+  evaluate_test: Callable
+  train_key: jax.Array
+  val_key: jax.Array
+  test_key: jax.Array
+  checkpoints: RunCheckpoints
+  writer: MetricWriter
+  progress: Progress
+  print_fn: Callable[[str], None]
+  evaluate_open_set: Optional[Callable] = None  # the test's open-set episodes, if any
+
+
+def _initial_state(problem: Problem, config, learner: MetaLearner, optimizer, key, mesh):
+  params_key, prior_key = jax.random.split(key)
+  params = models.init_params(problem.model, params_key, (1,) + tuple(problem.input_shape))
+  state = jax.jit(functools.partial(meta_step.init_meta_state, learner, optimizer))(
+    params, prior_key
+  )
+  return state if mesh is None else sharding.replicate(state, mesh)
+
+
+def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key, print_fn) -> None:
+  """One inner loop on a real training task before the meta-step compiles (`check_inner_loop`).
+
+  Raises:
+    DivergenceError: (a ConfigError) the support loss goes non-finite at
+      initialisation; the message names the knob to turn and a value that works.
+  """
+  task = jax.tree_util.tree_map(lambda x: x[0], problem_lib.draw_tasks(problem, "train", key, 1))
+  report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
+  if report.ok:
+    return
+  message = (
+    f"{config.algorithm}'s inner loop at initialisation, on a training task: "
+    f"{report.advice} (--inner-lr, --kl-weight; see vj.check_inner_loop)"
+  )
+  if not math.isfinite(report.loss_after):
+    raise DivergenceError(message)
+  print_fn(f"warning: {message}")
+
+
+def _mean_metrics(window: list[dict]) -> dict:
+  stacked = {name: np.concatenate([np.asarray(m[name]) for m in window]) for name in window[0]}
+  return {f"train/{name}": float(np.mean(values)) for name, values in stacked.items()}
+
+
+class LoopState(NamedTuple):
+  """What the loop carries between calls besides the meta-state."""
+
+  window: list  # metrics of the calls since the last log
+  validated: bool  # a validation has run (and compiled the evaluator)
+  compiled: bool  # the train step has run once (and compiled)
+
+
+def _validate(session: Session, state, step: int, first: bool) -> float:
+  """Scores the validation split; keeps the meta-parameters if they are the best.
+
+  Meta-parameters under which some validation task's results are NaN or
+  infinite (an adapted weight draw that overflowed, say) are never kept as
+  the best: the loop says so, naming the tasks, and trains on; the test
+  still refuses non-finite results.
+  """
+  config = session.config
+  if first:
+    session.progress.message(
+      f"validating on {config.num_val_tasks} tasks (the first evaluation compiles the evaluator)..."
+    )
+  per_task = evaluation.evaluate_split(
+    session.evaluate_val,
+    state.meta_params,
+    session.val_key,
+    config.num_val_tasks,
+    programs.eval_batch_size(config, session.mesh),
+    refuse_non_finite=False,
+  )
+  kind = kinds.get(session.problem.kind)
+  name = kind.score
+  bad = evaluation.non_finite_tasks(per_task)
+  if bad.size:
+    if session.is_main:
+      session.progress.warn(
+        f"step {step}: validation: {bad.size} of {config.num_val_tasks} tasks gave non-finite "
+        f"results (tasks {bad[:10].tolist()}): these meta-parameters are not kept as the best"
+      )
+    return float("nan")
+  score = float(np.mean(per_task[name]))
+  summary = kind.summarise(per_task, config.num_bins, session.problem.noise_std)[0]
+  calibration_metrics = {  # ECE/MCE against steps: how calibration moves while training
+    f"val/{metric}": float(summary[metric]) for metric in ("ece", "mce") if metric in summary
+  }
+  session.writer.write(
+    step,
+    {f"val/{name}": score, "val/nll": float(np.mean(per_task["nll"])), **calibration_metrics},
+  )
+  best = session.checkpoints.best_record()
+  improved = kind.better(score, None if best is None else best["score"])
+  if improved:
+    best = {"step": step, "score": score, "metric": name}
+    session.checkpoints.save_best(state.meta_params, best, write_files=session.is_main)
+  session.progress.message(
+    f"step {step}: validation {name} {score:.4f}"
+    + (" (best so far)" if improved else f" (best {best['score']:.4f} at step {best['step']})")
+  )
+  return score
+
+
+def _after_call(
+  session: Session, state, step: int, loop: LoopState, train_seconds: float
+) -> LoopState:
+  """Logging, validation and checkpointing due at `step`."""
+  config = session.config
+  done = step == config.num_meta_steps
+  window, validated, _ = loop
+  if step % config.log_every == 0 or done:
+    means = _mean_metrics(window)
+    if not np.isfinite(means["train/loss"]):
+      raise FloatingPointError(
+        f"meta-training diverged at step {step}: {means}; see "
+        "vj.kl_step_factor and BUILD_NOTES.md for stable settings"
+      )
+    rate = session.progress.rate()
+    if rate is not None:
+      means.update({"train/steps_per_s": rate, "train/tasks_per_s": rate * config.tasks_per_step})
+    session.writer.write(step, means)
+    session.progress.log(
+      step,
+      {
+        k.split("/")[1]: v
+        for k, v in means.items()
+        if k not in ("train/steps_per_s", "train/tasks_per_s")
+      },
+    )
+    window = []
+  start = time.perf_counter()
+  if step % config.eval_every == 0 or done:
+    _validate(session, state, step, first=not validated)
+    validated = True
+  if step % config.checkpoint_every == 0 or done:
+    session.checkpoints.save(
+      step, state, train_seconds, write_files=session.is_main, log_window=window
+    )
+  session.progress.exclude(time.perf_counter() - start)
+  return loop._replace(window=window, validated=validated)
+
+
+def _train(session: Session, state, earlier_seconds: float):
+  """Runs meta-steps from `state.step` to `config.num_meta_steps`; returns the final state."""
+  config, progress = session.config, session.progress
+  step = int(state.step)
+  # A resumed run carries on the window of steps since the last logged row.
+  window = session.checkpoints.log_window(step) if step else []
+  start, loop = time.perf_counter(), LoopState(window, False, False)
+  with interrupts.requests() as received:
+    train_seconds = earlier_seconds
+    while step < config.num_meta_steps:
+      compiling = not loop.compiled
+      if compiling:
+        progress.message("compiling the meta-step (later calls reuse it)...")
+      state, metrics = session.train_step(state, session.train_key)
+      step += session.steps_per_call
+      loop = loop._replace(window=loop.window + [jax.device_get(metrics)], compiled=True)
+      if compiling:
+        progress.message(
+          f"compiled and ran the first call in {format_duration(time.perf_counter() - start)}"
+        )
+        progress.start_timing(step)
+      progress.advance(step)
+      # The training time up to this step, as checkpointed: a resumed run reports the same.
+      train_seconds = earlier_seconds + time.perf_counter() - start
+      loop = _after_call(session, state, step, loop, train_seconds)
+      interrupts.stop_if_requested(
+        received,
+        session.checkpoints,
+        step,
+        state,
+        earlier_seconds + time.perf_counter() - start,
+        workdir=session.workdir,
+        write_files=session.is_main,
+        log_window=loop.window,
+      )
+  session.checkpoints.wait()
+  return state, train_seconds
+
+
+def _parameters_to_test(session: Session, state) -> tuple[Any, int]:
+  """`(meta_params, step)` that `config.test_parameters` names.
+
+  'best': the best by validation (the final ones if no validation kept any);
+  'final': the last step's, as the authors' 2019 code tested.
+  """
+  final = (state.meta_params, int(state.step))
+  if session.config.test_parameters == "final":
+    return final
+  best = session.checkpoints.restore_best(state.meta_params)
+  if best is None:
+    return final
+  return best, int(session.checkpoints.best_record()["step"])
+
+
+def _test(session: Session, meta_params, step: int) -> tuple[evaluation.Summary, dict]:
+  config = session.config
+  which = "best by validation" if config.test_parameters == "best" else "final"
+  session.progress.message(
+    f"testing the {which} meta-parameters (step {step}) on {config.num_test_tasks} tasks..."
+  )
+  per_task = evaluation.evaluate_split(
+    session.evaluate_test,
+    meta_params,
+    session.test_key,
+    config.num_test_tasks,
+    programs.eval_batch_size(config, session.mesh),
+  )
+  summary = kinds.summarise(
+    session.problem.kind, per_task, num_bins=config.num_bins, noise_std=session.problem.noise_std
+  )
+  if session.evaluate_open_set is not None:
+    session.progress.message(
+      f"open-set episodes: the {config.num_test_tasks} test tasks with "
+      "queries of unknown classes..."
+    )
+    open_set = evaluation.evaluate_split(
+      session.evaluate_open_set,
+      meta_params,
+      session.test_key,
+      config.num_test_tasks,
+      programs.eval_batch_size(config, session.mesh),
+    )
+    summary.metrics["open_set"] = predictive_uncertainty.open_set_summary(open_set)
+    per_task.update({f"open_set_{name}": values for name, values in open_set.items()})
+  return summary, per_task
+
+
+def _setup(
+  problem: Problem,
+  config,
+  workdir: Path,
+  progress: bool,
+  print_fn: Callable[[str], None],
+  record: dict,
+) -> tuple[Session, Any, float]:
+  """Builds the session and the state to start from (fresh, or the latest checkpoint)."""
+  is_main = jax.process_index() == 0
+  mesh = backend_defaults.task_mesh_for(config, config.tasks_per_step)
+  init_key, train_key, val_key, test_key = jax.random.split(jax.random.key(config.seed), 4)
+  train_learner = algorithms.make_learner(
+    problem.model,
+    problem.kind,
+    problem.noise_std,
+    config,
+    num_mc_train=config.num_mc_train,
+    num_mc_query=config.num_mc_query,
+  )
+  test_learner = algorithms.make_learner(
+    problem.model,
+    problem.kind,
+    problem.noise_std,
+    config,
+    num_mc_train=config.num_mc_test,
+    num_mc_query=config.num_mc_test,
+  )
+  optimizer = algorithms.make_optimizer(config)
+  state = _initial_state(problem, config, train_learner, optimizer, init_key, mesh)
+  if run_folder.latest_checkpoint_step(workdir) is None:  # a resumed run passed it at its start
+    try:
+      _check_inner_loop(
+        problem, config, train_learner, state, jax.random.fold_in(init_key, 1), print_fn
+      )
+    except DivergenceError:
+      if is_main:  # nothing was trained: the corrected settings may use this folder
+        run_folder.forget_unused_record(workdir)
+      raise
+  checkpoints = RunCheckpoints(workdir, record=record, print_fn=print_fn)
+  earlier_seconds = 0.0
+  if checkpoints.latest_step() is not None:
+    state = checkpoints.restore_latest(state)  # the newest that restores
+    earlier_seconds = checkpoints.train_seconds(int(state.step))
+    print_fn(f"resuming from step {int(state.step)} in {workdir}")
+    if int(state.step) > config.num_meta_steps:
+      checkpoints.close()
+      raise ConfigError(
+        f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run "
+        f"trained to step {int(state.step)}; pass --num-meta-steps "
+        f"{int(state.step)} (or more) to test or continue it"
+      )
+  num_steps = backend_defaults.steps_per_call(config, int(state.step))
+  evaluate = programs.build_evaluator(problem.kind, problem.noise_std, config, test_learner, mesh)
+  session = Session(
+    problem,
+    config,
+    workdir,
+    is_main,
+    mesh,
+    programs.build_train_step(problem, config, train_learner, optimizer, mesh, num_steps),
+    num_steps,
+    programs.split_evaluator(problem, evaluate, "val", mesh),
+    programs.split_evaluator(problem, evaluate, "test", mesh),
+    train_key,
+    val_key,
+    test_key,
+    checkpoints,
+    MetricWriter(workdir, enabled=is_main, resumed_from=int(state.step) or None),
+    Progress(
+      config.num_meta_steps, int(state.step), enabled=progress and is_main, print_fn=print_fn
+    ),
+    print_fn,
+    programs.open_set_evaluator(problem, config, test_learner, mesh),
+  )
+  return session, state, earlier_seconds
+
+
+def train_and_evaluate(
+  problem: Problem | Callable[[], Problem],
+  config,
+  workdir: str | os.PathLike,
+  *,
+  progress: bool = True,
+  print_fn: Callable[[str], None] = print,
+) -> dict:
+  """Meta-trains (resuming if `workdir` holds a checkpoint), validates, tests; writes results.
+
+  Args:
+    problem: the network, data and likelihood; or a function that builds it
+      (loads the data), called once the config and the folder are checked.
+    config: a `RunConfig` (or subclass).
+    workdir: the run folder; created once the config is checked.
+    progress: show progress (a bar on a terminal, else a line per log).
+    print_fn: where messages go.
+
+  Returns:
+    The dictionary written to `workdir/results.json`: the config, test
+    metrics, calibration records, best validation, timings, device.
+
+  Raises:
+    ConfigError: an impossible setting, a run of another config in `workdir`,
+      or one already trained past `num_meta_steps`.
+    RunFolderError: another process holds `workdir`, or none of its checkpoints restores.
+    StorageError: `workdir` cannot be written (a file, read-only, a full disk).
+    TrainingInterrupted: SIGINT/SIGTERM; a checkpoint was saved first.
+    FloatingPointError: the training loss became non-finite.
+  """
+  start = time.time()
+  # Every check of the config and the folder, once, before the data is loaded or the
+  # folder made: a refused run reads nothing and writes nothing.
+  algorithms.check_config(config)
+  workdir = Path(workdir)
+  is_main = jax.process_index() == 0
+  if is_main:
+    run_folder.check_writable(workdir)
+    run_folder.check_not_in_use(workdir)
+  run_folder.check_resumable(workdir, config)
+  if not isinstance(problem, Problem):
+    problem = problem()
+  for split, data in problem.splits.items():  # values, once, on the host: nothing NaN trains
+    checks.check_finite(
+      "train_and_evaluate",
+      {
+        f"problem.splits[{split!r}]{jax.tree_util.keystr(path)}": leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(data)
+        if getattr(leaf, "is_fully_addressable", True)
+      },
+    )  # a host sees its own shards only
+  if is_main:
+    run_folder.make_folder(workdir)
+  with run_folder.lock(workdir, is_main=is_main, print_fn=print_fn):
+    prepare_workdir(workdir, problem, config, is_main=is_main, print_fn=print_fn)
+    record = run_folder.run_record(problem, config)
+    session, state, earlier_seconds = _setup(problem, config, workdir, progress, print_fn, record)
+    first_step = int(state.step)
+    try:
+      state, train_seconds = _train(session, state, earlier_seconds)
+      session.progress.close()
+      tested_params, tested_step = _parameters_to_test(session, state)
+      test_start = time.time()
+      summary, per_task = _test(session, tested_params, tested_step)
+      session.writer.write_test(int(state.step), dataclasses.asdict(config), summary.metrics)
+    finally:
+      session.progress.close()
+      session.writer.close()
+      session.checkpoints.close()
+    results = {
+      "config": dataclasses.asdict(config),
+      "kind": problem.kind,
+      "test": summary.metrics,
+      "calibration": {
+        name: calibration.to_record(curve) for name, curve in summary.calibration.items()
+      },
+      "best_validation": session.checkpoints.best_record(),
+      "test_parameters": config.test_parameters,
+      "tested_step": tested_step,
+      "meta_steps": int(state.step),
+      "resumed_from_step": first_step,
+      "wall_time_s": {
+        "total": time.time() - start,
+        "train": train_seconds,
+        "test": time.time() - test_start,
+      },
+      "data": problem.data_info,
+      "git_commit": run_folder.git_commit(),
+      "device": run_folder.device_description(),
+      "task_mesh_devices": programs.mesh_size(session.mesh),
+      "jax_version": jax.__version__,
+      # XLA (in jaxlib) compiles for the CPU it runs on, and its version changes the
+      # rounding: a run is repeatable to the bit only with the same jaxlib.
+      "jaxlib_version": jaxlib.__version__,
+    }
+    if is_main:
+      run_folder.write_results(workdir, results)
+      run_folder.save_per_task(workdir, per_task)
+  return results

@@ -1,0 +1,129 @@
+"""The compiled programs of a run, built from its config: the train step and the evaluators.
+
+`build_train_step` picks the task batching for the backend (`backend_defaults`)
+and the devices (`backend_defaults.task_mesh_for`), and jits
+`meta_step.make_train_step` (or its host-chunked or NaN-checked variants);
+`build_evaluator`, `split_evaluator` and `open_set_evaluator` do the same for
+the scores of a split.
+"""
+
+from typing import Callable, Optional
+
+import jax
+from jax.sharding import Mesh
+
+from vampire_jax._src.core import backend_defaults, diagnostics, host_chunked, meta_step
+from vampire_jax._src.core.errors import ConfigError
+from vampire_jax._src.core.learners import MetaLearner
+from vampire_jax._src.metrics import evaluation
+from vampire_jax._src.runs import kinds
+from vampire_jax._src.runs.problem import Problem
+
+
+def mesh_size(mesh: Optional[Mesh]) -> int:
+  return 1 if mesh is None else mesh.size
+
+
+def build_train_step(
+  problem: Problem, config, learner: MetaLearner, optimizer, mesh: Optional[Mesh], num_steps: int
+) -> Callable:
+  """`train_step(state, key) -> (state, metrics [num_steps])`, compiled on first call."""
+  metrics_fn = kinds.get(problem.kind).train_metrics
+  num_local_tasks = config.tasks_per_step // mesh_size(mesh)
+  strategy, chunk = backend_defaults.task_batching(
+    config.task_batching, config.chunk_size, num_local_tasks
+  )
+  data = problem.splits["train"]
+  if config.debug_nans:  # one checked program (vj.debug_nonfinite) names the first NaN
+    strategy = "map" if strategy == "host_chunked" else strategy
+  if strategy == "host_chunked":
+    if mesh is not None:
+      raise ConfigError(
+        "--task-batching host_chunked runs tasks from Python on one device; "
+        "with tasks sharded over devices use vmap, or --shard-tasks off"
+      )
+    step = host_chunked.make_host_chunked_train_step(
+      learner,
+      optimizer,
+      problem.sample_tasks,
+      tasks_per_step=config.tasks_per_step,
+      chunk_size=chunk,
+      metrics_fn=metrics_fn,
+    )
+    return lambda state, key: step(state, data, key)
+  train_step = meta_step.make_train_step(
+    learner,
+    optimizer,
+    problem.sample_tasks,
+    tasks_per_step=config.tasks_per_step,
+    steps_per_call=num_steps,
+    task_batching=strategy,
+    chunk_size=chunk,
+    metrics_fn=metrics_fn,
+    mesh=mesh,
+  )
+  if config.debug_nans:
+    step = diagnostics.debug_nonfinite(train_step)
+  else:
+    step = jax.jit(train_step, donate_argnums=0)
+  return lambda state, key: step(state, data, key)
+
+
+def eval_batch_size(config, mesh: Optional[Mesh] = None) -> int:
+  """`eval_batch_tasks`, rounded up to a multiple of the mesh's devices."""
+  size = mesh_size(mesh)
+  return -(-config.eval_batch_tasks // size) * size
+
+
+def build_evaluator(
+  kind: str, noise_std: Optional[float], config, learner: MetaLearner, mesh: Optional[Mesh] = None
+) -> Callable:
+  """The jitted per-task evaluator of a `kind` problem, for batches of `eval_batch_size` tasks."""
+  strategy, chunk = _eval_batching(config, mesh)
+  evaluate = kinds.get(kind).make_evaluator(
+    learner, noise_std, task_batching=strategy, chunk_size=chunk, mesh=mesh
+  )
+  return jax.jit(evaluate)
+
+
+def _eval_batching(config, mesh: Optional[Mesh]) -> tuple[str, int]:
+  """`(strategy, chunk)` of the evaluators, for batches of `eval_batch_size` tasks."""
+  num_local_tasks = eval_batch_size(config, mesh) // mesh_size(mesh)
+  strategy, chunk = backend_defaults.task_batching(
+    config.eval_task_batching, config.eval_chunk_size, num_local_tasks
+  )
+  if strategy == "host_chunked":  # evaluation has no gradient to accumulate
+    strategy = "chunked_unroll" if chunk < num_local_tasks else "unroll"
+  return strategy, chunk
+
+
+def split_evaluator(
+  problem: Problem, evaluate: Callable, split: str, mesh: Optional[Mesh] = None
+) -> Callable:
+  """`evaluate_indices(meta_params, key, indices)` on `split` (see `evaluation`)."""
+  return evaluation.make_split_evaluator(
+    evaluate,
+    problem.sample_tasks,
+    problem.splits[split],
+    query_truth=problem.query_truth,
+    mesh=mesh,
+  )
+
+
+def open_set_evaluator(
+  problem: Problem, config, learner: MetaLearner, mesh: Optional[Mesh] = None
+) -> Optional[Callable]:
+  """`evaluate_indices` of the test split's open-set episodes, or None if there are none.
+
+  Episode i is test task i (same sample key, same adaptation and draws) with
+  the extra queries of `problem.sample_open_set_tasks`.
+  """
+  if problem.sample_open_set_tasks is None:  # only classification samplers have them
+    return None
+  strategy, chunk = _eval_batching(config, mesh)
+  evaluate = jax.jit(
+    evaluation.make_open_set_evaluator(learner, task_batching=strategy, chunk_size=chunk, mesh=mesh)
+  )
+  return evaluation.make_split_evaluator(
+    evaluate, problem.sample_open_set_tasks, problem.splits["test"], mesh=mesh
+  )

@@ -1,0 +1,303 @@
+"""The run record (`run.json`): what a run is, its id, the checks that a resumed run is
+the same run, and the results written at its end."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from vampire_jax._src.core import models
+from vampire_jax._src.core.errors import ConfigError, RunFolderError, StorageError
+from vampire_jax._src.runs import experiment_configs as configs
+from vampire_jax._src.runs import run_config as config_lib
+from vampire_jax._src.runs.run_folder.storage import (
+  CONFIG_FILE,
+  PER_TASK_FILE,
+  RESULTS_FILE,
+  RUN_RECORD,
+  RUN_RECORD_FORMAT,
+  _jsonable,
+  check_writable,
+  read_json,
+  save_npz,
+  write_json,
+  writing,
+)
+
+PyTree = Any
+
+# -- The run record ------------------------------------------------------------------------
+
+
+def config_class_name(config) -> str:
+  cls = type(config)
+  return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def run_record(problem, config) -> dict:
+  """What `run.json` holds: enough to rebuild the trained model without the data."""
+  return {
+    "format": RUN_RECORD_FORMAT,
+    "config_class": config_class_name(config),
+    "config": dataclasses.asdict(config),
+    "model": models.module_spec(problem.model),
+    "input_shape": list(problem.input_shape),
+    "kind": problem.kind,
+    "noise_std": problem.noise_std,
+    "data": problem.data_info,
+  }
+
+
+def _step_folders(folder: Path) -> list[int]:
+  """The steps of the orbax checkpoints in `folder`, newest first."""
+  if not folder.is_dir():
+    return []
+  return sorted(
+    (int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True
+  )
+
+
+def _step_metadata(folder: Path, step: int) -> dict:
+  """The custom metadata saved with an orbax step (`{}` if none or unreadable)."""
+  # Orbax keeps a step's metadata, ours included, in `<step>/_CHECKPOINT_METADATA`.
+  metadata = read_json(folder / str(step) / "_CHECKPOINT_METADATA", default={})
+  custom = metadata.get("custom_metadata") if isinstance(metadata, dict) else None
+  return custom if isinstance(custom, dict) else {}
+
+
+def checkpointed_record(workdir: os.PathLike | str) -> Optional[dict]:
+  """The run record carried by the newest checkpoint that has one, or None."""
+  folder = Path(workdir) / "checkpoints"
+  for step in _step_folders(folder):
+    record = _step_metadata(folder, step).get("record")
+    if record:
+      return record
+  return None
+
+
+# What a resumed run may change is in the config's resumable fields; the rest of a record
+# is what the checkpoints were trained with.
+_RECORDED_FACTS = ("config_class", "model", "kind", "input_shape", "noise_std", "run_id")
+
+
+def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -> None:
+  """Raises RunFolderError if `record` (`run.json`) says other than the newest checkpoint's record.
+
+  Every checkpoint carries the record of the run that wrote it, so an edited
+  `run.json` (another `kl_weight`, `noise_std`, network...) is caught here
+  rather than used to rebuild a learner the weights were not trained for.
+  Settings a resumed run may change (schedule, evaluation, speed) are not compared.
+  """
+  carried = checkpointed_record(workdir)
+  if not isinstance(carried, dict) or "config" not in carried:
+    return
+  if carried.get("run_id") and record.get("run_id") and carried["run_id"] != record["run_id"]:
+    return  # checkpoints of another run: refused as such where they are read (`_check_own`)
+  normal = {"config_class": configs.recorded_class_name}  # older runs' name of a class
+  differences = {
+    name: (carried.get(name), record.get(name))
+    for name in _RECORDED_FACTS
+    if name in carried
+    and normal.get(name, str)(carried.get(name)) != normal.get(name, str)(record.get(name))
+  }
+  config_class = _config_class(carried.get("config_class", ""))
+  resumable = config_lib.resumable_fields(config_class) if config_class else frozenset()
+  saved, now = carried["config"], record.get("config") or {}
+  # A field the algorithm never reads changes nothing (older runs recorded such values).
+  from vampire_jax._src.runs import algorithms
+
+  algorithm = saved.get("algorithm")
+  ignored = algorithms.ignored_fields(algorithm) if algorithm in algorithms.ALGORITHMS else ()
+  for name in sorted(set(saved) | set(now)):
+    if name not in resumable and name not in ignored and saved.get(name) != now.get(name):
+      differences[f"config.{name}"] = (saved.get(name), now.get(name))
+  if differences:
+    listed = "; ".join(
+      f"{name}: {theirs!r} in the checkpoints, {ours!r} in {RUN_RECORD}"
+      for name, (theirs, ours) in list(differences.items())[:4]
+    )
+    raise RunFolderError(
+      f"{Path(workdir) / RUN_RECORD} disagrees with the record its checkpoints carry "
+      f"({listed}): it was edited after training. Put the trained values back, or delete "
+      f"{RUN_RECORD}: the checkpoints' own record is then used"
+    )
+
+
+def _config_class(recorded: str):
+  """The config dataclass a record names, or None (not importable here)."""
+  module_name, _, class_name = configs.recorded_class_name(recorded).rpartition(".")
+  try:
+    import importlib
+
+    cls = getattr(importlib.import_module(module_name), class_name)
+  except (ImportError, AttributeError, ValueError):
+    return None
+  return cls if dataclasses.is_dataclass(cls) else None
+
+
+def latest_checkpoint_step(workdir: os.PathLike | str) -> Optional[int]:
+  """The newest checkpoint step in `workdir`, or None (read from the folder names)."""
+  steps = _step_folders(Path(workdir) / "checkpoints")
+  return steps[0] if steps else None
+
+
+def read_run_record(
+  workdir: os.PathLike | str, *, print_fn: Optional[Callable[[str], None]] = None
+) -> Optional[dict]:
+  """The run record: `run.json`, else (missing or damaged) the one the newest checkpoint carries.
+
+  Returns None when the folder has neither.
+
+  Raises:
+    RunFolderError: `run.json` disagrees with the record its checkpoints carry
+      (`check_record_matches_checkpoints`).
+  """
+  path = Path(workdir) / RUN_RECORD
+  record = read_json(path, print_fn=print_fn)
+  if isinstance(record, dict) and "config" in record:
+    check_record_matches_checkpoints(workdir, record)
+    return record
+  record = checkpointed_record(workdir)
+  if record is not None and print_fn is not None:
+    print_fn(
+      f"{path} is {'damaged' if path.exists() else 'missing'}; using the run record "
+      "its checkpoints carry"
+    )
+  return record
+
+
+def folder_run_id(workdir: os.PathLike | str) -> Optional[str]:
+  """The id of the run `workdir` holds (`run.json`, else its checkpoints' record); None if none."""
+  record = read_run_record(workdir)
+  run_id = record.get("run_id") if isinstance(record, dict) else None
+  return run_id if isinstance(run_id, str) and run_id else None
+
+
+def with_run_id(workdir: os.PathLike | str, record: dict) -> dict:
+  """`record` with the folder's run id: the one recorded, else a new one (a new run)."""
+  return dict(record, run_id=folder_run_id(workdir) or uuid.uuid4().hex)
+
+
+def check_resumable(
+  workdir: os.PathLike | str, config, *, print_fn: Optional[Callable[[str], None]] = None
+) -> None:
+  """Raises ConfigError if `workdir` holds a run that `config` may not resume.
+
+  Schedule, evaluation and speed settings may change on a resume (e.g. a
+  longer `num_meta_steps`); the message names any other field that differs.
+  The saved config comes from `run.json` or, if it is lost, from the
+  checkpoints. A run trained past `num_meta_steps` is refused too: its record
+  would claim fewer steps than it was trained for.
+
+  Raises:
+    ConfigError: another config, or fewer meta-steps than already trained.
+    RunFolderError: checkpoints with no record of their config to check against.
+  """
+  saved = read_run_record(workdir, print_fn=print_fn)
+  latest = latest_checkpoint_step(workdir)
+  if saved is None:
+    if latest is not None:
+      raise RunFolderError(
+        f"{workdir} holds checkpoints but no run record ({RUN_RECORD} is "
+        "missing and the checkpoints carry none), so they cannot be checked "
+        "against this config; use another --workdir"
+      )
+    return
+  differences = config_lib.config_differences(saved["config"], config)
+  # A field the algorithm never reads changes nothing (older runs recorded such values).
+  from vampire_jax._src.runs import algorithms
+
+  if (
+    saved["config"].get("algorithm") == config.algorithm
+    and config.algorithm in algorithms.ALGORITHMS
+  ):
+    for name in algorithms.ignored_fields(config.algorithm):
+      differences.pop(name, None)
+  # Runs recorded before the experiments' configs moved into the library name
+  # experiments.configs.<Class>, the same class as vampire_jax._src.runs.experiment_configs.<Class>.
+  if configs.recorded_class_name(saved["config_class"]) != config_class_name(config):
+    differences["config class"] = (saved["config_class"], config_class_name(config))
+  if differences:
+    listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in differences.items())
+    raise ConfigError(
+      f"{workdir} holds a run with another config ({listed}). Use another "
+      "--workdir, or the same settings to resume it."
+    )
+  if latest is not None and latest > config.num_meta_steps:
+    raise ConfigError(
+      f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run trained "
+      f"to step {latest}; pass --num-meta-steps {latest} (or more) to test or "
+      "continue it, or use another --workdir"
+    )
+
+
+def forget_unused_record(workdir: os.PathLike | str) -> None:
+  """Removes `run.json` and `config.json` of a folder that holds no saved state yet.
+
+  A run refused before anything was saved (no checkpoint, no `best/`) then
+  leaves no record that would refuse the corrected settings next time.
+  """
+  workdir = Path(workdir)
+  if _step_folders(workdir / "checkpoints") or _step_folders(workdir / "best"):
+    return
+  for name in (RUN_RECORD, CONFIG_FILE):
+    (workdir / name).unlink(missing_ok=True)
+
+
+def write_run_record(workdir: Path, record: dict) -> None:
+  """`run.json` (with the run's id, `with_run_id`) and `config.json`, atomically (left alone
+  if they already say the same)."""
+  record = with_run_id(workdir, record)
+  for name, value in ((RUN_RECORD, record), (CONFIG_FILE, record["config"])):
+    text = json.dumps(value, indent=2, default=_jsonable)
+    if read_json(workdir / name) != json.loads(text):
+      write_json(workdir / name, value)
+
+
+def make_folder(workdir: Path) -> None:
+  """Creates the run folder (and its parents); a StorageError names the path if it cannot."""
+  check_writable(workdir)
+  with writing(workdir):
+    try:
+      workdir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as error:
+      raise StorageError(error.errno, f"run folder {workdir} cannot be made: {error}") from error
+
+
+def write_results(workdir: os.PathLike | str, results: dict) -> None:
+  """`results` to `workdir/results.json`, atomically (on the first process only)."""
+  import jax
+
+  if jax.process_index() == 0:
+    write_json(Path(workdir) / RESULTS_FILE, results)
+
+
+def git_commit() -> str:
+  try:
+    return subprocess.run(
+      ["git", "rev-parse", "HEAD"],
+      capture_output=True,
+      text=True,
+      cwd=Path(__file__).parent,
+      check=True,
+    ).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def device_description() -> str:
+  """`platform: kind xN`, e.g. `gpu: NVIDIA H100 80GB HBM3 x1`."""
+  import jax
+
+  device = jax.devices()[0]
+  return f"{device.platform}: {getattr(device, 'device_kind', '')} x{jax.device_count()}"
+
+
+def save_per_task(workdir: os.PathLike | str, per_task: dict) -> None:
+  """The test's per-task arrays (but the predictions) to `workdir/test_per_task.npz`."""
+  save_npz(
+    Path(workdir) / PER_TASK_FILE, **{k: v for k, v in per_task.items() if k != "predictions"}
+  )

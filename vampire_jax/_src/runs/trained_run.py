@@ -1,0 +1,381 @@
+"""A trained run, loaded from its folder without its data set.
+
+    import vampire_jax as vj
+    run = vj.load_run("runs/omniglot_5way1shot_vampire_original_seed0")
+    run.config                                            # the config dataclass it trained with
+    probs = run.predict(support_x, support_y, query_x, key)   # [num_query, ways]
+    draws = run.predict_draws(support_x, support_y, query_x, key)  # [num_mc_test, num_query, ways]
+    u = vj.uncertainty(draws)      # total, aleatoric, epistemic uncertainty per query
+
+The run folder's `run.json` names the network (class and fields), the input
+shape, the likelihood and the config; the meta-parameters come from `best/`
+(the best validation) or else the latest checkpoint. Nothing here reads the
+data set or imports TensorFlow.
+"""
+
+import dataclasses
+import functools
+import importlib
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vampire_jax._src.core import input_checks as checks
+from vampire_jax._src.core import meta_step, models
+from vampire_jax._src.core.errors import InputError, MissingDataError
+from vampire_jax._src.core.learners import MetaLearner, adapt_to_task
+from vampire_jax._src.metrics import predictive
+from vampire_jax._src.runs import algorithms, kinds, run_folder
+from vampire_jax._src.runs import experiment_configs as configs
+from vampire_jax._src.runs.run_config import RunConfig
+from vampire_jax._src.runs.run_folder import RunCheckpoints
+
+PyTree = Any
+
+
+def config_from_record(record: dict):
+  """The run's config as the dataclass it was trained with.
+
+  The class is imported by the name recorded. The experiments' configs live
+  in `vampire_jax._src.runs.experiment_configs`; run folders written before they moved there name
+  `experiments.configs.<Class>`, which maps to the library's class of that
+  name (`configs.recorded_class_name`), so neither imports the experiments.
+  If the import fails (the code that trained the run is not installed), a
+  stand-in dataclass derived from `RunConfig` with the recorded fields is
+  returned, with a warning.
+
+  Args:
+    record: the run's `run.json`, as a dict.
+
+  Returns:
+    An instance of the recorded config class (or of the stand-in).
+  """
+  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in record["config"].items()}
+  class_path = configs.recorded_class_name(record["config_class"])
+  module_name, _, class_name = class_path.rpartition(".")
+  try:
+    cls = getattr(importlib.import_module(module_name), class_name)
+  except (ImportError, AttributeError) as error:
+    warnings.warn(
+      f"cannot import the run's config class {record['config_class']} ({error}); "
+      "using a stand-in dataclass with the same fields"
+    )
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    extra = [
+      (name, type(value), dataclasses.field(default=value))
+      for name, value in fields.items()
+      if name not in known
+    ]
+    cls = dataclasses.make_dataclass(class_name, extra, bases=(RunConfig,))
+  names = {f.name for f in dataclasses.fields(cls)}
+  return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+class Run:
+  """A trained meta-learner: its config, network and meta-parameters.
+
+  Attributes:
+    workdir: the run folder.
+    config: the config dataclass it was trained with.
+    model: the flax module.
+    kind: 'classification' or 'regression'.
+    input_shape: one example's shape.
+    noise_std: the regression likelihood's noise (None for classification).
+    meta_params: the meta-parameters (the best validated, else the latest).
+    learner: the test-time learner (`num_mc_test` draws).
+  """
+
+  def __init__(
+    self, workdir: Path, record: dict, config, meta_params: PyTree, learner: MetaLearner
+  ):
+    self.workdir = workdir
+    self.record = record
+    self.config = config
+    self.model = models.module_from_spec(record["model"])
+    self.kind = record["kind"]
+    self.input_shape = tuple(record["input_shape"])
+    self.noise_std = record["noise_std"]
+    self.meta_params = meta_params
+    self.learner = learner
+    self._predict_outputs = jax.jit(self._predict_outputs_one, static_argnums=5)
+
+  def _predict_outputs_one(self, meta_params, support_x, support_y, query_x, key, transductive):
+    """The network's outputs on the queries, `[num_mc_test, num_query, ...]`, one per draw."""
+    # The key split as the evaluators split a task's key: the same draws as the test's.
+    task_params, predict_key = adapt_to_task(self.learner, meta_params, support_x, support_y, key)
+    if transductive:  # the queries are one batch: batch norm normalises them together
+      return self.learner.predict(task_params, query_x, predict_key)
+
+    def one_query(x):  # a batch of one, with the same weight draws for every query
+      return self.learner.predict(task_params, x[None], predict_key)[:, 0]
+
+    return jax.vmap(one_query, out_axes=1)(query_x)
+
+  def _check_inputs(self, support_x, support_y, query_x, where: str = "Run.predict") -> None:
+    """Host-side checks of `predict`'s arguments: shapes, dtypes, finite values, labels."""
+    wanted = f"[n, {', '.join(map(str, self.input_shape))}]"
+    for name, x in (("support_x", support_x), ("query_x", query_x)):
+      if tuple(np.shape(x)[1:]) != self.input_shape or np.shape(x)[0] < 1:
+        raise checks.fail(
+          where, name, f"{wanted} with n >= 1, preprocessed as in training", checks.describe(x)
+        )
+      checks.floating(where, name, x, checks.IMAGE_HINT)
+    num_support = checks.examples(where, ("support_x", "support_y"), support_x, support_y)
+    kinds.get(self.kind).check_support_y(where, support_y, num_support, self.num_outputs)
+    checks.check_finite(where, {"support_x": support_x, "support_y": support_y, "query_x": query_x})
+
+  @functools.cached_property
+  def num_outputs(self) -> int:
+    """The network's output size (the number of ways, for a classifier); traced once."""
+    x = jnp.zeros((1,) + self.input_shape)
+    shape = jax.eval_shape(lambda: self.model.apply(self.model.init(jax.random.key(0), x), x))
+    return int(shape.shape[-1])
+
+  def predict(
+    self,
+    support_x,
+    support_y,
+    query_x,
+    key: jax.Array,
+    *,
+    transductive: bool = True,
+    num_samples: Optional[int] = None,
+  ) -> jax.Array:
+    """Adapts to the support set with the run's test settings and predicts the queries.
+
+    The inputs are copied to the host and checked there (shapes, dtypes, finite
+    values, bfloat16 included, labels covering the run's classes), so lists
+    and arrays sharded over devices are taken as their values.
+
+    Args:
+      support_x: `[num_support, *input_shape]`, preprocessed as in training
+        (e.g. `vj.data.preprocess_omniglot`).
+      support_y: `[num_support]` integer labels (classification) or
+        `[num_support, 1]` targets (regression).
+      query_x: `[num_query, *input_shape]`.
+      key: PRNG key of the adaptation and prediction draws.
+      transductive: True (the default, the paper's protocol and the one that
+        gave the run's test scores): the queries are one batch, and a network
+        with batch norm (Conv4) normalises them with their joint statistics,
+        so a query's prediction depends on the queries passed with it.
+        False: each query is predicted alone (a batch of one, the same weight
+        draws for every query), so its prediction is the same whatever else
+        is passed. A network without batch norm (`vj.MLP`) gives the same
+        answer both ways, unless it draws outputs per example
+        (`--local-reparameterization`).
+      num_samples: regression only: how many samples of the predictive to
+        draw (default: one per weight draw: the run's `num_mc_test`, BMAML's
+        particles, MAML's one). Sample i is weight draw i mod D (of the D
+        draws) plus its own Gaussian noise of the run's `noise_std`, so a
+        point estimate (MAML) gives as many samples as asked.
+
+    Returns:
+      Classification: `[num_query, ways]`, the softmax averaged over the
+      run's `num_mc_test` weight draws (rows sum to 1). Regression:
+      `[num_samples, num_query, 1]`, samples of the predictive distribution,
+      the likelihood's noise included (`predict_function_draws` gives the
+      noise-free outputs of each weight draw).
+    """
+    if self.kind != "regression":
+      if num_samples is not None:
+        raise checks.fail(
+          "Run.predict",
+          "num_samples",
+          "None for a classifier (it returns probabilities)",
+          repr(num_samples),
+        )
+      draws = self._draws(support_x, support_y, query_x, key, "Run.predict", transductive)
+      return kinds.get(self.kind).predictive(draws)
+    return self._predictive_samples(
+      support_x, support_y, query_x, key, "Run.predict", transductive, num_samples
+    )
+
+  def predict_draws(
+    self, support_x, support_y, query_x, key: jax.Array, *, transductive: bool = True
+  ) -> jax.Array:
+    """The prediction of each weight draw: what `predict` averages (same key, same draws).
+
+    Arguments as `predict`. `vj.uncertainty(draws)` splits a classifier's
+    uncertainty into its aleatoric and epistemic parts.
+
+    Returns:
+      Classification: `[num_mc_test, num_query, ways]`, the softmax of each
+      weight draw (a point estimate such as MAML has one draw; BMAML one per
+      particle); `predict` returns their mean. Regression:
+      `[draws, num_query, 1]`, one sample of the predictive per weight draw,
+      the likelihood's noise included: `predict` with its default
+      `num_samples`.
+    """
+    if self.kind == "regression":
+      return self._predictive_samples(
+        support_x, support_y, query_x, key, "Run.predict_draws", transductive, None
+      )
+    return self._draws(support_x, support_y, query_x, key, "Run.predict_draws", transductive)
+
+  def predictive(self, support_x, support_y, query_x, key: jax.Array, *, transductive: bool = True):
+    """The predictive distribution over the query targets, a distrax distribution.
+
+    Arguments as `predict`; the same key gives the same weight draws as
+    `predict`, `predict_draws` and `predict_function_draws`, and as the
+    evaluators' split of a task's key.
+
+    Returns:
+      Classification: `distrax.Categorical` of batch `[num_query]`, the mean
+      over the `num_mc_test` draws of their softmax (`probs` is `predict`'s
+      result; `entropy()` is `vj.uncertainty(...).total`). Regression: a
+      `distrax.MixtureSameFamily` of batch `[num_query]` and event `[1]`,
+      equal weights over the draws, each `Normal(f_l(x), noise_std)`:
+      `log_prob(query_y)` is the log of the predictive the test's NLL
+      scores, samples include the noise, and `variance()` is the draws'
+      spread plus noise_std^2 (`vj.predictive_interval` gives its central
+      intervals). See `vj.predictive_distribution`.
+    """
+    outputs = self._outputs(support_x, support_y, query_x, key, "Run.predictive", transductive)
+    return predictive.predictive_distribution(outputs, self.learner.nll)
+
+  def predict_function_draws(
+    self, support_x, support_y, query_x, key: jax.Array, *, transductive: bool = True
+  ) -> jax.Array:
+    """The network's noise-free outputs under each weight draw, `[num_mc_test, num_query, ...]`.
+
+    Arguments as `predict`; the same key gives the same weight draws. For a
+    regression run these are draws of the mean function (without the
+    likelihood's noise: their spread is the epistemic part only); for a
+    classifier, each draw's logits.
+    """
+    return self._outputs(
+      support_x, support_y, query_x, key, "Run.predict_function_draws", transductive
+    )
+
+  def _predictive_samples(
+    self, support_x, support_y, query_x, key, where, transductive, num_samples
+  ) -> jax.Array:
+    """Regression: weight draw i mod D plus N(0, noise_std^2), for i < num_samples."""
+    if num_samples is not None:
+      checks.step_count(where, "num_samples", num_samples, 1)
+    functions = self._outputs(support_x, support_y, query_x, key, where, transductive)
+    if num_samples is None:
+      num_samples = functions.shape[0]
+    which = jnp.arange(num_samples) % functions.shape[0]
+    # The noise's own key: the weight draws stay those of the evaluator's split of `key`.
+    noise_key = jax.random.fold_in(key, 1)
+    noise = jax.random.normal(noise_key, (num_samples,) + functions.shape[1:], functions.dtype)
+    return functions[which] + self.noise_std * noise
+
+  def _draws(self, support_x, support_y, query_x, key, where: str, transductive) -> jax.Array:
+    outputs = self._outputs(support_x, support_y, query_x, key, where, transductive)
+    return kinds.get(self.kind).draws(outputs)
+
+  def _outputs(self, support_x, support_y, query_x, key, where: str, transductive) -> jax.Array:
+    # Host copies: lists become arrays, and arrays sharded over devices (or on
+    # another device than the meta-parameters) are gathered; the checks see values.
+    if not isinstance(transductive, bool):
+      raise checks.fail(where, "transductive", "True or False", repr(transductive))
+    if not checks.concrete((support_x, support_y, query_x, key)):
+      raise InputError(
+        f"{where} runs on concrete arrays (it checks them on the host), not under "
+        "jax.jit, vmap or grad; for a traceable prediction use run.learner.adapt and "
+        "run.learner.predict with run.meta_params, or the evaluators"
+      )
+    support_x, support_y, query_x = (np.asarray(a) for a in (support_x, support_y, query_x))
+    checks.prng_key(where, "key", key)
+    self._check_inputs(support_x, support_y, query_x, where)
+    return self._predict_outputs(
+      self.meta_params,
+      jnp.asarray(support_x),
+      jnp.asarray(support_y),
+      jnp.asarray(query_x),
+      key,
+      transductive,
+    )
+
+
+def load_run(workdir: str | os.PathLike) -> Run:
+  """Loads a run folder written by `train_and_evaluate` (any experiment).
+
+  Args:
+    workdir: the run folder.
+
+  Returns:
+    A `Run`: `.config`, `.predict(support_x, support_y, query_x, key)`, ...
+
+  The record comes from `run.json`, else (lost or damaged) from the newest
+  checkpoint; the meta-parameters are the ones the run tested
+  (`config.test_parameters`): the final ones from the newest checkpoint, or
+  the best from `best/`, else (none, or damaged: a warning says so) the
+  newest checkpoint that restores.
+
+  Raises:
+    MissingDataError: the folder has no run record (`run.json` nor a
+      checkpoint); a comparison's folder names the runs it holds.
+    RunFolderError: no checkpoint restores, or `best/` or a checkpoint
+      belongs to another run (`run_folder`, "A run reads only what it wrote").
+  """
+  workdir = Path(workdir)
+  record = run_folder.read_run_record(workdir, print_fn=_warn)
+  if record is None:
+    inside = sorted(
+      str(sub) for sub in (workdir.iterdir() if workdir.is_dir() else []) if _holds_a_run(sub)
+    )
+    if inside:
+      raise MissingDataError(
+        f"{workdir} is not a run folder but holds {len(inside)} runs (a comparison): "
+        f"{', '.join(inside)}; load one of them"
+      )
+    raise MissingDataError(
+      f"{workdir} has no {run_folder.RUN_RECORD}: not a run folder written "
+      "by vampire_jax.train_and_evaluate (or written before runs were "
+      "recorded)"
+    )
+  config = config_from_record(record)
+  model = models.module_from_spec(record["model"])
+  test_learner = algorithms.make_learner(
+    model,
+    record["kind"],
+    record["noise_std"],
+    config,
+    num_mc_train=config.num_mc_test,
+    num_mc_query=config.num_mc_test,
+  )
+  template = _template_state(
+    model, tuple(record["input_shape"]), record["kind"], record["noise_std"], config
+  )
+  checkpoints = RunCheckpoints(workdir, create=False, print_fn=_warn)
+  try:
+    meta_params = checkpoints.restore_meta_params(template, config.test_parameters)
+  finally:
+    checkpoints.close()
+  return Run(workdir, record, config, meta_params, test_learner)
+
+
+def _holds_a_run(folder: Path) -> bool:
+  return folder.is_dir() and (
+    (folder / run_folder.RUN_RECORD).is_file()
+    or run_folder.latest_checkpoint_step(folder) is not None
+  )
+
+
+def _template_state(model, input_shape, kind: str, noise_std: Optional[float], config):
+  """A `MetaState` of the run's structure, to restore checkpoints into."""
+  learner = algorithms.make_learner(
+    model,
+    kind,
+    noise_std,
+    config,
+    num_mc_train=config.num_mc_train,
+    num_mc_query=config.num_mc_query,
+  )
+  optimizer = algorithms.make_optimizer(config)
+  params = models.init_params(model, jax.random.key(0), (1,) + input_shape)
+  return jax.eval_shape(
+    functools.partial(meta_step.init_meta_state, learner, optimizer), params, jax.random.key(1)
+  )
+
+
+def _warn(message: str) -> None:
+  warnings.warn(message, stacklevel=3)
