@@ -371,7 +371,7 @@ def stability_factor(config, meta_params: PyTree) -> Optional[float]:
   return float(jax.jit(kl_step_factor)(meta_params, config.inner_lr, config.kl_weight))
 
 
-# -- Building a learner for a network and a likelihood (moved here from `training`) -----
+# -- Building a learner for a network and a likelihood (moved here from the loop) -----
 
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

@@ -3,7 +3,7 @@
 A run folder's `run.json` names its config class, so `vampire_jax.load_run`
 rebuilds the config from this module, with the library alone installed.
 The presets (`get_config(experiment, preset, algorithm)`) and the commands
-that run them are the experiments' (`experiments/configs.py`, in the
+that run them are the experiments' (`experiments/presets.py`, in the
 repository), which re-exports these classes. Nothing here loads data.
 
 Runs recorded before these classes moved here name them
