@@ -250,16 +250,23 @@ def test_our_own_code_uses_no_old_path():
     for m in pattern.finditer(p.read_text())
   ]
   # Where an old path is named on purpose: the pages that say old paths still work, and
-  # the run records of earlier versions that name `vampire_jax.configs.<Class>`.
+  # the code and tests that read run records of 0.2.0 (`vampire_jax.configs.<Class>`,
+  # `vampire_jax.models.<Class>`, `vampire_jax.config.RunConfig`).
   allowed = {
     "vampire_jax/__init__.py: vampire_jax.gaussian",
     "docs/api.rst: vampire_jax.gaussian",
     "docs/structure.md: vampire_jax.gaussian",
     "docs/structure.md: vampire_jax.run_folder",
     "docs/structure.md: vampire_jax.configs",
+    "docs/structure.md: vampire_jax.models",
     "docs/structure.md: vj.evaluate_split",
     "docs/structure.md: vj.RunCheckpoints",
     "vampire_jax/_src/runs/experiment_configs.py: vampire_jax.configs",
+    "vampire_jax/_src/runs/experiment_configs.py: vampire_jax.config",
+    "vampire_jax/_src/runs/run_folder/record.py: vampire_jax.models",
+    "vampire_jax/_src/core/models.py: vampire_jax.models",
+    "tests/test_old_run_folders.py: vampire_jax.configs",
+    "tests/test_old_run_folders.py: vampire_jax.models",
   }
   assert [f for f in found if f not in allowed] == []
 

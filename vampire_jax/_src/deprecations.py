@@ -2,7 +2,11 @@
 
 Issue 43 moved the implementation under `vampire_jax._src/` (core, metrics, runs) and
 kept about 90 names at the top level. `vampire_jax.<old module>` and the names that left
-the top level stay importable through these tables until `REMOVED_IN`.
+the top level stay importable through these tables until `REMOVED_IN`. Run records of
+earlier versions name classes by their old paths (`vampire_jax.models.MLP`,
+`vampire_jax.configs.OmniglotConfig`); `current_path` maps those silently, for good: a
+run folder stays readable whatever the release. This module imports nothing of the
+library, so every layer may use it.
 """
 
 import importlib
@@ -67,6 +71,17 @@ MOVED_NAMES = {
 }
 
 _warned: set[str] = set()
+
+
+def current_path(dotted: str) -> str:
+  """Where a dotted name that an earlier version recorded lives now, e.g.
+  `vampire_jax.models.MLP` -> `vampire_jax._src.core.models.MLP`. Silent; any other
+  name is returned as it is."""
+  package, _, rest = dotted.partition(".")
+  module, _, tail = rest.partition(".")
+  if package != "vampire_jax" or module not in MOVED_MODULES:
+    return dotted
+  return MOVED_MODULES[module] + (f".{tail}" if tail else "")
 
 
 def warn_once(old: str, new: str, stacklevel: int = 3) -> None:

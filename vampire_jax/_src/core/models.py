@@ -29,6 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vampire_jax._src import deprecations
 from vampire_jax._src.core import backend_defaults, convolution
 from vampire_jax._src.core import input_checks as checks
 
@@ -348,7 +349,8 @@ def module_spec(module: nn.Module) -> dict[str, Any]:
 
 def module_from_spec(spec: dict[str, Any]) -> nn.Module:
   """The module `module_spec` described: its class imported, its fields set."""
-  module_name, _, class_name = spec["class"].rpartition(".")
+  # A run recorded before issue 43 names `vampire_jax.models.<Class>`: read it where it is now.
+  module_name, _, class_name = deprecations.current_path(spec["class"]).rpartition(".")
   cls = getattr(importlib.import_module(module_name), class_name)
   if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
     raise TypeError(f"{spec['class']} is not a flax.linen.Module")

@@ -15,6 +15,7 @@ import dataclasses
 import math
 from typing import Optional
 
+from vampire_jax._src import deprecations
 from vampire_jax._src.core.errors import ConfigError
 from vampire_jax._src.runs.run_config import RunConfig, setting
 from vampire_jax.data import episodes, mini_imagenet, omniglot
@@ -508,4 +509,4 @@ def recorded_class_name(name: str) -> str:
   module_name, _, class_name = name.rpartition(".")
   if module_name in _LEGACY_MODULES and class_name in _CLASSES:
     return f"{__name__}.{class_name}"
-  return name
+  return deprecations.current_path(name)  # e.g. vampire_jax.config.RunConfig

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from vampire_jax._src import deprecations
 from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import ConfigError, RunFolderError, StorageError
 from vampire_jax._src.runs import experiment_configs as configs
@@ -83,6 +84,12 @@ def checkpointed_record(workdir: os.PathLike | str) -> Optional[dict]:
 _RECORDED_FACTS = ("config_class", "model", "kind", "input_shape", "noise_std", "run_id")
 
 
+def _current_model_spec(spec) -> str:
+  if isinstance(spec, dict) and isinstance(spec.get("class"), str):
+    spec = dict(spec, **{"class": deprecations.current_path(spec["class"])})
+  return str(spec)
+
+
 def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -> None:
   """Raises RunFolderError if `record` (`run.json`) says other than the newest checkpoint's record.
 
@@ -96,7 +103,9 @@ def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -
     return
   if carried.get("run_id") and record.get("run_id") and carried["run_id"] != record["run_id"]:
     return  # checkpoints of another run: refused as such where they are read (`_check_own`)
-  normal = {"config_class": configs.recorded_class_name}  # older runs' name of a class
+  # Older runs' names of the same classes (`experiments.configs.<Class>`,
+  # `vampire_jax.models.MLP` before issue 43) compare equal to today's.
+  normal = {"config_class": configs.recorded_class_name, "model": _current_model_spec}
   differences = {
     name: (carried.get(name), record.get(name))
     for name in _RECORDED_FACTS
