@@ -55,27 +55,26 @@ PyTree = Any
 
 def prepare_workdir(
   workdir: Path,
-  problem: Problem,
+  record: dict,
   config,
   *,
   is_main: bool,
   print_fn: Optional[Callable[[str], None]] = None,
 ) -> None:
-  """Checks that a resumed run matches, creates the run folder and records the run.
+  """Checks that a resumed run matches and records the run (`record`, in `run.json`).
 
-  Called with the folder's lock held. `train_and_evaluate` checked the folder
-  before it loaded the data; this check, under the lock, is the one that no
-  run written in between (by a process that has finished since) can pass.
+  Called with the folder's lock held, in the folder `train_and_evaluate` made.
+  `train_and_evaluate` checked the folder before it loaded the data; this check,
+  under the lock, is the one that no run written in between (by a process that
+  has finished since) can pass.
 
   Raises:
     ConfigError: the folder holds a run of another config (`check_resumable`).
-    StorageError: the folder cannot be made or written.
+    StorageError: the record cannot be written.
   """
   run_folder.check_resumable(workdir, config, print_fn=print_fn)
-  if not is_main:
-    return
-  run_folder.make_folder(workdir)
-  run_folder.write_run_record(workdir, run_folder.run_record(problem, config))
+  if is_main:
+    run_folder.write_run_record(workdir, record)
 
 
 # -- The loop ------------------------------------------------------------------------
@@ -455,8 +454,8 @@ def train_and_evaluate(
   if is_main:
     run_folder.make_folder(workdir)
   with run_folder.lock(workdir, is_main=is_main, print_fn=print_fn):
-    prepare_workdir(workdir, problem, config, is_main=is_main, print_fn=print_fn)
     record = run_folder.run_record(problem, config)
+    prepare_workdir(workdir, record, config, is_main=is_main, print_fn=print_fn)
     session, state, earlier_seconds = _setup(problem, config, workdir, progress, print_fn, record)
     first_step = int(state.step)
     try:
