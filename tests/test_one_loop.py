@@ -8,7 +8,8 @@ import pytest
 
 from conftest import tiny_regression_config
 from experiments import regression
-from vampire_jax._src.core.errors import ConfigError
+import vampire_jax as vj
+from vampire_jax._src.core.errors import ConfigError, InputError
 from vampire_jax._src.runs import loop
 
 QUIET = dict(progress=False, print_fn=lambda message: None)
@@ -55,3 +56,17 @@ def test_a_refused_run_loads_no_data(tmp_path, monkeypatch):
     regression.run_experiment(impossible, tmp_path / "new", **QUIET)
   assert calls == {}
   assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+  "problem, message",
+  [
+    ({"model": None}, "problem is a dict; pass a vj.Problem or a function that returns one"),
+    (lambda: {"model": None}, "the problem's function returned a dict, not a vj.Problem"),
+  ],
+)
+def test_a_problem_that_is_not_one_is_refused_in_one_line(tmp_path, problem, message):
+  config = tiny_regression_config(num_meta_steps=2)
+  with pytest.raises(InputError, match=message):
+    vj.train_and_evaluate(problem, config, tmp_path / "run", **QUIET)
+  assert not (tmp_path / "run").exists()  # refused before the folder is made

@@ -41,7 +41,7 @@ from jax.sharding import Mesh
 
 from vampire_jax._src.core import backend_defaults, diagnostics, meta_step, models, sharding
 from vampire_jax._src.core import input_checks as checks
-from vampire_jax._src.core.errors import ConfigError, DivergenceError
+from vampire_jax._src.core.errors import ConfigError, DivergenceError, InputError
 from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import calibration, evaluation, predictive_uncertainty
 from vampire_jax._src.runs import algorithms, interrupts, kinds, programs, run_folder
@@ -400,6 +400,22 @@ def _setup(
   return session, state, earlier_seconds
 
 
+def _built_problem(make_problem) -> Problem:
+  """`make_problem()`, refused in one line unless it is a function that returns a `Problem`."""
+  if not callable(make_problem):
+    raise InputError(
+      f"train_and_evaluate: problem is a {type(make_problem).__name__}; pass a vj.Problem "
+      "or a function that returns one"
+    )
+  problem = make_problem()
+  if not isinstance(problem, Problem):
+    raise InputError(
+      f"train_and_evaluate: the problem's function returned a {type(problem).__name__}, "
+      "not a vj.Problem"
+    )
+  return problem
+
+
 def train_and_evaluate(
   problem: Problem | Callable[[], Problem],
   config,
@@ -441,7 +457,7 @@ def train_and_evaluate(
     run_folder.check_not_in_use(workdir)
   run_folder.check_resumable(workdir, config)
   if not isinstance(problem, Problem):
-    problem = problem()
+    problem = _built_problem(problem)
   for split, data in problem.splits.items():  # values, once, on the host: nothing NaN trains
     checks.check_finite(
       "train_and_evaluate",
