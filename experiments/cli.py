@@ -53,6 +53,10 @@ GROUPS = {
     "bmaml_leader_steps",
     "platipus_inference_data",
     "abml_hyper_prior_weight",
+    "simpa_phi_lr",
+    "simpa_phi_inner_lr",
+    "simpa_epsilon",
+    "simpa_kl_samples",
   ),
   "task": (
     "ways",

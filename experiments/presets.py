@@ -68,7 +68,7 @@ def follow_authors_code(config: RunConfig) -> RunConfig:
   if config.algorithm == "vampire":
     config.log_std_weight_decay = AUTHORS_LOG_STD_WEIGHT_DECAY
     config.meta_grad_clip_separately = True
-  return config
+  return algorithms.drop_ignored(config)[0]  # e.g. SImPa's generated weights have no gain
 
 
 # -- Omniglot --------------------------------------------------------------------

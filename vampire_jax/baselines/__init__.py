@@ -1,4 +1,4 @@
-"""Bayesian meta-learning baselines on the core library: PLATIPUS, BMAML, ABML.
+"""Bayesian meta-learning baselines on the core library: PLATIPUS, BMAML, ABML, SImPa.
 
 Each factory returns a `vampire_jax.MetaLearner` that works with
 `make_meta_step`, `make_host_chunked_meta_step` and the evaluators as they
@@ -10,6 +10,9 @@ baselines::
   bmaml     Yoon et al. 2018: M particles moved by SVGD; ensemble prediction.
   abml      Ravi & Beatson 2019: Gaussian task posteriors by gradient steps
             on the support ELBO; meta-loss on support ∪ query + hyper-prior.
+  simpa     Nguyen, Do, Carneiro: a generator of the weights (implicit
+            posterior), a PHI network's KL lower bound, PAC-Bayes terms;
+            trained with `simpa_optimizer` (its own Adam for each network).
 
 `LEARNERS` maps an algorithm's name to its factory,
 `factory(apply_fn, nll, **hyper_parameters) -> MetaLearner`.
@@ -28,10 +31,12 @@ from vampire_jax.baselines.bmaml import (
   svgd_direction,
 )
 from vampire_jax.baselines.platipus import PlatipusParams, platipus, shifted_mean
+from vampire_jax.baselines.simpa import SimpaParams, simpa, simpa_optimizer
 
 __all__ = (
   "LEARNERS",
   "PlatipusParams",
+  "SimpaParams",
   "abml",
   "bmaml",
   "ensemble_nll",
@@ -43,8 +48,10 @@ __all__ = (
   "platipus",
   "rbf_kernel",
   "shifted_mean",
+  "simpa",
+  "simpa_optimizer",
   "svgd_adapt",
   "svgd_direction",
 )
 
-LEARNERS = {"platipus": platipus, "bmaml": bmaml, "abml": abml}
+LEARNERS = {"platipus": platipus, "bmaml": bmaml, "abml": abml, "simpa": simpa}

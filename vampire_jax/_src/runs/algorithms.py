@@ -62,6 +62,9 @@ class Algorithm(NamedTuple):
     config_defaults: fields set on a config that selects it.
     description: one line for `--help` and the docs.
     ignores: config fields it never reads, with why (`{field: reason}`).
+    optimizer: `optimizer(config) -> optax transformation`, for an algorithm whose
+      meta-parameters are not all stepped alike (SImPa: one Adam per network); None:
+      `meta_step.meta_optimizer` from the config (`make_optimizer`).
   """
 
   build: Builder
@@ -70,6 +73,7 @@ class Algorithm(NamedTuple):
   config_defaults: dict
   description: str
   ignores: dict = {}
+  optimizer: Optional[Callable[[Any], optax.GradientTransformation]] = None
 
 
 def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
@@ -159,6 +163,36 @@ def _abml(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
   )
 
 
+def _simpa(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
+  return baselines.simpa(
+    apply_fn,
+    nll,
+    tasks_per_step=config.tasks_per_step,
+    num_inner_steps=config.num_inner_steps,
+    inner_lr=config.inner_lr,
+    num_mc_train=num_mc_train,
+    num_mc_query=num_mc_query,
+    first_order=config.first_order,
+    phi_inner_lr=config.simpa_phi_inner_lr,
+    epsilon=config.simpa_epsilon,
+    num_kl_samples=config.simpa_kl_samples,
+    sample_batching=sample_batching(config),
+    unroll_steps=unroll,
+  )
+
+
+def _simpa_optimizer(config) -> optax.GradientTransformation:
+  """SImPa's two Adams (`baselines.simpa_optimizer`): the generator's at --meta-lr, the PHI
+  network's at --simpa-phi-lr, each clipped at --meta-grad-clip-norm apart."""
+  return baselines.simpa_optimizer(
+    config.meta_lr,
+    tasks_per_step=config.tasks_per_step,
+    phi_learning_rate=config.simpa_phi_lr,
+    decay_rate=config.meta_lr_decay,
+    clip_norm=config.meta_grad_clip_norm,
+  )
+
+
 # Point estimates have no KL term and one weight draw.
 _POINT_ESTIMATE = {"kl_weight": 0.0, "num_mc_train": 1, "num_mc_query": 1, "num_mc_test": 1}
 
@@ -189,6 +223,10 @@ _OPTIONS = {
   "platipus_inference_data": ("platipus",),
   "abml_hyper_prior_weight": ("abml",),
   "local_reparameterization": ("vampire", "abml"),
+  "simpa_phi_lr": ("simpa",),
+  "simpa_phi_inner_lr": ("simpa",),
+  "simpa_epsilon": ("simpa",),
+  "simpa_kl_samples": ("simpa",),
 }
 
 
@@ -255,6 +293,24 @@ ALGORITHMS: dict[str, Algorithm] = {
     {},
     "ABML: VAMPIRE's inner loop, ELBO on support and query, hyper-prior",
     {**_NO_TRUNCATION, **_options_but("abml")},
+  ),
+  "simpa": Algorithm(
+    _simpa,
+    False,
+    False,
+    # Simpa.py runs first order (main.py's default); its KL terms have no weight.
+    {"kl_weight": 0.0, "first_order": True},
+    "SImPa: a generator of the weights, a PHI network's KL lower bound, PAC-Bayes terms",
+    {
+      "kl_weight": "its KL terms enter the PAC-Bayes bound unweighted (--simpa-epsilon sets "
+      "their constant)",
+      **_NO_LOG_STDS,
+      **_NO_TRUNCATION,
+      "kernel_init_gain": "its weights come from the generator; the network's own "
+      "initialisation is not used",
+      **_options_but("simpa"),
+    },
+    _simpa_optimizer,
   ),
 }
 
@@ -422,7 +478,11 @@ def make_learner(
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
-  """The config's meta-optimiser: Adam with its schedule, clipping and log-std weight decay."""
+  """The config's meta-optimiser: Adam with its schedule, clipping and log-std weight decay
+  (or the algorithm's own, `Algorithm.optimizer`)."""
+  own = get(config.algorithm).optimizer
+  if own is not None:
+    return own(config)
   return meta_step.meta_optimizer(
     config.meta_lr,
     tasks_per_step=config.tasks_per_step,

@@ -80,6 +80,14 @@ class RunConfig:
     choices=("support_and_query", "query"),
   )
   abml_hyper_prior_weight: float = setting(1e-4, "ABML: weight of -log p(theta), 0 = flat")
+  simpa_phi_lr: float = setting(1e-4, "SImPa: Adam's learning rate of the PHI network")
+  simpa_phi_inner_lr: float = setting(
+    5e-4, "SImPa: the PHI network's gradient-ascent step in each inner step"
+  )
+  simpa_epsilon: float = setting(0.1, "SImPa: epsilon of the bound terms, ln(n) / epsilon")
+  simpa_kl_samples: int = setting(
+    512, "SImPa: draws from the generator and from the prior in each KL lower bound"
+  )
   # The meta-optimiser.
   meta_lr: float = setting(1e-3, "gamma, Adam's learning rate")
   meta_lr_decay: float = setting(0.99, "gamma's factor after every 10 000 tasks")
@@ -245,8 +253,19 @@ def validate(config) -> None:
       f"{_flag('seed')} must be an integer in [0, 2**32 - 1] (JAX's PRNG key holds 32 bits "
       f"of it: larger or negative seeds would repeat smaller ones), got {seed!r}"
     )
-  for name in ("inner_lr", "meta_lr"):
+  for name in ("inner_lr", "meta_lr", "simpa_phi_lr", "simpa_phi_inner_lr", "simpa_epsilon"):
     _check_number(name, getattr(config, name), positive=True)
+  kl_samples = config.simpa_kl_samples
+  if isinstance(kl_samples, bool) or not isinstance(kl_samples, int) or kl_samples < 2:
+    raise ConfigError(
+      f"{_flag('simpa_kl_samples')} must be an integer >= 2 (batch norm over the draws "
+      f"needs two), got {kl_samples!r}"
+    )
+  if config.algorithm == "simpa" and config.tasks_per_step < 2:
+    raise ConfigError(
+      f"{_flag('tasks_per_step')} {config.tasks_per_step}: SImPa's hyper-prior term divides "
+      "by 2 (T - 1); use --tasks-per-step 2 or more"
+    )
   for name in ("kl_weight", "abml_hyper_prior_weight", "log_std_weight_decay"):
     _check_number(name, getattr(config, name), positive=False)
   _check_number("kernel_init_gain", config.kernel_init_gain, positive=True)

@@ -1,0 +1,352 @@
+"""SImPa (`vj.baselines.simpa`): its pieces against closed forms and hand computations.
+
+Its equality with the authors' `Simpa.py` (PyTorch) is `tests/test_authors_pytorch_simpa.py`
+(skipped without torch); here, without torch: the generator is one dense layer over all
+the base weights, the KL estimate and the hyper-prior are `Simpa.py`'s formulas (checked
+against NumPy on flat vectors, as the authors compute them), the bound terms, the clip,
+one inner step by hand, the first-order meta-gradient, the skipped task, the two Adams,
+and the refusals.
+"""
+
+import dataclasses
+import importlib
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import vampire_jax as vj
+from vampire_jax._src.runs import algorithms
+from vampire_jax.baselines import _simpa_networks as networks
+from vampire_jax.data import sine_line
+
+simpa_module = importlib.import_module("vampire_jax.baselines.simpa")
+NOISE_STD = 0.3
+
+
+def _tiny(**settings):
+  model = vj.MLP((6,), 1)
+  params = vj.init_params(model, jax.random.key(0), (1, 1))
+  options = dict(tasks_per_step=2, num_inner_steps=2, inner_lr=0.01, num_kl_samples=16)
+  learner = vj.baselines.simpa(
+    vj.pure_apply(model), vj.gaussian_nll(NOISE_STD), **{**options, **settings}
+  )
+  return learner, learner.init(params, jax.random.key(1)), params
+
+
+def _task(index=0):
+  tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(7), 2))
+  return jax.tree_util.tree_map(lambda field: field[index], tasks)
+
+
+def _flat(tree) -> np.ndarray:
+  return np.concatenate([np.ravel(leaf) for leaf in jax.tree_util.tree_leaves(tree)])
+
+
+def _flat_rows(tree, axis) -> np.ndarray:
+  """`[N, P]`: every leaf's `axis` moved first, the rest flattened, leaves side by side."""
+  return np.concatenate(
+    [
+      np.reshape(np.moveaxis(np.asarray(leaf), axis, 0), (np.shape(leaf)[axis], -1))
+      for leaf in jax.tree_util.tree_leaves(tree)
+    ],
+    axis=1,
+  )
+
+
+def _numpy_phi(phi, x: np.ndarray) -> np.ndarray:
+  """Simpa.py's PHI network on flat `[N, P]` inputs: [linear, BN eps 0, ReLU] x 3, linear."""
+  layers = [(_flat_rows(phi.input_kernel, -1).T, phi.input_bias)]
+  layers += [(layer.kernel, layer.bias) for layer in phi.hidden]
+  x = x.astype(np.float64)
+  for kernel, bias in layers:
+    x = x @ np.asarray(kernel, np.float64) + np.asarray(bias)
+    x = np.maximum((x - x.mean(0)) / np.sqrt(x.var(0)), 0.0)
+  return (x @ np.asarray(phi.output.kernel, np.float64) + np.asarray(phi.output.bias))[:, 0]
+
+
+def test_the_generator_is_one_dense_layer_over_every_base_weight():
+  _, meta_params, params = _tiny()
+  generator = meta_params.generator
+  latents = networks.draw_latents(jax.random.key(3), 4, networks.LATENT_DIM)
+  hidden = np.asarray(latents, np.float64)
+  for layer in generator.hidden:
+    hidden = np.maximum(hidden @ np.asarray(layer.kernel) + np.asarray(layer.bias), 0.0)
+  # Simpa.py's last layer: one [P, 512] matrix on the flat weight vector.
+  flat = np.tanh(hidden @ _flat_rows(generator.output_kernel, 0) + _flat(generator.output_bias))
+  ours = _flat_rows(networks.generate(generator, latents), 0)
+  np.testing.assert_allclose(ours, flat, atol=2e-6)
+  assert flat.shape == (4, networks.num_weights(params)) == (4, 6 + 6 + 6 + 1)
+  assert np.all(np.abs(ours) < 1)  # tanh
+
+
+def test_initialisation_is_kaiming_normal_with_zero_biases():
+  model = vj.MLP((64,), 1)
+  params = vj.init_params(model, jax.random.key(0), (1, 1))
+  generator = networks.init_generator(params, jax.random.key(1))
+  phi = networks.init_phi_network(params, jax.random.key(2))
+  num_weights = networks.num_weights(params)
+  output = _flat_rows(generator.output_kernel, 0)
+  np.testing.assert_allclose(output.std(), math.sqrt(2 / 512), rtol=0.02)
+  np.testing.assert_allclose(
+    _flat_rows(phi.input_kernel, -1).std(), math.sqrt(2 / num_weights), rtol=0.02
+  )
+  np.testing.assert_allclose(np.std(generator.hidden[0].kernel), math.sqrt(2 / 128), rtol=0.03)
+  assert not _flat(generator.output_bias).any() and not np.any(phi.input_bias)
+
+
+def test_the_kl_estimate_is_simpa_pys_formula():
+  _, meta_params, _ = _tiny(num_kl_samples=64)
+  key = jax.random.key(4)
+  ours = float(networks.kl_lower_bound(meta_params.generator, meta_params.phi, key, 64))
+  latent_key, prior_key = jax.random.split(key)
+  latents = networks.draw_latents(latent_key, 64, networks.LATENT_DIM)
+  from_q = _flat_rows(networks.generate(meta_params.generator, latents), 0)
+  from_p = _flat_rows(networks.draw_prior(prior_key, meta_params.generator.output_bias, 64), 0)
+  t_q, t_p = _numpy_phi(meta_params.phi, from_q), _numpy_phi(meta_params.phi, from_p)
+  log_sum_exp = np.log(np.sum(np.exp(t_p - t_p.max()))) + t_p.max()
+  # mean T(q) - logsumexp T(p) - log N: Donsker-Varadhan's estimate minus 2 log N.
+  expected = t_q.mean() - log_sum_exp - math.log(64)
+  np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+  donsker_varadhan = t_q.mean() - (log_sum_exp - math.log(64))
+  np.testing.assert_allclose(ours + 2 * math.log(64), donsker_varadhan, rtol=1e-5, atol=1e-5)
+  # The prior's draws are N(0, 1) and the latents U[0, 1).
+  assert abs(from_p.mean()) < 0.05 and abs(from_p.std() - 1) < 0.05
+  assert 0 <= float(latents.min()) and float(latents.max()) < 1
+
+
+def test_the_hyper_prior_pairs_the_generators_tensors_as_simpa_py():
+  _, meta_params, _ = _tiny()
+  generator = meta_params.generator
+  # Simpa.py's list: W1, b1, W2, b2, W3, b3 (W3 and b3 over every base weight); n = 3.
+  tensors = [np.asarray(generator.hidden[0].kernel), np.asarray(generator.hidden[0].bias)]
+  tensors += [np.asarray(generator.hidden[1].kernel), np.asarray(generator.hidden[1].bias)]
+  tensors += [_flat_rows(generator.output_kernel, 0), _flat(generator.output_bias)]
+  tensors = [t.astype(np.float64) for t in tensors]
+  kl = 0.0
+  for i in range(3):
+    mean, log_std = tensors[i], tensors[3 + i]
+    kl += np.sum(mean**2) + np.sum(np.exp(2 * log_std)) - 3 - 2 * np.sum(log_std)
+  np.testing.assert_allclose(float(networks.hyper_prior_kl(generator)), kl / 2, rtol=1e-5)
+  m = 2
+  np.testing.assert_allclose(
+    float(simpa_module.hyper_prior_term(generator, m, 0.1)),
+    math.sqrt((kl / 2 + m * math.log(m) / 0.1) / (2 * (m - 1))),
+    rtol=1e-5,
+  )
+
+
+def test_the_bound_term_and_where_it_is_skipped():
+  value, defined = simpa_module.bound_term(jnp.float32(-12.0), 5, 0.1)
+  expected = math.sqrt((-12.0 + math.log(5) / 0.1) / 8)
+  np.testing.assert_allclose(float(value), expected, rtol=1e-6)
+  assert bool(defined)
+  np.testing.assert_allclose(
+    float(jax.grad(lambda kl: simpa_module.bound_term(kl, 5, 0.1)[0])(jnp.float32(-12.0))),
+    1 / (2 * expected * 8),
+    rtol=1e-5,
+  )
+  for kl in (-20.0, jnp.nan):  # a negative argument, and NaN: 0, with a gradient of 0
+    value, defined = simpa_module.bound_term(jnp.float32(kl), 5, 0.1)
+    gradient = jax.grad(lambda k: simpa_module.bound_term(k, 5, 0.1)[0])(jnp.float32(kl))
+    assert (float(value), bool(defined), float(gradient)) == (0.0, False, 0.0)
+
+
+def test_the_query_loss_is_clipped_in_value_not_in_gradient():
+  clipped = simpa_module.clipped_in_value
+  assert float(clipped(jnp.float32(3.0))) == 1.0
+  assert float(clipped(jnp.float32(0.25))) == 0.25
+  assert float(jax.grad(lambda x: clipped(x**2))(jnp.float32(3.0))) == 6.0
+
+
+def test_one_inner_step_by_hand():
+  learner, meta_params, _ = _tiny(num_inner_steps=1, num_mc_train=3)
+  task, key = _task(), jax.random.key(5)
+  adapted = learner.adapt(meta_params, task.support_x, task.support_y, key)
+  draws_key, phi_key, bound_key = jax.random.split(jax.random.split(key, 1)[0], 3)
+  loss_fn = vj.loss_from_apply(vj.pure_apply(vj.MLP((6,), 1)), vj.gaussian_nll(NOISE_STD))
+
+  def support_nll(generator):
+    latents = networks.draw_latents(draws_key, 3, networks.LATENT_DIM)
+    weights = networks.generate(generator, latents)
+    return jnp.mean(
+      jax.vmap(loss_fn, in_axes=(0, None, None))(weights, task.support_x, task.support_y)
+    )
+
+  generator, phi = meta_params
+  phi_grad = jax.grad(lambda p: networks.kl_lower_bound(generator, p, phi_key, 16))(phi)
+  phi = jax.tree_util.tree_map(lambda p, g: p + 5e-4 * g, phi, phi_grad)
+
+  def bound(g):
+    return simpa_module.bound_term(networks.kl_lower_bound(g, phi, bound_key, 16), 5, 0.1)[0]
+
+  nll_grad, bound_grad = jax.grad(support_nll)(generator), jax.grad(bound)(generator)
+  assert float(bound(generator)) > 0  # defined, so its gradient counts
+  expected = jax.tree_util.tree_map(
+    lambda w, a, b: w - 0.01 * (a / 3 + b), generator, nll_grad, bound_grad
+  )
+  for ours, theirs in ((adapted.generator, expected), (adapted.phi, phi)):
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert float(jnp.max(jnp.abs(_flat(adapted.generator) - _flat(generator)))) > 1e-6
+
+
+def _task_terms_at(learner, adapted, task, key):
+  """The meta-loss's task terms at fixed adapted parameters, with `meta_loss`'s keys."""
+  _, predict_key, phi_key, bound_key = jax.random.split(key, 4)
+  kl_phi = networks.kl_lower_bound(adapted.generator, adapted.phi, phi_key, 16)
+  outputs = learner.predict(adapted, task.query_x, predict_key)
+  query = jnp.mean(jax.vmap(learner.nll, in_axes=(0, None))(outputs, task.query_y))
+  kl = networks.kl_lower_bound(adapted.generator, adapted.phi, bound_key, 16)
+  return -kl_phi + simpa_module.clipped_in_value(query) + simpa_module.bound_term(kl, 10, 0.1)[0]
+
+
+def test_first_order_meta_gradient_is_the_gradient_at_the_adapted_parameters():
+  """First order, the adapted networks move by constants: d(adapted)/d(meta) = I."""
+  task, key = _task(), jax.random.key(6)
+  for first_order in (True, False):
+    learner, meta_params, _ = _tiny(first_order=first_order)
+    ours = jax.grad(lambda m: learner.meta_loss(m, task, key)[0])(meta_params)
+    adapted = learner.adapt(
+      meta_params, task.support_x, task.support_y, jax.random.split(key, 4)[0]
+    )
+    at_adapted = jax.grad(lambda a: _task_terms_at(learner, a, task, key))(adapted)
+    hyper = jax.grad(lambda g: simpa_module.hyper_prior_term(g, 2, 0.1))(meta_params.generator)
+    expected = vj.baselines.SimpaParams(
+      jax.tree_util.tree_map(jnp.add, at_adapted.generator, hyper), at_adapted.phi
+    )
+    difference = max(
+      float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12))
+      for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(expected))
+    )
+    if first_order:
+      assert difference < 1e-4
+    else:  # second order: the inner NLL's Hessian enters the generator's gradient
+      assert difference > 1e-3
+    # The PHI network moves by constants either way.
+    for a, b in zip(jax.tree_util.tree_leaves(ours.phi), jax.tree_util.tree_leaves(at_adapted.phi)):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_a_task_whose_phi_loss_is_nan_is_skipped_and_no_nan_reaches_the_gradient():
+  """Simpa.py skips the task (`continue`); a plain `where` would give NaN gradients (0 x NaN)."""
+  learner, meta_params, _ = _tiny()
+  broken_phi = meta_params.phi._replace(
+    output=networks.Dense(
+      jnp.full_like(meta_params.phi.output.kernel, jnp.nan), meta_params.phi.output.bias
+    )
+  )
+  broken = meta_params._replace(phi=broken_phi)
+  tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(7), 2))
+  keys = jax.random.split(jax.random.key(8), 2)
+  grads, metrics = jax.jit(vj.make_meta_gradient(learner))(broken, tasks, keys)
+  hyper = simpa_module.hyper_prior_term(meta_params.generator, 2, 0.1)
+  hyper_grad = jax.grad(lambda g: simpa_module.hyper_prior_term(g, 2, 0.1))(meta_params.generator)
+  np.testing.assert_allclose(float(metrics["loss"]), float(hyper), rtol=1e-6)
+  for a, b in zip(
+    jax.tree_util.tree_leaves(grads.generator), jax.tree_util.tree_leaves(hyper_grad)
+  ):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+  assert all(not np.any(leaf) for leaf in jax.tree_util.tree_leaves(grads.phi))
+
+
+def test_a_nan_query_loss_is_reported_not_skipped():
+  learner, meta_params, _ = _tiny()
+  generator = meta_params.generator
+  broken = meta_params._replace(
+    generator=generator._replace(
+      output_bias=jax.tree_util.tree_map(lambda b: jnp.full_like(b, jnp.nan), generator.output_bias)
+    )
+  )
+  loss, _ = learner.meta_loss(broken, _task(), jax.random.key(9))
+  assert np.isnan(float(loss))
+
+
+def test_the_optimizer_steps_each_network_with_its_own_adam_and_clip():
+  _, meta_params, _ = _tiny()
+  optimizer = vj.baselines.simpa_optimizer(1e-3, tasks_per_step=2, clip_norm=10.0)
+  state = optimizer.init(meta_params)
+  grads = jax.tree_util.tree_map(lambda leaf: jnp.full_like(leaf, 0.5), meta_params)
+  grads = grads._replace(phi=jax.tree_util.tree_map(lambda leaf: 1e6 * leaf, grads.phi))
+  updates, _ = optimizer.update(grads, state, meta_params)
+  for part, rate in (("generator", 1e-3), ("phi", 1e-4)):
+    alone = vj.meta_optimizer(rate, tasks_per_step=2, clip_norm=10.0)
+    expected, _ = alone.update(
+      getattr(grads, part), alone.init(getattr(meta_params, part)), getattr(meta_params, part)
+    )
+    for a, b in zip(
+      jax.tree_util.tree_leaves(getattr(updates, part)), jax.tree_util.tree_leaves(expected)
+    ):
+      np.testing.assert_allclose(a, b, rtol=1e-6)
+    # Adam's first step is -rate * sign(g): each network at its own rate, the PHI
+    # network's huge gradient clipped apart from the generator's.
+    np.testing.assert_allclose(_flat(getattr(updates, part)), -rate, rtol=1e-4)
+  assert optimizer.tasks_per_step == 2
+
+
+def test_the_registry_builds_simpa_with_its_settings():
+  config = algorithms.configure(vj.RunConfig(tasks_per_step=4), "simpa")
+  assert (config.first_order, config.kl_weight) == (True, 0.0)  # Simpa.py: first order
+  config = dataclasses.replace(config, simpa_phi_lr=2e-4, meta_lr=3e-3, simpa_kl_samples=8)
+  algorithms.check_config(config)
+  model = vj.MLP((4,), 1)
+  learner = algorithms.make_learner(
+    model, "regression", 0.3, config, num_mc_train=1, num_mc_query=2
+  )
+  params = vj.init_params(model, jax.random.key(0), (1, 1))
+  optimizer = algorithms.make_optimizer(config)
+  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
+  grads = jax.tree_util.tree_map(jnp.ones_like, state.meta_params)
+  updates, _ = optimizer.update(grads, state.opt_state, state.meta_params)
+  np.testing.assert_allclose(_flat(updates.generator), -3e-3, rtol=1e-4)
+  np.testing.assert_allclose(_flat(updates.phi), -2e-4, rtol=1e-4)
+  assert learner.predict(state.meta_params, jnp.zeros((3, 1)), jax.random.key(2)).shape == (2, 3, 1)
+
+
+@pytest.mark.parametrize(
+  "settings, message",
+  [
+    (dict(tasks_per_step=1), r"simpa: tasks_per_step must be at least 2 \(the hyper-prior"),
+    (dict(num_kl_samples=1), r"simpa: num_kl_samples must be an integer >= 2"),
+    (dict(epsilon=0.0), r"simpa: epsilon must be"),
+    (dict(phi_inner_lr=float("nan")), r"simpa: phi_inner_lr must be"),
+  ],
+)
+def test_the_factory_refuses_in_one_line(settings, message):
+  with pytest.raises(vj.InputError, match=message) as raised:
+    _tiny(**settings)
+  assert len(str(raised.value).splitlines()) == 1
+
+
+def test_one_support_target_is_refused_in_one_line():
+  learner, meta_params, _ = _tiny()
+  task = _task()
+  with pytest.raises(vj.InputError, match=r"simpa.adapt: support_y has 1 target") as raised:
+    learner.adapt(meta_params, task.support_x[:1], task.support_y[:1], jax.random.key(0))
+  assert len(str(raised.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+  "algorithm, changes, message",
+  [
+    ("simpa", dict(kl_weight=0.5), r"--algorithm simpa ignores --kl-weight 0.5: its KL terms"),
+    ("simpa", dict(kernel_init_gain=1.0), r"ignores --kernel-init-gain 1.0: its weights come"),
+    ("simpa", dict(log_std_init=(-5.0, -4.0)), r"ignores --log-std-init"),
+    ("simpa", dict(second_order_steps=1), r"ignores --second-order-steps 1"),
+    ("vampire", dict(simpa_phi_lr=1e-3), r"ignores --simpa-phi-lr 0.001: it is an option of simpa"),
+    ("maml", dict(simpa_kl_samples=64), r"ignores --simpa-kl-samples 64: it is an option of simpa"),
+    ("simpa", dict(tasks_per_step=1), r"--tasks-per-step 1: SImPa's hyper-prior term divides"),
+    ("simpa", dict(simpa_kl_samples=1), r"--simpa-kl-samples must be an integer >= 2"),
+    ("simpa", dict(simpa_epsilon=0.0), r"--simpa-epsilon must be a finite number > 0"),
+  ],
+)
+def test_settings_simpa_does_not_read_or_cannot_take_are_refused_in_one_line(
+  algorithm, changes, message
+):
+  config = algorithms.configure(vj.RunConfig(), algorithm)
+  config = dataclasses.replace(config, **changes)
+  with pytest.raises(vj.ConfigError, match=message) as raised:
+    algorithms.check_config(config)
+  assert len(str(raised.value).splitlines()) == 1
