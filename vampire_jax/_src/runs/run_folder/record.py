@@ -72,19 +72,6 @@ def run_record(problem, config) -> dict:
   }
 
 
-# Orbax names a step's folder by the step in decimal digits, without leading zeros.
-_STEP_NAME = re.compile(r"0|[1-9][0-9]*")
-# A step folder holds its tree in `default/` (`ocp.args.StandardSave` of one item).
-_STEP_ITEM = "default"
-
-
-def _step_names(folder: Path) -> list[Path]:
-  """The folders of `folder` named as orbax names a step (others are not checkpoints)."""
-  if not folder.is_dir():
-    return []
-  return [p for p in folder.iterdir() if _STEP_NAME.fullmatch(p.name) and p.is_dir()]
-
-
 _WARNED_SCRIPT_CLASSES: set[str] = set()  # warned of once per process
 
 
@@ -115,6 +102,19 @@ def check_model_recordable(model) -> None:
       f"{cls.__qualname__} into a module that both import",
       stacklevel=3,
     )
+
+
+# Orbax names a step's folder by the step in decimal digits, without leading zeros.
+_STEP_NAME = re.compile(r"0|[1-9][0-9]*")
+# A step folder holds its tree in `default/` (`ocp.args.StandardSave` of one item).
+_STEP_ITEM = "default"
+
+
+def _step_names(folder: Path) -> list[Path]:
+  """The folders of `folder` named as orbax names a step (others are not checkpoints)."""
+  if not folder.is_dir():
+    return []
+  return [p for p in folder.iterdir() if _STEP_NAME.fullmatch(p.name) and p.is_dir()]
 
 
 def _step_folders(folder: Path) -> list[int]:
