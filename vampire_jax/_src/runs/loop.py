@@ -458,6 +458,7 @@ def train_and_evaluate(
   run_folder.check_resumable(workdir, config)
   if not isinstance(problem, Problem):
     problem = _built_problem(problem)
+  run_folder.check_model_recordable(problem.model)  # a run that could never load: refused
   for split, data in problem.splits.items():  # values, once, on the host: nothing NaN trains
     checks.check_finite(
       "train_and_evaluate",
