@@ -43,7 +43,8 @@ class PredictiveCategorical(distrax.Categorical):
   """A classifier's predictive: the mean over weight draws of their softmax.
 
   `log_prob` and `prob` take integer labels shaped like the batch, each in
-  `[0, classes)`. Class labels are not numbers, so there is no `mean` or
+  `[0, classes)` (checked where the labels are concrete; under `jit` a label
+  outside them scores distrax's -inf). Class labels are not numbers, so there is no `mean` or
   `variance`: `probs` is the expected one-hot label, `mode()` the predicted
   class, `entropy()` the total uncertainty.
   """

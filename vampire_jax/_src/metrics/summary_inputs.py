@@ -8,9 +8,10 @@ recomputed from the predictions and the targets given, and a mismatch is
 refused: targets of other tasks, or in another order, or another noise_std
 than the evaluator's.
 
-`checked(kind, per_task, ...)` returns the per-task results as a dict of
-numpy arrays, targets (and truth) `[tasks, queries, 1]` for regression, or
-raises `InputError` in one line naming the argument.
+`with_targets` gathers the per-task results and the targets into one dict;
+each kind's `check_summary` (`check_classification`, `check_regression`)
+returns them as numpy arrays, targets (and truth) `[tasks, queries, 1]` for
+regression, or raises `InputError` in one line naming the argument.
 """
 
 import math
@@ -33,8 +34,8 @@ FIELDS = {
 RESULT = {"classification": "vj.ClassificationEval", "regression": "vj.RegressionEval"}
 
 
-def checked(kind: str, per_task: Any, targets: Any, truth: Any, noise_std: Optional[float]) -> dict:
-  """The per-task results with `targets` (and `truth`), checked against each other."""
+def with_targets(per_task: Any, targets: Any, truth: Any) -> dict:
+  """`per_task` as a dict, with `targets` (and `truth`) added, each given once."""
   fields = _as_dict(per_task)
   for name, value in (("targets", targets), ("truth", truth)):
     if value is not None:
@@ -48,17 +49,26 @@ def checked(kind: str, per_task: Any, targets: Any, truth: Any, noise_std: Optio
       "the tasks' query labels or targets: vj.summarise(kind, per_task, tasks.query_y)",
       "none",
     )
-  _check_kind(kind, fields)
-  if kind == "classification" and "truth" in fields:
+  return fields
+
+
+def check_classification(fields: dict, noise_std: Optional[float]) -> dict:
+  """A classifier's results and labels as numpy arrays, checked against each other."""
+  del noise_std  # a classifier has none
+  _check_kind("classification", fields)
+  if "truth" in fields:
     raise checks.fail(WHERE, "truth", "None for a classifier (regression only)", "truth")
-  if kind == "regression":
-    _check_noise_std(noise_std)
   arrays = {name: np.asarray(value) for name, value in fields.items()}
-  num_tasks = _check_task_axis(kind, arrays)
-  if kind == "classification":
-    _check_classification(arrays, num_tasks)
-  else:
-    _check_regression(arrays, num_tasks, float(noise_std))
+  _check_classification(arrays, _check_task_axis("classification", arrays))
+  return arrays
+
+
+def check_regression(fields: dict, noise_std: Optional[float]) -> dict:
+  """A regressor's results, targets `[tasks, queries, 1]` (and truth), checked against each other."""
+  _check_kind("regression", fields)
+  _check_noise_std(noise_std)
+  arrays = {name: np.asarray(value) for name, value in fields.items()}
+  _check_regression(arrays, _check_task_axis("regression", arrays), float(noise_std))
   return arrays
 
 

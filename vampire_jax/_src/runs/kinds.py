@@ -30,6 +30,8 @@ class ProblemKind(NamedTuple):
     train_metrics: `metrics_fn(query_outputs, query_y) -> dict` of a meta-step, or None.
     make_evaluator: `make_evaluator(learner, noise_std, *, task_batching, chunk_size, mesh)
       -> evaluate(meta_params, tasks, keys)`, per-task results.
+    check_summary: `check_summary(per_task, noise_std) -> per_task` as numpy arrays,
+      refusing (InputError) results and targets that do not belong together.
     summarise: `summarise(per_task, num_bins, noise_std) -> (metrics, curves)`.
     score: the per-task result that picks the best checkpoint ('accuracy', 'mse').
     higher_is_better: whether a larger `score` is better.
@@ -45,6 +47,7 @@ class ProblemKind(NamedTuple):
   likelihood: Callable[[Optional[float]], losses.Likelihood]
   train_metrics: Optional[meta_step.MetricsFn]
   make_evaluator: Callable[..., Callable]
+  check_summary: Callable[[dict, Optional[float]], dict]
   summarise: Callable[[dict, int, Optional[float]], tuple[dict, dict]]
   score: str
   higher_is_better: bool
@@ -128,6 +131,7 @@ CLASSIFICATION = ProblemKind(
   make_evaluator=lambda learner, noise_std, **kw: evaluation.make_classification_evaluator(
     learner, **kw
   ),
+  check_summary=summary_inputs.check_classification,
   summarise=lambda per_task, num_bins, noise_std: evaluation.classification_summary(
     per_task, num_bins
   ),
@@ -151,6 +155,7 @@ REGRESSION = ProblemKind(
   likelihood=_regression_likelihood,
   train_metrics=None,
   make_evaluator=evaluation.make_regression_evaluator,
+  check_summary=summary_inputs.check_regression,
   summarise=lambda per_task, num_bins, noise_std: evaluation.regression_summary(
     per_task, noise_std
   ),
@@ -242,8 +247,10 @@ def summarise(
   if not isinstance(kind, str) or kind not in KINDS:
     raise checks.fail("summarise", "kind", f"one of {', '.join(map(repr, KINDS))}", repr(kind))
   checks.step_count("summarise", "num_bins", num_bins, 1)
-  per_task = summary_inputs.checked(kind, per_task, targets, truth, noise_std)
-  metrics, curves = get(kind).summarise(per_task, num_bins, noise_std)
+  definition = get(kind)
+  per_task = summary_inputs.with_targets(per_task, targets, truth)
+  per_task = definition.check_summary(per_task, noise_std)
+  metrics, curves = definition.summarise(per_task, num_bins, noise_std)
   return evaluation.with_nll(metrics, curves, per_task)
 
 
