@@ -183,6 +183,11 @@ def test_a_predictive_made_under_vmap_and_jit_scores_each_tasks_targets(regressi
   samples, log_prob = dist.sample_and_log_prob(seed=jax.random.key(0), sample_shape=(3,))
   assert samples.shape == (3, 5, 10, 1)
   np.testing.assert_allclose(log_prob, jax.vmap(dist.log_prob)(samples), rtol=1e-6)
+  # The intervals of the batch are each task's own.
+  lower, upper = vj.predictive_interval(dist, 0.9)
+  first_lower, first_upper = vj.predictive_interval(_regression_predictive(regression)[0], 0.9)
+  np.testing.assert_allclose(lower[0], first_lower, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(upper[0], first_upper, rtol=1e-5, atol=1e-5)
   # A slice keeps the checks: one task's predictive, one task's targets.
   np.testing.assert_allclose(-dist[0].log_prob(tasks.query_y[0]).mean(), per_task.nll[0], rtol=1e-5)
   with pytest.raises(InputError, match=r"value must be shaped \[10, 1\]"):
