@@ -259,14 +259,15 @@ class Run:
     evaluators' split of a task's key.
 
     Returns:
-      Classification: `distrax.Categorical` of batch `[num_query]`, the mean
+      Classification: a `distrax.Categorical` of batch `[num_query]`, the mean
       over the `num_mc_test` draws of their softmax (`probs` is `predict`'s
-      result; `entropy()` is `vj.uncertainty(...).total`). Regression: a
+      result; `entropy()` is `vj.uncertainty(...).total`); its `log_prob`
+      takes `[num_query]` integer labels. Regression: a
       `distrax.MixtureSameFamily` of batch `[num_query]` and event `[1]`,
       equal weights over the draws, each `Normal(f_l(x), noise_std)`:
-      `log_prob(query_y)` is the log of the predictive the test's NLL
-      scores, samples include the noise, and `variance()` is the draws'
-      spread plus noise_std^2 (`vj.predictive_interval` gives its central
+      `log_prob(query_y)` (`[num_query, 1]`, and no other shape) is the log
+      of the predictive the test's NLL scores, samples include the noise,
+      and `variance()` is the draws' spread plus noise_std^2 (`vj.predictive_interval` gives its central
       intervals). See `vj.predictive_distribution`.
     """
     outputs = self._outputs(support_x, support_y, query_x, key, "Run.predictive", transductive)
