@@ -12,6 +12,8 @@ The host-chunked steps for CPUs (one unrolled chunk of tasks jitted, the chunks
 looped in Python) are in `host_chunked`.
 """
 
+import contextlib
+import contextvars
 from typing import Any, Callable, NamedTuple, Optional
 
 import chex
@@ -20,6 +22,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from vampire_jax._src import deprecations
 from vampire_jax._src.core import batching, sharding
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.errors import InputError
@@ -92,15 +95,61 @@ def _not_log_std(meta_params: PyTree) -> PyTree:
   return jax.tree_util.tree_map(lambda is_log_std: not is_log_std, log_std_mask(meta_params))
 
 
+class _StepTasks(NamedTuple):
+  """The tasks a meta-step adapts to, while it is traced (see `tasks_in_step`)."""
+
+  count: int
+  described: str  # e.g. "make_train_step: tasks_per_step=8"
+
+
+_TASKS_IN_STEP: contextvars.ContextVar[Optional[_StepTasks]] = contextvars.ContextVar(
+  "vampire_jax_tasks_in_step", default=None
+)
+
+
+@contextlib.contextmanager
+def tasks_in_step(count: int, described: str):
+  """While a step calls its optimizer: it adapts to `count` tasks (`described` says where from).
+
+  A `MetaOptimizer`'s update, reached bare or through any optax wrapper
+  (`optax.chain`, `optax.masked`, ...), refuses a `count` other than the T its
+  schedule counts in. The check runs where the update is traced (once, under `jit`).
+  """
+  token = _TASKS_IN_STEP.set(_StepTasks(int(count), described))
+  try:
+    yield
+  finally:
+    _TASKS_IN_STEP.reset(token)
+
+
+def _update_counting(update: Callable, tasks_per_step: Optional[int]) -> Callable:
+  """`update`, refusing a step (`tasks_in_step`) of another task count than the schedule's."""
+
+  def checked_update(updates, state, params=None, **extra_args):
+    step = _TASKS_IN_STEP.get()
+    if step is not None and tasks_per_step is not None and step.count != tasks_per_step:
+      raise InputError(
+        f"{step.described}, but the optimizer's vj.meta_optimizer (bare or inside a wrapper "
+        f"such as optax.chain) counts {tasks_per_step} tasks per step in its learning-rate "
+        f"schedule; build it with vj.meta_optimizer(..., tasks_per_step={step.count})"
+      )
+    return update(updates, state, params, **extra_args)
+
+  return checked_update
+
+
 class MetaOptimizer(optax.GradientTransformationExtraArgs):
   """`meta_optimizer`'s result: an optax transformation that knows its `tasks_per_step`.
 
   It is an ordinary `optax.GradientTransformation` (`init`, `update`), and
   `make_train_step` reads `tasks_per_step` from it, so a user states T once.
+  A wrapper (`optax.chain(vj.meta_optimizer(...), ...)`) hides the attribute,
+  but not the count: a meta-step of another number of tasks is refused when it
+  is traced, whatever wraps the optimizer.
   """
 
   def __new__(cls, init, update, tasks_per_step: Optional[int] = None):
-    self = super().__new__(cls, init, update)
+    self = super().__new__(cls, init, _update_counting(update, tasks_per_step))
     self.tasks_per_step = tasks_per_step
     return self
 
@@ -174,7 +223,8 @@ def _tasks_per_step(optimizer: optax.GradientTransformation, tasks_per_step: Opt
   if tasks_per_step is None and known is None:
     raise InputError(
       "make_train_step: tasks_per_step is required with an optimizer not built by "
-      "vj.meta_optimizer(..., tasks_per_step=T)"
+      "vj.meta_optimizer(..., tasks_per_step=T) (a wrapper such as optax.chain hides its T): "
+      "pass tasks_per_step=T"
     )
   if tasks_per_step is not None and known is not None and tasks_per_step != known:
     raise InputError(
@@ -185,11 +235,23 @@ def _tasks_per_step(optimizer: optax.GradientTransformation, tasks_per_step: Opt
   return known if tasks_per_step is None else tasks_per_step
 
 
+def _own_copy(leaf):
+  """A concrete JAX array copied (same dtype and sharding); a traced or other leaf as it is."""
+  if isinstance(leaf, jax.Array) and checks.concrete(leaf):
+    return jnp.array(leaf, copy=True)
+  return leaf
+
+
 def init_meta_state(
   learner: MetaLearner, optimizer: optax.GradientTransformation, params: PyTree, key: jax.Array
 ) -> MetaState:
-  """Meta-parameters from initial network weights, and a fresh optimiser state."""
-  meta_params = learner.init(params, key)
+  """Meta-parameters from initial network weights, and a fresh optimiser state.
+
+  The state holds copies, never the caller's arrays (`learner.init` may return
+  `params` itself, as the Gaussian's means or MAML's weights): a step jitted with
+  `donate_argnums=0` consumes the state's buffers, and `params` stays usable.
+  """
+  meta_params = jax.tree_util.tree_map(_own_copy, learner.init(params, key))
   return MetaState(jnp.zeros((), jnp.int32), meta_params, optimizer.init(meta_params))
 
 
@@ -295,13 +357,21 @@ def make_meta_gradient(
 
 
 def apply_meta_gradient(
-  optimizer: optax.GradientTransformation, state: MetaState, grads: PyTree
+  optimizer: optax.GradientTransformation,
+  state: MetaState,
+  grads: PyTree,
+  tasks: Optional[_StepTasks] = None,
 ) -> MetaState:
-  """One optimiser step on the meta-parameters (Alg. 1, line 11)."""
+  """One optimiser step on the meta-parameters (Alg. 1, line 11).
+
+  `tasks`: optional `(count, described)`, the tasks the step adapted to; a
+  `vj.meta_optimizer` of another `tasks_per_step`, bare or wrapped, is refused.
+  """
   # An invariant of the meta-gradient (chunked, sharded or host-summed): a leaf of another
   # shape would broadcast into the update and change the parameters' shapes silently.
   chex.assert_trees_all_equal_shapes_and_dtypes(grads, state.meta_params)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
+  with contextlib.nullcontext() if tasks is None else tasks_in_step(*tasks):
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
   meta_params = optax.apply_updates(state.meta_params, updates)
   return MetaState(state.step + 1, meta_params, opt_state)
 
@@ -328,10 +398,12 @@ def make_meta_step(
   )
 
   def meta_step(state: MetaState, tasks: Task, key: jax.Array):
-    task_keys = jax.random.split(key, check_task_batch(tasks, "meta_step"))
+    num_tasks = check_task_batch(tasks, "meta_step")
+    task_keys = jax.random.split(key, num_tasks)
     grads, metrics = meta_gradient(state.meta_params, tasks, task_keys)
     metrics = with_health(metrics, grads)
-    return apply_meta_gradient(optimizer, state, grads), metrics
+    described = f"make_meta_step: the step was given {num_tasks} tasks (tasks' leading axis)"
+    return apply_meta_gradient(optimizer, state, grads, _StepTasks(num_tasks, described)), metrics
 
   return meta_step
 
@@ -394,7 +466,8 @@ def make_train_step(
   `sample_tasks(data, task_keys)` inside the step (`step_keys(key,
   state.step, ...)`), so no tasks cross between host and device. Wrap it in
   `jax.jit(..., donate_argnums=0)`: the old state's buffers are then reused
-  for the new one.
+  for the new one (a donated state is consumed; the `params` given to
+  `init_meta_state` are not, since the state holds copies).
 
   Args:
     learner, optimizer: as in `make_meta_step`.
@@ -435,6 +508,7 @@ def make_train_step(
   meta_gradient = make_meta_gradient(
     learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
   )
+  step_tasks = _StepTasks(tasks_per_step, f"make_train_step: tasks_per_step={tasks_per_step}")
 
   def one_step(state: MetaState, data: PyTree, key: jax.Array):
     task_keys, adapt_keys = step_keys(key, state.step, tasks_per_step)
@@ -445,7 +519,7 @@ def make_train_step(
     tasks = draw_tasks(sample_tasks, data, task_keys)
     grads, metrics = meta_gradient(state.meta_params, tasks, adapt_keys)
     metrics = with_log_std(with_health(metrics, grads), state.meta_params)
-    return apply_meta_gradient(optimizer, state, grads), metrics
+    return apply_meta_gradient(optimizer, state, grads, step_tasks), metrics
 
   def train_step(state: MetaState, data: PyTree, key: jax.Array):
     checks.prng_key("train_step", "key", key)
@@ -455,3 +529,7 @@ def make_train_step(
     return jax.lax.scan(lambda s, _: one_step(s, data, key), state, None, length=steps_per_call)
 
   return train_step
+
+
+# Names an earlier version kept here (`deprecations.MOVED_OUT_OF_MODULES`): warn, then work.
+__getattr__ = deprecations.module_getattr(__name__)
