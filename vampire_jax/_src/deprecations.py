@@ -62,7 +62,7 @@ MOVED_NAMES = {
   "default_task_batching": "vampire_jax._src.core.batching",
   "check_gaussian": "vampire_jax._src.core.gaussian",
   "apply_meta_gradient": "vampire_jax._src.core.meta_step",
-  "log_std_mask": "vampire_jax._src.core.meta_step",
+  "log_std_mask": "vampire_jax._src.core.meta_optimizer",
   "make_host_chunked_meta_step": "vampire_jax._src.core.host_chunked",
   "make_host_chunked_train_step": "vampire_jax._src.core.host_chunked",
   "mixture_cdf": "vampire_jax._src.metrics.quantile_calibration",
