@@ -125,7 +125,7 @@ def task_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   """A one-axis mesh named 'tasks' over `devices` (default: all, of every host).
 
   Raises:
-    InputError: (a ValueError) `devices` is not a sequence of distinct `jax.Device`s.
+    InputError: (a ValueError) `devices` is not a sequence of distinct devices (`jax.Device`).
   """
   wanted = "a list of distinct jax devices (e.g. jax.devices()[:2])"
   if devices is None:
