@@ -142,6 +142,8 @@ def make_meta_gradient(
     A pure function; `tasks` has a leading `[tasks]` axis and `task_keys`
     holds one PRNG key per task.
   """
+  if mesh is not None:
+    sharding.check_mesh("make_meta_gradient", mesh)
   loss_and_grad = jax.value_and_grad(
     lambda meta_params, task, key: query_loss(learner, meta_params, task, key), has_aux=True
   )
@@ -212,6 +214,8 @@ def make_meta_step(
   norm. With a `mesh` the tasks are split over its devices and the state is
   replicated; the result equals the one-device step's bit for bit.
   """
+  if mesh is not None:
+    sharding.check_mesh("make_meta_step", mesh)
   meta_gradient = make_meta_gradient(
     learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
   )
@@ -323,6 +327,7 @@ def make_train_step(
   checks.step_count("make_train_step", "tasks_per_step", tasks_per_step, 1)
   checks.step_count("make_train_step", "steps_per_call", steps_per_call, 1)
   if mesh is not None:
+    sharding.check_mesh("make_train_step", mesh)
     sharding.check_divisible(tasks_per_step, mesh, "make_train_step: tasks_per_step")
   meta_gradient = make_meta_gradient(
     learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh

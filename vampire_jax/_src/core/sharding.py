@@ -150,6 +150,17 @@ def task_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   return Mesh(np.asarray(devices), (TASK_AXIS,))
 
 
+def check_mesh(where: str, mesh: Mesh, *, task_axis: bool = True) -> None:
+  """Refuses, in one line, a `mesh` that is not a `Mesh` (with a 'tasks' axis, by default)."""
+  wanted = "a device mesh, vj.task_mesh(devices)"
+  if not isinstance(mesh, Mesh):
+    raise checks.fail(where, "mesh", wanted, "None" if mesh is None else type(mesh).__name__)
+  if task_axis and TASK_AXIS not in mesh.axis_names:
+    raise checks.fail(
+      where, "mesh", f"{wanted} (an axis named {TASK_AXIS!r})", f"axes {mesh.axis_names}"
+    )
+
+
 def task_sharding(mesh: Mesh) -> NamedSharding:
   """Leading (task) axis split over the mesh, other axes whole."""
   return NamedSharding(mesh, PartitionSpec(TASK_AXIS))
@@ -216,6 +227,7 @@ def shard_tasks(tasks: PyTree, mesh: Mesh) -> PyTree:
   passes its own `num_tasks / process_count` tasks and gets back global
   arrays of all of them.
   """
+  check_mesh("shard_tasks", mesh)
   _check_task_axis("shard_tasks", tasks, mesh, jax.process_count())
   sharding = task_sharding(mesh)
   return jax.tree_util.tree_map(lambda x: _global_array(sharding, x), tasks)
@@ -227,6 +239,7 @@ def distribute(tasks: PyTree, mesh: Mesh) -> PyTree:
   Unlike `shard_tasks`, each process passes the whole batch (computed the
   same way on every process) and contributes the slices its devices hold.
   """
+  check_mesh("distribute", mesh)
   _check_task_axis("distribute", tasks, mesh)
   sharding = task_sharding(mesh)
   if jax.process_count() == 1:
@@ -241,6 +254,7 @@ def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
 
   With several processes each must pass the same values.
   """
+  check_mesh("replicate", mesh, task_axis=False)
   sharding = replicated_sharding(mesh)
   return jax.tree_util.tree_map(lambda x: _global_array(sharding, x), tree)
 

@@ -132,7 +132,15 @@ def _got(value) -> str:
 
 def _check_a_training_task(problem: Problem) -> None:
   """One training task against `input_shape` and the network's outputs (traced, not run)."""
-  tasks = draw_tasks(problem, "train", jax.random.key(0), 1)
+  try:
+    tasks = draw_tasks(problem, "train", jax.random.key(0), 1)
+  except (TypeError, ValueError, IndexError) as error:
+    first_line = (str(error).strip().splitlines() or [""])[0][:200]
+    raise InputError(
+      f"{WHERE}: problem.sample_tasks(problem.splits['train'], task_keys) failed "
+      f"({type(error).__name__}: {first_line}); it must take a split's data and task_keys "
+      "[n] and return a vj.Task of n tasks"
+    ) from None
   check_task_batch(tasks, f"{WHERE}: problem.sample_tasks(problem.splits['train'], keys)")
   task = jax.tree_util.tree_map(lambda field: field[0], tasks)
   example_shape = tuple(jnp.shape(task.support_x)[1:])
