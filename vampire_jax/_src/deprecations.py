@@ -162,8 +162,8 @@ class _ShadowedModule(types.ModuleType):
     self._home = home
 
   def __getattr__(self, name: str):
-    module = importlib.import_module(self._home)
-    if name.startswith("_") or not hasattr(module, name):
+    module = None if name.startswith("_") else importlib.import_module(self._home)
+    if module is None or not hasattr(module, name):
       raise AttributeError(
         f"module {self.__name__!r} (an old path of {self._home}) has no attribute {name!r}"
       )
