@@ -40,7 +40,6 @@ import numpy as np
 from jax.sharding import Mesh
 
 from vampire_jax._src.core import backend_defaults, diagnostics, meta_step, models, sharding
-from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.errors import ConfigError, DivergenceError
 from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import calibration, evaluation, predictive_uncertainty
@@ -443,16 +442,8 @@ def train_and_evaluate(
     run_folder.check_writable(workdir)
     run_folder.check_not_in_use(workdir)
   run_folder.check_resumable(workdir, config)
-  problem = problem_lib.checked_problem(problem)  # built if a function; one training task tried
-  for split, data in problem.splits.items():  # values, once, on the host: nothing NaN trains
-    checks.check_finite(
-      "train_and_evaluate",
-      {
-        f"problem.splits[{split!r}]{jax.tree_util.keystr(path)}": leaf
-        for path, leaf in jax.tree_util.tree_leaves_with_path(data)
-        if getattr(leaf, "is_fully_addressable", True)
-      },
-    )  # a host sees its own shards only
+  # Built if a function; its splits finite and one training task tried (`check_problem`).
+  problem = problem_lib.checked_problem(problem)
   if is_main:
     run_folder.make_folder(workdir)
   with run_folder.lock(workdir, is_main=is_main, print_fn=print_fn):

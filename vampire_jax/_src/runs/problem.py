@@ -95,7 +95,8 @@ def checked_problem(problem) -> Problem:
 def check_problem(problem: Problem) -> None:
   """Refuses, in one line naming the field and the fix, a problem the loop could not train.
 
-  Its fields' types; the three splits; then one training task, drawn and checked against
+  Its fields' types; the three splits, their values finite; then one training task, drawn
+  and checked against
   `input_shape` and the network's outputs (labels within its classes, targets of its
   shape), so that no folder is made for a run whose first step would fail.
   """
@@ -123,6 +124,15 @@ def check_problem(problem: Problem) -> None:
     and all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape)
   ):
     raise checks.fail(WHERE, "problem.input_shape", "a tuple of positive integers", _got(shape))
+  for split, data in problem.splits.items():  # values, once, on the host: nothing NaN trains
+    checks.check_finite(
+      WHERE,
+      {
+        f"problem.splits[{split!r}]{jax.tree_util.keystr(path)}": leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(data)
+        if getattr(leaf, "is_fully_addressable", True)  # a host sees its own shards only
+      },
+    )
   _check_a_training_task(problem)
 
 
