@@ -108,6 +108,8 @@ def rate(where: str, name: str, value: Any, *, positive: bool) -> None:
   """A step size (> 0) or weight (>= 0): finite, of the right sign, where it is concrete."""
   if not concrete(value):
     return  # a traced rate: the caller's metrics (finite) catch a bad one
+  if isinstance(value, (str, bytes)):  # float("0.3") would pass, and fail later elsewhere
+    raise fail(where, name, "a number, not a string", repr(value))
   try:
     number = float(np.asarray(value))
   except (TypeError, ValueError):

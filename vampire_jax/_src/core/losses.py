@@ -98,8 +98,7 @@ def gaussian_nll(noise_std: float) -> Likelihood:
   proportional to noise_std^2 (measured for the regression MLP in docs/fidelity.md,
   "Defaults that hold").
   """
-  if not noise_std > 0:
-    raise ValueError(f"noise_std must be > 0, got {noise_std}")
+  checks.rate("gaussian_nll", "noise_std", noise_std, positive=True)
   log_norm = math.log(noise_std) + 0.5 * math.log(2.0 * math.pi)
 
   def nll(means, targets):

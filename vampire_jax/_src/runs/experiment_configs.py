@@ -242,7 +242,10 @@ class OmniglotConfig(ConvNetConfig):
     choices=("auto", "zip", "tfds", "cache"),
   )
   cache_dir: Optional[str] = setting(
-    None, "cache folder (default: $VAMPIRE_JAX_CACHE or ~/.cache/vampire_jax)", resumable=True
+    None,
+    "cache folder (default: $VAMPIRE_JAX_CACHE, else $XDG_CACHE_HOME/vampire_jax, else "
+    "~/.cache/vampire_jax)",
+    resumable=True,
   )
   num_open_set_classes: Optional[int] = setting(None, _OPEN_SET_HELP, resumable=True)
 
@@ -301,7 +304,10 @@ class MiniImagenetConfig(ConvNetConfig):
     None, "mini-ImageNet folder (default: $MINI_IMAGENET_DIR)", resumable=True
   )
   cache_dir: Optional[str] = setting(
-    None, "cache folder (default: $VAMPIRE_JAX_CACHE or ~/.cache/vampire_jax)", resumable=True
+    None,
+    "cache folder (default: $VAMPIRE_JAX_CACHE, else $XDG_CACHE_HOME/vampire_jax, else "
+    "~/.cache/vampire_jax)",
+    resumable=True,
   )
   source: str = setting(
     "auto",

@@ -16,7 +16,7 @@ import dataclasses
 import math
 from typing import Any, Optional, Sequence
 
-from vampire_jax._src.core.errors import ConfigError
+from vampire_jax._src.core.errors import ConfigError, InputError
 
 
 def setting(
@@ -155,6 +155,21 @@ class RunConfig:
   def validate(self) -> None:
     """Raises ConfigError for an impossible setting; subclasses add their own checks."""
     validate(self)
+
+
+def check_is_config(where: str, config) -> None:
+  """Refuses, in one line, a config that is not a `RunConfig` instance (a dict, the class)."""
+  if isinstance(config, RunConfig):
+    return
+  if isinstance(config, type):
+    got = f"the class {config.__name__} itself"
+  else:
+    got = f"a {type(config).__name__}"
+  fix = "vj.RunConfig(**config)" if isinstance(config, dict) else "vj.RunConfig(...)"
+  raise InputError(
+    f"{where}: config must be a vj.RunConfig (or an experiment's config), got {got}; "
+    f"build one: {fix}"
+  )
 
 
 def field_help(config_cls) -> dict[str, str]:
