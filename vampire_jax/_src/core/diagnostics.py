@@ -22,7 +22,12 @@ import jax.numpy as jnp
 import optax
 from jax.experimental import checkify
 
-from vampire_jax._src.core.gaussian import Gaussian, kl_step_factor, sample
+from vampire_jax._src.core.gaussian import (
+  Gaussian,
+  kl_step_factor,
+  sample,
+  standard_normal_like,
+)
 from vampire_jax._src.core.learners import MetaLearner, check_settings
 from vampire_jax._src.core.tasks import Task
 
@@ -113,6 +118,16 @@ def _losses(learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Arra
 _jitted_losses = jax.jit(_losses, static_argnums=0)
 
 
+def _adapted_nll(learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array):
+  """The support NLL of the task parameters `adapt` returns (no inner step: nothing to compare)."""
+  adapt_key, predict_key = jax.random.split(key)
+  task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
+  return _support_nll(learner, task_params, task, predict_key)
+
+
+_jitted_adapted_nll = jax.jit(_adapted_nll, static_argnums=0)
+
+
 def largest_curvature(
   loss_fn: Callable,
   weights: PyTree,
@@ -175,7 +190,14 @@ def check_inner_loop(
   Raises:
     InputError: the learner's settings have a non-finite or negative step
       size or KL weight (no step size makes such a loop stable, so none is advised).
+
+  A learner without inner steps (`settings.num_inner_steps == 0`: ProtoNet,
+  or S = 0) has no loop to fail: the report holds its support NLL, before
+  and after alike, and no advice.
   """
+  if learner.settings is not None and learner.settings.num_inner_steps == 0:
+    loss = float(_jitted_adapted_nll(learner, meta_params, task, key))
+    return InnerLoopReport(loss, loss, None, None, None, "")
   if learner.settings is not None:
     check_settings(
       "check_inner_loop: learner.settings",
@@ -186,7 +208,9 @@ def check_inner_loop(
   settings = learner.settings
   kl_factor = None
   if settings is not None and settings.kl_weight and isinstance(meta_params, Gaussian):
-    kl_factor = float(kl_step_factor(meta_params, settings.inner_lr, settings.kl_weight))
+    # The KL term's target sets the factor: the prior's sigma_p, or N(0, I)'s sigma of 1.
+    target = standard_normal_like(meta_params) if settings.kl_target != "prior" else meta_params
+    kl_factor = float(kl_step_factor(target, settings.inner_lr, settings.kl_weight))
   finite, fell = math.isfinite(after), math.isfinite(after) and after < before
   if finite and fell and (kl_factor is None or kl_factor < 2):
     return InnerLoopReport(before, after, None, None, kl_factor, "")
