@@ -20,6 +20,7 @@ import pytest
 import vampire_jax as vj
 from conftest import OMNIGLOT_DIR, REPO, needs_omniglot, user_env
 from experiments import compare, omniglot
+from vampire_jax._src.runs import algorithms
 
 TINY = [
   "--preset", "quick", "--num-filters", "4", "--tasks-per-step", "2", "--num-meta-steps", "2",
@@ -159,3 +160,24 @@ def test_regression_runs_vampire2_and_refuses_protonet(tmp_path):
   with pytest.raises(vj.ConfigError, match=r"--algorithm protonet classifies") as raised:
     compare.run("regression", ("protonet",), "quick", tmp_path / "p", overrides, progress=False)
   assert len(str(raised.value).splitlines()) == 1
+
+
+def test_the_benchmark_suite_builds_both_as_the_registry_does():
+  from benchmarks import suite
+
+  setting = dataclasses.replace(suite.SETTINGS["omniglot_5w1s"], num_filters=4, tasks=2)
+  apply_fn, params, nll = suite.network(setting, "protonet")
+  assert "head" not in params  # the embedding
+  options = dict(unroll_steps=False, remat=False)
+  protonet = suite.make_learner(setting, "protonet", apply_fn, nll, **options)
+  vampire2 = suite.make_learner(setting, "vampire2", *suite.network(setting)[::2], **options)
+  assert protonet.settings.num_inner_steps == 0
+  assert vampire2.settings.kl_target == "standard_normal" and vampire2.meta_loss is not None
+  assert vampire2.settings.kl_weight == algorithms.get("vampire2").config_defaults["kl_weight"]
+  tasks = suite.random_tasks(setting, jax.random.key(0), 2)
+  _, metrics = jax.jit(vj.make_meta_gradient(protonet))(
+    params, tasks, jax.random.split(jax.random.key(1), 2)
+  )
+  assert np.isfinite(float(metrics["loss"]))
+  with pytest.raises(ValueError, match="protonet classifies"):
+    suite.network(suite.SETTINGS["regression"], "protonet")
