@@ -3,7 +3,7 @@
 A network f embeds each example. Class k's prototype is the mean embedding of
 its support examples, and a query's logits are minus its distance to each:
 
-  c_k = (1 / |S_k|) sum_{i in S_k} f(x_i),    logit_k(x) = -d(f(x), c_k),
+  c_k = mean_{i: y_i = k} f(x_i),    logit_k(x) = -d(f(x), c_k),
 
 scored by the softmax cross-entropy of the query labels. There is no inner
 loop and no weight draw: the learner is deterministic, its meta-parameters are
@@ -86,7 +86,7 @@ def prototype_logits(
   """`[examples, num_classes]`: minus each embedding's distance to each prototype.
 
   Squared Euclidean: sum_j (f_j - c_kj)^2, as a sum of squared differences (not
-  |f|^2 - 2 f.c + |c|^2, which cancels in float32 when f is near c).
+  f.f - 2 f.c + c.c, which cancels in float32 when f is near c).
   Euclidean: its square root, with the gradient 0 where the distance is 0 (as
   `torch.norm`'s), not the square root's infinite one.
   """
