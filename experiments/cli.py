@@ -53,9 +53,12 @@ GROUPS = {
     "bmaml_leader_steps",
     "platipus_inference_data",
     "abml_hyper_prior_weight",
+    "outer_kl_weight",
+    "protonet_distance",
   ),
   "task": (
     "ways",
+    "train_ways",
     "shots",
     "query",
     "test_query",

@@ -25,7 +25,12 @@ from jax.experimental import checkify
 
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.errors import InputError
-from vampire_jax._src.core.gaussian import Gaussian, kl_step_factor, sample
+from vampire_jax._src.core.gaussian import (
+  Gaussian,
+  kl_step_factor,
+  sample,
+  standard_normal_like,
+)
 from vampire_jax._src.core.learners import MetaLearner, check_settings
 from vampire_jax._src.core.tasks import Task
 
@@ -114,6 +119,16 @@ def _losses(learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Arra
 # Compiled once per learner (a NamedTuple of functions, hashed by identity): checking
 # many tasks with one learner compiles once.
 _jitted_losses = jax.jit(_losses, static_argnums=0)
+
+
+def _adapted_nll(learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array):
+  """The support NLL of the task parameters `adapt` returns (no inner step: nothing to compare)."""
+  adapt_key, predict_key = jax.random.split(key)
+  task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
+  return _support_nll(learner, task_params, task, predict_key)
+
+
+_jitted_adapted_nll = jax.jit(_adapted_nll, static_argnums=0)
 
 
 def largest_curvature(
@@ -245,15 +260,18 @@ def check_inner_loop(
       advised); or the arguments cannot be checked as they are (`_check_arguments`):
       a task that is not one `vj.Task`, NaN or infinite values in it or in
       `meta_params`, meta-parameters of another kind than `learner.init` makes.
+
+  A learner without an inner loop by design (no inner steps and an inner lr of
+  0: ProtoNet) has no loop to fail: the report holds its support NLL, before
+  and after alike, and no advice.
   """
-  if learner.settings is not None:
-    check_settings(
-      "check_inner_loop: learner.settings",
-      learner.settings.inner_lr,
-      learner.settings.kl_weight,
-    )
-  _check_arguments(learner, meta_params, task, key)
   settings = learner.settings
+  if settings is not None and settings.num_inner_steps == 0 and settings.inner_lr == 0:
+    loss = float(_jitted_adapted_nll(learner, meta_params, task, key))  # ProtoNet: no loop
+    return InnerLoopReport(loss, loss, None, None, None, "")
+  if settings is not None:
+    check_settings("check_inner_loop: learner.settings", settings.inner_lr, settings.kl_weight)
+  _check_arguments(learner, meta_params, task, key)
   if settings is not None and settings.num_inner_steps == 0:
     before = float(_jitted_losses(learner, meta_params, task, key)[0])
     advice = (
@@ -264,7 +282,9 @@ def check_inner_loop(
   before, after = (float(v) for v in _jitted_losses(learner, meta_params, task, key))
   kl_factor = None
   if settings is not None and settings.kl_weight and isinstance(meta_params, Gaussian):
-    kl_factor = float(kl_step_factor(meta_params, settings.inner_lr, settings.kl_weight))
+    # The KL term's target sets the factor: the prior's sigma_p, or N(0, I)'s sigma of 1.
+    target = standard_normal_like(meta_params) if settings.kl_target != "prior" else meta_params
+    kl_factor = float(kl_step_factor(target, settings.inner_lr, settings.kl_weight))
   finite, fell = math.isfinite(after), math.isfinite(after) and after < before
   if finite and fell and (kl_factor is None or kl_factor < 2):
     return InnerLoopReport(before, after, None, None, kl_factor, "")

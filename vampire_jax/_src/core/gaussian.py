@@ -212,6 +212,20 @@ def kl_divergence(q: Gaussian, p: Gaussian) -> jax.Array:
   return sum(jax.tree_util.tree_leaves(per_leaf), jnp.zeros(()))
 
 
+def standard_normal_like(dist: Gaussian) -> Gaussian:
+  """N(0, I) over `dist`'s weights: zero means and zero log-stds, leaf by leaf.
+
+  The KL target of Vampire2 (the authors' 2021 VAMPIRE, `vj.vampire(...,
+  kl_target="standard_normal")`): `kl_divergence(q, standard_normal_like(q))`
+  is KL(q || N(0, I)) = sum[(m_q^2 + s_q^2 - 1) / 2 - log s_q], summed over
+  every weight. The authors' `KL_divergence_standard_normal` subtracts, instead
+  of 1 per weight, the number n of weight tensors once per tensor (n^2 in all,
+  then halved): a constant, so every gradient is the same, and only the value
+  differs, by (n^2 - number of weights) / 2.
+  """
+  return jax.tree_util.tree_map(jnp.zeros_like, dist)
+
+
 def _check_same_shapes(q: Gaussian, p: Gaussian) -> None:
   """InputError unless q's and p's means and log-stds have one structure and equal shapes
   leaf by leaf (a KL of broadcast leaves sums over elements neither distribution has)."""

@@ -24,7 +24,7 @@ import dataclasses
 import importlib
 import math
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -207,11 +207,14 @@ class Conv4(nn.Module):
   batch norm without scale and offset, as in the authors' code.
   `kernel_init_gain`: the kernels' Xavier-normal gain (the authors' 2019 code: 1).
   `batch_norm_epsilon`: added to the batch variance (the authors' 2019 code: 0).
+  `num_classes=None`: no dense head, the flattened features are the output
+  (ProtoNet's embedding, as the authors' `CNN(dim_output=None)`).
 
-  Input `[batch, height, width, channels]`, output logits `[batch, num_classes]`.
+  Input `[batch, height, width, channels]`, output logits `[batch, num_classes]`
+  (`[batch, features]` without a head).
   """
 
-  num_classes: int
+  num_classes: Optional[int]
   num_filters: int = 64
   max_pool: bool = False
   conv_impl: str = "xla"  # "xla" (nn.Conv), "patches" (PatchConv) or "loop_safe" (LoopSafeConv)
@@ -255,6 +258,8 @@ class Conv4(nn.Module):
       if self.max_pool:
         x = max_pool_2x2(x)
     x = x.reshape((x.shape[0], -1))
+    if self.num_classes is None:  # an embedding (ProtoNet): the features, no head
+      return x
     return nn.Dense(
       self.num_classes, kernel_init=xavier_normal(self.kernel_init_gain), name="head"
     )(x)
@@ -267,10 +272,12 @@ class MLP(nn.Module):
   `MLP((128, 32), num_classes)`. `kernel_init_gain`: the kernels' Xavier-normal
   gain (the authors' 2019 code: 1). Input `[batch, features]`: a leading task
   axis is refused (it would pool the tasks' examples); vmap over tasks.
+  `num_outputs=None`: no output layer, the last hidden layer's ReLU units are
+  the output (ProtoNet's embedding).
   """
 
   hidden_sizes: Sequence[int]
-  num_outputs: int
+  num_outputs: Optional[int]
   kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
 
   @nn.compact
@@ -283,6 +290,8 @@ class MLP(nn.Module):
     init = xavier_normal(self.kernel_init_gain)
     for width in self.hidden_sizes:
       x = nn.relu(nn.Dense(width, kernel_init=init)(x))
+    if self.num_outputs is None:  # an embedding (ProtoNet): the last hidden units
+      return x
     return nn.Dense(self.num_outputs, kernel_init=init)(x)
 
 

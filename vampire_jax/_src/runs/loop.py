@@ -117,6 +117,8 @@ def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key
     DivergenceError: (a ConfigError) the support loss goes non-finite at
       initialisation; the message names the knob to turn and a value that works.
   """
+  if learner.settings is not None and learner.settings.num_inner_steps == 0:
+    return  # no inner loop (ProtoNet): nothing to diverge
   task = jax.tree_util.tree_map(lambda x: x[0], problem_lib.draw_tasks(problem, "train", key, 1))
   report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
   if report.ok:

@@ -42,6 +42,9 @@ class Problem(NamedTuple):
       of classes outside its support set, labelled -1
       (`data.open_set_tasks_from_keys`). With it the test adds open-set
       episodes (`results['test']['open_set']`); None: no open-set test.
+    sample_train_tasks: optional: the training split's sampler where it differs
+      from `sample_tasks` (ProtoNet's `--train-ways`: training episodes of
+      more classes than the test's); None: `sample_tasks` for every split.
   """
 
   model: nn.Module
@@ -53,11 +56,19 @@ class Problem(NamedTuple):
   query_truth: Optional[Callable[[PyTree, jax.Array], jax.Array]] = None
   data_info: dict = {}
   sample_open_set_tasks: Optional[Callable[[PyTree, jax.Array], Task]] = None
+  sample_train_tasks: Optional[Callable[[PyTree, jax.Array], Task]] = None
+
+
+def sampler(problem: Problem, split: str) -> Callable[[PyTree, jax.Array], Task]:
+  """The task sampler of `split`: `sample_train_tasks` for 'train' where set, else `sample_tasks`."""
+  if split == "train" and problem.sample_train_tasks is not None:
+    return problem.sample_train_tasks
+  return problem.sample_tasks
 
 
 def draw_tasks(problem: Problem, split: str, key: jax.Array, num_tasks: int) -> Task:
-  """`num_tasks` tasks of `split` (e.g. to look at them), keys split from `key`."""
-  return jax.jit(problem.sample_tasks)(problem.splits[split], jax.random.split(key, num_tasks))
+  """`num_tasks` tasks of `split` as its sampler draws them, keys split from `key`."""
+  return jax.jit(sampler(problem, split))(problem.splits[split], jax.random.split(key, num_tasks))
 
 
 SPLITS = ("train", "val", "test")  # meta-train, pick the best meta-parameters, test them

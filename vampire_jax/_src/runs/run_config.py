@@ -80,6 +80,22 @@ class RunConfig:
     choices=("support_and_query", "query"),
   )
   abml_hyper_prior_weight: float = setting(1e-4, "ABML: weight of -log p(theta), 0 = flat")
+  outer_kl_weight: Optional[float] = setting(
+    None,
+    "Vampire2: weight of KL(adapted posterior || N(0, I)) in each task's meta-loss (none: "
+    "--kl-weight, as the authors' Vampire2.py)",
+  )
+  train_ways: Optional[int] = setting(
+    None,
+    "ProtoNet: classes per training episode (none: --ways; Snell et al. trained "
+    "1-shot with 30, 5-shot with 20)",
+  )
+  protonet_distance: str = setting(
+    "squared_euclidean",
+    "ProtoNet: the logits' distance to the prototypes: squared_euclidean (Snell et al.) "
+    "or euclidean (the authors' ProtoNet.py)",
+    choices=("squared_euclidean", "euclidean"),
+  )
   # The meta-optimiser.
   meta_lr: float = setting(1e-3, "gamma, Adam's learning rate")
   meta_lr_decay: float = setting(0.99, "gamma's factor after every 10 000 tasks")
@@ -265,6 +281,13 @@ def validate(config) -> None:
   for name in ("kl_weight", "abml_hyper_prior_weight", "log_std_weight_decay"):
     _check_number(name, getattr(config, name), positive=False)
   _check_number("kernel_init_gain", config.kernel_init_gain, positive=True)
+  if config.outer_kl_weight is not None:
+    _check_number("outer_kl_weight", config.outer_kl_weight, positive=False)
+  train_ways = config.train_ways
+  if train_ways is not None and (
+    isinstance(train_ways, bool) or not isinstance(train_ways, int) or train_ways < 2
+  ):
+    raise ConfigError(f"{_flag('train_ways')} must be an integer >= 2, got {train_ways!r}")
   if not 0.0 < config.meta_lr_decay <= 1.0:
     raise ConfigError(f"{_flag('meta_lr_decay')} must be in (0, 1], got {config.meta_lr_decay!r}")
   if config.second_order_steps is not None and (

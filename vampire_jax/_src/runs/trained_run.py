@@ -162,7 +162,13 @@ class Run:
 
   @functools.cached_property
   def num_outputs(self) -> int:
-    """The network's output size (the number of ways, for a classifier); traced once."""
+    """The network's output size (the number of ways, for a classifier); traced once.
+
+    An embedding without a head (ProtoNet) has as many outputs as features: its
+    classes are the config's ways.
+    """
+    if algorithms.get(self.config.algorithm).embedding:
+      return int(self.config.ways)
     x = jnp.zeros((1,) + self.input_shape)
     shape = jax.eval_shape(lambda: self.model.apply(self.model.init(jax.random.key(0), x), x))
     return int(shape.shape[-1])
