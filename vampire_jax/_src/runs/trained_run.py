@@ -30,7 +30,7 @@ from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import InputError, MissingDataError
 from vampire_jax._src.core.learners import MetaLearner, adapt_to_task
 from vampire_jax._src.metrics import predictive
-from vampire_jax._src.runs import kinds, run_folder
+from vampire_jax._src.runs import algorithms, kinds, run_folder
 from vampire_jax._src.runs.run_folder import RunCheckpoints
 from vampire_jax._src.runs.run_from_record import (
   config_from_record as config_from_record,  # the old module path of 0.2.0 reads it here
