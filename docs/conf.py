@@ -32,7 +32,7 @@ source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 # page here (no intersphinx offline) and are not links.
 nitpicky = True
 nitpick_ignore_regex = [
-  ("py:class", r"(jax|jaxlib|numpy|flax|optax|os|pathlib|collections|typing|PIL|Image)\b.*"),
+  ("py:class", r"(jax|jaxlib|numpy|flax|optax|os|pathlib|collections|typing|types|PIL|Image)\b.*"),
   ("py:class", r"(tuple|ArrayTree)\b.*"),
   # Private types in public signatures (the implementation under _src/ is not documented).
   ("py:class", r"vampire_jax\._src\..*"),

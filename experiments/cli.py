@@ -57,9 +57,12 @@ GROUPS = {
     "simpa_phi_inner_lr",
     "simpa_epsilon",
     "simpa_kl_samples",
+    "outer_kl_weight",
+    "protonet_distance",
   ),
   "task": (
     "ways",
+    "train_ways",
     "shots",
     "query",
     "test_query",
@@ -323,7 +326,8 @@ def _stderr(message: str) -> None:
 
 
 def compilation_cache_dir() -> Path:
-  """`$VAMPIRE_JAX_CACHE/xla`, else `~/.cache/vampire_jax/xla`."""
+  """`xla/` in the data cache's folder (`vj.data.default_cache_dir()`): `$VAMPIRE_JAX_CACHE/xla`,
+  else `$XDG_CACHE_HOME/vampire_jax/xla`, else `~/.cache/vampire_jax/xla`."""
   from vampire_jax.data import default_cache_dir
 
   return default_cache_dir() / "xla"

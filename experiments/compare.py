@@ -50,7 +50,7 @@ BENCHMARKS = {
   "mini_imagenet": "experiments.mini_imagenet",
   "tiered_imagenet": "experiments.tiered_imagenet",
 }
-POINT_ESTIMATES = ("maml", "fomaml")
+POINT_ESTIMATES = ("maml", "fomaml", "protonet")
 
 
 def parse_algorithms(names: str) -> list[str]:

@@ -14,7 +14,7 @@ import vampire_jax as vj
 from vampire_jax._src.runs import algorithms as algorithms_lib
 from vampire_jax._src.runs import problem as problem_lib
 from experiments import regression
-from vampire_jax._src.metrics import calibration
+from vampire_jax._src.metrics import calibration, summary_inputs
 from vampire_jax._src.runs import kinds
 from vampire_jax.data import sine_line
 from vampire_jax._src.core.errors import ConfigError
@@ -90,12 +90,11 @@ def test_summary_of_a_perfectly_calibrated_regressor_is_the_diagonal():
   tasks, functions = sine_line.sample_tasks_and_functions(jax.random.key(1), 400, num_query=10)
   truth = np.asarray(sine_line.evaluate_functions(functions, tasks.query_x))  # [400, 10, 1]
   outputs = truth[:, None] + 0.3 * rng.normal(size=(400, 500, 10, 1))
-  per_task = {
-    "mse": np.zeros(400),
-    "predictive_mean_mse": np.zeros(400),
-    "nll": np.zeros(400),
+  targets = np.asarray(tasks.query_y)
+  per_task = {  # the evaluator's scores of these predictions, which summarise checks
+    **summary_inputs.regression_scores(outputs, targets, 0.3),
     "predictions": outputs,
-    "targets": np.asarray(tasks.query_y),
+    "targets": targets,
     "truth": truth,
   }
   summary = kinds.summarise("regression", per_task, noise_std=0.3)
@@ -105,6 +104,7 @@ def test_summary_of_a_perfectly_calibrated_regressor_is_the_diagonal():
   np.testing.assert_allclose(paper.observed[1:-1], paper.levels[1:-1], atol=0.01)
   assert paper.observed[0] < 0.01 and paper.observed[-1] > 0.99
   exact = dict(per_task, predictions=truth[:, None])
+  exact.update(summary_inputs.regression_scores(truth[:, None], targets, 0.3))
   pit = kinds.summarise("regression", exact, noise_std=0.3).calibration["pit_calibration"]
   np.testing.assert_allclose(pit.observed, pit.levels, atol=0.025)  # 4000 points: 3 sigma
   record = json.loads(json.dumps(calibration.to_record(paper)))

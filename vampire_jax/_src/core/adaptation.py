@@ -207,11 +207,14 @@ def adapt(
   second_order_steps: Optional[int] = None,
   draw_outputs: Optional[OutputSampler] = None,
   nll: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
+  kl_target: Optional[Gaussian] = None,
 ) -> Gaussian:
   """VAMPIRE's task adaptation (Alg. 1, lines 5-7).
 
   Starting from q = prior, each step draws `num_mc_samples` weights from q
-  and moves both q.mean and q.log_std by `-inner_lr * grad VFE(q)`.
+  and moves both q.mean and q.log_std by `-inner_lr * grad VFE(q)`, where
+  VFE(q) = E_q[NLL] + kl_weight * KL(q || kl_target), the target the prior
+  unless given (Vampire2: N(0, I), `gaussian.standard_normal_like(prior)`).
 
   Args:
     prior: the meta-learned Gaussian p(w; theta).
@@ -236,6 +239,8 @@ def adapt(
     draw_outputs, nll: optional: the local reparameterisation trick (see
       `expected_nll`), e.g. `draw_outputs=vj.local_reparameterization` with
       `nll=vj.gaussian_nll(0.3)` for a `vj.MLP`.
+    kl_target: the Gaussian the KL term pulls q toward (None: the prior,
+      Alg. 1); the authors' 2021 code (Vampire2) takes N(0, I).
 
   Returns:
     The task posterior q(w; lambda), a `Gaussian` with the prior's structure.
@@ -277,6 +282,8 @@ def adapt(
   checks.rate("adapt", "kl_weight", kl_weight, positive=False)
   checks.prng_key("adapt", "key", key)
   _check_support("adapt", loss_fn, prior.mean, support_x, support_y, "prior")
+  target = prior if kl_target is None else kl_target
+  check_gaussian(target, "adapt")
 
   nll_grad = jax.grad(expected_nll)
   kl_grad = jax.grad(kl_divergence)
@@ -301,7 +308,7 @@ def adapt(
         grads = data_grads
       else:
         grads = jax.tree_util.tree_map(
-          lambda g, k: g + kl_weight * k, data_grads, kl_grad(posterior, prior)
+          lambda g, k: g + kl_weight * k, data_grads, kl_grad(posterior, target)
         )
       return _sgd_step(posterior, grads, inner_lr, first_order), None
 
@@ -318,7 +325,7 @@ def adapt(
     unroll_steps,
     remat,
   )
-  _refuse_nonfinite_posterior(posterior, prior, support_x, num_steps, inner_lr, kl_weight)
+  _refuse_nonfinite_posterior(posterior, prior, target, support_x, num_steps, inner_lr, kl_weight)
   return posterior
 
 
@@ -327,7 +334,7 @@ def _all_finite(tree: PyTree) -> bool:
 
 
 def _refuse_nonfinite_posterior(
-  posterior: Gaussian, prior: Gaussian, support_x, num_steps: int, inner_lr, kl_weight
+  posterior: Gaussian, prior: Gaussian, target: Gaussian, support_x, num_steps, inner_lr, kl_weight
 ) -> None:
   """Where concrete: InputError if the inner loop made a finite prior non-finite.
 
@@ -339,11 +346,11 @@ def _refuse_nonfinite_posterior(
     return
   if not (_all_finite(prior) and _all_finite(support_x)):
     return  # a NaN that came in goes out; the caller's own inputs say why
-  factor = float(kl_step_factor(prior, float(inner_lr), float(kl_weight)))
+  factor = float(kl_step_factor(target, float(inner_lr), float(kl_weight)))
   if not factor < 2:
     cause = (
       f"the KL term's step factor inner_lr * kl_weight / sigma_p^2 is {factor:.3g} at the "
-      "prior's narrowest weight (stable below 2): widen the prior's log-stds, or lower "
+      "KL target's narrowest weight (stable below 2): widen the prior's log-stds, or lower "
       "kl_weight or inner_lr"
     )
   else:
