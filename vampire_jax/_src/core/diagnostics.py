@@ -193,8 +193,10 @@ def _check_arguments(learner: MetaLearner, meta_params: PyTree, task: Task, key)
   checks.examples(where, ("task.support_x", "task.support_y"), task.support_x, task.support_y)
   central = _central_weights(meta_params)
   expected = _structure_of_init(learner, central)
-  if expected is not None and expected != jax.tree_util.tree_structure(meta_params):
-    made = jax.tree_util.tree_structure(meta_params)
+  made = jax.tree_util.tree_structure(meta_params)
+  # Meta-parameters of init's own container pass: an init that does not take its own output
+  # back (SImPa's generator and PHI network) makes another tree from them than they are.
+  if expected is not None and expected != made and not _same_container(made, expected):
     raise InputError(
       f"{where}: meta_params is a {_kind_of(made)}, but this learner's init makes a "
       f"{_kind_of(expected)} (a MAML learner takes weights, VAMPIRE a vj.Gaussian): pass "
@@ -231,11 +233,28 @@ def _structure_of_init(learner: MetaLearner, weights: PyTree):
     return None
 
 
-def _kind_of(structure) -> str:
-  """`vj.Gaussian` or `weight tree`: how a message names meta-parameters of this structure."""
+def _container(structure):
   node = structure.node_data()
-  kind = node[0] if node is not None else None
-  return f"vj.{kind.__name__}" if isinstance(kind, type) and kind is Gaussian else "weight tree"
+  return node[0] if node is not None else None
+
+
+def _same_container(made, expected) -> bool:
+  """Both trees are the same NamedTuple of meta-parameters (e.g. `SimpaParams`)."""
+  kind = _container(made)
+  return _is_named_tuple(kind) and kind is _container(expected)
+
+
+def _is_named_tuple(kind) -> bool:
+  return isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "_fields")
+
+
+def _kind_of(structure) -> str:
+  """How a message names meta-parameters of this structure: `vj.Gaussian`, another
+  NamedTuple by its name (`SimpaParams`), or `weight tree`."""
+  kind = _container(structure)
+  if kind is Gaussian:
+    return "vj.Gaussian"
+  return kind.__name__ if _is_named_tuple(kind) else "weight tree"
 
 
 def check_inner_loop(
