@@ -235,20 +235,22 @@ def simpa(
     def step(carry, step_key):
       generator, phi = carry
       nll_key, phi_key, bound_key = jax.random.split(step_key, 3)
+      # Constant gradients are taken at constant inputs: the same values, and no derivative
+      # of the inner backward passes is traced (the meta-gradient's program stays small).
+      fixed_generator, fixed_phi = jax.lax.stop_gradient((generator, phi))
       # Simpa.py divides each draw's loss by L and its gradient by L again: 1/L of the mean's.
-      g_nll = jax.tree_util.tree_map(
-        lambda g: g / num_mc_train, jax.grad(support_nll)(generator, support_x, support_y, nll_key)
+      g_nll = jax.grad(support_nll)(
+        fixed_generator if first_order else generator, support_x, support_y, nll_key
       )
-      if first_order:
-        g_nll = jax.lax.stop_gradient(g_nll)
-      phi_grad = jax.grad(lambda p: kl_lower_bound(generator, p, phi_key, num_kl_samples))(phi)
-      phi = jax.tree_util.tree_map(
-        lambda p, g: p + phi_inner_lr * jax.lax.stop_gradient(g), phi, phi_grad
+      g_nll = jax.tree_util.tree_map(lambda g: g / num_mc_train, g_nll)
+      phi_grad = jax.grad(lambda p: kl_lower_bound(fixed_generator, p, phi_key, num_kl_samples))(
+        fixed_phi
       )
-      g_kl, defined = jax.grad(lambda g: bound(g, phi, bound_key, n), has_aux=True)(generator)
-      g_kl = jax.lax.stop_gradient(
-        jax.tree_util.tree_map(lambda g: jnp.where(defined, g, jnp.zeros_like(g)), g_kl)
-      )
+      phi = jax.tree_util.tree_map(lambda p, g: p + phi_inner_lr * g, phi, phi_grad)
+      g_kl, defined = jax.grad(
+        lambda g: bound(g, jax.lax.stop_gradient(phi), bound_key, n), has_aux=True
+      )(fixed_generator)
+      g_kl = jax.tree_util.tree_map(lambda g: jnp.where(defined, g, jnp.zeros_like(g)), g_kl)
       generator = jax.tree_util.tree_map(
         lambda w, a, b: w - inner_lr * (a + b), generator, g_nll, g_kl
       )
