@@ -3,17 +3,21 @@
 
     python -m benchmarks.zoo_tolerance                          # every cell, all test tasks
     python -m benchmarks.zoo_tolerance --cells 'regression_*' --num-test-tasks 200
+    XLA_FLAGS=--xla_cpu_max_isa=SSE4_2 python -m benchmarks.zoo_tolerance   # another CPU
 
 A GPU scores a cell with other kernels than a CPU (and, by default, TF32 matmuls and
-convolutions on recent NVIDIA GPUs: 10 bits of mantissa). Without a GPU at hand, two
-stand-ins on this CPU bracket that change:
+convolutions on recent NVIDIA GPUs: 10 bits of mantissa). Without a GPU at hand, three
+stand-ins on this CPU bracket that change, each set against the cell's own numbers
+(its `results.json`, or its per-task scores for fewer tasks):
+  - `this process`: the cell scored as `zoo verify` scores it; under
+    `XLA_FLAGS=--xla_cpu_max_isa=SSE4_2`, XLA's code for an older CPU (narrower vectors,
+    no FMA: other sums), as another machine's CPU gives;
   - `vmap`: the tasks of a batch vmapped instead of looped (`--eval-task-batching vmap`):
-    another XLA program, so other fusions and another order of the sums: float32
-    rounding, as another device's kernels give;
+    another XLA program, other fusions;
   - `bfloat16`: the network's matmuls and convolutions on bfloat16 inputs
     (`--compute-dtype bfloat16`, 8 bits of mantissa): coarser than TF32's rounding.
-Each row gives the score, the NLL and the ECE against the cell's own, the first two in
-units of their 95 % half-width (the tolerance is `zoo_verify.CI_FRACTION` of it).
+Each row gives the score, the NLL and the ECE against the cell's own, the first two also
+in units of their 95 % half-width (the tolerance is `zoo_verify.CI_FRACTION` of it).
 """
 
 import argparse
@@ -48,28 +52,31 @@ def rescored(run, changes: dict):
 
 
 def measure(zoo_dir, name: str, num_tasks=None) -> list[dict]:
-  """`[{stand_in, score, nll, ece (each the change), seconds}]` for one cell."""
+  """`[{cell, stand_in, num_tasks, <score>, nll, ece (each the change), seconds}]`."""
   import vampire_jax as vj
 
   run = vj.load_run(zoo_dir / name)
   results = json.loads((zoo_dir / name / run_folder.RESULTS_FILE).read_text())
   count = int(results["test"]["num_tasks"])
   num_tasks = count if num_tasks is None else min(num_tasks, count)
+  num_bins = run.config.num_bins
+  reference = zoo_verify.reference(results, zoo.per_task_file(zoo_dir / name), num_tasks, num_bins)
+  if reference is None:
+    raise ValueError(f"{name} keeps no per-task scores: measure it on all its {count} tasks")
   problem = zoo_verify.make_problem(run)
-  rows, reference = [], None
-  for stand_in, changes in [("as trained", {})] + list(STAND_INS.items()):
+  score = "accuracy" if run.kind == "classification" else "mse"
+  rows = []
+  for stand_in, changes in [("this process", {})] + list(STAND_INS.items()):
     start = time.perf_counter()
     per_task, numbers = zoo_verify.score_test_split(rescored(run, changes), problem, num_tasks)
     if num_tasks < count:
-      numbers = zoo_verify.numbers_from_arrays(run.kind, per_task, run.config.num_bins)
-    reference = reference or numbers
-    score = "accuracy" if run.kind == "classification" else "mse"
+      numbers = zoo_verify.numbers_from_arrays(run.kind, per_task, num_bins)
     row = {"cell": name, "stand_in": stand_in, "num_tasks": num_tasks}
     for metric in (score, "nll"):
-      delta = numbers[metric] - reference[metric]
-      row[metric] = delta
-      row[f"{metric}_in_ci"] = delta / reference[f"{metric}_ci95"]
-    row["ece"] = numbers["ece"] - reference["ece"] if "ece" in numbers else None
+      row[metric] = numbers[metric] - reference.numbers[metric]
+      row[f"{metric}_in_ci"] = row[metric] / reference.numbers[f"{metric}_ci95"]
+    both = "ece" in numbers and "ece" in reference.numbers
+    row["ece"] = numbers["ece"] - reference.numbers["ece"] if both else None
     row["seconds"] = time.perf_counter() - start
     rows.append(row)
   return rows

@@ -168,13 +168,12 @@ def tested_checkpoint(folder: Path, results: dict) -> str:
 
 
 def _finished_results(folder: Path) -> dict:
-  results = run_folder.read_json(folder / run_folder.RESULTS_FILE)
-  if not isinstance(results, dict) or "test" not in results or "tested_step" not in results:
+  if not _is_finished(folder):
     raise ConfigError(
       f"zoo add: {folder} has no finished results.json (a run still training, or "
       "not a run of vj.train_and_evaluate); finish it first"
     )
-  return results
+  return run_folder.read_json(folder / run_folder.RESULTS_FILE)
 
 
 # -- A cell's name and command, from its config --------------------------------------------
@@ -345,7 +344,11 @@ def _made(folder: Path) -> Path:
 
 
 def add(sources: list[Path], zoo: Path, *, name=None, replace=False) -> list[str]:
-  """Adds every run folder of `sources` (folders or tar files); returns the cells' names."""
+  """Adds every finished run folder of `sources` (folders or tar files); returns the names.
+
+  In a source of several runs, one still training (no test in its results.json) is
+  skipped with a line; a source of one run that has not finished is refused.
+  """
   added = []
   for source in sources:
     with tempfile.TemporaryDirectory() as unpacked:
@@ -354,12 +357,21 @@ def add(sources: list[Path], zoo: Path, *, name=None, replace=False) -> list[str
           tar.extractall(unpacked, filter="data")
         source = Path(unpacked)
       folders = run_folders(source)
+      if len(folders) > 1:
+        for folder in [f for f in folders if not _is_finished(f)]:
+          print(f"skipped {folder}: it has not finished (no test in its results.json)")
+        folders = [f for f in folders if _is_finished(f)] or folders
       if name is not None and len(folders) + len(added) > 1:
         raise ConfigError(f"zoo add: --name names one cell; {source} holds {len(folders)} runs")
       for folder in folders:
         added.append(add_run(folder, zoo, name, replace))
         print(f"added zoo/{added[-1]} from {folder}")
   return added
+
+
+def _is_finished(folder: Path) -> bool:
+  results = run_folder.read_json(folder / run_folder.RESULTS_FILE)
+  return isinstance(results, dict) and "test" in results and "tested_step" in results
 
 
 # -- verify ---------------------------------------------------------------------------------
@@ -418,6 +430,13 @@ def verify_cell(zoo: Path, name: str, entry: dict, num_tasks: Optional[int], mac
       f"no per-task scores: verify it on all its {count} tasks", "–", "–", 0.0,
     )  # fmt: skip
   problem = zoo_verify.make_problem(run)
+  recorded = _json((results.get("data") or {}).get("fingerprint"))
+  here = _json((problem.data_info or {}).get("fingerprint"))
+  if recorded and here and recorded != here:  # zips by name, size and sha256
+    return Verified(
+      name, num_tasks, expected, "error",
+      f"the data here are not the run's (its files: {recorded}; here: {here})", "–", "–", 0.0,
+    )  # fmt: skip
   with _progress_bar(name, num_tasks) as on_batch:
     per_task, numbers = zoo_verify.score_test_split(run, problem, num_tasks, on_batch)
   if num_tasks < count:

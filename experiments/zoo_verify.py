@@ -17,6 +17,7 @@ computes something else.
 """
 
 import importlib
+import os
 import platform
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
@@ -52,12 +53,20 @@ EXPERIMENT_MODULES = {
 
 
 def this_machine() -> dict:
-  """What decides the last bits of a score here: the device kind, the CPU, jaxlib."""
+  """What decides the last bits of a score here: the device kind, the CPU, jaxlib, and
+  XLA's flags (`--xla_cpu_max_isa=SSE4_2` makes another CPU's programs), but the device
+  count, which changes no score."""
   device = jax.devices()[0]
   machine = {"platform": device.platform, "device_kind": device.device_kind}
   if device.platform == "cpu":
     machine["cpu"] = _cpu_model()
-  return dict(machine, jaxlib=jaxlib.__version__)
+  machine["jaxlib"] = jaxlib.__version__
+  flags = [
+    flag
+    for flag in os.environ.get("XLA_FLAGS", "").split()
+    if not flag.startswith("--xla_force_host_platform_device_count")
+  ]
+  return dict(machine, xla_flags=" ".join(flags)) if flags else machine
 
 
 def _cpu_model() -> str:
@@ -73,7 +82,8 @@ def _cpu_model() -> str:
 def describe_machine(machine: dict) -> str:
   """e.g. "cpu (AMD EPYC 7B13), jaxlib 0.10.2" or "gpu (NVIDIA H200), jaxlib 0.10.2"."""
   kind = machine.get("cpu") if machine["platform"] == "cpu" else machine["device_kind"]
-  return f"{machine['platform']} ({kind}), jaxlib {machine['jaxlib']}"
+  flags = f", XLA_FLAGS {machine['xla_flags']}" if "xla_flags" in machine else ""
+  return f"{machine['platform']} ({kind}), jaxlib {machine['jaxlib']}{flags}"
 
 
 # -- Scoring -------------------------------------------------------------------------------
@@ -217,7 +227,7 @@ def _same_array(a, b) -> bool:
 
 
 def headline(kind: str, numbers: dict) -> str:
-  """The score with its half-width, as the tables print it: "58.61 ± 1.58 %", "MSE 3.909 ± 0.318"."""
+  """The score and its half-width, as the tables print them ("58.61 ± 1.58 %")."""
   if kind == "classification":
     return f"{100 * numbers['accuracy']:.2f} ± {100 * numbers['accuracy_ci95']:.2f} %"
   return f"MSE {numbers['mse']:.3f} ± {numbers['mse_ci95']:.3f}"

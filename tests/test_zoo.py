@@ -8,6 +8,7 @@ the generated tables. Then the repository's zoo/ itself: its checksums, every ce
 and predicts, the README's table is the one the zoo gives, and a small verify passes.
 """
 
+import argparse
 import dataclasses
 import json
 import shlex
@@ -15,11 +16,12 @@ import shutil
 import tarfile
 
 import jax
+import jaxlib
 import numpy as np
 import pytest
 
 import vampire_jax as vj
-from conftest import tiny_regression_config
+from conftest import REPO, tiny_regression_config
 from experiments import cli, regression, zoo, zoo_verify
 from vampire_jax._src.core.errors import ConfigError
 
@@ -128,15 +130,20 @@ def test_a_tar_from_another_machine_adds_the_same_cell(runs, tmp_path):
   assert cells[0] == cells[1]
 
 
-def test_a_folder_of_runs_adds_each_and_their_commands_rebuild_their_configs(tmp_path):
-  """A regression comparison's folder holds one run per method: `add` takes each. A run
-  that differs from its preset beyond speed knobs needs a name; its command, derived from
-  its config, gives that config again."""
+def test_a_folder_of_runs_adds_each_and_their_commands_rebuild_their_configs(tmp_path, capsys):
+  """A regression comparison's folder holds one run per method: `add` takes each finished
+  one. A run that differs from its preset beyond speed knobs needs a name; its command,
+  derived from its config, gives that config again."""
   root = tmp_path / "regression_quick_seed0"
   for algorithm in ("vampire", "maml"):
     _train(root / algorithm, algorithm, num_meta_steps=2, seed=3, hidden_sizes=(8, 8, 8))
+  shutil.copytree(root / "maml", root / "still_training")  # a third, not finished yet
+  (root / "still_training" / "results.json").unlink()
   with pytest.raises(ConfigError) as error:
     zoo.add([root], tmp_path / "zoo")
+  assert capsys.readouterr().out == (
+    f"skipped {root / 'still_training'}: it has not finished (no test in its results.json)\n"
+  )
   assert _one_line(error).startswith(
     f"zoo add: {root / 'maml'} differs from the quick preset in eval_every, hidden_sizes, "
   )
@@ -238,6 +245,34 @@ def test_verify_fails_a_cell_whose_numbers_are_not_what_its_run_reported(runs, t
   assert zoo.main(args + ["--num-test-tasks", "2"]) == 0
 
 
+def test_verify_says_when_the_data_here_are_not_the_runs(runs, tmp_path, monkeypatch):
+  """Omniglot records its zips' names, sizes and sha256: other files give other tasks."""
+  zoo_dir = _add(runs, tmp_path, "final")
+  results_path = zoo_dir / "tiny" / "results.json"
+  results = json.loads(results_path.read_text())
+  results["data"]["fingerprint"] = [["images_evaluation.zip", 5, "aa"]]
+  results_path.write_text(json.dumps(results))
+  manifest = zoo.read_manifest(zoo_dir)
+  manifest["cells"]["tiny"]["files"] = zoo.checksums(zoo_dir / "tiny")
+  zoo.write_manifest(zoo_dir, manifest)
+  build = zoo_verify.make_problem
+
+  def with_files(files):
+    def make_problem(run):
+      problem = build(run)
+      return problem._replace(data_info=dict(problem.data_info, fingerprint=files))
+
+    return make_problem
+
+  monkeypatch.setattr(zoo_verify, "make_problem", with_files([["x.zip", 5, "bb"]]))
+  (row,) = zoo.verify(zoo_dir, "tiny")
+  assert (row.outcome, row.passed) == ("error", False)
+  assert row.detail.startswith("the data here are not the run's (its files: [['images_eval")
+  same = results["data"]["fingerprint"]
+  monkeypatch.setattr(zoo_verify, "make_problem", with_files(same))
+  assert zoo.verify(zoo_dir, "tiny")[0].outcome == "equal"
+
+
 def test_fewer_tasks_need_the_per_task_file(runs, tmp_path):
   zoo_dir = _add(runs, tmp_path, "final")
   (zoo_dir / "tiny" / "test_per_task.npz").unlink()
@@ -304,6 +339,22 @@ def test_within_tolerance_passes_only_where_equality_is_not_expected():
   assert not dataclasses.replace(row, outcome="error").passed
 
 
+def test_the_machine_names_what_changes_the_last_bits(monkeypatch):
+  """The device kind, the CPU model, jaxlib and XLA's flags, but not the device count."""
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  plain = zoo_verify.this_machine()
+  assert plain["platform"] == "cpu" and plain["jaxlib"] == jaxlib.__version__, plain
+  assert sorted(plain) == ["cpu", "device_kind", "jaxlib", "platform"]
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  assert zoo_verify.this_machine() == plain
+  monkeypatch.setenv(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_max_isa=SSE4_2"
+  )
+  older = zoo_verify.this_machine()
+  assert older == dict(plain, xla_flags="--xla_cpu_max_isa=SSE4_2")
+  assert zoo_verify.describe_machine(older).endswith(", XLA_FLAGS --xla_cpu_max_isa=SSE4_2")
+
+
 # -- The tables -----------------------------------------------------------------------------
 
 
@@ -326,3 +377,61 @@ def test_the_tables_are_generated_and_a_stale_one_is_found(runs, tmp_path, readm
   args = ["--zoo", str(zoo_dir), "--readme", str(readme)]
   assert zoo.main(args + ["check"]) == 1
   assert zoo.main(args + ["table"]) == 0 and zoo.main(args + ["check"]) == 0
+
+
+# -- The repository's zoo ---------------------------------------------------------------------
+
+
+def test_the_zoo_matches_its_manifest_and_fits_the_budget():
+  manifest = zoo.read_manifest(zoo.ZOO)
+  assert manifest["cells"], "zoo/manifest.json lists no cell"
+  assert zoo.check_cells(zoo.ZOO) == []
+  total = sum(entry["bytes"] for entry in manifest["cells"].values())
+  assert total <= 30e6, f"the zoo holds {total / 1e6:.1f} MB, over the 30 MB budget"
+
+
+def test_the_readmes_results_table_is_the_zoos():
+  assert zoo.stale_tables(zoo.ZOO, REPO / "README.md") == []
+
+
+def test_every_cell_loads_and_predicts_as_a_run():
+  for name, entry in zoo.read_manifest(zoo.ZOO)["cells"].items():
+    run = vj.load_run(zoo.ZOO / name)
+    assert type(run.config).__name__ in zoo_verify.EXPERIMENT_MODULES, name
+    assert run.config.algorithm == entry["algorithm"]
+    rng = np.random.default_rng(0)
+    shape = run.input_shape
+    if run.kind == "regression":
+      support_y = rng.normal(size=(5, 1)).astype(np.float32)
+    else:
+      support_y = np.arange(run.config.ways)
+    support_x = rng.uniform(-1, 1, (len(support_y), *shape)).astype(np.float32)
+    query_x = rng.uniform(-1, 1, (7, *shape)).astype(np.float32)
+    predictive = run.predictive(support_x, support_y, query_x, jax.random.key(1))
+    value = np.zeros(
+      (7, *predictive.event_shape), np.int32 if run.kind != "regression" else np.float32
+    )
+    assert predictive.batch_shape == (7,) and bool(np.isfinite(predictive.log_prob(value)).all())
+    if run.kind == "classification":
+      probs = run.predict(support_x, support_y, query_x, jax.random.key(1))
+      np.testing.assert_allclose(predictive.probs, probs, atol=1e-6)
+
+
+def test_a_small_verify_of_the_zoo_passes():
+  """What CI runs: one cell, a few tasks, scored again and compared with its run's."""
+  (row,) = zoo.verify(zoo.ZOO, "regression_cpu_maml", num_tasks=5)
+  assert row.passed and row.num_tasks == 5, row
+  if row.expected_equal:  # verified equal on this machine before: it is equal now
+    assert row.outcome == "equal", row
+
+
+def test_verify_refuses_an_unknown_cell_in_one_line():
+  with pytest.raises(ConfigError) as error:
+    zoo.verify(zoo.ZOO, "no_such_cell*")
+  assert _one_line(error).startswith("zoo verify: --cells 'no_such_cell*' names no cell; ")
+
+
+def test_the_parser_refuses_no_tasks():
+  with pytest.raises(SystemExit):
+    zoo.parse_args(["verify", "--num-test-tasks", "0"])
+  assert isinstance(zoo.parse_args(["verify"]), argparse.Namespace)
