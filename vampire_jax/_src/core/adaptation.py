@@ -78,6 +78,41 @@ def _sgd_step(params: PyTree, grads: PyTree, inner_lr: float, first_order: bool)
   return jax.tree_util.tree_map(lambda p, g: p - inner_lr * g, params, grads)
 
 
+def _backtracking_step(gradient: Callable, loss: Callable, inner_lr, first_order: bool):
+  """A guarded inner step: `step((params, scale), key) -> ((params, scale), None)`.
+
+  The step is `-inner_lr * scale * gradient(params, key)`. It is taken only where it does
+  not raise `loss(params, key)` (for VAMPIRE the sampled VFE, on the step's own weight
+  draws) and keeps it finite; otherwise the parameters stay, and `scale` halves for the
+  steps after. A stable step lowers the loss it descends, so the guard changes nothing
+  there; on a task whose curvature lambda makes inner_lr * lambda > 2 (a support clustered
+  at large |x|), it stops the loop from running away (BUILD_NOTES.md, "Runaway test tasks").
+  """
+
+  def step(carry, key):
+    params, scale = carry
+    candidate = _sgd_step(params, gradient(params, key), inner_lr * scale, first_order)
+    # Which step to take is a decision, not a value to differentiate.
+    before, after = (loss(jax.lax.stop_gradient(p), key) for p in (params, candidate))
+    taken = jnp.isfinite(after) & (after <= before)
+    params = jax.tree_util.tree_map(lambda new, old: jnp.where(taken, new, old), candidate, params)
+    return (params, jnp.where(taken, scale, scale / 2)), None
+
+  return step
+
+
+def _first_scale(params: PyTree, support_x: jax.Array) -> jax.Array:
+  """1.0, the guard's first step scale, typed as values made from `params` and `support_x`.
+
+  Under `shard_map` a loop's carry must vary over the same devices in and out: the scale
+  comes out of the loop made from the task's data, so it goes in made from them too.
+  """
+  first = jnp.ravel(jax.tree_util.tree_leaves(params)[0])[0]
+  return jnp.where(jnp.isnan(first) & jnp.isnan(jnp.ravel(support_x)[0]), 1.0, 1.0).astype(
+    jnp.float32
+  )
+
+
 def _check_second_order_steps(second_order_steps: Optional[int], where: str = "adapt") -> None:
   if second_order_steps is not None:
     checks.step_count(where, "second_order_steps", second_order_steps, 0)
@@ -207,6 +242,7 @@ def adapt(
   second_order_steps: Optional[int] = None,
   draw_outputs: Optional[OutputSampler] = None,
   nll: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
+  backtracking: bool = False,
 ) -> Gaussian:
   """VAMPIRE's task adaptation (Alg. 1, lines 5-7).
 
@@ -236,6 +272,11 @@ def adapt(
     draw_outputs, nll: optional: the local reparameterisation trick (see
       `expected_nll`), e.g. `draw_outputs=vj.local_reparameterization` with
       `nll=vj.gaussian_nll(0.3)` for a `vj.MLP`.
+    backtracking: not the paper's (off by default): a step that raises the
+      VFE on its own weight draws, or makes it non-finite, is not taken, and
+      the steps after it are halved. A guard for tasks whose support loss is
+      too curved for `inner_lr` (e.g. sine/line supports clustered near
+      |x| = 5); a stable step is taken as without it.
 
   Returns:
     The task posterior q(w; lambda), a `Gaussian` with the prior's structure.
@@ -282,28 +323,34 @@ def adapt(
   kl_grad = jax.grad(kl_divergence)
   without_kl = checks.concrete(kl_weight) and float(kl_weight) == 0.0
 
+  data_options = dict(
+    loss_fn=loss_fn,
+    num_mc_samples=num_mc_samples,
+    sample_batching=sample_batching,
+    draw_outputs=draw_outputs,
+    nll=nll,
+  )
+
+  def sampled_vfe(posterior, step_key):  # what a step descends, on the step's draws
+    data = expected_nll(posterior, support_x, support_y, step_key, **data_options)
+    return data if without_kl else data + kl_weight * kl_divergence(posterior, prior)
+
   def make_step(differentiated: bool):
-    def step(posterior, step_key):
-      data_grads = nll_grad(
-        posterior,
-        support_x,
-        support_y,
-        step_key,
-        loss_fn=loss_fn,
-        num_mc_samples=num_mc_samples,
-        sample_batching=sample_batching,
-        draw_outputs=draw_outputs,
-        nll=nll,
-      )
+    def gradient(posterior, step_key):
+      data_grads = nll_grad(posterior, support_x, support_y, step_key, **data_options)
       if not differentiated:  # the authors' steps 2..S: the likelihood's gradient is a constant
         data_grads = jax.lax.stop_gradient(data_grads)
       if without_kl:  # not 0 * KL gradient: that is NaN where a prior's KL overflows
-        grads = data_grads
-      else:
-        grads = jax.tree_util.tree_map(
-          lambda g, k: g + kl_weight * k, data_grads, kl_grad(posterior, prior)
-        )
-      return _sgd_step(posterior, grads, inner_lr, first_order), None
+        return data_grads
+      return jax.tree_util.tree_map(
+        lambda g, k: g + kl_weight * k, data_grads, kl_grad(posterior, prior)
+      )
+
+    if backtracking:
+      return _backtracking_step(gradient, sampled_vfe, inner_lr, first_order)
+
+    def step(posterior, step_key):
+      return _sgd_step(posterior, gradient(posterior, step_key), inner_lr, first_order), None
 
     return step
 
@@ -311,13 +358,14 @@ def adapt(
     return prior
   posterior = _two_phase_scan(
     make_step,
-    prior,
+    (prior, _first_scale(prior, support_x)) if backtracking else prior,
     jax.random.split(key, num_steps),
     num_steps,
     second_order_steps,
     unroll_steps,
     remat,
   )
+  posterior = posterior[0] if backtracking else posterior
   _refuse_nonfinite_posterior(posterior, prior, support_x, num_steps, inner_lr, kl_weight)
   return posterior
 
@@ -366,6 +414,7 @@ def maml_adapt(
   unroll_steps: bool = False,
   remat: bool = False,
   second_order_steps: Optional[int] = None,
+  backtracking: bool = False,
 ) -> PyTree:
   """MAML's task adaptation: `num_steps` SGD steps on the support loss.
 
@@ -381,6 +430,9 @@ def maml_adapt(
     remat: recompute each step in the backward pass (`jax.checkpoint`).
     second_order_steps: None differentiates every step at second order; k
       treats the gradient as a constant after the first k steps.
+    backtracking: not the paper's (off by default): a step that raises the
+      support loss, or makes it non-finite, is not taken, and the steps after
+      it are halved (see `adapt`).
 
   Returns:
     The adapted weights, a tree like `params`.
@@ -393,19 +445,26 @@ def maml_adapt(
   loss_grad = jax.grad(loss_fn)
 
   def make_step(differentiated: bool):
-    def step(task_params, _):
+    def gradient(task_params, _):
       grads = loss_grad(task_params, support_x, support_y)
-      if not differentiated:
-        grads = jax.lax.stop_gradient(grads)
-      return _sgd_step(task_params, grads, inner_lr, first_order), None
+      return grads if differentiated else jax.lax.stop_gradient(grads)
+
+    if backtracking:
+      support_loss = lambda task_params, _: loss_fn(task_params, support_x, support_y)
+      return _backtracking_step(gradient, support_loss, inner_lr, first_order)
+
+    def step(task_params, _):
+      return _sgd_step(task_params, gradient(task_params, None), inner_lr, first_order), None
 
     return step
 
   if num_steps == 0:
     return params
-  return _two_phase_scan(
-    make_step, params, None, num_steps, second_order_steps, unroll_steps, remat
+  init = (params, _first_scale(params, support_x)) if backtracking else params
+  adapted = _two_phase_scan(
+    make_step, init, None, num_steps, second_order_steps, unroll_steps, remat
   )
+  return adapted[0] if backtracking else adapted
 
 
 def predict(

@@ -118,6 +118,7 @@ def vampire(
   remat: bool = False,
   second_order_steps: Optional[int] = None,
   draw_outputs: Optional[adaptation.OutputSampler] = None,
+  backtracking: bool = False,
 ) -> MetaLearner:
   """VAMPIRE (Nguyen et al. 2020, Alg. 1): Gaussian prior, VI inner loop.
 
@@ -145,6 +146,9 @@ def vampire(
     draw_outputs: optional: draw outputs instead of weights, in the inner
       loop, on the query set and at prediction (the local reparameterisation
       trick, `vj.local_reparameterization` for a `vj.MLP`; off by default).
+    backtracking: not the paper's (off by default): an inner step that raises
+      the support VFE, or makes it non-finite, is not taken and the steps after
+      it are halved (`vj.adapt`): a guard for tasks too curved for `inner_lr`.
 
   Examples:
     >>> from vampire_jax.data import sine_line
@@ -190,6 +194,7 @@ def vampire(
       second_order_steps=second_order_steps,
       draw_outputs=draw_outputs,
       nll=None if draw_outputs is None else nll,
+      backtracking=backtracking,
     )
 
   def predict(posterior, x, key):
@@ -222,6 +227,7 @@ def maml(
   unroll_steps: bool = False,
   remat: bool = False,
   second_order_steps: Optional[int] = None,
+  backtracking: bool = False,
 ) -> MetaLearner:
   """MAML (Finn et al. 2017): the point-estimate special case; options as in `vampire`.
 
@@ -248,6 +254,7 @@ def maml(
       unroll_steps=unroll_steps,
       remat=remat,
       second_order_steps=second_order_steps,
+      backtracking=backtracking,
     )
 
   def predict(params, x, key):

@@ -88,6 +88,7 @@ def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
     remat=config.remat,
     second_order_steps=config.second_order_steps,
     draw_outputs=draw_outputs(config),
+    backtracking=config.inner_backtracking,
   )
 
 
@@ -103,6 +104,7 @@ def _maml(first_order: bool):
       unroll_steps=unroll,
       remat=config.remat,
       second_order_steps=config.second_order_steps,
+      backtracking=config.inner_backtracking,
     )
 
   return build
@@ -189,6 +191,7 @@ _OPTIONS = {
   "platipus_inference_data": ("platipus",),
   "abml_hyper_prior_weight": ("abml",),
   "local_reparameterization": ("vampire", "abml"),
+  "inner_backtracking": ("vampire", "maml", "fomaml"),
 }
 
 
