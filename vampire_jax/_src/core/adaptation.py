@@ -276,7 +276,7 @@ def adapt(
       VFE on its own weight draws, or makes it non-finite, is not taken, and
       the steps after it are halved. A guard for tasks whose support loss is
       too curved for `inner_lr` (e.g. sine/line supports clustered near
-      |x| = 5); a stable step is taken as without it.
+      x = -5 or 5); a stable step is taken as without it.
 
   Returns:
     The task posterior q(w; lambda), a `Gaussian` with the prior's structure.
