@@ -451,7 +451,7 @@ def training_curves_figure(
           markeredgecolor="black",
           label=f"best checkpoint (step {best['step']}), the one tested",
         )
-    ax.set_xlim(0, last_step)
+    ax.set_xlim(0, last_step * 1.04)  # a margin: the best step is often the last
     ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 12500 -> 12.5k
     if name in _MIN_Y_RANGE:
