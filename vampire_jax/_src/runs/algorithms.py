@@ -98,6 +98,7 @@ def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll, kl_targe
     draw_outputs=draw_outputs(config),
     kl_target=kl_target,
     outer_kl_weight=0.0 if kl_target == "prior" else outer,
+    backtracking=config.inner_backtracking,
   )
 
 
@@ -113,6 +114,7 @@ def _maml(first_order: bool):
       unroll_steps=unroll,
       remat=config.remat,
       second_order_steps=config.second_order_steps,
+      backtracking=config.inner_backtracking,
     )
 
   return build
@@ -206,6 +208,7 @@ _OPTIONS = {
   "outer_kl_weight": ("vampire2",),
   "train_ways": ("protonet",),
   "protonet_distance": ("protonet",),
+  "inner_backtracking": ("vampire", "vampire2", "maml", "fomaml"),
 }
 
 
