@@ -133,34 +133,42 @@ def same_padding(size: int, stride: int, kernel: int = 3) -> tuple[int, int]:
   return total // 2, total - total // 2
 
 
-def conv4(num_classes: int, image: tuple, num_filters: int, max_pool: bool) -> Network:
+def conv4(
+  num_classes: Optional[int],
+  image: tuple,
+  num_filters: int,
+  max_pool: bool,
+  batch_norm_affine: bool = True,
+) -> Network:
   """`vampire_jax._src.core.models.Conv4` (scale and offset in batch norm), on NCHW inputs.
 
   Four [conv 3x3 'SAME' -> batch norm (batch statistics) -> ReLU (-> 2x2
   max-pool)] blocks and a dense head. Stride 2 without pooling (Omniglot),
-  stride 1 with pooling (mini-ImageNet).
+  stride 1 with pooling (mini-ImageNet). `batch_norm_affine=False`: no scale
+  or offset (the authors' `CNN(bn_affine=False)`); `num_classes=None`: no
+  head, the flattened features out (ProtoNet's embedding), in NCHW order.
   """
   height, width, channels = image
   stride = 1 if max_pool else 2
+  per_block = 4 if batch_norm_affine else 2
   names, shapes, paddings = [], [], []
   for block in range(4):
     paddings.append((same_padding(height, stride), same_padding(width, stride)))
-    names += [
-      f"conv{block}/kernel",
-      f"conv{block}/bias",
-      f"norm{block}/scale",
-      f"norm{block}/offset",
-    ]
-    shapes += [(num_filters, channels, 3, 3)] + [(num_filters,)] * 3
+    names += [f"conv{block}/kernel", f"conv{block}/bias"]
+    if batch_norm_affine:
+      names += [f"norm{block}/scale", f"norm{block}/offset"]
+    shapes += [(num_filters, channels, 3, 3)] + [(num_filters,)] * (per_block - 1)
     height, width, channels = -(-height // stride), -(-width // stride), num_filters
     if max_pool:  # 'VALID' 2x2: an odd last row or column is dropped
       height, width = height // 2, width // 2
-  names += ["head/kernel", "head/bias"]
-  shapes += [(num_classes, channels * height * width), (num_classes,)]
+  if num_classes is not None:
+    names += ["head/kernel", "head/bias"]
+    shapes += [(num_classes, channels * height * width), (num_classes,)]
 
   def apply(weights, x):
     for block, ((top, bottom), (left, right)) in enumerate(paddings):
-      kernel, bias, scale, offset = weights[4 * block : 4 * block + 4]
+      kernel, bias, *scale_offset = weights[per_block * block : per_block * (block + 1)]
+      scale, offset = scale_offset if batch_norm_affine else (None, None)
       if top == bottom and left == right:
         x = F.conv2d(x, kernel, bias, stride=stride, padding=(top, left))
       else:
@@ -169,6 +177,8 @@ def conv4(num_classes: int, image: tuple, num_filters: int, max_pool: bool) -> N
       x = F.relu(x)
       if max_pool:
         x = F.max_pool2d(x, 2)
+    if num_classes is None:
+      return x.flatten(1)
     return F.linear(x.flatten(1), weights[-2], weights[-1])
 
   return Network(tuple(names), tuple(shapes), apply, (channels, height, width))

@@ -2,6 +2,7 @@
 
     python -m benchmarks.memory                  # 1-shot and 5-shot, MAML and VAMPIRE
     python -m benchmarks.memory --shots 1 --no-run
+    python -m benchmarks.memory --algorithms vampire2,protonet --shots 1
 
 Setting: Conv4-32 with max-pool on 84x84x3, 5-way, 15 queries per class,
 T=2 tasks, S=5 inner steps, L_t = L_v = 10 weight draws for VAMPIRE (--mc-samples), second
@@ -53,7 +54,7 @@ def measure(
   setting = suite.dataclasses.replace(
     suite.SETTINGS["mini_imagenet_5w1s"], shots=shots, mc_samples=mc_samples
   )
-  apply_fn, params, nll = suite.network(setting)
+  apply_fn, params, nll = suite.network(setting, algorithm)
   learner = suite.make_learner(
     setting, algorithm, apply_fn, nll, unroll_steps=unroll_steps, remat=remat
   )
@@ -69,7 +70,7 @@ def measure(
     "algorithm": algorithm,
     "shots": shots,
     "remat": remat,
-    "L": setting.mc_samples if algorithm == "vampire" else 1,
+    "L": setting.mc_samples if algorithm in ("vampire", "vampire2") else 1,
     "compile_s": compile_s,
     "temp_mb": _megabytes(memory, "temp_size_in_bytes"),
     "argument_mb": _megabytes(memory, "argument_size_in_bytes"),

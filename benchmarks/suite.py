@@ -4,6 +4,7 @@
     python -m benchmarks.suite --quick         # the whole table in about 15 min on a 2-core CPU
     python -m benchmarks.suite --settings regression --algorithms vampire --repeats 10
     python -m benchmarks.suite --settings mini_imagenet_5w1s --algorithms vampire --second-order-steps 1
+    python -m benchmarks.suite --settings omniglot_5w1s,regression --algorithms vampire2,protonet
 
 Settings (second order, float32 unless --compute-dtype bfloat16; MAML always
 uses one weight draw; `--second-order-steps 1` differentiates the likelihood's
@@ -56,6 +57,12 @@ Each row runs in a fresh process and reports:
 then one markdown table. Cost and memory analyses are optional in JAX (the
 GPU backend may give none): a number a backend does not give is None in the
 row and "n/a" in the table.
+
+Algorithms (`--algorithms`, default maml,vampire): maml and vampire as above;
+vampire2, VAMPIRE with its KL to N(0, I) in the inner loop and the meta-loss,
+first order with KL weight 1e-6 (the authors' defaults, as `--algorithm
+vampire2` trains), L as VAMPIRE's; protonet, the Conv4 without its head,
+prototypes and no inner loop (classification settings only).
 
 Test episodes (`--episodes`): VAMPIRE adapting to a task's support set and
 predicting its queries, S inner steps with L = --episode-mc-samples (default
@@ -222,13 +229,15 @@ def random_tasks(setting: Setting, key, num_tasks: int):
   )
 
 
-def network(setting: Setting):
-  """`(apply_fn, params, nll)` of the setting's network."""
+def network(setting: Setting, algorithm: str = "maml"):
+  """`(apply_fn, params, nll)` of the setting's network (ProtoNet's: no head)."""
   import jax
   import vampire_jax as vj
   from vampire_jax._src.core import backend_defaults
 
   if setting.kind == "regression":
+    if algorithm == "protonet":
+      raise ValueError("protonet classifies: choose a classification setting")
     model = vj.MLP((100, 100, 100), 1)
     return (
       vj.pure_apply(model),
@@ -241,7 +250,7 @@ def network(setting: Setting):
       task_batching="map", inner_steps_unrolled=False, draws_mapped=True
     )
   model = vj.Conv4(
-    num_classes=setting.ways,
+    num_classes=None if algorithm == "protonet" else setting.ways,
     num_filters=setting.num_filters,
     max_pool=setting.max_pool,
     conv_impl=conv_impl,
@@ -261,12 +270,16 @@ def make_learner(
   second_order_steps: Optional[int] = None,
   sample_batching: Optional[str] = None,
 ):
-  """MAML or VAMPIRE in the setting; `second_order_steps=1` is the authors' code's meta-gradient.
+  """MAML, VAMPIRE, Vampire2 or ProtoNet in the setting; `second_order_steps=1` is the authors'
+  code's meta-gradient.
 
   `sample_batching` None: the draws as `backend_defaults` batches them (below).
   """
   import vampire_jax as vj
   from vampire_jax._src.core import backend_defaults
+
+  if algorithm == "protonet":  # no inner loop, no draws; apply_fn is the embedding
+    return vj.baselines.protonet(apply_fn, num_classes=setting.ways)
 
   options = dict(
     num_inner_steps=setting.inner_steps,
@@ -279,13 +292,18 @@ def make_learner(
     return vj.maml(apply_fn, nll, **options)
   # Draws batched as `backend_defaults` decides for the network (the MLP has no convolution).
   draws = backend_defaults.sample_batching(dense_only=setting.kind == "regression")
+  if algorithm == "vampire2":  # the authors' defaults, as the registry builds it
+    options = dict(options, first_order=True, second_order_steps=None)
+    kl = dict(kl_weight=1e-6, kl_target="standard_normal", outer_kl_weight=1e-6)
+  else:
+    kl = dict(kl_weight=0.1)
   return vj.vampire(
     apply_fn,
     nll,
-    kl_weight=0.1,
     num_mc_train=setting.mc_samples,
     num_mc_query=setting.mc_samples,
     sample_batching=sample_batching or draws,
+    **kl,
     **options,
   )
 
@@ -504,7 +522,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
         draws_mapped=setting.mc_samples > 1 and draws in MAPPED_STRATEGIES,
       ),
     )
-  apply_fn, params, nll = network(setting)
+  apply_fn, params, nll = network(setting, algorithm)
   if options["compute_dtype"] == "bfloat16":
     apply_fn = vj.mixed_precision(apply_fn)
   learner = make_learner(
@@ -561,7 +579,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     "setting": name,
     "algorithm": algorithm,
     "tasks": num_tasks,
-    "mc_samples": setting.mc_samples if algorithm == "vampire" else 1,
+    "mc_samples": setting.mc_samples if algorithm in ("vampire", "vampire2") else 1,
     "batching": f"{strategy}:{chunk}" + (f" x{mesh.size} devices" if mesh else ""),
     "inner_loop": "unrolled" if unroll_steps else "scan",
     "sample_batching": draws,

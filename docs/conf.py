@@ -32,7 +32,7 @@ source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 # page here (no intersphinx offline) and are not links.
 nitpicky = True
 nitpick_ignore_regex = [
-  ("py:class", r"(jax|jaxlib|numpy|flax|optax|os|pathlib|collections|typing|PIL|Image)\b.*"),
+  ("py:class", r"(jax|jaxlib|numpy|flax|optax|os|pathlib|collections|typing|types|PIL|Image)\b.*"),
   ("py:class", r"(tuple|ArrayTree)\b.*"),
   # Private types in public signatures (the implementation under _src/ is not documented).
   ("py:class", r"vampire_jax\._src\..*"),
@@ -130,6 +130,17 @@ def _describe_field(app, what, name, obj, options, lines):
       from sphinx.util import logging
 
       logging.getLogger(__name__).warning(f"{name}: NamedTuple field with no description")
+  elif what == "class" and hasattr(obj, "_fields"):
+    # A NamedTuple's fields are its members, each with its own entry (above): the class's
+    # "Attributes:" section, as napoleon's `:ivar` lines, would describe each a second time.
+    kept, skipping = [], False
+    for line in lines:
+      head = re.match(r"^:ivar (\w+):", line)
+      if head or not line.startswith(" "):
+        skipping = bool(head) and head.group(1) in obj._fields
+      if not skipping:
+        kept.append(line)
+    lines[:] = kept
   elif what == "class" and dataclasses.is_dataclass(obj):
     documented = {f.name for f in dataclasses.fields(obj) if f.metadata.get("help")}
     if documented:  # a config: each setting with its help text, as --help prints it

@@ -45,6 +45,7 @@ GROUPS = {
     "num_mc_query",
     "first_order",
     "second_order_steps",
+    "inner_backtracking",
     "log_std_init",
     "kernel_init_gain",
     "local_reparameterization",
@@ -53,9 +54,12 @@ GROUPS = {
     "bmaml_leader_steps",
     "platipus_inference_data",
     "abml_hyper_prior_weight",
+    "outer_kl_weight",
+    "protonet_distance",
   ),
   "task": (
     "ways",
+    "train_ways",
     "shots",
     "query",
     "test_query",
@@ -319,7 +323,8 @@ def _stderr(message: str) -> None:
 
 
 def compilation_cache_dir() -> Path:
-  """`$VAMPIRE_JAX_CACHE/xla`, else `~/.cache/vampire_jax/xla`."""
+  """`xla/` in the data cache's folder (`vj.data.default_cache_dir()`): `$VAMPIRE_JAX_CACHE/xla`,
+  else `$XDG_CACHE_HOME/vampire_jax/xla`, else `~/.cache/vampire_jax/xla`."""
   from vampire_jax.data import default_cache_dir
 
   return default_cache_dir() / "xla"

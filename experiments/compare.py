@@ -50,7 +50,7 @@ BENCHMARKS = {
   "mini_imagenet": "experiments.mini_imagenet",
   "tiered_imagenet": "experiments.tiered_imagenet",
 }
-POINT_ESTIMATES = ("maml", "fomaml")
+POINT_ESTIMATES = ("maml", "fomaml", "protonet")
 
 
 def parse_algorithms(names: str) -> list[str]:
@@ -134,6 +134,8 @@ def _table(methods: dict, kind: str) -> str:
     for _, key, scale in columns:
       if key not in m:
         cells.append("–")
+      elif isinstance(m[key], int):  # a count, e.g. the tasks that ran away
+        cells.append(str(m[key]))
       elif scale is None:
         cells.append(f"{m[key]:.4f}")
       else:

@@ -42,7 +42,7 @@ from experiments.presets import MiniImagenetConfig
 from experiments.presets import mini_imagenet_config as get_config
 from vampire_jax import data
 from vampire_jax._src.core import backend_defaults
-from vampire_jax._src.runs import algorithms, kinds
+from vampire_jax._src.runs import algorithms, kinds, protonet_settings
 from vampire_jax._src.runs import experiment_configs as configs
 
 
@@ -81,11 +81,12 @@ def make_problem(
   """Loads mini-ImageNet (unless `splits` is given) and puts it on the device."""
   splits = splits or load_splits(config)
   query = {name: configs.test_query(config) if name == "test" else config.query for name in splits}
+  train_ways = protonet_settings.train_ways(config)  # ProtoNet's --train-ways, else --ways
   for name, split in splits.items():  # partial copies: the images actually present
     data.check_episode_spec(
       len(split.wnids),
       split.images.shape[1],
-      ways=config.ways,
+      ways=train_ways if name == "train" else config.ways,
       shots=config.shots,
       query=query[name],
     )
@@ -107,13 +108,17 @@ def make_problem(
   def sample_tasks(split: ImageSplit, task_keys):
     return data.tasks_from_keys(task_keys, split.images, **episode, query=split.query)
 
+  def sample_train_tasks(split: ImageSplit, task_keys):
+    episode_ways = dict(episode, ways=train_ways)
+    return data.tasks_from_keys(task_keys, split.images, **episode_ways, query=split.query)
+
   def sample_open_set_tasks(split: ImageSplit, task_keys):
     return data.open_set_tasks_from_keys(
       task_keys, split.images, **episode, query=split.query, num_unknown=num_unknown
     )
 
   model = vj.Conv4(
-    num_classes=config.ways,
+    num_classes=algorithms.network_outputs(config),
     num_filters=config.num_filters,
     max_pool=True,
     conv_impl=backend_defaults.config_conv_impl(config),
@@ -137,6 +142,7 @@ def make_problem(
       "folder": None if folder is None else str(Path(folder).resolve()),
     },
     sample_open_set_tasks=sample_open_set_tasks if num_unknown else None,
+    sample_train_tasks=sample_train_tasks if train_ways != config.ways else None,
   )
 
 

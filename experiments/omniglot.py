@@ -43,7 +43,7 @@ from experiments.presets import omniglot_config as get_config
 from vampire_jax import data
 from vampire_jax._src.core import backend_defaults
 from vampire_jax._src.runs import experiment_configs as configs
-from vampire_jax._src.runs import kinds
+from vampire_jax._src.runs import algorithms, kinds, protonet_settings
 
 INPUT_SHAPE = (28, 28, 1)
 
@@ -85,13 +85,18 @@ def make_problem(
   def sample_tasks(images, task_keys):
     return data.tasks_from_keys(task_keys, images, **episode)
 
+  def sample_train_tasks(images, task_keys):  # ProtoNet's --train-ways
+    return data.tasks_from_keys(
+      task_keys, images, **dict(episode, ways=protonet_settings.train_ways(config))
+    )
+
   def sample_open_set_tasks(images, task_keys):
     return data.open_set_tasks_from_keys(
       task_keys, images, **episode, num_unknown=configs.open_set_classes(config)
     )
 
   model = vj.Conv4(
-    num_classes=config.ways,
+    num_classes=algorithms.network_outputs(config),
     num_filters=config.num_filters,
     conv_impl=backend_defaults.config_conv_impl(config),
     batch_norm_affine=config.batch_norm_affine,
@@ -106,6 +111,9 @@ def make_problem(
     kind="classification",
     data_info=dict(arrays.provenance, split=config.split),
     sample_open_set_tasks=(sample_open_set_tasks if configs.open_set_classes(config) else None),
+    sample_train_tasks=(
+      sample_train_tasks if protonet_settings.train_ways(config) != config.ways else None
+    ),
   )
 
 

@@ -32,7 +32,7 @@ from experiments.presets import FEATURES_PRESETS as PRESETS
 from experiments.presets import FeaturesConfig
 from experiments.presets import features_config as get_config
 from vampire_jax import data
-from vampire_jax._src.runs import algorithms, kinds
+from vampire_jax._src.runs import algorithms, kinds, protonet_settings
 from vampire_jax._src.runs import experiment_configs as configs
 
 
@@ -49,8 +49,10 @@ def make_problem(
 ) -> vj.Problem:
   """Loads the embeddings (unless `splits` is given) and puts them on the device."""
   splits = splits or load_splits(config)
-  for split in splits.values():
-    data.check_class_counts(split.counts, ways=config.ways, shots=config.shots, query=config.query)
+  train_ways = protonet_settings.train_ways(config)  # ProtoNet's --train-ways, else --ways
+  for name, split in splits.items():
+    ways = train_ways if name == "train" else config.ways
+    data.check_class_counts(split.counts, ways=ways, shots=config.shots, query=config.query)
   if workdir is not None:
     record = {
       name: {
@@ -70,6 +72,11 @@ def make_problem(
     features, counts = split
     return data.tasks_from_keys(task_keys, features, **episode, class_counts=counts)
 
+  def sample_train_tasks(split, task_keys):
+    features, counts = split
+    episode_ways = dict(episode, ways=train_ways)
+    return data.tasks_from_keys(task_keys, features, **episode_ways, class_counts=counts)
+
   def sample_open_set_tasks(split, task_keys):
     features, counts = split
     return data.open_set_tasks_from_keys(
@@ -78,7 +85,11 @@ def make_problem(
 
   feature_size = next(iter(splits.values())).features.shape[-1]
   return vj.Problem(
-    model=vj.MLP(tuple(config.hidden_sizes), config.ways, kernel_init_gain=config.kernel_init_gain),
+    model=vj.MLP(
+      tuple(config.hidden_sizes),
+      algorithms.network_outputs(config),
+      kernel_init_gain=config.kernel_init_gain,
+    ),
     input_shape=(feature_size,),
     splits={
       name: (jax.device_put(split.features), jax.device_put(split.counts))
@@ -92,6 +103,7 @@ def make_problem(
       "folder": config.data_dir,
     },
     sample_open_set_tasks=sample_open_set_tasks if num_unknown else None,
+    sample_train_tasks=sample_train_tasks if train_ways != config.ways else None,
   )
 
 

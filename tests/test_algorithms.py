@@ -90,7 +90,16 @@ def test_registry_builds_each_algorithm_with_its_own_settings():
     abml_hyper_prior_weight=0.0,
     platipus_inference_data="query",
   )
-  assert set(algorithms.ALGORITHMS) == {"vampire", "maml", "fomaml", "platipus", "bmaml", "abml"}
+  assert set(algorithms.ALGORITHMS) == {
+    "vampire",
+    "maml",
+    "fomaml",
+    "platipus",
+    "bmaml",
+    "abml",
+    "vampire2",
+    "protonet",
+  }
   maml = algorithms.configure(config, "maml")
   assert (maml.kl_weight, maml.num_mc_train, maml.num_mc_test) == (0.0, 1, 1)
   assert algorithms.configure(config, "vampire").kl_weight == config.kl_weight

@@ -1,6 +1,7 @@
 """Run folders written before issue 43 moved the modules: their records name
 `vampire_jax.configs.<Class>` and `vampire_jax.models.<Class>`, in `run.json` and in every
-checkpoint. They load and resume, silently and with the same numbers."""
+checkpoint, and do not record `x64` (issue 49: a float32 run). They load and resume, silently
+and with the same numbers."""
 
 import dataclasses
 import json
@@ -22,8 +23,9 @@ OLD_MODEL_CLASS = "vampire_jax.models.MLP"
 
 
 def _as_written_by_0_2_0(record: dict) -> dict:
+  """`record` as 0.2.0 wrote it: the old class paths, and no `x64` (recorded since issue 49)."""
   return dict(
-    record,
+    {name: value for name, value in record.items() if name != "x64"},
     config_class=OLD_CONFIG_CLASS,
     model=dict(record["model"], **{"class": OLD_MODEL_CLASS}),
   )

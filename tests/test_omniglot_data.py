@@ -274,6 +274,7 @@ def test_environment_variables(tmp_path, monkeypatch):
   monkeypatch.setenv("VAMPIRE_JAX_CACHE", str(tmp_path / "cache_env"))
   assert default_cache_dir() == tmp_path / "cache_env"
   monkeypatch.delenv("VAMPIRE_JAX_CACHE")
+  monkeypatch.delenv("XDG_CACHE_HOME", raising=False)  # which would win over ~/.cache
   assert default_cache_dir() == Path.home() / ".cache" / "vampire_jax"
 
 

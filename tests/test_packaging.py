@@ -276,5 +276,5 @@ def test_an_omniglot_runs_predictive_with_the_wheel_alone(tiny_omniglot_run):
   )
   first, loaded = stdout.strip().splitlines()[-2:]
   name, nll = first.split()
-  assert name == "Categorical" and abs(float(nll) - reported) < 1e-5, (first, reported)
+  assert name == "PredictiveCategorical" and abs(float(nll) - reported) < 1e-5, (first, reported)
   assert loaded == "[]"

@@ -14,7 +14,7 @@ import vampire_jax as vj
 from vampire_jax._src.runs import algorithms as algorithms_lib
 from vampire_jax._src.runs import problem as problem_lib
 from experiments import regression
-from vampire_jax._src.metrics import calibration
+from vampire_jax._src.metrics import calibration, summary_inputs
 from vampire_jax._src.runs import kinds
 from vampire_jax.data import sine_line
 from vampire_jax._src.core.errors import ConfigError
@@ -90,12 +90,11 @@ def test_summary_of_a_perfectly_calibrated_regressor_is_the_diagonal():
   tasks, functions = sine_line.sample_tasks_and_functions(jax.random.key(1), 400, num_query=10)
   truth = np.asarray(sine_line.evaluate_functions(functions, tasks.query_x))  # [400, 10, 1]
   outputs = truth[:, None] + 0.3 * rng.normal(size=(400, 500, 10, 1))
-  per_task = {
-    "mse": np.zeros(400),
-    "predictive_mean_mse": np.zeros(400),
-    "nll": np.zeros(400),
+  targets = np.asarray(tasks.query_y)
+  per_task = {  # the evaluator's scores of these predictions, which summarise checks
+    **summary_inputs.regression_scores(outputs, targets, 0.3),
     "predictions": outputs,
-    "targets": np.asarray(tasks.query_y),
+    "targets": targets,
     "truth": truth,
   }
   summary = kinds.summarise("regression", per_task, noise_std=0.3)
@@ -105,6 +104,7 @@ def test_summary_of_a_perfectly_calibrated_regressor_is_the_diagonal():
   np.testing.assert_allclose(paper.observed[1:-1], paper.levels[1:-1], atol=0.01)
   assert paper.observed[0] < 0.01 and paper.observed[-1] > 0.99
   exact = dict(per_task, predictions=truth[:, None])
+  exact.update(summary_inputs.regression_scores(truth[:, None], targets, 0.3))
   pit = kinds.summarise("regression", exact, noise_std=0.3).calibration["pit_calibration"]
   np.testing.assert_allclose(pit.observed, pit.levels, atol=0.025)  # 4000 points: 3 sigma
   record = json.loads(json.dumps(calibration.to_record(paper)))
@@ -220,3 +220,32 @@ def test_regression_presets_train_abml_with_the_flat_hyper_prior(preset):
   # The paper trained ABML for regression with a uniform hyper-posterior: weight 0.
   assert regression.get_config(preset, "abml").abml_hyper_prior_weight == 0.0
   assert regression.get_config(preset, "vampire").abml_hyper_prior_weight > 0.0  # the default
+
+
+def test_inner_loop_stability_measures_curvature_against_the_supports_spread():
+  """experiments.inner_loop_stability (issue 50), on a linear model: its support loss
+  0.5/sigma^2 * mean((w x + b - y)^2) has the Hessian [[m2, m1], [m1, 1]] / sigma^2 in
+  (w, b), m_k the support's mean x^k, so lambda is known in closed form and grows with x^2."""
+  from types import SimpleNamespace
+
+  from experiments import inner_loop_stability as stability
+
+  model = vj.MLP((), 1)  # y = w x + b
+  params = jax.tree_util.tree_map(jnp.zeros_like, vj.init_params(model, jax.random.key(0), (1, 1)))
+  learner = vj.maml(vj.pure_apply(model), vj.gaussian_nll(0.3), inner_lr=0.05, num_inner_steps=3)
+  run = SimpleNamespace(learner=learner, meta_params=params, config=SimpleNamespace(num_mc_test=1))
+  x = jnp.array([[0.1, 0.2, 0.3, 0.4, 0.5], [4.6, 4.7, 4.8, 4.9, 5.0]])[..., None]
+  tasks = vj.Task(x, 2 * x, x, 2 * x)
+  m = stability.task_measures(run, tasks, jax.random.key(1))
+  m1, m2 = np.mean(np.asarray(x)[..., 0], axis=1), np.mean(np.asarray(x)[..., 0] ** 2, axis=1)
+  largest = ((m2 + 1) + np.sqrt((m2 - 1) ** 2 + 4 * m1**2)) / 2 / 0.09
+  np.testing.assert_allclose(m["curvature"], largest, rtol=1e-4)
+  np.testing.assert_allclose(m["mean_x2"], m2, rtol=1e-6)
+  np.testing.assert_allclose(m["step_factor"], 0.05 * largest, rtol=1e-4)
+  # alpha * lambda: 0.6 near 0 (the loss falls), 13.5 near 5 (it rises and the task runs away).
+  assert list(m["loss_rose"]) == [False, True] and list(m["ran_away"]) == [False, True]
+  rows = stability.table(m)
+  assert [(r["mean_x2"], r["tasks"], r["step_factor_above_2"]) for r in rows] == [
+    ("[0, 2)", 1, 0),
+    ("[15, 25)", 1, 1),
+  ]

@@ -79,11 +79,13 @@ def test_one_task_gives_no_interval_not_plus_minus_zero():
   assert mean == pytest.approx(0.24) and math.isnan(half)
   mean, half = vj.mean_confidence_interval([0.2, 0.4])
   assert half == pytest.approx(1.959964 * 0.1 / math.sqrt(2), rel=1e-5)
+  # One task of 5 queries, uniform over 5 classes: argmax is class 0, right once (accuracy
+  # 0.2), and the NLL is -log 0.2 (summarise checks both against the probabilities).
   per_task = {
-    "accuracy": np.array([0.24]),
-    "nll": np.array([1.3]),
+    "accuracy": np.array([0.2]),
+    "nll": np.array([-math.log(0.2)]),
     "probabilities": np.full((1, 5, 5), 0.2),
-    "targets": np.zeros((1, 5), np.int32),
+    "targets": np.arange(5, dtype=np.int32)[None],
   }
   summary = vj.summarise("classification", per_task)
   assert math.isnan(summary.metrics["accuracy_ci95"]) and math.isnan(summary.metrics["nll_ci95"])
@@ -663,8 +665,11 @@ def test_the_printed_mce_names_the_size_of_the_bin_that_sets_it():
   targets = np.zeros((3, 4), int)
   targets[0, 0] = 1
   targets[2, 3] = 1
+  picked = np.take_along_axis(probabilities, targets[..., None], axis=-1)[..., 0]
   per_task = dict(
-    accuracy=np.array([0.75, 1.0, 0.75]), nll=np.full(3, 0.5), probabilities=probabilities
+    accuracy=np.array([0.75, 1.0, 0.75]),
+    nll=-np.mean(np.log(picked), axis=1),  # as the evaluator's, which summarise checks
+    probabilities=probabilities,
   )
   metrics = vj.summarise("classification", per_task, targets, num_bins=10).metrics
   assert metrics["mce"] == pytest.approx(0.55) and metrics["mce_bin_count"] == 1

@@ -14,7 +14,7 @@ import pytest
 import vampire_jax as vj
 from vampire_jax._src.runs import experiment_configs
 from vampire_jax import data
-from vampire_jax._src.metrics import predictive_uncertainty
+from vampire_jax._src.metrics import predictive_uncertainty, summary_inputs
 from vampire_jax._src.core.errors import ConfigError
 
 from conftest import needs_omniglot
@@ -75,12 +75,11 @@ def test_regression_summary_splits_the_predictive_variance():
   predictions = np.array(
     [[[0.0, 1.0], [2.0, 1.0], [4.0, 1.0]], [[1.0, 1.0], [1.0, 1.0], [1.0, 4.0]]]
   )[..., None]
-  per_task = {
-    "mse": np.ones(2),
-    "predictive_mean_mse": np.ones(2),
-    "nll": np.ones(2),
+  targets = np.zeros((2, 2, 1))
+  per_task = {  # the evaluator's scores of these predictions, which summarise checks
+    **summary_inputs.regression_scores(predictions, targets, 0.3),
     "predictions": predictions,
-    "targets": np.zeros((2, 2, 1)),
+    "targets": targets,
   }
   metrics = vj.summarise("regression", per_task, noise_std=0.3).metrics
   epistemic = np.mean([8 / 3, 0.0, 0.0, 2.0])  # np.var of (0,2,4), (1,1,1), (1,1,1), (1,1,4)

@@ -70,16 +70,18 @@ from vampire_jax._src.core.losses import (
   gaussian_nll,
   loss_from_apply,
 )
-from vampire_jax._src.core.meta_step import (
+from vampire_jax._src.core.meta_optimizer import (
   MetaOptimizer,
+  meta_lr_schedule,
+  meta_optimizer,
+)
+from vampire_jax._src.core.meta_step import (
   MetaState,
   classification_metrics,
   init_meta_state,
   make_meta_gradient,
   make_meta_step,
   make_train_step,
-  meta_lr_schedule,
-  meta_optimizer,
 )
 from vampire_jax._src.core.models import (
   MLP,

@@ -11,14 +11,16 @@ library, so every layer may use it.
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
+import types
 import warnings
 
 REMOVED_IN = "0.4.0"
 
-# vampire_jax.<old module> -> where it lives now. (`vampire_jax.predictive` is the function:
-# its module of the same name was never released, and an alias would shadow the function.)
+# vampire_jax.<old module> -> where it lives now. (`vampire_jax.predictive` is the function;
+# its module's old path is served by a stand-in, `SHADOWED_MODULES`.)
 MOVED_MODULES = {
   "adaptation": "vampire_jax._src.core.adaptation",
   "adapters": "vampire_jax._src.core.framework_adapters",
@@ -60,7 +62,7 @@ MOVED_NAMES = {
   "default_task_batching": "vampire_jax._src.core.batching",
   "check_gaussian": "vampire_jax._src.core.gaussian",
   "apply_meta_gradient": "vampire_jax._src.core.meta_step",
-  "log_std_mask": "vampire_jax._src.core.meta_step",
+  "log_std_mask": "vampire_jax._src.core.meta_optimizer",
   "make_host_chunked_meta_step": "vampire_jax._src.core.host_chunked",
   "make_host_chunked_train_step": "vampire_jax._src.core.host_chunked",
   "mixture_cdf": "vampire_jax._src.metrics.quantile_calibration",
@@ -69,6 +71,27 @@ MOVED_NAMES = {
   "make_split_evaluator": "vampire_jax._src.metrics.evaluation",
   "RunCheckpoints": "vampire_jax._src.runs.run_folder",
 }
+
+# Names that left a module an old path still reaches: module -> {name: the module that holds
+# it now}. The module serves them through `__getattr__ = deprecations.module_getattr(__name__)`.
+MOVED_OUT_OF_MODULES = {
+  "vampire_jax._src.core.meta_step": {
+    "make_host_chunked_meta_step": "vampire_jax._src.core.host_chunked",
+    "make_host_chunked_train_step": "vampire_jax._src.core.host_chunked",
+  },
+  "vampire_jax._src.metrics.calibration": {
+    "PAPER_QUANTILE_LEVELS": "vampire_jax._src.metrics.quantile_calibration",
+    "normal_cdf": "vampire_jax._src.metrics.normal_cdf",
+  },
+  "vampire_jax.data.mini_imagenet": {"mini_imagenet_builder_class": "vampire_jax.data"},
+}
+
+# Old module paths whose name the top level now gives to a function: `vampire_jax.predictive`
+# is `vj.predictive`, and was also its module's path. An import of a module path sets the
+# parent's attribute, which would shadow the function, so `install` puts a stand-in for the
+# module in `sys.modules`: `from vampire_jax.predictive import predictive_interval` works
+# (with a warning) and `vj.predictive` stays the function.
+SHADOWED_MODULES = {"predictive": "vampire_jax._src.metrics.predictive"}
 
 _warned: set[str] = set()
 
@@ -107,6 +130,50 @@ def moved_attribute(name: str):
   raise AttributeError(f"module 'vampire_jax' has no attribute {name!r}")
 
 
+def _old_path(module_name: str) -> str:
+  """How users named a module: `vampire_jax._src.core.meta_step` -> `vampire_jax.meta_step`."""
+  for old, new in MOVED_MODULES.items():
+    if new == module_name:
+      return f"vampire_jax.{old}"
+  return module_name
+
+
+def module_getattr(module_name: str):
+  """The `__getattr__` of a module whose names in `MOVED_OUT_OF_MODULES` moved away:
+  each warns once and is served from its new module; any other name is an AttributeError."""
+  moved = MOVED_OUT_OF_MODULES[module_name]
+
+  def __getattr__(name: str):
+    if name not in moved:
+      raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+    warn_once(f"{_old_path(module_name)}.{name}", f"{moved[name]}.{name}", stacklevel=3)
+    return getattr(importlib.import_module(moved[name]), name)
+
+  return __getattr__
+
+
+class _ShadowedModule(types.ModuleType):
+  """A stand-in for the old module path `vampire_jax.<name>` (`SHADOWED_MODULES`): each
+  public name of the module it stands for, with a warning naming the top-level name."""
+
+  def __init__(self, old: str, home: str):
+    super().__init__(f"vampire_jax.{old}")
+    self.__spec__ = importlib.machinery.ModuleSpec(self.__name__, None)
+    self._home = home
+
+  def __getattr__(self, name: str):
+    module = None if name.startswith("_") else importlib.import_module(self._home)
+    if module is None or not hasattr(module, name):
+      raise AttributeError(
+        f"module {self.__name__!r} (an old path of {self._home}) has no attribute {name!r}"
+      )
+    public = importlib.import_module("vampire_jax")
+    top = getattr(public, "__all__", ())
+    new = f"vampire_jax.{name}" if name in top else f"{self._home}.{name}"
+    warn_once(f"{self.__name__}.{name}", new, stacklevel=3)
+    return getattr(module, name)
+
+
 def _public_home(old_module: str) -> str:
   return f"the names `vampire_jax` exports (implementation: {MOVED_MODULES[old_module]})"
 
@@ -138,3 +205,5 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def install() -> None:
   if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
     sys.meta_path.append(_MovedModules())
+  for old, home in SHADOWED_MODULES.items():
+    sys.modules.setdefault(f"vampire_jax.{old}", _ShadowedModule(old, home))

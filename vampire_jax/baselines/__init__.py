@@ -1,4 +1,4 @@
-"""Bayesian meta-learning baselines on the core library: PLATIPUS, BMAML, ABML.
+"""Meta-learning baselines on the core library: PLATIPUS, BMAML, ABML, ProtoNet.
 
 Each factory returns a `vampire_jax.MetaLearner` that works with
 `make_meta_step`, `make_host_chunked_meta_step` and the evaluators as they
@@ -10,9 +10,13 @@ baselines::
   bmaml     Yoon et al. 2018: M particles moved by SVGD; ensemble prediction.
   abml      Ravi & Beatson 2019: Gaussian task posteriors by gradient steps
             on the support ELBO; meta-loss on support ∪ query + hyper-prior.
+  protonet  Snell et al. 2017: class prototypes, the mean support embeddings;
+            logits minus the (squared) distance to each; no inner loop.
 
 `LEARNERS` maps an algorithm's name to its factory,
-`factory(apply_fn, nll, **hyper_parameters) -> MetaLearner`.
+`factory(apply_fn, nll, **hyper_parameters) -> MetaLearner`. ProtoNet is not
+in it: it classifies only (no `nll` to choose) and needs the number of
+classes, `protonet(embed_fn, num_classes=...)`.
 """
 
 from vampire_jax.baselines.abml import abml, hyper_prior_nll
@@ -28,12 +32,20 @@ from vampire_jax.baselines.bmaml import (
   svgd_direction,
 )
 from vampire_jax.baselines.platipus import PlatipusParams, platipus, shifted_mean
+from vampire_jax.baselines.protonet import (
+  Prototypes,
+  class_prototypes,
+  protonet,
+  prototype_logits,
+)
 
 __all__ = (
   "LEARNERS",
   "PlatipusParams",
+  "Prototypes",
   "abml",
   "bmaml",
+  "class_prototypes",
   "ensemble_nll",
   "hyper_prior_nll",
   "init_particles",
@@ -41,6 +53,8 @@ __all__ = (
   "median_bandwidth",
   "pairwise_squared_distances",
   "platipus",
+  "protonet",
+  "prototype_logits",
   "rbf_kernel",
   "shifted_mean",
   "svgd_adapt",

@@ -38,6 +38,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from vampire_jax._src import deprecations
 from vampire_jax._src.core.errors import ConfigError, MissingDataError, StorageError
 from vampire_jax.data.mini_imagenet_files import (
   _CACHE_FORMAT,
@@ -297,3 +298,7 @@ def _write_cache(
     np.savez(f, format=_CACHE_FORMAT, source=source, fingerprint=json.dumps(fingerprint), **arrays)
   os.chmod(f.name, 0o644)
   os.replace(f.name, path)
+
+
+# Names an earlier version kept here (`deprecations.MOVED_OUT_OF_MODULES`): warn, then work.
+__getattr__ = deprecations.module_getattr(__name__)

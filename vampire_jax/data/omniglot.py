@@ -80,9 +80,16 @@ PathLike = Union[str, os.PathLike]
 
 
 def default_cache_dir() -> Path:
-  """`$VAMPIRE_JAX_CACHE` if set, else `~/.cache/vampire_jax`."""
+  """The data cache's folder (the XLA cache is its `xla/`), the first that is set of:
+  `$VAMPIRE_JAX_CACHE`; `$XDG_CACHE_HOME/vampire_jax` (an absolute path, as the XDG
+  base-directory spec asks; a relative one is ignored); `~/.cache/vampire_jax`.
+  `cache_dir=` / `--cache-dir` overrides all three."""
   env = os.environ.get("VAMPIRE_JAX_CACHE")
-  return Path(env) if env else Path.home() / ".cache" / "vampire_jax"
+  if env:
+    return Path(env)
+  xdg = os.environ.get("XDG_CACHE_HOME")
+  base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+  return base / "vampire_jax"
 
 
 def read_cache_or_none(

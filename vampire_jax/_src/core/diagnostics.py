@@ -19,10 +19,18 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.experimental import checkify
 
-from vampire_jax._src.core.gaussian import Gaussian, kl_step_factor, sample
+from vampire_jax._src.core import input_checks as checks
+from vampire_jax._src.core.errors import InputError
+from vampire_jax._src.core.gaussian import (
+  Gaussian,
+  kl_step_factor,
+  sample,
+  standard_normal_like,
+)
 from vampire_jax._src.core.learners import MetaLearner, check_settings
 from vampire_jax._src.core.tasks import Task
 
@@ -113,6 +121,16 @@ def _losses(learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Arra
 _jitted_losses = jax.jit(_losses, static_argnums=0)
 
 
+def _adapted_nll(learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array):
+  """The support NLL of the task parameters `adapt` returns (no inner step: nothing to compare)."""
+  adapt_key, predict_key = jax.random.split(key)
+  task_params = learner.adapt(meta_params, task.support_x, task.support_y, adapt_key)
+  return _support_nll(learner, task_params, task, predict_key)
+
+
+_jitted_adapted_nll = jax.jit(_adapted_nll, static_argnums=0)
+
+
 def largest_curvature(
   loss_fn: Callable,
   weights: PyTree,
@@ -156,6 +174,70 @@ def _round_down(value: float) -> float:
   return math.floor(value / 10**exponent) * 10**exponent
 
 
+def _check_arguments(learner: MetaLearner, meta_params: PyTree, task: Task, key) -> None:
+  """What `check_inner_loop` cannot diagnose, refused in one line naming the real cause.
+
+  A NaN or infinite value in the task or the meta-parameters makes the loss non-finite
+  whatever the step size: it is named, rather than advised away as "lower inner_lr".
+  """
+  where = "check_inner_loop"
+  checks.prng_key(where, "key", key)
+  if not isinstance(task, Task):
+    fix = " (wrap it: vj.Task(*task))" if isinstance(task, (tuple, list)) and len(task) == 4 else ""
+    raise checks.fail(
+      where,
+      "task",
+      "one vj.Task(support_x, support_y, query_x, query_y)",
+      type(task).__name__ + fix,
+    )
+  checks.examples(where, ("task.support_x", "task.support_y"), task.support_x, task.support_y)
+  central = _central_weights(meta_params)
+  expected = _structure_of_init(learner, central)
+  if expected is not None and expected != jax.tree_util.tree_structure(meta_params):
+    made = jax.tree_util.tree_structure(meta_params)
+    raise InputError(
+      f"{where}: meta_params is a {_kind_of(made)}, but this learner's init makes a "
+      f"{_kind_of(expected)} (a MAML learner takes weights, VAMPIRE a vj.Gaussian): pass "
+      "learner.init(params, key)"
+    )
+  if learner.settings is not None:
+    checks.loss_fits(
+      where,
+      ("task.support_x", "task.support_y"),
+      learner.settings.loss_fn,
+      central,
+      task.support_x,
+      task.support_y,
+      params_name="meta_params",
+    )
+  checks.check_finite(where, {"task.support_x": task.support_x, "task.support_y": task.support_y})
+  for path, leaf in jax.tree_util.tree_leaves_with_path(meta_params):
+    # NaN only: a log-std of -inf is an exact point mass, which kl_weight 0 adapts finitely.
+    values = np.asarray(leaf, np.float32) if jnp.issubdtype(leaf.dtype, jnp.floating) else None
+    if values is not None and np.isnan(values).any():
+      raise checks.fail(
+        where,
+        f"meta_params{jax.tree_util.keystr(path)}",
+        "free of NaN (no step size helps NaN meta-parameters)",
+        f"{int(np.isnan(values).sum())} NaN of {values.size}",
+      )
+
+
+def _structure_of_init(learner: MetaLearner, weights: PyTree):
+  """The tree structure `learner.init` makes from `weights` (traced only); None if it fails."""
+  try:
+    return jax.tree_util.tree_structure(jax.eval_shape(learner.init, weights, jax.random.key(0)))
+  except Exception:  # an init that needs more than weights: nothing to compare with
+    return None
+
+
+def _kind_of(structure) -> str:
+  """`vj.Gaussian` or `weight tree`: how a message names meta-parameters of this structure."""
+  node = structure.node_data()
+  kind = node[0] if node is not None else None
+  return f"vj.{kind.__name__}" if isinstance(kind, type) and kind is Gaussian else "weight tree"
+
+
 def check_inner_loop(
   learner: MetaLearner, meta_params: PyTree, task: Task, key: jax.Array
 ) -> InnerLoopReport:
@@ -174,19 +256,35 @@ def check_inner_loop(
 
   Raises:
     InputError: the learner's settings have a non-finite or negative step
-      size or KL weight (no step size makes such a loop stable, so none is advised).
+      size or KL weight (no step size makes such a loop stable, so none is
+      advised); or the arguments cannot be checked as they are (`_check_arguments`):
+      a task that is not one `vj.Task`, NaN or infinite values in it or in
+      `meta_params`, meta-parameters of another kind than `learner.init` makes.
+
+  A learner without an inner loop by design (no inner steps and an inner lr of
+  0: ProtoNet) has no loop to fail: the report holds its support NLL, before
+  and after alike, and no advice.
   """
-  if learner.settings is not None:
-    check_settings(
-      "check_inner_loop: learner.settings",
-      learner.settings.inner_lr,
-      learner.settings.kl_weight,
-    )
-  before, after = (float(v) for v in _jitted_losses(learner, meta_params, task, key))
   settings = learner.settings
+  if settings is not None and settings.num_inner_steps == 0 and settings.inner_lr == 0:
+    loss = float(_jitted_adapted_nll(learner, meta_params, task, key))  # ProtoNet: no loop
+    return InnerLoopReport(loss, loss, None, None, None, "")
+  if settings is not None:
+    check_settings("check_inner_loop: learner.settings", settings.inner_lr, settings.kl_weight)
+  _check_arguments(learner, meta_params, task, key)
+  if settings is not None and settings.num_inner_steps == 0:
+    before = float(_jitted_losses(learner, meta_params, task, key)[0])
+    advice = (
+      "the learner takes no inner steps (num_inner_steps 0), so the support loss cannot "
+      "fall: there is no inner loop to check (build it with num_inner_steps >= 1 to adapt)"
+    )
+    return InnerLoopReport(before, before, None, None, None, advice)
+  before, after = (float(v) for v in _jitted_losses(learner, meta_params, task, key))
   kl_factor = None
   if settings is not None and settings.kl_weight and isinstance(meta_params, Gaussian):
-    kl_factor = float(kl_step_factor(meta_params, settings.inner_lr, settings.kl_weight))
+    # The KL term's target sets the factor: the prior's sigma_p, or N(0, I)'s sigma of 1.
+    target = standard_normal_like(meta_params) if settings.kl_target != "prior" else meta_params
+    kl_factor = float(kl_step_factor(target, settings.inner_lr, settings.kl_weight))
   finite, fell = math.isfinite(after), math.isfinite(after) and after < before
   if finite and fell and (kl_factor is None or kl_factor < 2):
     return InnerLoopReport(before, after, None, None, kl_factor, "")

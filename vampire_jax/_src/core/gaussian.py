@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vampire_jax._src.core import input_checks as checks
+from vampire_jax._src.core.distrax_import import import_distrax
 from vampire_jax._src.core.errors import InputError
 
 PyTree = Any
@@ -211,6 +212,20 @@ def kl_divergence(q: Gaussian, p: Gaussian) -> jax.Array:
   return sum(jax.tree_util.tree_leaves(per_leaf), jnp.zeros(()))
 
 
+def standard_normal_like(dist: Gaussian) -> Gaussian:
+  """N(0, I) over `dist`'s weights: zero means and zero log-stds, leaf by leaf.
+
+  The KL target of Vampire2 (the authors' 2021 VAMPIRE, `vj.vampire(...,
+  kl_target="standard_normal")`): `kl_divergence(q, standard_normal_like(q))`
+  is KL(q || N(0, I)) = sum[(m_q^2 + s_q^2 - 1) / 2 - log s_q], summed over
+  every weight. The authors' `KL_divergence_standard_normal` subtracts, instead
+  of 1 per weight, the number n of weight tensors once per tensor (n^2 in all,
+  then halved): a constant, so every gradient is the same, and only the value
+  differs, by (n^2 - number of weights) / 2.
+  """
+  return jax.tree_util.tree_map(jnp.zeros_like, dist)
+
+
 def _check_same_shapes(q: Gaussian, p: Gaussian) -> None:
   """InputError unless q's and p's means and log-stds have one structure and equal shapes
   leaf by leaf (a KL of broadcast leaves sums over elements neither distribution has)."""
@@ -240,33 +255,70 @@ def _check_same_shapes(q: Gaussian, p: Gaussian) -> None:
 def to_distrax(dist: Gaussian) -> PyTree:
   """The same distribution as a tree of `distrax.Normal`, one per weight leaf.
 
-  Each leaf is `distrax.Normal(mean, exp(log_std))` of the leaf's shape;
-  `gaussian_from_distrax` inverts it. distrax's `kl_divergence` of two such
-  trees, summed, is `vj.kl_divergence`, and its `log_prob` scores `vj.sample`'s
-  draws, to float rounding (`tests/test_predictive.py`).
+  Each leaf is `distrax.Normal(mean, exp(log_std))` of the leaf's shape and
+  dtype; `gaussian_from_distrax` inverts it. distrax's `kl_divergence` of two
+  such trees, summed, is `vj.kl_divergence`, and its `log_prob` scores
+  `vj.sample`'s draws, to float rounding (`tests/test_predictive.py`).
   """
-  import distrax  # on first use (about 5 s): not with `import vampire_jax`
+  distrax = import_distrax()  # on first use (seconds): not with `import vampire_jax`
 
+  if not isinstance(dist, Gaussian):
+    raise checks.fail(
+      "vj.to_distrax", "dist", "a vj.Gaussian(mean, log_std)", checks.describe(dist)
+    )
   check_gaussian(dist, "vj.to_distrax")
   return jax.tree_util.tree_map(lambda m, s: distrax.Normal(m, jnp.exp(s)), dist.mean, dist.log_std)
 
 
 def gaussian_from_distrax(tree: PyTree) -> Gaussian:
-  """A `Gaussian` from a tree of `distrax.Normal` leaves (`to_distrax`'s inverse)."""
-  import distrax
+  """A `Gaussian` from a tree of `distrax.Normal` leaves (`to_distrax`'s inverse).
+
+  Each leaf's `loc` and `scale` are broadcast to its batch shape and keep
+  their dtype (float64 stays float64 under x64), except that bfloat16 and
+  float16 become float32, as in `gaussian_from_params`.
+
+  Raises:
+    InputError: a leaf that is not a `distrax.Normal`, or (where concrete,
+      i.e. outside `jit`) a scale that is not finite and > 0 or a loc that is
+      not finite: log(scale) would be -inf or NaN.
+  """
+  distrax = import_distrax()
+  where = "vj.gaussian_from_distrax"
 
   def is_normal(x) -> bool:
     return isinstance(x, distrax.Normal)
 
   leaves = jax.tree_util.tree_leaves(tree, is_leaf=is_normal)
-  if not leaves or not all(is_normal(leaf) for leaf in leaves):
-    kinds = sorted({type(leaf).__name__ for leaf in leaves if not is_normal(leaf)})
-    raise InputError(
-      f"vj.gaussian_from_distrax: tree must hold distrax.Normal leaves only, got {kinds or 'none'}"
-    )
-  mean = jax.tree_util.tree_map(lambda d: jnp.asarray(d.loc, jnp.float32), tree, is_leaf=is_normal)
+  others = [leaf for leaf in leaves if not is_normal(leaf)]
+  if not leaves or others:
+    got = f"a leaf {checks.describe(others[0])}" if others else "no leaves"
+    raise checks.fail(where, "tree", "a tree of distrax.Normal leaves only (vj.to_distrax's)", got)
+
+  def wide_float(x, shape):
+    x = jnp.broadcast_to(jnp.asarray(x), shape)
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits < 32:
+      x = x.astype(jnp.float32)
+    return x
+
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_normal):
+    if not checks.concrete((leaf.loc, leaf.scale)):
+      continue  # under jit: a NaN log-std shows in the caller's metrics
+    scale, loc = np.asarray(leaf.scale, np.float64), np.asarray(leaf.loc, np.float64)
+    name = f"tree{jax.tree_util.keystr(path)}"
+    if not np.all(np.isfinite(scale) & (scale > 0)):
+      bad = scale[~(np.isfinite(scale) & (scale > 0))]
+      raise checks.fail(
+        where,
+        f"{name}.scale",
+        "finite and > 0 (its log is the log-std)",
+        f"{bad.size} values such as {float(bad.reshape(-1)[0])}",
+      )
+    if not np.all(np.isfinite(loc)):
+      raise checks.fail(where, f"{name}.loc", "finite", f"{np.sum(~np.isfinite(loc))} NaN or inf")
+  mean = jax.tree_util.tree_map(lambda d: wide_float(d.loc, d.batch_shape), tree, is_leaf=is_normal)
   log_std = jax.tree_util.tree_map(
-    lambda d: jnp.log(jnp.asarray(d.scale, jnp.float32)), tree, is_leaf=is_normal
+    lambda d: jnp.log(wide_float(d.scale, d.batch_shape)), tree, is_leaf=is_normal
   )
   return Gaussian(mean, log_std)
 

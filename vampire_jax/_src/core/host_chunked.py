@@ -22,6 +22,7 @@ from vampire_jax._src.core.meta_step import (
   MetricsFn,
   TaskSampler,
   _stack_one,
+  _StepTasks,
   apply_meta_gradient,
   draw_tasks,
   make_meta_gradient,
@@ -58,10 +59,13 @@ def make_host_chunked_meta_step(
   )
   split_keys = jax.jit(jax.random.split, static_argnums=1)
 
-  @jax.jit
-  def finish(state, grads, metrics):
+  @functools.partial(jax.jit, static_argnums=3)  # traced again for another task count
+  def finish(state, grads, metrics, num_tasks):
     metrics = with_health(metrics, grads)
-    return apply_meta_gradient(optimizer, state, grads), metrics
+    described = (
+      f"make_host_chunked_meta_step: the step was given {num_tasks} tasks (tasks' leading axis)"
+    )
+    return apply_meta_gradient(optimizer, state, grads, _StepTasks(num_tasks, described)), metrics
 
   def meta_step(state: MetaState, tasks: Task, key: jax.Array):
     num_tasks = check_task_batch(tasks, "meta_step")
@@ -75,7 +79,7 @@ def make_host_chunked_meta_step(
       total = result if total is None else jax.tree_util.tree_map(jnp.add, total, result)
     num_chunks = num_tasks // chunk_size
     grads, metrics = jax.tree_util.tree_map(lambda t: t / num_chunks, total)
-    return finish(state, grads, metrics)
+    return finish(state, grads, metrics, num_tasks)
 
   return meta_step
 
@@ -101,6 +105,9 @@ def make_host_chunked_train_step(
     raise ValueError(f"chunk_size={chunk_size} must be >= 1 and divide the {tasks_per_step} tasks")
   gradient = make_meta_gradient(learner, task_batching="unroll", metrics_fn=metrics_fn)
   num_chunks = tasks_per_step // chunk_size
+  step_tasks = _StepTasks(
+    tasks_per_step, f"make_host_chunked_train_step: tasks_per_step={tasks_per_step}"
+  )
 
   def chunk_result(meta_params, data, task_keys, adapt_keys):
     return gradient(meta_params, draw_tasks(sample_tasks, data, task_keys), adapt_keys)
@@ -124,7 +131,7 @@ def make_host_chunked_train_step(
   def finish(state, total):
     grads, metrics = jax.tree_util.tree_map(lambda t: t / num_chunks, total)
     metrics = with_log_std(with_health(metrics, grads), state.meta_params)
-    return apply_meta_gradient(optimizer, state, grads), _stack_one(metrics)
+    return apply_meta_gradient(optimizer, state, grads, step_tasks), _stack_one(metrics)
 
   def train_step(state: MetaState, data: PyTree, key: jax.Array):
     checks.prng_key("train_step", "key", key)

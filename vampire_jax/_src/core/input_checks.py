@@ -31,9 +31,29 @@ def fail(where: str, argument: str, wanted: str, got: str) -> InputError:
 
 
 def describe(x: Any) -> str:
-  """`float32[5, 1]`: an array's dtype and shape, as the messages show them."""
-  shape = ", ".join(str(d) for d in jnp.shape(x))
-  return f"{jnp.result_type(x)}[{shape}]"
+  """`float32[5, 1]`: an array's dtype and shape, as the messages show them.
+
+  What is not an array is named for what it is: `a distribution (distrax
+  Categorical of batch shape (6,))`, `None`, `a str`, never the class of an
+  array's implementation.
+  """
+  if x is None:
+    return "None"
+  if isinstance(x, str):
+    return f"a str {x!r}"
+  if hasattr(x, "log_prob") and hasattr(x, "batch_shape"):
+    module = type(x).__module__.split(".")[0]
+    return f"a distribution ({module} {type(x).__name__} of batch shape {tuple(x.batch_shape)})"
+  array_like = (hasattr(x, "shape") and hasattr(x, "dtype")) or isinstance(
+    x, (bool, int, float, complex, np.generic, list, tuple)
+  )
+  if not array_like:
+    return f"a {type(x).__name__}"
+  try:
+    shape = ", ".join(str(d) for d in jnp.shape(x))
+    return f"{jnp.result_type(x)}[{shape}]"
+  except (TypeError, ValueError):  # a ragged list, a tuple of trees
+    return f"a {type(x).__name__}"
 
 
 def concrete(x: Any) -> bool:
@@ -45,6 +65,12 @@ def array(where: str, name: str, x: Any) -> None:
   """Refuses anything but an array (a Python list would be traced element by element)."""
   if not (hasattr(x, "shape") and hasattr(x, "dtype")):
     raise fail(where, name, "an array (wrap a list in jnp.asarray)", type(x).__name__)
+
+
+def not_a_distribution(where: str, name: str, wanted: str, x: Any) -> None:
+  """Refuses a distribution (`vj.predictive`'s) where arrays of draws are wanted."""
+  if hasattr(x, "log_prob") and hasattr(x, "batch_shape"):
+    raise fail(where, name, wanted, describe(x))
 
 
 def prng_key(where: str, name: str, key: Any) -> None:
@@ -82,6 +108,8 @@ def rate(where: str, name: str, value: Any, *, positive: bool) -> None:
   """A step size (> 0) or weight (>= 0): finite, of the right sign, where it is concrete."""
   if not concrete(value):
     return  # a traced rate: the caller's metrics (finite) catch a bad one
+  if isinstance(value, (str, bytes)):  # float("0.3") would pass, and fail later elsewhere
+    raise fail(where, name, "a number, not a string", repr(value))
   try:
     number = float(np.asarray(value))
   except (TypeError, ValueError):

@@ -3,7 +3,10 @@
 A `MetaLearner` says how to turn meta-parameters into task parameters
 (`adapt`) and task parameters into predictions (`predict`). `vampire` and
 `maml` build one (the baselines in `vampire_jax.baselines` too);
-`meta_step.make_meta_step` and the evaluators work with any.
+`meta_step.make_meta_step` and the evaluators work with any. Vampire2, the
+authors' 2021 VAMPIRE, is `vampire` with two settings: the inner loop's KL
+taken to N(0, I) (`kl_target="standard_normal"`) and the adapted posterior's
+KL to it added to the meta-loss (`outer_kl_weight`).
 
 Defaults are stable: VAMPIRE's inner_lr 0.01 and kl_weight 0.02 give
 inner_lr * kl_weight / sigma_p^2 <= 0.6 at the initial prior (log-std in
@@ -21,7 +24,12 @@ import jax.numpy as jnp
 from vampire_jax._src.core import adaptation, batching, losses
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.errors import InputError
-from vampire_jax._src.core.gaussian import gaussian_from_params
+from vampire_jax._src.core.gaussian import (
+  Gaussian,
+  gaussian_from_params,
+  kl_divergence,
+  standard_normal_like,
+)
 from vampire_jax._src.core.tasks import Task
 
 PyTree = Any
@@ -29,6 +37,9 @@ PyTree = Any
 # VAMPIRE's stable defaults (see the module docstring).
 DEFAULT_INNER_LR = 0.01
 DEFAULT_KL_WEIGHT = 0.02
+# What the KL term of VAMPIRE's inner loop measures the posterior against: the
+# meta-learned prior (the paper, Alg. 1) or N(0, I) (the authors' 2021 Vampire2.py).
+KL_TARGETS = ("prior", "standard_normal")
 
 
 def default_inner_lr(nll: losses.Likelihood, algorithm_default: float) -> float:
@@ -94,12 +105,16 @@ class InnerLoopSettings(NamedTuple):
     inner_lr: the inner learning rate.
     kl_weight: the KL term's weight (0 for point estimates).
     num_inner_steps: the number of inner steps.
+    kl_target: what the KL term measures the posterior against: 'prior'
+      (its step factor is inner_lr * kl_weight / sigma_p^2) or
+      'standard_normal' (sigma 1: the factor is inner_lr * kl_weight).
   """
 
   loss_fn: losses.LossFn
   inner_lr: float
   kl_weight: float
   num_inner_steps: int
+  kl_target: str = "prior"
 
 
 def vampire(
@@ -118,11 +133,22 @@ def vampire(
   remat: bool = False,
   second_order_steps: Optional[int] = None,
   draw_outputs: Optional[adaptation.OutputSampler] = None,
+  kl_target: str = "prior",
+  outer_kl_weight: float = 0.0,
+  backtracking: bool = False,
 ) -> MetaLearner:
   """VAMPIRE (Nguyen et al. 2020, Alg. 1): Gaussian prior, VI inner loop.
 
+  Vampire2, the authors' VAMPIRE of 2021 (`Vampire2.py`), is this learner with
+  `kl_target="standard_normal"`, `outer_kl_weight=kl_weight` and
+  `first_order=True`, their `KL_weight` 1e-6 as `kl_weight`: the inner loop
+  fits the task posterior q with a KL to N(0, I) instead of the prior, and
+  each task's meta-loss is the query NLL (the mean over examples, averaged
+  over the L_v draws) plus `outer_kl_weight * KL(q || N(0, I))`.
+
   Raises `InputError` naming the argument for a non-finite or negative
-  `inner_lr` (or 0) or `kl_weight`, and for counts that are not integers.
+  `inner_lr` (or 0), `kl_weight` or `outer_kl_weight`, an unknown
+  `kl_target`, and for counts that are not integers.
 
   Args:
     apply_fn: the network, `apply_fn(params, x)`.
@@ -145,6 +171,13 @@ def vampire(
     draw_outputs: optional: draw outputs instead of weights, in the inner
       loop, on the query set and at prediction (the local reparameterisation
       trick, `vj.local_reparameterization` for a `vj.MLP`; off by default).
+    kl_target: 'prior' (Alg. 1): the inner loop's KL is KL(q || prior);
+      'standard_normal' (Vampire2): KL(q || N(0, I)).
+    outer_kl_weight: the weight of KL(q || kl_target), the adapted
+      posterior's, added to each task's meta-loss (0: none, Alg. 1).
+    backtracking: not the paper's (off by default): an inner step that raises
+      the support VFE, or makes it non-finite, is not taken and the steps after
+      it are halved (`vj.adapt`): a guard for tasks too curved for `inner_lr`.
 
   Examples:
     >>> from vampire_jax.data import sine_line
@@ -166,8 +199,14 @@ def vampire(
     num_mc_train=(num_mc_train, 1),
     num_mc_query=(num_mc_query, 1),
   )
+  checks.rate("vampire", "outer_kl_weight", outer_kl_weight, positive=False)
+  if kl_target not in KL_TARGETS:
+    raise checks.fail("vampire", "kl_target", f"one of {', '.join(KL_TARGETS)}", repr(kl_target))
   loss_fn = losses.loss_from_apply(apply_fn, nll)
   inner_lr = default_inner_lr(nll, DEFAULT_INNER_LR) if inner_lr is None else inner_lr
+
+  def target_of(prior: Gaussian) -> Optional[Gaussian]:
+    return standard_normal_like(prior) if kl_target == "standard_normal" else None
 
   def init(params, key):
     return gaussian_from_params(params, key, log_std_init)
@@ -190,6 +229,8 @@ def vampire(
       second_order_steps=second_order_steps,
       draw_outputs=draw_outputs,
       nll=None if draw_outputs is None else nll,
+      kl_target=target_of(prior),
+      backtracking=backtracking,
     )
 
   def predict(posterior, x, key):
@@ -203,12 +244,22 @@ def vampire(
       draw_outputs=draw_outputs,
     )
 
+  def meta_loss(prior, task, key):
+    # `query_loss`'s adaptation and draws (its split of the key), plus the outer KL term.
+    adapt_key, predict_key = jax.random.split(key)
+    posterior = adapt(prior, task.support_x, task.support_y, adapt_key)
+    outputs = predict(posterior, task.query_x, predict_key)
+    target = target_of(prior)
+    outer_kl = kl_divergence(posterior, prior if target is None else target)
+    return query_nll(nll, outputs, task.query_y) + outer_kl_weight * outer_kl, outputs
+
   return MetaLearner(
     init,
     adapt,
     predict,
     nll,
-    settings=InnerLoopSettings(loss_fn, inner_lr, kl_weight, num_inner_steps),
+    meta_loss=meta_loss if outer_kl_weight else None,
+    settings=InnerLoopSettings(loss_fn, inner_lr, kl_weight, num_inner_steps, kl_target),
   )
 
 
@@ -222,6 +273,7 @@ def maml(
   unroll_steps: bool = False,
   remat: bool = False,
   second_order_steps: Optional[int] = None,
+  backtracking: bool = False,
 ) -> MetaLearner:
   """MAML (Finn et al. 2017): the point-estimate special case; options as in `vampire`.
 
@@ -248,6 +300,7 @@ def maml(
       unroll_steps=unroll_steps,
       remat=remat,
       second_order_steps=second_order_steps,
+      backtracking=backtracking,
     )
 
   def predict(params, x, key):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from vampire_jax._src.core import input_checks as checks
+from vampire_jax._src.core.distrax_import import import_distrax
 
 PyTree = Any
 # `apply_fn(params, x) -> outputs`: a network applied with one weight tree.
@@ -97,8 +98,7 @@ def gaussian_nll(noise_std: float) -> Likelihood:
   proportional to noise_std^2 (measured for the regression MLP in docs/fidelity.md,
   "Defaults that hold").
   """
-  if not noise_std > 0:
-    raise ValueError(f"noise_std must be > 0, got {noise_std}")
+  checks.rate("gaussian_nll", "noise_std", noise_std, positive=True)
   log_norm = math.log(noise_std) + 0.5 * math.log(2.0 * math.pi)
 
   def nll(means, targets):
@@ -108,7 +108,7 @@ def gaussian_nll(noise_std: float) -> Likelihood:
 
   def distribution(means: jax.Array, batch_ndims: int = 1):
     """The targets' distrax distribution: the first `batch_ndims` axes are batch."""
-    import distrax
+    distrax = import_distrax()  # on first use, without TensorFlow
 
     return distrax.Independent(distrax.Normal(means, noise_std), jnp.ndim(means) - batch_ndims)
 
@@ -144,7 +144,7 @@ def distribution_nll(make_distribution: Callable[[jax.Array], Any]) -> Likelihoo
 
   def distribution(outputs: jax.Array, batch_ndims: int = 1):
     """`make_distribution(outputs)` as one event per index of the first `batch_ndims` axes."""
-    import distrax
+    distrax = import_distrax()  # on first use, without TensorFlow
 
     return distrax.Independent(make_distribution(outputs), jnp.ndim(outputs) - batch_ndims)
 

@@ -1,4 +1,4 @@
-"""Meta-training steps: the meta-gradient, the optimiser, and steps that sample their own tasks.
+"""Meta-training steps: the meta-gradient, its optimiser step, and steps that sample their tasks.
 
 `make_meta_step(learner, optimizer)` is Alg. 1, lines 3-11, for a batch of
 tasks given to it. `make_train_step(learner, optimizer, sample_tasks, ...)`
@@ -9,9 +9,11 @@ Monte-Carlo noise from `fold_in(key, n)`: the result is the same whatever
 `steps_per_call`, and a resumed run continues the same stream.
 
 The host-chunked steps for CPUs (one unrolled chunk of tasks jitted, the chunks
-looped in Python) are in `host_chunked`.
+looped in Python) are in `host_chunked`; the meta-optimiser and its schedule in
+`meta_optimizer`.
 """
 
+import contextlib
 from typing import Any, Callable, NamedTuple, Optional
 
 import chex
@@ -20,10 +22,20 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from vampire_jax._src import deprecations
 from vampire_jax._src.core import batching, sharding
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.errors import InputError
 from vampire_jax._src.core.learners import MetaLearner, query_loss
+from vampire_jax._src.core.meta_optimizer import (  # the optimizer's names, where they were
+  MetaOptimizer as MetaOptimizer,
+  _StepTasks,
+  _tasks_per_step,
+  log_std_mask as log_std_mask,
+  meta_lr_schedule as meta_lr_schedule,
+  meta_optimizer as meta_optimizer,
+  tasks_in_step,
+)
 from vampire_jax._src.core.tasks import Task, check_task_batch
 
 PyTree = Any
@@ -42,154 +54,23 @@ class MetaState(NamedTuple):
   opt_state: optax.OptState  # the meta-optimizer's state (optax)
 
 
-def meta_lr_schedule(
-  learning_rate: float = 1e-3,
-  *,
-  tasks_per_step: int,
-  decay_rate: float = 0.99,
-  decay_every_tasks: int = 10_000,
-) -> optax.Schedule:
-  """The paper's meta learning rate: x `decay_rate` after every `decay_every_tasks` tasks.
-
-  Raises:
-    InputError: (a ValueError) a rate that is not a finite positive number, a
-      `decay_rate` outside (0, 1], or a `tasks_per_step` that is not an integer >= 1.
-  """
-  where = "meta_lr_schedule"
-  checks.rate(where, "learning_rate", learning_rate, positive=True)
-  checks.step_count(where, "tasks_per_step", tasks_per_step, 1)
-  checks.rate(where, "decay_rate", decay_rate, positive=True)
-  if decay_rate > 1:
-    raise InputError(f"{where}: decay_rate must be in (0, 1], got {decay_rate!r}")
-  checks.rate(where, "decay_every_tasks", decay_every_tasks, positive=True)
-  return optax.exponential_decay(
-    learning_rate,
-    transition_steps=decay_every_tasks / tasks_per_step,
-    decay_rate=decay_rate,
-    staircase=True,
-  )
-
-
-def log_std_mask(meta_params: PyTree) -> PyTree:
-  """True at every log-std of `meta_params`, False elsewhere (a tree of bools).
-
-  A log-std is a leaf under a field whose name starts with `log_std`:
-  VAMPIRE's and ABML's prior (`Gaussian.log_std`), PLATIPUS's prior and
-  inference spreads (`log_std`, `log_std_q`). Point estimates (MAML) and
-  BMAML's particles have none.
-  """
-
-  def is_log_std(path, leaf) -> bool:
-    del leaf
-    return any(
-      isinstance(k, jax.tree_util.GetAttrKey) and k.name.startswith("log_std") for k in path
-    )
-
-  return jax.tree_util.tree_map_with_path(is_log_std, meta_params)
-
-
-def _not_log_std(meta_params: PyTree) -> PyTree:
-  return jax.tree_util.tree_map(lambda is_log_std: not is_log_std, log_std_mask(meta_params))
-
-
-class MetaOptimizer(optax.GradientTransformationExtraArgs):
-  """`meta_optimizer`'s result: an optax transformation that knows its `tasks_per_step`.
-
-  It is an ordinary `optax.GradientTransformation` (`init`, `update`), and
-  `make_train_step` reads `tasks_per_step` from it, so a user states T once.
-  """
-
-  def __new__(cls, init, update, tasks_per_step: Optional[int] = None):
-    self = super().__new__(cls, init, update)
-    self.tasks_per_step = tasks_per_step
-    return self
-
-
-def meta_optimizer(
-  learning_rate: float = 1e-3,
-  *,
-  tasks_per_step: int,
-  decay_rate: float = 0.99,
-  decay_every_tasks: int = 10_000,
-  clip_norm: Optional[float] = None,
-  clip_separately: bool = False,
-  log_std_weight_decay: float = 0.0,
-) -> optax.GradientTransformation:
-  """Adam with the paper's schedule: lr x `decay_rate` every `decay_every_tasks` tasks.
-
-  In order: clip the meta-gradient, add the log-std weight decay, Adam. That
-  is what the authors' 2019 code did with PyTorch's Adam (`weight_decay` in
-  its parameter group of log-stds: coupled L2, added to the clipped gradient
-  before the moments).
-
-  Args:
-    learning_rate: gamma.
-    tasks_per_step: T, tasks per meta-update (sets the decay's step count);
-      `make_train_step` takes it from here.
-    decay_rate: multiplicative decay (1: none, as the authors' code).
-    decay_every_tasks: tasks between decays.
-    clip_norm: if set, clip the meta-gradient's global norm first (the
-      authors' code clips at 10).
-    clip_separately: clip the means' part and the log-stds' part each to
-      `clip_norm` (the authors' VAMPIRE), instead of the whole gradient.
-    log_std_weight_decay: lambda: every log-std rho (`log_std_mask`) gets
-      `lambda * rho` added to its gradient, which pulls it toward 0 (a wider
-      prior, sigma = 1); means and point estimates are left alone. The
-      authors' VAMPIRE: 1e-3.
-
-  Returns:
-    A `MetaOptimizer`: the optax transformation, with `tasks_per_step`.
-
-  Raises:
-    InputError: (a ValueError) a setting that is not a finite number in its range.
-  """
-  where = "meta_optimizer"
-  if clip_norm is not None:
-    checks.rate(where, "clip_norm", clip_norm, positive=True)
-  checks.rate(where, "log_std_weight_decay", log_std_weight_decay, positive=False)
-  transforms = []
-  if clip_norm is not None and clip_separately:
-    clip = optax.clip_by_global_norm(clip_norm)
-    transforms += [optax.masked(clip, _not_log_std), optax.masked(clip, log_std_mask)]
-  elif clip_norm is not None:
-    transforms.append(optax.clip_by_global_norm(clip_norm))
-  if log_std_weight_decay:
-    transforms.append(optax.add_decayed_weights(log_std_weight_decay, mask=log_std_mask))
-  adam = optax.adam(
-    meta_lr_schedule(
-      learning_rate,
-      tasks_per_step=tasks_per_step,
-      decay_rate=decay_rate,
-      decay_every_tasks=decay_every_tasks,
-    )
-  )
-  # Adam alone is not chained: its state keeps the structure of earlier runs' checkpoints.
-  optimizer = optax.chain(*transforms, adam) if transforms else adam
-  return MetaOptimizer(*optimizer, tasks_per_step=tasks_per_step)
-
-
-def _tasks_per_step(optimizer: optax.GradientTransformation, tasks_per_step: Optional[int]) -> int:
-  """T from `make_train_step`'s argument or its `MetaOptimizer`; both given must agree."""
-  known = getattr(optimizer, "tasks_per_step", None)
-  if tasks_per_step is None and known is None:
-    raise InputError(
-      "make_train_step: tasks_per_step is required with an optimizer not built by "
-      "vj.meta_optimizer(..., tasks_per_step=T)"
-    )
-  if tasks_per_step is not None and known is not None and tasks_per_step != known:
-    raise InputError(
-      f"make_train_step: tasks_per_step={tasks_per_step!r} differs from the "
-      f"{known} tasks per step the optimizer's schedule counts in (vj.meta_optimizer); "
-      "give it once, to vj.meta_optimizer"
-    )
-  return known if tasks_per_step is None else tasks_per_step
+def _own_copy(leaf):
+  """A concrete JAX array copied (same dtype and sharding); a traced or other leaf as it is."""
+  if isinstance(leaf, jax.Array) and checks.concrete(leaf):
+    return jnp.array(leaf, copy=True)
+  return leaf
 
 
 def init_meta_state(
   learner: MetaLearner, optimizer: optax.GradientTransformation, params: PyTree, key: jax.Array
 ) -> MetaState:
-  """Meta-parameters from initial network weights, and a fresh optimiser state."""
-  meta_params = learner.init(params, key)
+  """Meta-parameters from initial network weights, and a fresh optimiser state.
+
+  The state holds copies, never the caller's arrays (`learner.init` may return
+  `params` itself, as the Gaussian's means or MAML's weights): a step jitted with
+  `donate_argnums=0` consumes the state's buffers, and `params` stays usable.
+  """
+  meta_params = jax.tree_util.tree_map(_own_copy, learner.init(params, key))
   return MetaState(jnp.zeros((), jnp.int32), meta_params, optimizer.init(meta_params))
 
 
@@ -247,12 +128,13 @@ def make_meta_gradient(
 
   Args:
     learner: the algorithm (`vampire(...)`, `maml(...)`).
-    task_batching: how tasks are batched (see `vampire_jax._src.core.batching`); with
+    task_batching: how tasks are batched: "vmap", "map", "remat_map", "unroll",
+      "chunked_unroll" or "chunked_vmap" (the same computation; speed and memory differ); with
       a mesh, how each device batches its own tasks.
     chunk_size: tasks per chunk for the chunked strategies.
     metrics_fn: optional `metrics_fn(query_outputs, query_y) -> dict` of
       per-task scalars to average and report (e.g. `classification_metrics`).
-    mesh: optional `sharding.task_mesh(...)`: split the tasks over its
+    mesh: optional `vj.task_mesh(...)`: split the tasks over its
       devices; their per-task results are gathered and averaged in task
       order, so the result equals the one-device result bit for bit. The
       number of tasks must divide evenly.
@@ -261,6 +143,8 @@ def make_meta_gradient(
     A pure function; `tasks` has a leading `[tasks]` axis and `task_keys`
     holds one PRNG key per task.
   """
+  if mesh is not None:
+    sharding.check_mesh("make_meta_gradient", mesh)
   loss_and_grad = jax.value_and_grad(
     lambda meta_params, task, key: query_loss(learner, meta_params, task, key), has_aux=True
   )
@@ -295,13 +179,21 @@ def make_meta_gradient(
 
 
 def apply_meta_gradient(
-  optimizer: optax.GradientTransformation, state: MetaState, grads: PyTree
+  optimizer: optax.GradientTransformation,
+  state: MetaState,
+  grads: PyTree,
+  tasks: Optional[_StepTasks] = None,
 ) -> MetaState:
-  """One optimiser step on the meta-parameters (Alg. 1, line 11)."""
+  """One optimiser step on the meta-parameters (Alg. 1, line 11).
+
+  `tasks`: optional `(count, described)`, the tasks the step adapted to; a
+  `vj.meta_optimizer` of another `tasks_per_step`, bare or wrapped, is refused.
+  """
   # An invariant of the meta-gradient (chunked, sharded or host-summed): a leaf of another
   # shape would broadcast into the update and change the parameters' shapes silently.
   chex.assert_trees_all_equal_shapes_and_dtypes(grads, state.meta_params)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
+  with contextlib.nullcontext() if tasks is None else tasks_in_step(*tasks):
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
   meta_params = optax.apply_updates(state.meta_params, updates)
   return MetaState(state.step + 1, meta_params, opt_state)
 
@@ -323,15 +215,19 @@ def make_meta_step(
   norm. With a `mesh` the tasks are split over its devices and the state is
   replicated; the result equals the one-device step's bit for bit.
   """
+  if mesh is not None:
+    sharding.check_mesh("make_meta_step", mesh)
   meta_gradient = make_meta_gradient(
     learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
   )
 
   def meta_step(state: MetaState, tasks: Task, key: jax.Array):
-    task_keys = jax.random.split(key, check_task_batch(tasks, "meta_step"))
+    num_tasks = check_task_batch(tasks, "meta_step")
+    task_keys = jax.random.split(key, num_tasks)
     grads, metrics = meta_gradient(state.meta_params, tasks, task_keys)
     metrics = with_health(metrics, grads)
-    return apply_meta_gradient(optimizer, state, grads), metrics
+    described = f"make_meta_step: the step was given {num_tasks} tasks (tasks' leading axis)"
+    return apply_meta_gradient(optimizer, state, grads, _StepTasks(num_tasks, described)), metrics
 
   return meta_step
 
@@ -394,7 +290,8 @@ def make_train_step(
   `sample_tasks(data, task_keys)` inside the step (`step_keys(key,
   state.step, ...)`), so no tasks cross between host and device. Wrap it in
   `jax.jit(..., donate_argnums=0)`: the old state's buffers are then reused
-  for the new one.
+  for the new one (a donated state is consumed; the `params` given to
+  `init_meta_state` are not, since the state holds copies).
 
   Args:
     learner, optimizer: as in `make_meta_step`.
@@ -431,10 +328,12 @@ def make_train_step(
   checks.step_count("make_train_step", "tasks_per_step", tasks_per_step, 1)
   checks.step_count("make_train_step", "steps_per_call", steps_per_call, 1)
   if mesh is not None:
+    sharding.check_mesh("make_train_step", mesh)
     sharding.check_divisible(tasks_per_step, mesh, "make_train_step: tasks_per_step")
   meta_gradient = make_meta_gradient(
     learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
   )
+  step_tasks = _StepTasks(tasks_per_step, f"make_train_step: tasks_per_step={tasks_per_step}")
 
   def one_step(state: MetaState, data: PyTree, key: jax.Array):
     task_keys, adapt_keys = step_keys(key, state.step, tasks_per_step)
@@ -445,7 +344,7 @@ def make_train_step(
     tasks = draw_tasks(sample_tasks, data, task_keys)
     grads, metrics = meta_gradient(state.meta_params, tasks, adapt_keys)
     metrics = with_log_std(with_health(metrics, grads), state.meta_params)
-    return apply_meta_gradient(optimizer, state, grads), metrics
+    return apply_meta_gradient(optimizer, state, grads, step_tasks), metrics
 
   def train_step(state: MetaState, data: PyTree, key: jax.Array):
     checks.prng_key("train_step", "key", key)
@@ -455,3 +354,7 @@ def make_train_step(
     return jax.lax.scan(lambda s, _: one_step(s, data, key), state, None, length=steps_per_call)
 
   return train_step
+
+
+# Names an earlier version kept here (`deprecations.MOVED_OUT_OF_MODULES`): warn, then work.
+__getattr__ = deprecations.module_getattr(__name__)

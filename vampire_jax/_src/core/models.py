@@ -23,11 +23,13 @@ batch-norm statistics stay in float32.
 import dataclasses
 import importlib
 import math
-from typing import Any, Callable, Sequence
+import sys
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vampire_jax._src import deprecations
 from vampire_jax._src.core import backend_defaults, convolution
@@ -205,11 +207,14 @@ class Conv4(nn.Module):
   batch norm without scale and offset, as in the authors' code.
   `kernel_init_gain`: the kernels' Xavier-normal gain (the authors' 2019 code: 1).
   `batch_norm_epsilon`: added to the batch variance (the authors' 2019 code: 0).
+  `num_classes=None`: no dense head, the flattened features are the output
+  (ProtoNet's embedding, as the authors' `CNN(dim_output=None)`).
 
-  Input `[batch, height, width, channels]`, output logits `[batch, num_classes]`.
+  Input `[batch, height, width, channels]`, output logits `[batch, num_classes]`
+  (`[batch, features]` without a head).
   """
 
-  num_classes: int
+  num_classes: Optional[int]
   num_filters: int = 64
   max_pool: bool = False
   conv_impl: str = "xla"  # "xla" (nn.Conv), "patches" (PatchConv) or "loop_safe" (LoopSafeConv)
@@ -253,6 +258,8 @@ class Conv4(nn.Module):
       if self.max_pool:
         x = max_pool_2x2(x)
     x = x.reshape((x.shape[0], -1))
+    if self.num_classes is None:  # an embedding (ProtoNet): the features, no head
+      return x
     return nn.Dense(
       self.num_classes, kernel_init=xavier_normal(self.kernel_init_gain), name="head"
     )(x)
@@ -265,10 +272,12 @@ class MLP(nn.Module):
   `MLP((128, 32), num_classes)`. `kernel_init_gain`: the kernels' Xavier-normal
   gain (the authors' 2019 code: 1). Input `[batch, features]`: a leading task
   axis is refused (it would pool the tasks' examples); vmap over tasks.
+  `num_outputs=None`: no output layer, the last hidden layer's ReLU units are
+  the output (ProtoNet's embedding).
   """
 
   hidden_sizes: Sequence[int]
-  num_outputs: int
+  num_outputs: Optional[int]
   kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
 
   @nn.compact
@@ -281,6 +290,8 @@ class MLP(nn.Module):
     init = xavier_normal(self.kernel_init_gain)
     for width in self.hidden_sizes:
       x = nn.relu(nn.Dense(width, kernel_init=init)(x))
+    if self.num_outputs is None:  # an embedding (ProtoNet): the last hidden units
+      return x
     return nn.Dense(self.num_outputs, kernel_init=init)(x)
 
 
@@ -347,15 +358,67 @@ def module_spec(module: nn.Module) -> dict[str, Any]:
   return {"class": f"{cls.__module__}.{cls.__qualname__}", "fields": fields}
 
 
-def module_from_spec(spec: dict[str, Any]) -> nn.Module:
-  """The module `module_spec` described: its class imported, its fields set."""
-  # A run recorded before issue 43 names `vampire_jax.models.<Class>`: read it where it is now.
-  module_name, _, class_name = deprecations.current_path(spec["class"]).rpartition(".")
-  cls = getattr(importlib.import_module(module_name), class_name)
+def module_from_spec(spec: dict[str, Any], cls: type | None = None) -> nn.Module:
+  """The module `module_spec` described: its class imported (or `cls`), its fields set."""
+  if cls is None:
+    # A run recorded before issue 43 names `vampire_jax.models.<Class>`: read it where it is now.
+    module_name, _, class_name = deprecations.current_path(spec["class"]).rpartition(".")
+    cls = getattr(importlib.import_module(module_name), class_name)
   if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
     raise TypeError(f"{spec['class']} is not a flax.linen.Module")
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["fields"].items()}
   return cls(**fields)
+
+
+def _json_value(value) -> bool:
+  """Whether `value` survives `run.json` (JSON, tuples as lists, numpy scalars as numbers)."""
+  if value is None or isinstance(value, (bool, int, float, str, np.integer, np.floating)):
+    return True
+  if isinstance(value, (list, tuple)):
+    return all(_json_value(v) for v in value)
+  if isinstance(value, dict):
+    return all(isinstance(k, str) and _json_value(v) for k, v in value.items())
+  return False
+
+
+def unloadable_reason(module: nn.Module) -> str | None:
+  """Why a run of `module` could never be loaded from its folder (`module_spec`), or None.
+
+  A run folder names the network's class by its import path and records its
+  fields as JSON. A class defined inside a function has no import path; a
+  field that is not a JSON value (a function, a dtype, a submodule) would be
+  recorded as its text.
+  """
+  if not isinstance(module, nn.Module):
+    return None  # not a network at all: refused as such where it is checked
+  cls = type(module)
+  name = f"{cls.__module__}.{cls.__qualname__}"
+  if "<locals>" in cls.__qualname__:
+    return (
+      f"its class {name} is defined inside a function, so no other process can import it: "
+      f"define {cls.__name__} at the top level of a module (or of the script)"
+    )
+  if cls.__module__ != "__main__" and cls.__module__ in sys.modules:
+    found = sys.modules[cls.__module__]
+    for part in cls.__qualname__.split("."):
+      found = getattr(found, part, None)
+    if not isinstance(found, type):
+      return (
+        f"its class {name} cannot be found by that name in its module (made at run time?): "
+        f"define {cls.__name__} at the top level of {cls.__module__}"
+      )
+  if dataclasses.is_dataclass(module):
+    for field in dataclasses.fields(module):
+      value = getattr(module, field.name, None)
+      if field.name not in ("parent", "name") and not _json_value(value):
+        name = getattr(value, "__name__", None)
+        shown = f"{name} (a {type(value).__name__})" if name else repr(value)[:80]
+        return (
+          f"its field {field.name} is {shown}, which run.json cannot record (it records "
+          "the fields as JSON: numbers, strings, booleans, lists, dicts, None): make it such "
+          "a value (e.g. a dtype's name) and build the object inside the module"
+        )
+  return None
 
 
 def local_reparameterization(dist, x: jax.Array, key: jax.Array, num_samples: int) -> jax.Array:

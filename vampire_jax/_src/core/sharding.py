@@ -27,7 +27,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.errors import InputError
+from vampire_jax._src.core.tasks import Task, check_task_batch
 
 PyTree = Any
 
@@ -89,11 +91,14 @@ def use_all_cpu_cores(num_devices: Optional[int] = None) -> None:
     num_devices: the number of CPU devices (default: `cpu_core_count()`).
 
   Raises:
+    InputError: (a ValueError) `num_devices` is not an integer >= 1.
     RuntimeError: JAX has started already with another number of CPU devices.
   """
+  if num_devices is not None:  # checked even where a choice made already wins
+    checks.step_count("use_all_cpu_cores", "num_devices", num_devices, 1)
   if user_set_cpu_devices():
     return
-  count = cpu_core_count() if num_devices is None else num_devices
+  count = cpu_core_count() if num_devices is None else int(num_devices)
   try:
     jax.config.update("jax_num_cpu_devices", count)
   except RuntimeError:
@@ -117,11 +122,43 @@ def default_to_all_cpu_cores() -> None:
 
 
 def task_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-  """A one-axis mesh named 'tasks' over `devices` (default: all, of every host)."""
-  devices = jax.devices() if devices is None else list(devices)
+  """A one-axis mesh named 'tasks' over `devices` (default: all, of every host).
+
+  Raises:
+    InputError: (a ValueError) `devices` is not a sequence of distinct devices (`jax.Device`).
+  """
+  wanted = "a list of distinct jax devices (e.g. jax.devices()[:2])"
+  if devices is None:
+    devices = jax.devices()
+  elif isinstance(devices, jax.Device):
+    raise checks.fail("task_mesh", "devices", wanted, f"one device, {devices} (use [device])")
+  else:
+    try:
+      devices = list(devices)
+    except TypeError:
+      raise checks.fail("task_mesh", "devices", wanted, type(devices).__name__) from None
   if not devices:
-    raise ValueError("task_mesh needs at least one device")
+    raise checks.fail("task_mesh", "devices", wanted, "none")
+  for device in devices:
+    if not isinstance(device, jax.Device):
+      raise checks.fail("task_mesh", "devices", wanted, f"{type(device).__name__} {device!r}")
+  twice = sorted({str(d) for d in devices if devices.count(d) > 1})
+  if twice:
+    raise checks.fail(
+      "task_mesh", "devices", wanted, f"{', '.join(twice)} more than once (each device once)"
+    )
   return Mesh(np.asarray(devices), (TASK_AXIS,))
+
+
+def check_mesh(where: str, mesh: Mesh, *, task_axis: bool = True) -> None:
+  """Refuses, in one line, a `mesh` that is not a `Mesh` (with a 'tasks' axis, by default)."""
+  wanted = "a device mesh, vj.task_mesh(devices)"
+  if not isinstance(mesh, Mesh):
+    raise checks.fail(where, "mesh", wanted, "None" if mesh is None else type(mesh).__name__)
+  if task_axis and TASK_AXIS not in mesh.axis_names:
+    raise checks.fail(
+      where, "mesh", f"{wanted} (an axis named {TASK_AXIS!r})", f"axes {mesh.axis_names}"
+    )
 
 
 def task_sharding(mesh: Mesh) -> NamedSharding:
@@ -159,7 +196,23 @@ def _global_array(sharding: NamedSharding, local: jax.Array) -> jax.Array:
 
 
 def _check_task_axis(where: str, tasks: PyTree, mesh: Mesh, num_processes: int = 1) -> None:
-  """Raises InputError unless every leaf's task axis splits evenly over the mesh."""
+  """Raises InputError unless every leaf's task axis splits evenly over the mesh.
+
+  A `Task` must be a batch (`check_task_batch`): one task without its leading axis would
+  read its 5 support points as 5 tasks. In any other tree every leaf has the same count.
+  """
+  if isinstance(tasks, Task):
+    check_task_batch(tasks, where)
+  counts = {np.shape(leaf)[0] for leaf in jax.tree_util.tree_leaves(tasks) if np.ndim(leaf)}
+  if len(counts) > 1:
+    shapes = jax.tree_util.tree_map(lambda leaf: tuple(np.shape(leaf)), tasks)
+    raise checks.fail(
+      where,
+      "tasks",
+      "a tree of [tasks, ...] arrays with one leading task count",
+      f"leading axes {sorted(counts)} ({shapes}; one task without its leading axis? add "
+      "one: jax.tree.map(lambda v: v[None], task))",
+    )
   for path, leaf in jax.tree_util.tree_leaves_with_path(tasks):
     num_tasks = np.shape(leaf)[0] * num_processes if np.ndim(leaf) else None
     if num_tasks is None:
@@ -174,6 +227,7 @@ def shard_tasks(tasks: PyTree, mesh: Mesh) -> PyTree:
   passes its own `num_tasks / process_count` tasks and gets back global
   arrays of all of them.
   """
+  check_mesh("shard_tasks", mesh)
   _check_task_axis("shard_tasks", tasks, mesh, jax.process_count())
   sharding = task_sharding(mesh)
   return jax.tree_util.tree_map(lambda x: _global_array(sharding, x), tasks)
@@ -185,6 +239,7 @@ def distribute(tasks: PyTree, mesh: Mesh) -> PyTree:
   Unlike `shard_tasks`, each process passes the whole batch (computed the
   same way on every process) and contributes the slices its devices hold.
   """
+  check_mesh("distribute", mesh)
   _check_task_axis("distribute", tasks, mesh)
   sharding = task_sharding(mesh)
   if jax.process_count() == 1:
@@ -199,6 +254,7 @@ def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
 
   With several processes each must pass the same values.
   """
+  check_mesh("replicate", mesh, task_axis=False)
   sharding = replicated_sharding(mesh)
   return jax.tree_util.tree_map(lambda x: _global_array(sharding, x), tree)
 

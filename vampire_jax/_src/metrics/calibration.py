@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
+from vampire_jax._src import deprecations
 from vampire_jax._src.metrics.quantile_calibration import (
   QuantileCalibration as QuantileCalibration,
 )
@@ -344,3 +345,7 @@ def from_record(record: dict):
       if f in record
     }
   )
+
+
+# Names an earlier version kept here (`deprecations.MOVED_OUT_OF_MODULES`): warn, then work.
+__getattr__ = deprecations.module_getattr(__name__)

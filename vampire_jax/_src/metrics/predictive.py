@@ -2,28 +2,33 @@
 
 A Bayesian learner predicts a query's target by averaging the likelihood over
 its weight draws: p(y | x) = mean_l p(y | f_l(x)). Here that average is a
-distrax distribution over the query targets, one per query point, with
-`log_prob`, `sample`, `mean`, `variance` (and `entropy` for a classifier):
+distrax distribution over the query targets, one per query point:
 
-- classification: `distrax.Categorical(probs=mean_l softmax(logits_l))`;
-- regression: `distrax.MixtureSameFamily`, equal weights over the draws, each
-  draw's likelihood (`Normal(f_l(x), noise_std)`, or the family of a
-  `vj.distribution_nll`) as a component.
+- classification: `PredictiveCategorical`, a `distrax.Categorical(probs=mean_l
+  softmax(logits_l))`, with `log_prob`, `sample`, `probs`, `mode` and
+  `entropy` (class labels have no mean or variance);
+- regression: `PredictiveMixture`, a `distrax.MixtureSameFamily` with equal
+  weights over the draws, each draw's likelihood (`Normal(f_l(x),
+  noise_std)`, or the family of a `vj.distribution_nll`) as a component, with
+  `log_prob`, `sample`, `mean`, `variance`, `stddev`.
 
 `log_prob` of the query targets is the log of the Monte-Carlo predictive that
-the evaluators score (their NLL is its negated mean), samples carry the
-likelihood's noise, and a mixture's `variance` is Var_l[f_l(x)] (epistemic)
-plus the mean noise variance (aleatoric), as `vj.regression_uncertainty` and
-the regression summary split it.
+the evaluators score (their NLL is its negated mean); it takes exactly the
+shape of the evaluator's targets and refuses others, which distrax would
+broadcast (`predictive_distributions`). Samples carry the likelihood's
+noise, and a mixture's `variance` is Var_l[f_l(x)] (epistemic) plus the mean
+noise variance (aleatoric), as `vj.regression_uncertainty` and the
+regression summary split it.
 
-distrax loads TFP's JAX substrate (about 5 s): it is imported here, on the
-first call, not with `import vampire_jax`.
+distrax loads TFP's JAX substrate (about 10 s): it is imported on the first
+call, not with `import vampire_jax`, and without TensorFlow (`distrax_import`).
 """
 
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core import losses
@@ -39,30 +44,46 @@ def predictive_distribution(outputs: jax.Array, nll: losses.Likelihood):
   Args:
     outputs: `[num_draws, num_query, ...]`, the network's outputs under each
       weight draw (`learner.predict`, `Run.predict_function_draws`): logits
-      for `vj.categorical_nll`, means for `vj.gaussian_nll`, the
-      distribution's parameters for `vj.distribution_nll`.
+      for `vj.categorical_nll` (`[num_draws, num_query, classes]`; not
+      probabilities: their logits are `jnp.log(p)`), means for
+      `vj.gaussian_nll`, the distribution's parameters for
+      `vj.distribution_nll`.
     nll: the likelihood the learner trained on (`learner.nll`).
 
   Returns:
-    A distrax distribution of batch shape `[num_query]`: `Categorical` for
-    `vj.categorical_nll` (event `[]`, integer labels), else a
-    `MixtureSameFamily` over the draws whose event is one query's target
-    (`[outputs]`).
+    A distrax distribution of batch shape `[num_query]`:
+    `PredictiveCategorical` (a `distrax.Categorical`) for
+    `vj.categorical_nll`, whose `log_prob` takes `[num_query]` integer
+    labels; else a `PredictiveMixture` (a `distrax.MixtureSameFamily`) over
+    the draws whose event is one query's target (`[outputs]`), whose
+    `log_prob` takes `[num_query, outputs]` float targets. Either refuses
+    (`InputError`) a value of another shape or dtype, which distrax would
+    broadcast.
 
   Raises:
-    InputError: `outputs` without a draw and a query axis, or a likelihood
-      that names no distribution (one written by hand: wrap it in
-      `vj.distribution_nll`).
+    InputError: `outputs` without a draw and a query axis; for
+      `vj.categorical_nll`, outputs without a class axis, or (where concrete)
+      rows that are already probabilities (in [0, 1], summing to 1), which a
+      second softmax would flatten; a likelihood that names no distribution
+      (one written by hand: wrap it in `vj.distribution_nll`), a distrax class
+      in its place, or a `vj.distribution_nll` whose family is not one scalar
+      distribution per output (a `distrax.Categorical` over the last axis).
   """
-  import distrax
+  from vampire_jax._src.metrics import predictive_distributions as dists
 
   where = "vj.predictive_distribution"
-  if jnp.ndim(outputs) < 2 or jnp.shape(outputs)[0] < 1:
+  dists.refuse_not_a_likelihood(where, nll)
+  if not hasattr(outputs, "shape") or jnp.ndim(outputs) < 2 or jnp.shape(outputs)[0] < 1:
     raise checks.fail(
       where, "outputs", "[num_draws >= 1, num_query, ...]", checks.describe(outputs)
     )
   if nll is losses.categorical_nll:
-    return distrax.Categorical(probs=jnp.mean(jax.nn.softmax(outputs, axis=-1), axis=0))
+    if jnp.ndim(outputs) < 3:
+      raise checks.fail(
+        where, "outputs", "[num_draws, num_query, classes] logits", checks.describe(outputs)
+      )
+    _refuse_probabilities(where, outputs)
+    return dists.categorical(jnp.mean(jax.nn.softmax(outputs, axis=-1), axis=0))
   make = getattr(nll, "distribution", None)
   if make is None:
     raise InputError(
@@ -71,8 +92,32 @@ def predictive_distribution(outputs: jax.Array, nll: losses.Likelihood):
     )
   per_query = jnp.moveaxis(outputs, 0, 1)  # [num_query, num_draws, ...]: draws as components
   components = make(per_query, batch_ndims=2)  # batch [num_query, num_draws], event a target
-  equal = jnp.zeros(per_query.shape[:2], per_query.dtype)
-  return distrax.MixtureSameFamily(distrax.Categorical(logits=equal), components)
+  family = getattr(components, "distribution", components)
+  if tuple(family.batch_shape) != tuple(per_query.shape):
+    raise InputError(
+      f"{where}: nll's distribution must be one scalar distribution per network output "
+      f"(batch shape {tuple(per_query.shape)}), got {type(family).__name__} of batch shape "
+      f"{tuple(family.batch_shape)}; for class labels use vj.categorical_nll"
+    )
+  return dists.mixture(components, jnp.result_type(per_query))
+
+
+def _refuse_probabilities(where: str, logits: jax.Array) -> None:
+  """Where concrete: refuses rows that are exactly probabilities (a second softmax flattens them)."""
+  if not checks.concrete(logits) or jnp.shape(logits)[-1] < 2:
+    return
+  values = np.asarray(logits, np.float64)
+  if (
+    values.size
+    and np.all((values >= 0) & (values <= 1))
+    and np.allclose(values.sum(axis=-1), 1.0, rtol=0, atol=1e-5)
+  ):
+    raise checks.fail(
+      where,
+      "outputs",
+      "logits (vj.categorical_nll takes their softmax; for probabilities p pass jnp.log(p))",
+      f"{checks.describe(logits)} whose every row is in [0, 1] and sums to 1",
+    )
 
 
 def predictive(
@@ -124,46 +169,113 @@ def predictive_interval(distribution, level: float = 0.9, num_bisections: int = 
   For a mixture whose components have a `cdf` (a regression predictive of
   `vj.gaussian_nll`, or of a `vj.distribution_nll` family with one), the
   interval's ends are the (1 - level) / 2 and (1 + level) / 2 quantiles,
-  found by bisection on the mixture's CDF to float precision.
+  found by bisection on the mixture's CDF. The bracket starts at the
+  components' means +- 12 standard deviations (where they are finite: a
+  Student-t of df <= 2 has an infinite one) and is widened until the
+  mixture's CDF brackets the level, so heavy tails get their true interval.
+
+  Jittable, with `level` and `num_bisections` static:
+  `jax.jit(vj.predictive_interval, static_argnames=("level", "num_bisections"))`.
 
   Args:
     distribution: from `predictive_distribution` / `vj.predictive` /
-      `Run.predictive`, of a regression run.
-    level: in (0, 1).
-    num_bisections: halvings of the bracket (60: below float32 resolution).
+      `Run.predictive`, of a regression run (also one made under `vmap`, of
+      batch `[tasks, num_query]`).
+    level: a number in (0, 1), static.
+    num_bisections: halvings of the bracket, an integer >= 1 (60: below
+      float32 resolution).
 
   Returns:
-    Two arrays shaped like a sample, `[num_query, outputs]`.
+    Two arrays shaped like a sample, `batch + event` (`[num_query, outputs]`).
 
   Raises:
-    InputError: a level outside (0, 1), or a distribution that is not a
-      mixture of components with a `cdf`.
+    InputError: a level that is not a number in (0, 1) or is traced, fewer
+      than one bisection, or a distribution that is not a mixture of
+      components with a `cdf`.
   """
-  if not 0.0 < level < 1.0:
-    raise checks.fail("vj.predictive_interval", "level", "a number in (0, 1)", repr(level))
+  where = "vj.predictive_interval"
+  _check_level(where, level)
+  checks.step_count(where, "num_bisections", num_bisections, 1)
   components = getattr(distribution, "components_distribution", None)
   inner = getattr(components, "distribution", components)
   if components is None or not hasattr(inner, "cdf"):
-    raise InputError(
-      "vj.predictive_interval: distribution must be a regression predictive (a mixture "
-      "over weight draws of components with a cdf); a classifier's has no interval"
+    raise checks.fail(
+      where,
+      "distribution",
+      "a regression predictive (a mixture over weight draws of components with a cdf; "
+      "a classifier's has no interval)",
+      checks.describe(distribution),
     )
-  weights = jax.nn.softmax(distribution.mixture_distribution.logits, axis=-1)  # [query, draws]
-  means, stds = inner.mean(), inner.stddev()  # [query, draws, outputs]
-  lower0 = jnp.min(means - 12.0 * stds, axis=1)
-  upper0 = jnp.max(means + 12.0 * stds, axis=1)
+  if hasattr(distribution, "check_shapes"):
+    distribution.check_shapes(where)
+  level = float(level)
+  draw_axis = len(distribution.batch_shape)  # components: batch + [draws] + event
+  event_ndim = len(distribution.event_shape)
+  weights = jax.nn.softmax(distribution.mixture_distribution.logits, axis=-1)
+  weights = weights.reshape(weights.shape + (1,) * event_ndim)  # batch + [draws] + 1s
 
-  def mixture_cdf(y):  # [query, outputs]
-    return jnp.sum(weights[..., None] * inner.cdf(y[:, None]), axis=1)
+  def mixture_cdf(y):  # batch + event
+    return jnp.sum(weights * inner.cdf(jnp.expand_dims(y, draw_axis)), axis=draw_axis)
+
+  centres, spreads = _finite_moments(inner, components)
+  low0 = jnp.min(centres - 12.0 * spreads, axis=draw_axis)
+  high0 = jnp.max(centres + 12.0 * spreads, axis=draw_axis)
 
   def quantile(q):
+    def misses(low, high):
+      return (mixture_cdf(low) > q) | (mixture_cdf(high) < q)
+
+    def widen(state):  # each miss at least doubles the bracket: ~130 reach float32's range
+      low, high, count = state
+      width = high - low
+      low = jnp.where(mixture_cdf(low) > q, low - width, low)
+      high = jnp.where(mixture_cdf(high) < q, high + width, high)
+      return low, high, count + 1
+
+    def keep_widening(state):
+      low, high, count = state
+      return (count < 256) & jnp.any(misses(low, high))
+
+    low, high, _ = jax.lax.while_loop(keep_widening, widen, (low0, high0, 0))
+
     def halve(_, bracket):
       low, high = bracket
       middle = 0.5 * (low + high)
       below = mixture_cdf(middle) < q
       return jnp.where(below, middle, low), jnp.where(below, high, middle)
 
-    low, high = jax.lax.fori_loop(0, num_bisections, halve, (lower0, upper0))
+    low, high = jax.lax.fori_loop(0, num_bisections, halve, (low, high))
     return 0.5 * (low + high)
 
   return quantile(0.5 * (1.0 - level)), quantile(0.5 * (1.0 + level))
+
+
+def _check_level(where: str, level) -> None:
+  if isinstance(level, jax.core.Tracer):
+    raise checks.fail(
+      where,
+      "level",
+      "a static number in (0, 1): under jit, close over it or mark it static "
+      '(jax.jit(vj.predictive_interval, static_argnames="level"))',
+      f"a traced {checks.describe(level)}",
+    )
+  is_number = isinstance(level, (int, float, np.integer, np.floating)) or (
+    hasattr(level, "dtype") and np.ndim(level) == 0 and jnp.issubdtype(level.dtype, jnp.floating)
+  )
+  if isinstance(level, (bool, np.bool_)) or not is_number:
+    raise checks.fail(where, "level", "a number in (0, 1), e.g. 0.9", checks.describe(level))
+  if not 0.0 < float(level) < 1.0:
+    raise checks.fail(where, "level", "a number in (0, 1), e.g. 0.9", repr(float(level)))
+
+
+def _finite_moments(inner, components):
+  """Each component's mean and standard deviation where finite (else 0 and 1), for a bracket."""
+  shape = components.batch_shape + components.event_shape
+  try:
+    centres, spreads = inner.mean(), inner.stddev()
+  except NotImplementedError:
+    centres, spreads = jnp.zeros(shape), jnp.ones(shape)
+  centres = jnp.broadcast_to(jnp.where(jnp.isfinite(centres), centres, 0.0), shape)
+  usable = jnp.isfinite(spreads) & (spreads > 0)
+  spreads = jnp.broadcast_to(jnp.where(usable, spreads, 1.0), shape)
+  return centres, spreads

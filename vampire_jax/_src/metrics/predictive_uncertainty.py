@@ -87,6 +87,9 @@ def uncertainty(draws: jax.Array) -> Uncertainty:
       sum to 1 within 1e-3 (logits, or a regression run's draws: use
       `vj.regression_uncertainty`). Under `jit` the values are not checked.
   """
+  checks.not_a_distribution(
+    "vj.uncertainty", "draws", "per-draw class probabilities (Run.predict_draws)", draws
+  )
   if jnp.ndim(draws) != 3 or jnp.shape(draws)[0] < 1:
     raise checks.fail(
       "vj.uncertainty",
@@ -119,6 +122,12 @@ def regression_uncertainty(draws: jax.Array, noise_std: float) -> Uncertainty:
     `Uncertainty` of `[num_query]` variances: epistemic = the variance of the
     means across draws (0 for one draw), aleatoric = sigma^2, total = their sum.
   """
+  checks.not_a_distribution(
+    "vj.regression_uncertainty",
+    "draws",
+    "the network's output per weight draw (Run.predict_function_draws)",
+    draws,
+  )
   draws = jnp.asarray(draws)
   if draws.ndim == 3:
     draws = draws[..., 0]

@@ -22,6 +22,7 @@ Each `Algorithm` says, in one place:
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import flax.linen as nn
@@ -34,7 +35,7 @@ from vampire_jax._src.core import backend_defaults, learners, losses, meta_step,
 from vampire_jax._src.core.errors import ConfigError
 from vampire_jax._src.core.gaussian import kl_step_factor
 from vampire_jax._src.core.learners import MetaLearner
-from vampire_jax._src.runs import kinds
+from vampire_jax._src.runs import kinds, protonet_settings
 from vampire_jax._src.runs import run_config as config_lib
 
 PyTree = Any
@@ -62,6 +63,8 @@ class Algorithm(NamedTuple):
     config_defaults: fields set on a config that selects it.
     description: one line for `--help` and the docs.
     ignores: config fields it never reads, with why (`{field: reason}`).
+    embedding: its network is an embedding without a head (ProtoNet; `network_outputs`).
+    kl_target: its inner KL's target: 'prior', or 'standard_normal' (Vampire2).
   """
 
   build: Builder
@@ -70,9 +73,14 @@ class Algorithm(NamedTuple):
   config_defaults: dict
   description: str
   ignores: dict = {}
+  embedding: bool = False
+  kl_target: str = "prior"
 
 
-def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
+def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll, kl_target="prior"):
+  # Vampire2 (kl_target N(0, I)) adds the posterior's KL to the meta-loss, --outer-kl-weight.
+  outer = getattr(config, "outer_kl_weight", None)
+  outer = config.kl_weight if outer is None else outer
   return learners.vampire(
     apply_fn,
     nll,
@@ -88,6 +96,9 @@ def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll):
     remat=config.remat,
     second_order_steps=config.second_order_steps,
     draw_outputs=draw_outputs(config),
+    kl_target=kl_target,
+    outer_kl_weight=0.0 if kl_target == "prior" else outer,
+    backtracking=config.inner_backtracking,
   )
 
 
@@ -103,6 +114,7 @@ def _maml(first_order: bool):
       unroll_steps=unroll,
       remat=config.remat,
       second_order_steps=config.second_order_steps,
+      backtracking=config.inner_backtracking,
     )
 
   return build
@@ -181,6 +193,10 @@ _PARTICLES = {
   "num_mc_test": "its particles are its draws, --num-particles",
 }
 _NO_TRUNCATION = {"second_order_steps": "its inner loop does not truncate second-order terms"}
+_NO_INNER_LOOP = {
+  name: "it has no inner loop"
+  for name in ("num_inner_steps", "inner_lr", "first_order", "second_order_steps")
+}
 # Options of some algorithms: every other algorithm ignores them.
 _OPTIONS = {
   "num_particles": ("bmaml",),
@@ -188,7 +204,11 @@ _OPTIONS = {
   "bmaml_leader_steps": ("bmaml",),
   "platipus_inference_data": ("platipus",),
   "abml_hyper_prior_weight": ("abml",),
-  "local_reparameterization": ("vampire", "abml"),
+  "local_reparameterization": ("vampire", "abml", "vampire2"),
+  "outer_kl_weight": ("vampire2",),
+  "train_ways": ("protonet",),
+  "protonet_distance": ("protonet",),
+  "inner_backtracking": ("vampire", "vampire2", "maml", "fomaml"),
 }
 
 
@@ -256,6 +276,25 @@ ALGORITHMS: dict[str, Algorithm] = {
     "ABML: VAMPIRE's inner loop, ELBO on support and query, hyper-prior",
     {**_NO_TRUNCATION, **_options_but("abml")},
   ),
+  # The authors' defaults, main.py at d797d9d: --KL-weight 1e-6, --first-order.
+  "vampire2": Algorithm(
+    functools.partial(_vampire, kl_target="standard_normal"),
+    True,
+    True,
+    {"kl_weight": 1e-6, "first_order": True},
+    "Vampire2: VAMPIRE with KL(q || N(0, I)) in the inner loop and the meta-loss (2021)",
+    _options_but("vampire2"),
+    kl_target="standard_normal",
+  ),
+  "protonet": Algorithm(
+    protonet_settings.build,
+    False,
+    False,
+    {**_POINT_ESTIMATE, "num_inner_steps": 0},
+    "ProtoNet: prototypes of the support embeddings, no inner loop (Snell et al. 2017)",
+    {**_NO_KL, **_NO_LOG_STDS, **_ONE_DRAW, **_NO_INNER_LOOP, **_options_but("protonet")},
+    embedding=True,
+  ),
 }
 
 
@@ -307,6 +346,11 @@ def ignored_fields(name: str) -> frozenset[str]:
   return frozenset(get(name).ignores)
 
 
+def network_outputs(config) -> Optional[int]:
+  """A classifier's outputs: `config.ways`, or None for an embedding without a head (ProtoNet)."""
+  return None if get(config.algorithm).embedding else config.ways
+
+
 def check_settings(config) -> None:
   """Raises ConfigError, in one line naming the flags, for settings that would have no effect.
 
@@ -314,7 +358,8 @@ def check_settings(config) -> None:
   (`--algorithm maml --kl-weight 0.5`), and settings that contradict each
   other (`--first-order --second-order-steps 1`: every step is first-order).
   """
-  get(config.algorithm)
+  if get(config.algorithm).embedding:
+    protonet_settings.check_classifies(config)
   ignored = ignored_settings(config)
   if ignored:
     listed = "; ".join(
@@ -366,8 +411,11 @@ def stability_factor(config, meta_params: PyTree) -> Optional[float]:
   The inner loop is stable only while this is below 2; see
   `gaussian.kl_step_factor`.
   """
-  if not get(config.algorithm).inner_kl or config.kl_weight == 0:
+  algorithm = get(config.algorithm)
+  if not algorithm.inner_kl or config.kl_weight == 0:
     return None
+  if algorithm.kl_target == "standard_normal":  # the target's sigma is 1
+    return float(config.inner_lr * config.kl_weight)
   return float(jax.jit(kl_step_factor)(meta_params, config.inner_lr, config.kl_weight))
 
 

@@ -17,6 +17,7 @@ from typing import Optional
 
 from vampire_jax._src import deprecations
 from vampire_jax._src.core.errors import ConfigError
+from vampire_jax._src.runs.protonet_settings import check_train_ways
 from vampire_jax._src.runs.run_config import RunConfig, setting
 from vampire_jax.data import episodes, mini_imagenet, omniglot
 
@@ -242,7 +243,10 @@ class OmniglotConfig(ConvNetConfig):
     choices=("auto", "zip", "tfds", "cache"),
   )
   cache_dir: Optional[str] = setting(
-    None, "cache folder (default: $VAMPIRE_JAX_CACHE or ~/.cache/vampire_jax)", resumable=True
+    None,
+    "cache folder (default: $VAMPIRE_JAX_CACHE, else $XDG_CACHE_HOME/vampire_jax, else "
+    "~/.cache/vampire_jax)",
+    resumable=True,
   )
   num_open_set_classes: Optional[int] = setting(None, _OPEN_SET_HELP, resumable=True)
 
@@ -272,6 +276,7 @@ class OmniglotConfig(ConvNetConfig):
       classes,
       what=f"the {self.split} split's",
     )
+    check_train_ways(self, classes["train"], f"the {self.split} split's")
     _check_open_set(self, classes["test"], f"the {self.split} split's")
 
 
@@ -301,7 +306,10 @@ class MiniImagenetConfig(ConvNetConfig):
     None, "mini-ImageNet folder (default: $MINI_IMAGENET_DIR)", resumable=True
   )
   cache_dir: Optional[str] = setting(
-    None, "cache folder (default: $VAMPIRE_JAX_CACHE or ~/.cache/vampire_jax)", resumable=True
+    None,
+    "cache folder (default: $VAMPIRE_JAX_CACHE, else $XDG_CACHE_HOME/vampire_jax, else "
+    "~/.cache/vampire_jax)",
+    resumable=True,
   )
   source: str = setting(
     "auto",
@@ -327,6 +335,7 @@ class MiniImagenetConfig(ConvNetConfig):
       check_episodes(
         self.ways, self.shots, query, images, MINI_IMAGENET_CLASSES, what="mini-ImageNet's"
       )
+    check_train_ways(self, MINI_IMAGENET_CLASSES["train"], "mini-ImageNet's")
     _check_open_set(self, MINI_IMAGENET_CLASSES["test"], "mini-ImageNet's")
 
 
@@ -379,6 +388,7 @@ class FeaturesConfig(RunConfig):
       FEATURE_CLASSES[self.dataset],
       what=f"{self.dataset}-ImageNet's",
     )
+    check_train_ways(self, FEATURE_CLASSES[self.dataset]["train"], f"{self.dataset}-ImageNet's")
     _check_open_set(self, FEATURE_CLASSES[self.dataset]["test"], f"{self.dataset}-ImageNet's")
 
 

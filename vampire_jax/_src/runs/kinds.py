@@ -18,7 +18,7 @@ import numpy as np
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core import losses, meta_step
 from vampire_jax._src.core.errors import ConfigError
-from vampire_jax._src.metrics import evaluation
+from vampire_jax._src.metrics import evaluation, summary_inputs
 
 
 class ProblemKind(NamedTuple):
@@ -30,6 +30,8 @@ class ProblemKind(NamedTuple):
     train_metrics: `metrics_fn(query_outputs, query_y) -> dict` of a meta-step, or None.
     make_evaluator: `make_evaluator(learner, noise_std, *, task_batching, chunk_size, mesh)
       -> evaluate(meta_params, tasks, keys)`, per-task results.
+    check_summary: `check_summary(per_task, noise_std) -> per_task` as numpy arrays,
+      refusing (InputError) results and targets that do not belong together.
     summarise: `summarise(per_task, num_bins, noise_std) -> (metrics, curves)`.
     score: the per-task result that picks the best checkpoint ('accuracy', 'mse').
     higher_is_better: whether a larger `score` is better.
@@ -45,6 +47,7 @@ class ProblemKind(NamedTuple):
   likelihood: Callable[[Optional[float]], losses.Likelihood]
   train_metrics: Optional[meta_step.MetricsFn]
   make_evaluator: Callable[..., Callable]
+  check_summary: Callable[[dict, Optional[float]], dict]
   summarise: Callable[[dict, int, Optional[float]], tuple[dict, dict]]
   score: str
   higher_is_better: bool
@@ -109,10 +112,35 @@ def _classification_line(test: dict) -> str:
 
 def _regression_line(test: dict) -> str:
   calibration_part = f"  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}" if "ece" in test else ""
+  # Results written before issue 50 have no median or runaway count.
+  median_part = (
+    f" (median {test['mse_median']:.3f}; {test['num_ran_away']} ran away)"
+    if "mse_median" in test
+    else ""
+  )
   return (
-    f"test MSE {test['mse']:.3f} +- {test['mse_ci95']:.3f}  NLL {test['nll']:.3f}"
+    f"test MSE {test['mse']:.3f} +- {test['mse_ci95']:.3f}{median_part}  NLL {test['nll']:.3f}"
     f"{calibration_part}  ({test['num_tasks']} tasks)"
   )
+
+
+def _regression_summary(per_task: dict, num_bins: int, noise_std: Optional[float]):
+  """`evaluation.regression_summary`, with the median MSE and the tasks that ran away.
+
+  A task ran away when its MSE is not finite or above (max - min)^2 of the split's query
+  targets: predictions anywhere within the targets' range score at most that, so such a
+  task's predictions left the range of every target. It happens when the inner loop's
+  step is unstable on that task's support (BUILD_NOTES.md, "Runaway test tasks"); one such
+  task makes the mean meaningless, which the median beside it shows.
+  """
+  del num_bins
+  metrics, curves = evaluation.regression_summary(per_task, noise_std)
+  mse = np.asarray(per_task["mse"], np.float64)
+  targets = np.asarray(per_task["targets"], np.float64)
+  span = float(np.max(targets) - np.min(targets)) if targets.size else 0.0
+  ran_away = ~np.isfinite(mse) | ((mse > span**2) if span > 0 else False)
+  metrics.update(mse_median=float(np.median(mse)), num_ran_away=int(ran_away.sum()))
+  return metrics, curves
 
 
 def _regression_likelihood(noise_std: Optional[float]) -> losses.Likelihood:
@@ -128,6 +156,7 @@ CLASSIFICATION = ProblemKind(
   make_evaluator=lambda learner, noise_std, **kw: evaluation.make_classification_evaluator(
     learner, **kw
   ),
+  check_summary=summary_inputs.check_classification,
   summarise=lambda per_task, num_bins, noise_std: evaluation.classification_summary(
     per_task, num_bins
   ),
@@ -151,16 +180,22 @@ REGRESSION = ProblemKind(
   likelihood=_regression_likelihood,
   train_metrics=None,
   make_evaluator=evaluation.make_regression_evaluator,
-  summarise=lambda per_task, num_bins, noise_std: evaluation.regression_summary(
-    per_task, noise_std
-  ),
+  check_summary=summary_inputs.check_regression,
+  summarise=_regression_summary,
   score="mse",
   higher_is_better=False,
   draws=lambda samples: samples,
   predictive=lambda samples: samples,
   check_support_y=_check_targets,
   summary_line=_regression_line,
-  columns=(("MSE", "mse", 1.0), ("NLL", "nll", None), ("ECE", "ece", None), ("MCE", "mce", None)),
+  columns=(
+    ("MSE", "mse", 1.0),
+    ("median MSE", "mse_median", None),
+    ("ran away", "num_ran_away", None),
+    ("NLL", "nll", None),
+    ("ECE", "ece", None),
+    ("MCE", "mce", None),
+  ),
 )
 
 KINDS: dict[str, ProblemKind] = {kind.name: kind for kind in (CLASSIFICATION, REGRESSION)}
@@ -190,6 +225,7 @@ def summarise(
   *,
   num_bins: int = 15,
   noise_std: Optional[float] = None,
+  truth=None,
 ) -> evaluation.Summary:
   """Mean +- 95% CI of the per-task scores, the NLL, and calibration, for a `kind` problem.
 
@@ -198,19 +234,30 @@ def summarise(
 
   `per_task` is an evaluator's result (`vj.ClassificationEval`,
   `vj.RegressionEval`) or a dict of its fields; `targets` are the tasks'
-  query labels or targets, `[tasks, queries]` (or `[tasks, queries, 1]`),
-  unless the dict holds them under "targets" already.
+  query labels (`[tasks, queries]` integers) or targets (`[tasks, queries,
+  1]` or `[tasks, queries]` floats), unless the dict holds them under
+  "targets" already. They must be those the evaluator scored: where the
+  results allow it (a classifier's accuracy and NLL from its probabilities,
+  a regressor's MSE and NLL from its predictions), they are recomputed from
+  the targets given, and a mismatch is refused.
 
   Classification: accuracy, ECE/MCE of `num_bins` confidence bins (Guo et
   al.), and selective prediction (the area under the risk-coverage curve,
-  and accuracy at 50/80/90% coverage). Regression: the paper's MSE (squared
-  error averaged over draws), the MSE of the predictive mean, the paper's
-  quantile calibration (needs `per_task['truth']`, the noiseless targets),
-  the PIT calibration of the noisy predictive mixture (`pit_ece`,
-  `pit_mce`), and the predictive variance split into its epistemic part
-  (the variance of the draws' means) and its aleatoric part (the noise
-  variance): `predictive_variance`, `epistemic_variance`,
-  `aleatoric_variance`, `epistemic_fraction`.
+  and accuracy at 50/80/90% coverage). Regression (needs the evaluator's
+  `noise_std`): the paper's MSE (squared error averaged over draws), the MSE
+  of the predictive mean, the PIT calibration of the noisy predictive
+  mixture (`pit_ece`, `pit_mce`), the predictive variance split into its
+  epistemic part (the variance of the draws' means) and its aleatoric part
+  (the noise variance): `predictive_variance`, `epistemic_variance`,
+  `aleatoric_variance`, `epistemic_fraction`; and, given `truth` (the
+  noiseless targets, `[tasks, queries, 1]`, e.g.
+  `vj.data.sine_line.query_truth_from_keys`), the paper's quantile
+  calibration as `ece` and `mce`: `vj.paper_quantile_calibration`'s, the
+  ECE that the README, the docs and `results.json` report. Beside the mean
+  MSE, its median (`mse_median`) and the tasks that ran away (`num_ran_away`:
+  MSE not finite or above (max - min)^2 of the query targets, so that their
+  predictions left the targets' range; one such task makes the mean
+  meaningless).
 
   Examples:
     >>> from vampire_jax.data import sine_line
@@ -219,29 +266,27 @@ def summarise(
     >>> meta_params = learner.init(vj.init_params(model, jax.random.key(0), (1, 1)),
     ...                            jax.random.key(1))
     >>> evaluate = jax.jit(vj.make_regression_evaluator(learner, noise_std=0.3))
-    >>> tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(2), 20))
+    >>> task_keys = jax.random.split(jax.random.key(2), 20)
+    >>> tasks = sine_line.tasks_from_keys(task_keys)
     >>> per_task = evaluate(meta_params, tasks, jax.random.key(3))  # one score per task
     >>> per_task.mse.shape
     (20,)
-    >>> summary = vj.summarise("regression", per_task, tasks.query_y, noise_std=0.3)
+    >>> summary = vj.summarise("regression", per_task, tasks.query_y, noise_std=0.3,
+    ...                        truth=sine_line.query_truth_from_keys(task_keys))
     >>> summary.metrics["num_tasks"], sorted(summary.calibration)
-    (20, ['pit_calibration'])
+    (20, ['pit_calibration', 'quantile_calibration'])
+    >>> summary.metrics["ece"] == summary.calibration["quantile_calibration"].ece
+    True
+    >>> summary.metrics["num_ran_away"], summary.metrics["mse_median"] < summary.metrics["mse"]
+    (0, True)
   """
-  per_task = dict(per_task._asdict() if hasattr(per_task, "_asdict") else per_task)
-  if targets is not None:
-    if "targets" in per_task:
-      raise checks.fail(
-        "summarise", "targets", "given once (per_task holds 'targets' already)", "both"
-      )
-    per_task["targets"] = targets
-  if "targets" not in per_task:
-    raise checks.fail(
-      "summarise",
-      "targets",
-      "the tasks' query labels or targets: vj.summarise(kind, per_task, tasks.query_y)",
-      "none",
-    )
-  metrics, curves = get(kind).summarise(per_task, num_bins, noise_std)
+  if not isinstance(kind, str) or kind not in KINDS:
+    raise checks.fail("summarise", "kind", f"one of {', '.join(map(repr, KINDS))}", repr(kind))
+  checks.step_count("summarise", "num_bins", num_bins, 1)
+  definition = get(kind)
+  per_task = summary_inputs.with_targets(per_task, targets, truth)
+  per_task = definition.check_summary(per_task, noise_std)
+  metrics, curves = definition.summarise(per_task, num_bins, noise_std)
   return evaluation.with_nll(metrics, curves, per_task)
 
 

@@ -40,11 +40,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from vampire_jax._src.core import backend_defaults, diagnostics, meta_step, models, sharding
-from vampire_jax._src.core import input_checks as checks
-from vampire_jax._src.core.errors import ConfigError, DivergenceError, InputError
+from vampire_jax._src.core.errors import ConfigError, DivergenceError
 from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import calibration, evaluation, predictive_uncertainty
-from vampire_jax._src.runs import algorithms, interrupts, kinds, programs, run_folder
+from vampire_jax._src.runs import algorithms, interrupts, kinds, programs, run_config, run_folder
 from vampire_jax._src.runs import problem as problem_lib
 from vampire_jax._src.runs.problem import Problem
 from vampire_jax._src.runs.reporting import MetricWriter, Progress, format_duration
@@ -118,6 +117,8 @@ def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key
     DivergenceError: (a ConfigError) the support loss goes non-finite at
       initialisation; the message names the knob to turn and a value that works.
   """
+  if learner.settings is not None and learner.settings.num_inner_steps == 0:
+    return  # no inner loop (ProtoNet): nothing to diverge
   task = jax.tree_util.tree_map(lambda x: x[0], problem_lib.draw_tasks(problem, "train", key, 1))
   report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
   if report.ok:
@@ -400,22 +401,6 @@ def _setup(
   return session, state, earlier_seconds
 
 
-def _built_problem(make_problem) -> Problem:
-  """`make_problem()`, refused in one line unless it is a function that returns a `Problem`."""
-  if not callable(make_problem):
-    raise InputError(
-      f"train_and_evaluate: problem is a {type(make_problem).__name__}; pass a vj.Problem "
-      "or a function that returns one"
-    )
-  problem = make_problem()
-  if not isinstance(problem, Problem):
-    raise InputError(
-      f"train_and_evaluate: the problem's function returned a {type(problem).__name__}, "
-      "not a vj.Problem"
-    )
-  return problem
-
-
 def train_and_evaluate(
   problem: Problem | Callable[[], Problem],
   config,
@@ -439,6 +424,8 @@ def train_and_evaluate(
     metrics, calibration records, best validation, timings, device.
 
   Raises:
+    InputError: `problem` or `config` of the wrong type, or a problem whose first
+      training task the network cannot take (`problem.check_problem`).
     ConfigError: an impossible setting, a run of another config in `workdir`,
       or one already trained past `num_meta_steps`.
     RunFolderError: another process holds `workdir`, or none of its checkpoints restores.
@@ -449,6 +436,7 @@ def train_and_evaluate(
   start = time.time()
   # Every check of the config and the folder, once, before the data is loaded or the
   # folder made: a refused run reads nothing and writes nothing.
+  run_config.check_is_config("train_and_evaluate", config)
   algorithms.check_config(config)
   workdir = Path(workdir)
   is_main = jax.process_index() == 0
@@ -456,17 +444,9 @@ def train_and_evaluate(
     run_folder.check_writable(workdir)
     run_folder.check_not_in_use(workdir)
   run_folder.check_resumable(workdir, config)
-  if not isinstance(problem, Problem):
-    problem = _built_problem(problem)
-  for split, data in problem.splits.items():  # values, once, on the host: nothing NaN trains
-    checks.check_finite(
-      "train_and_evaluate",
-      {
-        f"problem.splits[{split!r}]{jax.tree_util.keystr(path)}": leaf
-        for path, leaf in jax.tree_util.tree_leaves_with_path(data)
-        if getattr(leaf, "is_fully_addressable", True)
-      },
-    )  # a host sees its own shards only
+  # Built if a function; its splits finite and one training task tried (`check_problem`).
+  problem = problem_lib.checked_problem(problem)
+  run_folder.check_model_recordable(problem.model)  # a run that could never load: refused
   if is_main:
     run_folder.make_folder(workdir)
   with run_folder.lock(workdir, is_main=is_main, print_fn=print_fn):

@@ -18,7 +18,7 @@ from vampire_jax._src.core.errors import ConfigError
 from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import evaluation
 from vampire_jax._src.runs import kinds
-from vampire_jax._src.runs.problem import Problem
+from vampire_jax._src.runs.problem import Problem, sampler
 
 
 class RunKeys(NamedTuple):
@@ -60,7 +60,7 @@ def build_train_step(
     step = host_chunked.make_host_chunked_train_step(
       learner,
       optimizer,
-      problem.sample_tasks,
+      sampler(problem, "train"),
       tasks_per_step=config.tasks_per_step,
       chunk_size=chunk,
       metrics_fn=metrics_fn,
@@ -69,7 +69,7 @@ def build_train_step(
   train_step = meta_step.make_train_step(
     learner,
     optimizer,
-    problem.sample_tasks,
+    sampler(problem, "train"),
     tasks_per_step=config.tasks_per_step,
     steps_per_call=num_steps,
     task_batching=strategy,

@@ -16,7 +16,7 @@ import dataclasses
 import math
 from typing import Any, Optional, Sequence
 
-from vampire_jax._src.core.errors import ConfigError
+from vampire_jax._src.core.errors import ConfigError, InputError
 
 
 def setting(
@@ -39,7 +39,13 @@ def setting(
 
 @dataclasses.dataclass
 class RunConfig:
-  """Settings shared by every experiment."""
+  """Settings shared by every experiment.
+
+  `inner_lr` 0.01 and `kl_weight` 0.02 are `vj.vampire`'s defaults for a classifier
+  (`vj.categorical_nll`). Unlike `vj.vampire` they do not follow the likelihood: with
+  `vj.gaussian_nll(0.3)` the factory takes 0.00045, so a regression config sets its own
+  (the experiments' `RegressionConfig` carries the paper's 0.001 and 1).
+  """
 
   algorithm: str = setting("vampire", "meta-learning algorithm")
   tasks_per_step: int = setting(32, "T, tasks per meta-update")
@@ -57,6 +63,12 @@ class RunConfig:
     None,
     "inner steps whose likelihood gradient is differentiated (none: all, Alg. 1; "
     "1: the authors' code)",
+  )
+  inner_backtracking: bool = setting(
+    False,
+    "VAMPIRE and MAML: an inner step that raises the support loss (VAMPIRE: the VFE on the "
+    "step's draws) or makes it non-finite is not taken, and the later steps are halved: a "
+    "guard for tasks too curved for --inner-lr (not the paper's)",
   )
   log_std_init: tuple[float, float] = setting((-4.0, -3.0), "range of the initial prior log-stds")
   local_reparameterization: bool = setting(
@@ -80,6 +92,22 @@ class RunConfig:
     choices=("support_and_query", "query"),
   )
   abml_hyper_prior_weight: float = setting(1e-4, "ABML: weight of -log p(theta), 0 = flat")
+  outer_kl_weight: Optional[float] = setting(
+    None,
+    "Vampire2: weight of KL(adapted posterior || N(0, I)) in each task's meta-loss (none: "
+    "--kl-weight, as the authors' Vampire2.py)",
+  )
+  train_ways: Optional[int] = setting(
+    None,
+    "ProtoNet: classes per training episode (none: --ways; Snell et al. trained "
+    "1-shot with 30, 5-shot with 20)",
+  )
+  protonet_distance: str = setting(
+    "squared_euclidean",
+    "ProtoNet: the logits' distance to the prototypes: squared_euclidean (Snell et al.) "
+    "or euclidean (the authors' ProtoNet.py)",
+    choices=("squared_euclidean", "euclidean"),
+  )
   # The meta-optimiser.
   meta_lr: float = setting(1e-3, "gamma, Adam's learning rate")
   meta_lr_decay: float = setting(0.99, "gamma's factor after every 10 000 tasks")
@@ -155,6 +183,21 @@ class RunConfig:
   def validate(self) -> None:
     """Raises ConfigError for an impossible setting; subclasses add their own checks."""
     validate(self)
+
+
+def check_is_config(where: str, config) -> None:
+  """Refuses, in one line, a config that is not a `RunConfig` instance (a dict, the class)."""
+  if isinstance(config, RunConfig):
+    return
+  if isinstance(config, type):
+    got = f"the class {config.__name__} itself"
+  else:
+    got = f"a {type(config).__name__}"
+  fix = "vj.RunConfig(**config)" if isinstance(config, dict) else "vj.RunConfig(...)"
+  raise InputError(
+    f"{where}: config must be a vj.RunConfig (or an experiment's config), got {got}; "
+    f"build one: {fix}"
+  )
 
 
 def field_help(config_cls) -> dict[str, str]:
@@ -250,6 +293,13 @@ def validate(config) -> None:
   for name in ("kl_weight", "abml_hyper_prior_weight", "log_std_weight_decay"):
     _check_number(name, getattr(config, name), positive=False)
   _check_number("kernel_init_gain", config.kernel_init_gain, positive=True)
+  if config.outer_kl_weight is not None:
+    _check_number("outer_kl_weight", config.outer_kl_weight, positive=False)
+  train_ways = config.train_ways
+  if train_ways is not None and (
+    isinstance(train_ways, bool) or not isinstance(train_ways, int) or train_ways < 2
+  ):
+    raise ConfigError(f"{_flag('train_ways')} must be an integer >= 2, got {train_ways!r}")
   if not 0.0 < config.meta_lr_decay <= 1.0:
     raise ConfigError(f"{_flag('meta_lr_decay')} must be in (0, 1], got {config.meta_lr_decay!r}")
   if config.second_order_steps is not None and (

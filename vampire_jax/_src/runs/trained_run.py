@@ -13,71 +13,62 @@ shape, the likelihood and the config; the meta-parameters come from `best/`
 data set or imports TensorFlow.
 """
 
-import dataclasses
 import functools
-import importlib
 import os
 import warnings
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from vampire_jax._src.core import input_checks as checks
-from vampire_jax._src.core import meta_step, models
+from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import InputError, MissingDataError
 from vampire_jax._src.core.learners import MetaLearner, adapt_to_task
 from vampire_jax._src.metrics import predictive
 from vampire_jax._src.runs import algorithms, kinds, run_folder
-from vampire_jax._src.runs import experiment_configs as configs
-from vampire_jax._src.runs.run_config import RunConfig
 from vampire_jax._src.runs.run_folder import RunCheckpoints
+from vampire_jax._src.runs.run_from_record import (
+  config_from_record as config_from_record,  # the old module path of 0.2.0 reads it here
+)
+from vampire_jax._src.runs.run_from_record import (
+  network_from_record,
+  template_state,
+  test_learner,
+  tested_step,
+  x64_context,
+)
 
 PyTree = Any
 
 
-def config_from_record(record: dict):
-  """The run's config as the dataclass it was trained with.
+def _in_run_precision(method):
+  """`method` run under the run's own `JAX_ENABLE_X64` (`Run._precision`)."""
 
-  The class is imported by the name recorded. The experiments' configs live
-  in `vampire_jax._src.runs.experiment_configs`; run folders written before they moved there name
-  `experiments.configs.<Class>`, which maps to the library's class of that
-  name (`configs.recorded_class_name`), so neither imports the experiments.
-  If the import fails (the code that trained the run is not installed), a
-  stand-in dataclass derived from `RunConfig` with the recorded fields is
-  returned, with a warning.
+  @functools.wraps(method)
+  def in_precision(self, *args, **kwargs):
+    with self._precision():
+      return method(self, *args, **kwargs)
 
-  Args:
-    record: the run's `run.json`, as a dict.
-
-  Returns:
-    An instance of the recorded config class (or of the stand-in).
-  """
-  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in record["config"].items()}
-  class_path = configs.recorded_class_name(record["config_class"])
-  module_name, _, class_name = class_path.rpartition(".")
-  try:
-    cls = getattr(importlib.import_module(module_name), class_name)
-  except (ImportError, AttributeError) as error:
-    warnings.warn(
-      f"cannot import the run's config class {record['config_class']} ({error}); "
-      "using a stand-in dataclass with the same fields"
-    )
-    known = {f.name for f in dataclasses.fields(RunConfig)}
-    extra = [
-      (name, type(value), dataclasses.field(default=value))
-      for name, value in fields.items()
-      if name not in known
-    ]
-    cls = dataclasses.make_dataclass(class_name, extra, bases=(RunConfig,))
-  names = {f.name for f in dataclasses.fields(cls)}
-  return cls(**{k: v for k, v in fields.items() if k in names})
+  return in_precision
 
 
 class Run:
   """A trained meta-learner: its config, network and meta-parameters.
+
+  A `Run` pickles (and copies) whole: its record and meta-parameters, not
+  its folder, so `pickle.loads` gives the same predictions without the
+  folder (a network class passed to `load_run` as `model=` is pickled by
+  name, as pickle does any class).
+
+  Precision: a `Run` predicts as its run computed, whatever this process's
+  `JAX_ENABLE_X64`: a run trained in float32 (the default) predicts in
+  float32 under `JAX_ENABLE_X64=1` too, the same numbers bit for bit, and
+  one trained with it on predicts in 64 bits (its record's `x64`).
 
   Attributes:
     workdir: the run folder.
@@ -88,21 +79,61 @@ class Run:
     noise_std: the regression likelihood's noise (None for classification).
     meta_params: the meta-parameters (the best validated, else the latest).
     learner: the test-time learner (`num_mc_test` draws).
+    step: the meta-step whose meta-parameters these are (None: not known).
+    tested_step: the step `results.json` says the run's test scored (None:
+      no results, e.g. a run still training); when it is not `step` (that
+      checkpoint was deleted or is damaged), `load_run` says so in a warning.
   """
 
   def __init__(
-    self, workdir: Path, record: dict, config, meta_params: PyTree, learner: MetaLearner
+    self,
+    workdir: Path,
+    record: dict,
+    config,
+    meta_params: PyTree,
+    learner: MetaLearner,
+    *,
+    model: Optional[nn.Module] = None,
+    step: Optional[int] = None,
+    tested_step: Optional[int] = None,
   ):
     self.workdir = workdir
     self.record = record
     self.config = config
-    self.model = models.module_from_spec(record["model"])
+    self.model = models.module_from_spec(record["model"]) if model is None else model
     self.kind = record["kind"]
     self.input_shape = tuple(record["input_shape"])
     self.noise_std = record["noise_std"]
     self.meta_params = meta_params
     self.learner = learner
+    self.step = step
+    self.tested_step = tested_step
     self._predict_outputs = jax.jit(self._predict_outputs_one, static_argnums=5)
+
+  def __reduce__(self):
+    """Pickled as its record, meta-parameters (host arrays) and steps, not its folder."""
+    given = type(self.model)
+    recorded = self.record["model"]["class"]
+    override = None if models.module_spec(self.model)["class"] == recorded else given
+    if override is not None and "<locals>" in given.__qualname__:
+      raise InputError(
+        f"pickle: this Run's network class {given.__qualname__} is defined inside a function, "
+        "so pickle cannot name it; define it at the top level of a module, or pickle "
+        "run.record and jax.device_get(run.meta_params) instead"
+      )
+    parts = (
+      str(self.workdir),
+      self.record,
+      jax.device_get(self.meta_params),
+      override,
+      self.step,
+      self.tested_step,
+    )
+    return _unpickled_run, parts
+
+  def _precision(self):
+    """A context in which JAX computes as the run did: `JAX_ENABLE_X64` as recorded."""
+    return x64_context(run_folder.recorded_x64(self.record))
 
   def _predict_outputs_one(self, meta_params, support_x, support_y, query_x, key, transductive):
     """The network's outputs on the queries, `[num_mc_test, num_query, ...]`, one per draw."""
@@ -131,11 +162,18 @@ class Run:
 
   @functools.cached_property
   def num_outputs(self) -> int:
-    """The network's output size (the number of ways, for a classifier); traced once."""
+    """The network's output size (the number of ways, for a classifier); traced once.
+
+    An embedding without a head (ProtoNet) has as many outputs as features: its
+    classes are the config's ways.
+    """
+    if algorithms.get(self.config.algorithm).embedding:
+      return int(self.config.ways)
     x = jnp.zeros((1,) + self.input_shape)
     shape = jax.eval_shape(lambda: self.model.apply(self.model.init(jax.random.key(0), x), x))
     return int(shape.shape[-1])
 
+  @_in_run_precision
   def predict(
     self,
     support_x,
@@ -195,6 +233,7 @@ class Run:
       support_x, support_y, query_x, key, "Run.predict", transductive, num_samples
     )
 
+  @_in_run_precision
   def predict_draws(
     self, support_x, support_y, query_x, key: jax.Array, *, transductive: bool = True
   ) -> jax.Array:
@@ -217,6 +256,7 @@ class Run:
       )
     return self._draws(support_x, support_y, query_x, key, "Run.predict_draws", transductive)
 
+  @_in_run_precision
   def predictive(self, support_x, support_y, query_x, key: jax.Array, *, transductive: bool = True):
     """The predictive distribution over the query targets, a distrax distribution.
 
@@ -225,19 +265,21 @@ class Run:
     evaluators' split of a task's key.
 
     Returns:
-      Classification: `distrax.Categorical` of batch `[num_query]`, the mean
+      Classification: a `distrax.Categorical` of batch `[num_query]`, the mean
       over the `num_mc_test` draws of their softmax (`probs` is `predict`'s
-      result; `entropy()` is `vj.uncertainty(...).total`). Regression: a
+      result; `entropy()` is `vj.uncertainty(...).total`); its `log_prob`
+      takes `[num_query]` integer labels. Regression: a
       `distrax.MixtureSameFamily` of batch `[num_query]` and event `[1]`,
       equal weights over the draws, each `Normal(f_l(x), noise_std)`:
-      `log_prob(query_y)` is the log of the predictive the test's NLL
-      scores, samples include the noise, and `variance()` is the draws'
-      spread plus noise_std^2 (`vj.predictive_interval` gives its central
+      `log_prob(query_y)` (`[num_query, 1]`, and no other shape) is the log
+      of the predictive the test's NLL scores, samples include the noise,
+      and `variance()` is the draws' spread plus noise_std^2 (`vj.predictive_interval` gives its central
       intervals). See `vj.predictive_distribution`.
     """
     outputs = self._outputs(support_x, support_y, query_x, key, "Run.predictive", transductive)
     return predictive.predictive_distribution(outputs, self.learner.nll)
 
+  @_in_run_precision
   def predict_function_draws(
     self, support_x, support_y, query_x, key: jax.Array, *, transductive: bool = True
   ) -> jax.Array:
@@ -295,26 +337,42 @@ class Run:
     )
 
 
-def load_run(workdir: str | os.PathLike) -> Run:
+def load_run(workdir: str | os.PathLike, *, model: Optional[type | ModuleType] = None) -> Run:
   """Loads a run folder written by `train_and_evaluate` (any experiment).
 
   Args:
     workdir: the run folder.
+    model: the network's class, for a run whose recorded class cannot be
+      imported here: one defined in the script that trained it (`__main__`:
+      training warns of it), or in a module since moved. A `flax.linen.Module`
+      subclass, or a Python module that defines the class under its recorded
+      name. It is built with the recorded fields; a class whose parameters
+      are not the checkpoint's is refused. Default: the class `run.json`
+      names, imported.
 
   Returns:
-    A `Run`: `.config`, `.predict(support_x, support_y, query_x, key)`, ...
+    A `Run`: `.config`, `.predict(support_x, support_y, query_x, key)`, ...;
+    `.step` is the step whose meta-parameters it holds.
 
   The record comes from `run.json`, else (lost or damaged) from the newest
   checkpoint; the meta-parameters are the ones the run tested
   (`config.test_parameters`): the final ones from the newest checkpoint, or
   the best from `best/`, else (none, or damaged: a warning says so) the
-  newest checkpoint that restores.
+  newest checkpoint that restores. A step folder without its `default/`
+  item (a copy cut short) is skipped with a warning. When the step loaded is
+  not the one `results.json` says was tested (its checkpoint was deleted or
+  is damaged), a warning names both (`Run.step`, `Run.tested_step`).
 
   Raises:
     MissingDataError: the folder has no run record (`run.json` nor a
       checkpoint); a comparison's folder names the runs it holds.
-    RunFolderError: no checkpoint restores, or `best/` or a checkpoint
-      belongs to another run (`run_folder`, "A run reads only what it wrote").
+    RunFolderError: no checkpoint restores, `best/` or a checkpoint
+      belongs to another run (`run_folder`, "A run reads only what it
+      wrote"), the network's class cannot be imported (pass `model=`), or
+      the network built has other parameters than the checkpoint's (its
+      code changed since training, or `model=` is another network).
+    InputError: `model` is not a network class, nor a module defining the
+      recorded one, or does not take the recorded fields.
   """
   workdir = Path(workdir)
   record = run_folder.read_run_record(workdir, print_fn=_warn)
@@ -332,48 +390,60 @@ def load_run(workdir: str | os.PathLike) -> Run:
       "by vampire_jax.train_and_evaluate (or written before runs were "
       "recorded)"
     )
-  config = config_from_record(record)
-  model = models.module_from_spec(record["model"])
-  test_learner = algorithms.make_learner(
-    model,
-    record["kind"],
-    record["noise_std"],
+  network = network_from_record(record["model"], model, workdir)
+  with x64_context(run_folder.recorded_x64(record)):
+    config = config_from_record(record)
+    learner = test_learner(network, record, config)
+    template = template_state(
+      network, tuple(record["input_shape"]), record["kind"], record["noise_std"], config
+    )
+    checkpoints = RunCheckpoints(workdir, create=False, print_fn=_warn)
+    try:
+      meta_params, step, source = checkpoints.restore_meta_params(template, config.test_parameters)
+    finally:
+      checkpoints.close()
+  tested = tested_step(workdir, _warn)
+  if tested is not None and tested != step:
+    _warn(
+      f"load_run: {workdir} gives the meta-parameters of step {step} (from {source}), not "
+      f"those of step {tested}, which {run_folder.RESULTS_FILE} says the test scored: "
+      f"that step's checkpoint is missing or damaged (Run.step says which step is loaded)"
+    )
+  return Run(
+    workdir,
+    record,
     config,
-    num_mc_train=config.num_mc_test,
-    num_mc_query=config.num_mc_test,
+    meta_params,
+    learner,
+    model=network,
+    step=step,
+    tested_step=tested,
   )
-  template = _template_state(
-    model, tuple(record["input_shape"]), record["kind"], record["noise_std"], config
+
+
+def _unpickled_run(workdir: str, record: dict, meta_params, model, step, tested_step) -> Run:
+  """A pickled `Run` again (`Run.__reduce__`): rebuilt from its record, no folder read."""
+  network = models.module_from_spec(record["model"], model)
+  with x64_context(run_folder.recorded_x64(record)):
+    config = config_from_record(record)
+    learner = test_learner(network, record, config)
+    meta_params = jax.tree_util.tree_map(jnp.asarray, meta_params)
+  return Run(
+    Path(workdir),
+    record,
+    config,
+    meta_params,
+    learner,
+    model=network,
+    step=step,
+    tested_step=tested_step,
   )
-  checkpoints = RunCheckpoints(workdir, create=False, print_fn=_warn)
-  try:
-    meta_params = checkpoints.restore_meta_params(template, config.test_parameters)
-  finally:
-    checkpoints.close()
-  return Run(workdir, record, config, meta_params, test_learner)
 
 
 def _holds_a_run(folder: Path) -> bool:
   return folder.is_dir() and (
     (folder / run_folder.RUN_RECORD).is_file()
     or run_folder.latest_checkpoint_step(folder) is not None
-  )
-
-
-def _template_state(model, input_shape, kind: str, noise_std: Optional[float], config):
-  """A `MetaState` of the run's structure, to restore checkpoints into."""
-  learner = algorithms.make_learner(
-    model,
-    kind,
-    noise_std,
-    config,
-    num_mc_train=config.num_mc_train,
-    num_mc_query=config.num_mc_query,
-  )
-  optimizer = algorithms.make_optimizer(config)
-  params = models.init_params(model, jax.random.key(0), (1,) + input_shape)
-  return jax.eval_shape(
-    functools.partial(meta_step.init_meta_state, learner, optimizer), params, jax.random.key(1)
   )
 
 

@@ -56,13 +56,13 @@ What survives what (docs/reliability.md, "Run folder guarantees"):
 from vampire_jax._src.runs.run_folder.checkpoints import (
   RunCheckpoints as RunCheckpoints,
 )
-from vampire_jax._src.runs.run_folder.checkpoints import (
+from vampire_jax._src.runs.run_folder.reading import (
   environment_cause as environment_cause,
 )
-from vampire_jax._src.runs.run_folder.checkpoints import (
+from vampire_jax._src.runs.run_folder.reading import (
   read_checkpoint as read_checkpoint,
 )
-from vampire_jax._src.runs.run_folder.checkpoints import (
+from vampire_jax._src.runs.run_folder.reading import (
   restore_target as restore_target,
 )
 from vampire_jax._src.runs.run_folder.folder_lock import (
@@ -76,6 +76,9 @@ from vampire_jax._src.runs.run_folder.record import (
 )
 from vampire_jax._src.runs.run_folder.record import (
   check_resumable as check_resumable,
+)
+from vampire_jax._src.runs.run_folder.record import (
+  check_model_recordable as check_model_recordable,
 )
 from vampire_jax._src.runs.run_folder.record import (
   checkpointed_record as checkpointed_record,
@@ -106,6 +109,12 @@ from vampire_jax._src.runs.run_folder.record import (
 )
 from vampire_jax._src.runs.run_folder.record import (
   run_record as run_record,
+)
+from vampire_jax._src.runs.run_folder.record import (
+  recorded_x64 as recorded_x64,
+)
+from vampire_jax._src.runs.run_folder.record import (
+  x64_enabled as x64_enabled,
 )
 from vampire_jax._src.runs.run_folder.record import (
   save_per_task as save_per_task,

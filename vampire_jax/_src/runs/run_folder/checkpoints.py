@@ -1,5 +1,6 @@
-"""Orbax checkpoints of a run folder: restore targets on this process's devices, the
-log window a checkpoint carries, and `RunCheckpoints` (save, restore with fallback, `best/`)."""
+"""Orbax checkpoints of a run folder: the log window a checkpoint carries, and
+`RunCheckpoints` (save, restore with fallback, incomplete steps skipped, `best/`). Reading a
+checkpoint in this process (restore targets, the environment's faults) is `reading`."""
 
 import contextlib
 import os
@@ -13,7 +14,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vampire_jax._src.core.errors import RunFolderError, StorageError
+from vampire_jax._src.runs.run_folder.reading import _first_line, environment_cause, restore_target
 from vampire_jax._src.runs.run_folder.record import (
+  _partial_steps,
   _step_folders,
   _step_metadata,
   folder_run_id,
@@ -46,77 +49,6 @@ def _manager(folder: Path, max_to_keep: int, create: bool) -> ocp.CheckpointMana
   )
 
 
-def restore_target(template: PyTree) -> PyTree:
-  """`template` as a restore target on this process's devices, whatever wrote the checkpoint.
-
-  Orbax places each restored array on the sharding its target names. A target
-  without one (`jax.eval_shape`'s) makes it use the sharding saved with the
-  checkpoint, which names the writer's devices: a run trained on 8 devices
-  then fails to restore on 1 ("Topology mismatch"). So every leaf names a
-  sharding of this process: its own (a training state placed on the current
-  mesh), else this process's first device. Values do not depend on where
-  they are placed, so a run restores to the same numbers on any device count.
-  """
-  import jax
-
-  device = jax.local_devices()[0]
-
-  def target(leaf):
-    sharding = getattr(leaf, "sharding", None)
-    if not isinstance(sharding, jax.sharding.Sharding):
-      sharding = jax.sharding.SingleDeviceSharding(device)
-    return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
-
-  return jax.tree_util.tree_map(target, template)
-
-
-def read_checkpoint(folder: os.PathLike | str, step: Optional[int] = None) -> PyTree:
-  """The arrays of one saved step of `folder` (`checkpoints/` or `best/`), without a template.
-
-  For inspecting a run folder: the step's tree as saved (dicts of arrays), on this
-  process's first device whatever devices wrote it. Default: the newest step.
-  """
-  import jax
-
-  manager = ocp.CheckpointManager(
-    Path(folder).absolute(),
-    options=ocp.CheckpointManagerOptions(create=False),
-    item_handlers=ocp.StandardCheckpointHandler(),
-  )
-  try:
-    step = manager.latest_step() if step is None else step
-    saved = manager.item_metadata(step)
-    template = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved)
-    return manager.restore(step, args=ocp.args.StandardRestore(restore_target(template)))
-  finally:
-    manager.close()
-
-
-# What orbax and JAX say when a checkpoint is whole but this process cannot take it.
-_ENVIRONMENT_TEXTS = {
-  "Topology mismatch": "the checkpoint was placed on devices this process does not have",
-}
-
-
-def environment_cause(error: BaseException) -> Optional[str]:
-  """What about the loading process (not the files) made a restore fail, or None.
-
-  A missing package or a device layout the checkpoint does not fit is the
-  environment's doing: the folder is intact and must not be treated as damaged.
-  """
-  if isinstance(error, ImportError):
-    name = getattr(error, "name", None) or _first_line(error)
-    return f"a package is missing in this environment ({name}): install it and load again"
-  text = str(error)
-  for marker, cause in _ENVIRONMENT_TEXTS.items():
-    if marker in text:
-      return (
-        f"{cause} ({_first_line(error)}); this is about the loading process (JAX's devices, "
-        f"JAX_NUM_CPU_DEVICES, XLA_FLAGS), not the files: please report it with `jax.devices()`"
-      )
-  return None
-
-
 def _encode_window(window: list[dict]) -> dict:
   """The metrics of the calls since the last log, as JSON: `{name: {"dtype", "values"}}`.
 
@@ -140,12 +72,6 @@ def _decode_window(encoded: dict) -> list[dict]:
   if not encoded:
     return []
   return [{name: np.asarray(v["values"], v["dtype"]) for name, v in encoded.items()}]
-
-
-def _first_line(error: BaseException, limit: int = 160) -> str:
-  text = (str(error).strip().splitlines() or [""])[0]
-  text = f"{type(error).__name__}: {text}" if text else type(error).__name__
-  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _FailedSave(contextlib.AbstractContextManager):
@@ -221,6 +147,8 @@ class RunCheckpoints:
     )
     self._print = print_fn or _quiet_stderr_print
     drop_restore_noise()  # a restore that fails leaves orbax's and TensorStore's noise behind
+    for name in ("checkpoints", "best"):  # before orbax lists the steps
+      self._skip_partial(name)
     best_steps = _step_folders(self.workdir / "best")
     if best_steps:
       self._check_own(self.workdir / "best", best_steps[0], "best")
@@ -236,8 +164,50 @@ class RunCheckpoints:
     self._saving: Optional[int] = None  # the step last handed to orbax
 
   def latest_step(self) -> Optional[int]:
-    """The step of the newest training-state checkpoint, or None."""
-    return self._latest.latest_step()
+    """The step of the newest complete training-state checkpoint, or None."""
+    steps = _step_folders(self.workdir / "checkpoints")
+    return steps[0] if steps else None
+
+  def _skip_partial(self, name: str) -> None:
+    """Step folders of `name` (`checkpoints` or `best`) without their `default/` item.
+
+    An empty `checkpoints/400/`, or one a copy or sync left without its item,
+    was never a checkpoint: it is skipped, so the newest complete one is used
+    (as when a checkpoint's files are damaged), and said in a line. Training
+    moves it to `damaged/`, so that its step can be saved again; a reader
+    leaves it and names only one newer than every complete step (an older one
+    changes nothing, and may be a step the writer is deleting).
+    """
+    import jax
+
+    folder = self.workdir / name
+    partial = _partial_steps(folder)
+    if not partial:
+      return
+    complete = _step_folders(folder)
+    using = f"using step {complete[0]}, the newest complete one" if complete else "none is complete"
+    kind = "checkpoint" if name == "checkpoints" else "best"
+
+    def incomplete(step: int) -> str:
+      return (
+        f"{folder / str(step)} is incomplete (no default/ folder: an empty folder, or a copy or "
+        "sync cut short), not a checkpoint"
+      )
+
+    if not self._create:
+      for step in partial:
+        if not complete or step > complete[0]:
+          self._print(f"{incomplete(step)}; skipped it, {using}")
+      return
+    if jax.process_index() != 0:  # the first process moves them (the others share the folder)
+      return
+    aside = self.workdir / DAMAGED_FOLDER
+    with writing(aside):
+      aside.mkdir(exist_ok=True)
+      for step in partial:
+        target = aside / f"{kind}_{step}_{int(time.time())}"
+        shutil.move(str(folder / str(step)), str(target))
+        self._print(f"{incomplete(step)}; moved it to {target}, {using}")
 
   def _check_own(self, folder: Path, step: int, what: str) -> None:
     """Refuses, in one line, a checkpoint of another run or one whose step is not its folder's."""
@@ -297,8 +267,12 @@ class RunCheckpoints:
     Raises:
       RunFolderError: no checkpoint restores (or there is none).
     """
+    return self._restore_latest(template)[0]
+
+  def _restore_latest(self, template: PyTree) -> tuple[PyTree, int]:
+    """`restore_latest`'s state and the step of the checkpoint it came from."""
     failed = []
-    for step in self._latest.all_steps()[::-1]:
+    for step in _step_folders(self.workdir / "checkpoints"):
       self._check_own(self.workdir / "checkpoints", step, "checkpoints")
       try:
         state = self._latest.restore(step, args=ocp.args.StandardRestore(restore_target(template)))
@@ -306,7 +280,7 @@ class RunCheckpoints:
         if not self._create and not (self.workdir / "checkpoints" / str(step)).exists():
           # A training process rotated it out while we read: read its newer ones instead.
           self._latest.reload()
-          return self.restore_latest(template)
+          return self._restore_latest(template)
         self._refuse_if_environment(error, self.workdir / "checkpoints", step)
         failed.append(step)
         self._print(
@@ -317,12 +291,12 @@ class RunCheckpoints:
       if failed and self._create:
         self._move_aside(failed)
       if self._create:
-        best = self._best.latest_step()
+        best = next(iter(_step_folders(self.workdir / "best")), None)
         if best is not None and best > step:
           self._best.close()
           self._set_aside_best(best, step)
           self._best = _manager(self.workdir / "best", 1, True)
-      return state
+      return state, step
     tried = f" (tried steps {', '.join(map(str, failed))})" if failed else ""
     raise RunFolderError(
       f"no checkpoint in {self.workdir / 'checkpoints'} restores{tried}: their files look "
@@ -439,17 +413,28 @@ class RunCheckpoints:
   def restore_best(self, template: PyTree) -> Optional[PyTree]:
     """The best meta-parameters; None if no validation has saved any, or (said in a line)
     if `best/` does not restore."""
+    best = self._restore_best(template)
+    return None if best is None else best[0]
+
+  def _restore_best(self, template: PyTree) -> Optional[tuple[PyTree, int]]:
+    """`restore_best`'s meta-parameters and their step, or None."""
+
+    def newest() -> Optional[int]:
+      steps = _step_folders(self.workdir / "best")
+      return steps[0] if steps else None
+
     for _ in range(3):  # a writer may replace best/ while it is read: then read the new one
-      step = self._best.latest_step()
+      step = newest()
       if step is None:
         return None
       self._check_own(self.workdir / "best", step, "best")
       try:
-        return self._best.restore(step, args=ocp.args.StandardRestore(restore_target(template)))
+        args = ocp.args.StandardRestore(restore_target(template))
+        return self._best.restore(step, args=args), step
       except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
         self._refuse_if_environment(error, self.workdir / "best", step)
         self._best.reload()
-        if self._best.latest_step() != step:
+        if newest() != step:
           continue
         self._print(
           f"{self.workdir / 'best'} does not restore ({_first_line(error)}); using the "
@@ -458,7 +443,9 @@ class RunCheckpoints:
         return None
     return None
 
-  def restore_meta_params(self, template_state: PyTree, which: str = "best") -> PyTree:
+  def restore_meta_params(
+    self, template_state: PyTree, which: str = "best"
+  ) -> tuple[PyTree, int, str]:
     """The meta-parameters a run tests: `which` 'best' (by validation) or 'final'.
 
     'best' falls back to the latest state's that restores when no best was
@@ -468,17 +455,22 @@ class RunCheckpoints:
       template_state: a `MetaState` of the run's structure.
       which: the run's `test_parameters`.
 
+    Returns:
+      `(meta_params, step, source)`: the step whose meta-parameters they are,
+      and where they came from ('best/' or 'checkpoints/').
+
     Raises:
       RunFolderError: nothing restores (or the folder holds no checkpoint).
     """
-    best = self.restore_best(template_state.meta_params) if which == "best" else None
+    best = self._restore_best(template_state.meta_params) if which == "best" else None
     if best is not None:
-      return best
+      return best[0], best[1], "best/"
     if self.latest_step() is None:
       raise RunFolderError(
         f"no checkpoint in {self.workdir} (expected best/ or checkpoints/ from a training run)"
       )
-    return self.restore_latest(template_state).meta_params
+    state, step = self._restore_latest(template_state)
+    return state.meta_params, step, "checkpoints/"
 
   def wait(self) -> None:
     """Blocks until every save in flight is written.

@@ -4,14 +4,16 @@ the same run, and the results written at its end."""
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from vampire_jax._src import deprecations
 from vampire_jax._src.core import models
-from vampire_jax._src.core.errors import ConfigError, RunFolderError, StorageError
+from vampire_jax._src.core.errors import ConfigError, InputError, RunFolderError, StorageError
 from vampire_jax._src.runs import experiment_configs as configs
 from vampire_jax._src.runs import run_config as config_lib
 from vampire_jax._src.runs.run_folder.storage import (
@@ -38,8 +40,25 @@ def config_class_name(config) -> str:
   return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def x64_enabled() -> bool:
+  """Whether this process (or the `jax.enable_x64` context it is in) computes in 64 bits."""
+  import jax
+
+  return bool(jax.config.jax_enable_x64)
+
+
+def recorded_x64(record: dict) -> bool:
+  """Whether the run of `record` trained with `JAX_ENABLE_X64` on; records written before
+  it was recorded (issue 49) are of runs in float32, the default."""
+  return bool(record.get("x64", False))
+
+
 def run_record(problem, config) -> dict:
-  """What `run.json` holds: enough to rebuild the trained model without the data."""
+  """What `run.json` holds: enough to rebuild the trained model without the data.
+
+  `x64`: whether JAX computed in 64 bits (`JAX_ENABLE_X64`): the random task
+  streams and the precision depend on it, so a resumed run must have the same.
+  """
   return {
     "format": RUN_RECORD_FORMAT,
     "config_class": config_class_name(config),
@@ -49,15 +68,72 @@ def run_record(problem, config) -> dict:
     "kind": problem.kind,
     "noise_std": problem.noise_std,
     "data": problem.data_info,
+    "x64": x64_enabled(),
   }
 
 
-def _step_folders(folder: Path) -> list[int]:
-  """The steps of the orbax checkpoints in `folder`, newest first."""
+_WARNED_SCRIPT_CLASSES: set[str] = set()  # warned of once per process
+
+
+def check_model_recordable(model) -> None:
+  """Refuses a network whose run could never be loaded; warns of one defined in a script.
+
+  A run folder names the network's class by its import path (`run.json`). A
+  class defined inside a function has none, nor a field that is not a JSON
+  value: refused before anything is made. A class of the script being run
+  (`__main__`) is found again only by a script that defines it, so training
+  warns once that `vj.load_run(workdir, model=TheClass)` loads it elsewhere.
+
+  Raises:
+    InputError: `models.unloadable_reason` names why it could never be loaded.
+  """
+  reason = models.unloadable_reason(model)
+  if reason is not None:
+    raise InputError(
+      f"train_and_evaluate: problem.model cannot be recorded to load again: {reason}"
+    )
+  cls = type(model)
+  if cls.__module__ == "__main__" and cls.__qualname__ not in _WARNED_SCRIPT_CLASSES:
+    _WARNED_SCRIPT_CLASSES.add(cls.__qualname__)
+    warnings.warn(
+      f"train_and_evaluate: problem.model's class {cls.__qualname__} is defined in the script "
+      "being run (__main__), so vj.load_run finds it only from a script that defines it again; "
+      f"elsewhere load the run with vj.load_run(workdir, model={cls.__qualname__}), or move "
+      f"{cls.__qualname__} into a module that both import",
+      stacklevel=3,
+    )
+
+
+# Orbax names a step's folder by the step in decimal digits, without leading zeros.
+_STEP_NAME = re.compile(r"0|[1-9][0-9]*")
+# A step folder holds its tree in `default/` (`ocp.args.StandardSave` of one item).
+_STEP_ITEM = "default"
+
+
+def _step_names(folder: Path) -> list[Path]:
+  """The folders of `folder` named as orbax names a step (others are not checkpoints)."""
   if not folder.is_dir():
     return []
+  return [p for p in folder.iterdir() if _STEP_NAME.fullmatch(p.name) and p.is_dir()]
+
+
+def _step_folders(folder: Path) -> list[int]:
+  """The steps of the complete orbax checkpoints in `folder`, newest first.
+
+  A step folder without its `default/` item (an empty one, a copy or sync cut
+  short) is not a checkpoint (`_partial_steps`): orbax takes the layout of
+  the first step it opens for all, so one such folder would make every
+  intact checkpoint fail to restore.
+  """
   return sorted(
-    (int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True
+    (int(p.name) for p in _step_names(folder) if (p / _STEP_ITEM).is_dir()), reverse=True
+  )
+
+
+def _partial_steps(folder: Path) -> list[int]:
+  """The step folders of `folder` without their `default/` item (never complete), newest first."""
+  return sorted(
+    (int(p.name) for p in _step_names(folder) if not (p / _STEP_ITEM).is_dir()), reverse=True
   )
 
 
@@ -81,7 +157,7 @@ def checkpointed_record(workdir: os.PathLike | str) -> Optional[dict]:
 
 # What a resumed run may change is in the config's resumable fields; the rest of a record
 # is what the checkpoints were trained with.
-_RECORDED_FACTS = ("config_class", "model", "kind", "input_shape", "noise_std", "run_id")
+_RECORDED_FACTS = ("config_class", "model", "kind", "input_shape", "noise_std", "run_id", "x64")
 
 
 def _current_model_spec(spec) -> str:
@@ -105,7 +181,11 @@ def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -
     return  # checkpoints of another run: refused as such where they are read (`_check_own`)
   # Older runs' names of the same classes (`experiments.configs.<Class>`,
   # `vampire_jax.models.MLP` before issue 43) compare equal to today's.
-  normal = {"config_class": configs.recorded_class_name, "model": _current_model_spec}
+  normal = {
+    "config_class": configs.recorded_class_name,
+    "model": _current_model_spec,
+    "x64": bool,  # absent: written before it was recorded, a float32 run
+  }
   differences = {
     name: (carried.get(name), record.get(name))
     for name in _RECORDED_FACTS
@@ -201,8 +281,12 @@ def check_resumable(
   checkpoints. A run trained past `num_meta_steps` is refused too: its record
   would claim fewer steps than it was trained for.
 
+  A run trained with `JAX_ENABLE_X64` on (or off) resumes only with it on (or
+  off): the task streams depend on it. A record without `x64` is of a float32 run.
+
   Raises:
-    ConfigError: another config, or fewer meta-steps than already trained.
+    ConfigError: another config, another `JAX_ENABLE_X64`, or fewer meta-steps
+      than already trained.
     RunFolderError: checkpoints with no record of their config to check against.
   """
   saved = read_run_record(workdir, print_fn=print_fn)
@@ -215,6 +299,13 @@ def check_resumable(
         "against this config; use another --workdir"
       )
     return
+  if recorded_x64(saved) != x64_enabled():
+    trained, now = ("on", "off") if recorded_x64(saved) else ("off", "on")
+    raise ConfigError(
+      f"{workdir} holds a run trained with JAX_ENABLE_X64 {trained}, and this process has it "
+      f"{now}: resumed, it would go on with other random task streams and precision. Resume it "
+      f"with JAX_ENABLE_X64={'1' if trained == 'on' else '0 (or unset)'}, or use another --workdir"
+    )
   differences = config_lib.config_differences(saved["config"], config)
   # A field the algorithm never reads changes nothing (older runs recorded such values).
   from vampire_jax._src.runs import algorithms

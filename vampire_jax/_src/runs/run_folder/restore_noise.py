@@ -41,7 +41,9 @@ def drop_restore_noise() -> None:
   pytest), while and after the restore fails; the failure itself is said in
   one line by `RunCheckpoints`. This wraps `sys.unraisablehook` in place
   (pytest's, a notebook's) and passes every other error on; asyncio's log of
-  orbax's deserialising tasks collected with their error is dropped too.
+  orbax's deserialising tasks collected with their error is dropped too, and
+  orbax's log of a step folder without its metadata (an incomplete step, said
+  in one line by `RunCheckpoints`).
   """
   global _noise_filter_installed
   if _noise_filter_installed:
@@ -54,6 +56,7 @@ def drop_restore_noise() -> None:
 
   sys.unraisablehook = hook
   logging.getLogger("asyncio").addFilter(_drop_unretrieved_restore_tasks)
+  logging.getLogger("absl").addFilter(_drop_missing_step_metadata)
   _noise_filter_installed = True
 
 
@@ -66,3 +69,16 @@ _RESTORE_TASK = "coro=<async_deserialize()"
 def _drop_unretrieved_restore_tasks(record: logging.LogRecord) -> bool:
   message = str(record.msg)
   return not (message.startswith("Task exception was never retrieved") and _RESTORE_TASK in message)
+
+
+# What orbax logs (through absl) of a step folder without its `_CHECKPOINT_METADATA`, as it
+# lists the steps: an incomplete step (said in one line by `RunCheckpoints`, which skips it),
+# or a complete one of an older orbax, which restores as it is.
+_MISSING_METADATA = "Metadata file does not exist: %s"
+
+
+def _drop_missing_step_metadata(record: logging.LogRecord) -> bool:
+  return not (
+    record.msg == _MISSING_METADATA
+    and str(record.args[0] if record.args else "").endswith("_CHECKPOINT_METADATA")
+  )

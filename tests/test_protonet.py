@@ -1,0 +1,250 @@
+"""ProtoNet (Snell et al. 2017): prototypes, distances and the learner, by closed forms (issue 51).
+
+`tests/test_authors_pytorch_head.py` checks an episode against the authors' ProtoNet.py;
+`tests/test_vampire2_protonet_runs.py` runs it through the experiments end to end.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import vampire_jax as vj
+from vampire_jax._src.runs import algorithms, protonet_settings
+
+
+def _embedding(num_features=6):
+  model = vj.MLP((num_features,), None)  # an embedding: the ReLU units, no output layer
+  return model, vj.init_params(model, jax.random.key(0), (1, 4))
+
+
+def _episode(key, ways=3, shots=2, query=4):
+  """Gaussian blobs: class k's inputs around its own centre in the first two dimensions,
+  with a nuisance noise 8 times wider in the other two (what meta-training learns to ignore)."""
+  k_centres, k_support, k_query = jax.random.split(key, 3)
+  centres = jnp.concatenate(
+    [2.0 * jax.random.normal(k_centres, (ways, 2)), jnp.zeros((ways, 2))], 1
+  )
+  scale = jnp.array([0.5, 0.5, 4.0, 4.0])
+  support_y = jnp.repeat(jnp.arange(ways), shots)
+  query_y = jnp.repeat(jnp.arange(ways), query)
+  support_x = centres[support_y] + scale * jax.random.normal(k_support, (ways * shots, 4))
+  query_x = centres[query_y] + scale * jax.random.normal(k_query, (ways * query, 4))
+  return vj.Task(support_x, support_y, query_x, query_y)
+
+
+def test_prototypes_are_class_means_and_logits_minus_distances():
+  embeddings = jnp.array([[0.0, 0.0], [2.0, 0.0], [0.0, 3.0], [1.0, 1.0]])
+  labels = jnp.array([1, 1, 0, 1])
+  prototypes = vj.baselines.class_prototypes(embeddings, labels, 2)
+  np.testing.assert_allclose(prototypes, [[0.0, 3.0], [1.0, 1.0 / 3.0]], rtol=1e-6)
+  queries = jnp.array([[0.0, 3.0], [4.0, 3.0]])
+  squared = [[0.0, 1.0 + (8.0 / 3.0) ** 2], [16.0, 9.0 + (8.0 / 3.0) ** 2]]
+  np.testing.assert_allclose(vj.baselines.prototype_logits(queries, prototypes), -np.array(squared))
+  np.testing.assert_allclose(
+    vj.baselines.prototype_logits(queries, prototypes, "euclidean"),
+    -np.sqrt(squared),
+    rtol=1e-6,
+  )
+
+
+def test_the_euclidean_distance_has_a_finite_gradient_where_it_is_zero():
+  # As torch.norm's: 0 at a distance of 0 (the square root's would be infinite, NaN here).
+  def logit(query):
+    return vj.baselines.prototype_logits(query[None], jnp.array([[1.0, 2.0]]), "euclidean")[0, 0]
+
+  np.testing.assert_array_equal(jax.grad(logit)(jnp.array([1.0, 2.0])), [0.0, 0.0])
+  np.testing.assert_allclose(jax.grad(logit)(jnp.array([4.0, 6.0])), [-0.6, -0.8], rtol=1e-6)
+
+
+def test_squared_distance_logits_are_a_linear_classifier_of_the_embedding():
+  # -|f - c_k|^2 = 2 c_k.f - |c_k|^2 - |f|^2, and |f|^2 is the same for every class: the
+  # softmax is that of a linear layer with weights 2 c_k and biases -|c_k|^2 (Snell et al.).
+  model, params = _embedding()
+  learner = vj.baselines.protonet(vj.pure_apply(model), num_classes=3)
+  task = _episode(jax.random.key(1))
+  task_params = learner.adapt(params, task.support_x, task.support_y, jax.random.key(2))
+  logits = learner.predict(task_params, task.query_x, jax.random.key(3))[0]
+  features = vj.pure_apply(model)(params, task.query_x)
+  c = task_params.prototypes
+  linear = features @ (2 * c.T) - jnp.sum(c**2, axis=1)
+  np.testing.assert_allclose(jax.nn.softmax(logits), jax.nn.softmax(linear), atol=1e-5)
+
+
+def test_the_learner_is_deterministic_and_the_query_loss_is_the_mean_cross_entropy():
+  model, params = _embedding()
+  learner = vj.baselines.protonet(vj.pure_apply(model), num_classes=3)
+  task = _episode(jax.random.key(1))
+  meta = learner.init(params, jax.random.key(5))
+  assert meta is params and learner.meta_loss is None
+  a, outputs = vj.query_loss(learner, meta, task, jax.random.key(2))
+  b, _ = vj.query_loss(learner, meta, task, jax.random.key(3))
+  assert float(a) == float(b) and outputs.shape == (1, 12, 3)  # one "draw"
+  log_p = jax.nn.log_softmax(outputs[0])
+  expected = -jnp.mean(log_p[jnp.arange(12), task.query_y])
+  np.testing.assert_allclose(float(a), float(expected), rtol=1e-6)
+  report = vj.check_inner_loop(learner, meta, task, jax.random.key(4))
+  assert report.ok and report.loss_before == report.loss_after  # no inner loop to check
+
+
+def test_training_episodes_of_more_ways_build_that_many_prototypes():
+  model, params = _embedding()
+  learner = vj.baselines.protonet(vj.pure_apply(model), num_classes=2, train_num_classes=4)
+  task = _episode(jax.random.key(1), ways=4)
+  loss, outputs = learner.meta_loss(params, task, jax.random.key(2))
+  assert outputs.shape == (1, 16, 4)
+  four_way = vj.baselines.protonet(vj.pure_apply(model), num_classes=4)
+  np.testing.assert_allclose(
+    float(loss), float(vj.query_loss(four_way, params, task, jax.random.key(0))[0])
+  )
+  # adapt and predict (evaluation, Run.predict) are 2-way.
+  two_way = _episode(jax.random.key(3), ways=2)
+  task_params = learner.adapt(params, two_way.support_x, two_way.support_y, None)
+  assert learner.predict(task_params, two_way.query_x, None).shape == (1, 8, 2)
+
+
+def test_meta_training_separates_unseen_classes():
+  # 150 meta-steps on Gaussian-blob episodes: query accuracy on 100 new episodes rises far
+  # above the untrained embedding's (observed 0.48 -> 0.91).
+  model = vj.MLP((32,), None)
+  params = vj.init_params(model, jax.random.key(0), (1, 4))
+  learner = vj.baselines.protonet(vj.pure_apply(model), num_classes=3)
+  optimizer = vj.meta_optimizer(1e-2, tasks_per_step=8)
+  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
+  step = jax.jit(vj.make_meta_step(learner, optimizer))
+  episodes = jax.vmap(_episode)
+  test = episodes(jax.random.split(jax.random.key(99), 100))
+  evaluate = jax.jit(vj.make_classification_evaluator(learner))
+  before = float(evaluate(state.meta_params, test, jax.random.key(2)).accuracy.mean())
+  for i in range(150):
+    state, _ = step(state, episodes(jax.random.split(jax.random.key(i + 10), 8)), jax.random.key(i))
+  after = float(evaluate(state.meta_params, test, jax.random.key(2)).accuracy.mean())
+  assert after > 0.85 and after > before + 0.3, (before, after)
+
+
+@pytest.mark.parametrize(
+  "call, says",
+  [
+    (
+      lambda learner, p, x: learner.adapt(p, x, jnp.array([0, 0, 1, 1, 0, 1]), None),
+      r"protonet.adapt: support_y must be labels with an example of every class 0..2 .*"
+      r"got none of classes \[2\]",
+    ),
+    (
+      lambda learner, p, x: learner.adapt(p, x, jnp.array([0, 1, 2, 3, 0, 1]), None),
+      r"protonet.adapt: support_y must be class indices in \[0, 3\)",
+    ),
+    (
+      lambda learner, p, x: learner.adapt(p, x, jnp.arange(6.0), None),
+      r"protonet.adapt: support_y must be \[examples\] integer labels",
+    ),
+    (
+      lambda learner, p, x: vj.baselines.protonet(learner, num_classes=0),
+      r"protonet: num_classes must be an integer >= 1, got 0",
+    ),
+    (
+      lambda learner, p, x: vj.baselines.protonet(learner, num_classes=3, distance="cosine"),
+      r"protonet: distance must be one of squared_euclidean, euclidean, got 'cosine'",
+    ),
+  ],
+)
+def test_bad_input_is_refused_in_one_line(call, says):
+  model, params = _embedding()
+  learner = vj.baselines.protonet(vj.pure_apply(model), num_classes=3)
+  x = jax.random.normal(jax.random.key(1), (6, 4))
+  with pytest.raises(vj.InputError, match=says) as raised:
+    call(learner, params, x)
+  assert len(str(raised.value).splitlines()) == 1
+
+
+def test_networks_without_a_head_are_embeddings():
+  conv = vj.Conv4(num_classes=None, num_filters=8)
+  params = vj.init_params(conv, jax.random.key(0), (1, 28, 28, 1))
+  assert "head" not in params
+  x = jnp.zeros((3, 28, 28, 1))
+  assert vj.pure_apply(conv)(params, x).shape == (3, 2 * 2 * 8)  # 28 -> 14 -> 7 -> 4 -> 2
+  mlp = vj.MLP((16, 8), None)
+  mlp_params = vj.init_params(mlp, jax.random.key(0), (1, 5))
+  assert len(mlp_params) == 2 and vj.pure_apply(mlp)(mlp_params, jnp.ones((3, 5))).shape == (3, 8)
+
+
+def test_the_registry_builds_protonet_and_refuses_what_it_ignores():
+  from experiments import presets
+
+  config = presets.get_config("omniglot", "quick", "protonet")
+  assert (config.kl_weight, config.num_inner_steps, config.num_mc_test) == (0.0, 0, 1)
+  assert algorithms.network_outputs(config) is None
+  assert algorithms.network_outputs(dataclasses.replace(config, algorithm="maml")) == 5
+  algorithms.check_config(config)
+  for field, value in (
+    ("inner_lr", 0.5),
+    ("num_inner_steps", 5),
+    ("kl_weight", 0.1),
+    ("num_mc_test", 10),
+    ("first_order", True),
+    ("outer_kl_weight", 0.1),
+  ):
+    flag = field.replace("_", "-")
+    with pytest.raises(vj.ConfigError, match=rf"--algorithm protonet ignores --{flag} ") as raised:
+      algorithms.check_config(dataclasses.replace(config, **{field: value}))
+    assert len(str(raised.value).splitlines()) == 1
+  # Its own options: refused by every other algorithm.
+  for field, value in (("train_ways", 20), ("protonet_distance", "euclidean")):
+    algorithms.check_config(dataclasses.replace(config, **{field: value}))
+    flag = field.replace("_", "-")
+    with pytest.raises(vj.ConfigError, match=rf"--algorithm vampire ignores --{flag}"):
+      algorithms.check_config(dataclasses.replace(config, algorithm="vampire", **{field: value}))
+  learner = algorithms.learner_from_config(
+    dataclasses.replace(config, train_ways=20),
+    vj.pure_apply(vj.Conv4(num_classes=None, num_filters=4)),
+    vj.categorical_nll,
+    num_mc_train=1,
+    num_mc_query=1,
+  )
+  assert learner.meta_loss is not None  # 20-way training episodes
+
+
+@pytest.mark.parametrize(
+  "changes, says",
+  [
+    (dict(train_ways=1), r"--train-ways must be an integer >= 2, got 1"),
+    (dict(train_ways=1000), r"--train-ways 1000: a 1000-way training episode needs 1000 .* 813"),
+  ],
+)
+def test_train_ways_is_checked_against_the_data(changes, says):
+  from experiments import presets
+
+  config = dataclasses.replace(presets.get_config("omniglot", "quick", "protonet"), **changes)
+  with pytest.raises(vj.ConfigError, match=says) as raised:
+    algorithms.check_config(config)
+  assert len(str(raised.value).splitlines()) == 1
+  mini = dataclasses.replace(
+    presets.get_config("mini_imagenet", "quick", "protonet"), train_ways=65
+  )
+  with pytest.raises(vj.ConfigError, match=r"mini-ImageNet's train part has only 64"):
+    algorithms.check_config(mini)
+
+
+def test_protonet_classifies_only():
+  from experiments import presets
+
+  config = presets.get_config("regression", "quick", "protonet")
+  with pytest.raises(vj.ConfigError, match=r"--algorithm protonet classifies .* RegressionConfig"):
+    algorithms.check_config(config)
+  assert protonet_settings.train_ways(presets.get_config("omniglot", "quick", "protonet")) == 5
+
+
+@pytest.mark.parametrize("name", ["protonet", "class_prototypes"])
+def test_the_docstring_examples_run(name):
+  import doctest
+
+  function = getattr(vj.baselines, name)
+  globs = {"jax": jax, "jnp": jnp, "vj": vj}
+  tests = [t for t in doctest.DocTestFinder(recurse=False).find(function, name, globs=globs)]
+  assert tests and tests[0].examples
+  runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+  for test in tests:
+    runner.run(test)
+  assert runner.failures == 0
