@@ -13,6 +13,7 @@ import dataclasses
 import json
 import shlex
 import shutil
+import subprocess
 import tarfile
 
 import jax
@@ -388,6 +389,23 @@ def test_the_zoo_matches_its_manifest_and_fits_the_budget():
   assert zoo.check_cells(zoo.ZOO) == []
   total = sum(entry["bytes"] for entry in manifest["cells"].values())
   assert total <= 30e6, f"the zoo holds {total / 1e6:.1f} MB, over the 30 MB budget"
+
+
+def test_git_ignores_no_file_of_the_zoo():
+  """A clone gets every file the manifest lists (`.gitignore` ignores *.npz elsewhere)."""
+  paths = [
+    f"zoo/{name}/{path}"
+    for name, entry in zoo.read_manifest(zoo.ZOO)["cells"].items()
+    for path in entry["files"]
+  ]
+  done = subprocess.run(
+    ["git", "check-ignore", "--no-index", "--stdin"],
+    input="\n".join(paths),
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert done.stdout.split() == [], "ignored by .gitignore"
 
 
 def test_the_readmes_results_table_is_the_zoos():
