@@ -2,8 +2,8 @@
 
     python -m experiments.zoo add runs/regression_cpu_seed0        # each run folder in it
     python -m experiments.zoo add omniglot_original_5way1shot_vampire.tar.gz   # from a GPU
-    python -m experiments.zoo verify                               # every cell, here
-    python -m experiments.zoo verify --cells 'regression_*' --num-test-tasks 50
+    python -m experiments.zoo verify                               # every cell, 20 tasks each
+    python -m experiments.zoo verify --cells 'regression_*' --num-test-tasks all
     python -m experiments.zoo table                                # README + zoo/README.md
     python -m experiments.zoo check                                # checksums, tables
 
@@ -22,15 +22,17 @@ tar files of either (what comes back from a GPU). A cell is named after the expe
 preset that its config matches (`regression_cpu_vampire`,
 `omniglot_original_5way1shot_vampire`; `_seed<n>` for another seed); a run whose
 settings differ from every preset beyond speed and data-location knobs needs `--name`.
-Each added cell is loaded and verified here (`--num-test-tasks N` for fewer tasks,
-`--no-verify` to skip it), and the tables are written again.
+Each added cell is loaded and verified here (its first 20 test tasks; `--num-test-tasks
+N` or `all` for more, `--no-verify` to skip it), and the tables are written again.
 
 `verify` loads each cell, scores its test split again here with a progress bar
 (`experiments.zoo_verify`), and prints one table. It exits 1 when a number falls
 outside what it should be: equal, bit for bit, on a machine where the cell was verified
 equal before (`--record` writes this machine's verification into the manifest); within
-the cross-platform tolerance elsewhere. With `--num-test-tasks N` below a cell's count,
-its first N tasks are compared with the first N rows of its per-task scores.
+the cross-platform tolerance elsewhere. By default each cell's first 20 test tasks are
+scored (a cell trained on a GPU tests 1000 tasks: over an hour on a laptop's CPU) and
+compared with the first 20 rows of its per-task scores; `--num-test-tasks N` takes N,
+`--num-test-tasks all` every task.
 """
 
 import argparse
@@ -711,6 +713,22 @@ def stale_tables(zoo: Path, readme: Path) -> list[str]:
 # -- Command line -----------------------------------------------------------------------------
 
 
+DEFAULT_VERIFY_TASKS = 20  # every cell in a few minutes on a laptop's CPU
+
+
+def _task_count(text: str) -> Optional[int]:
+  """`--num-test-tasks`: a count of at least 1, or 'all' (None: every test task)."""
+  if text == "all":
+    return None
+  try:
+    count = int(text)
+  except ValueError:
+    count = 0
+  if count < 1:
+    raise argparse.ArgumentTypeError(f"a count of at least 1 or 'all', not {text!r}")
+  return count
+
+
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
     prog="python -m experiments.zoo",
@@ -731,16 +749,14 @@ def parse_args(argv=None) -> argparse.Namespace:
   for sub in (adding, checking):
     sub.add_argument(
       "--num-test-tasks",
-      type=int,
+      type=_task_count,
+      default=DEFAULT_VERIFY_TASKS,
       metavar="N",
-      help="score each cell's first N test tasks only (default: all of them)",
+      help=f"score each cell's first N test tasks, or 'all' (default: {DEFAULT_VERIFY_TASKS})",
     )
   commands.add_parser("table", help="write zoo/README.md and the README's table")
   commands.add_parser("check", help="checksums and generated tables; exit 1 if stale")
-  args = parser.parse_args(argv)
-  if getattr(args, "num_test_tasks", None) is not None and args.num_test_tasks < 1:
-    parser.error(f"--num-test-tasks: a count of at least 1, not {args.num_test_tasks}")
-  return args
+  return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:

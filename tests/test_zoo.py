@@ -453,3 +453,14 @@ def test_the_parser_refuses_no_tasks():
   with pytest.raises(SystemExit):
     zoo.parse_args(["verify", "--num-test-tasks", "0"])
   assert isinstance(zoo.parse_args(["verify"]), argparse.Namespace)
+
+
+def test_verify_scores_twenty_tasks_a_cell_unless_told_all():
+  """A plain `verify` finishes in minutes on a CPU (the GPU cell tests 1000 tasks)."""
+  assert zoo.parse_args(["verify"]).num_test_tasks == 20
+  assert zoo.parse_args(["add", "run"]).num_test_tasks == 20
+  assert zoo.parse_args(["verify", "--num-test-tasks", "all"]).num_test_tasks is None
+  assert zoo.parse_args(["verify", "--num-test-tasks", "7"]).num_test_tasks == 7
+  for bad in ("0", "-3", "some"):
+    with pytest.raises(SystemExit):
+      zoo.parse_args(["verify", "--num-test-tasks", bad])
