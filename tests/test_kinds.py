@@ -97,7 +97,7 @@ def _regression_tasks(predictions: np.ndarray, targets: np.ndarray) -> dict:
   return dict(
     mse=squared.mean(axis=1),
     predictive_mean_mse=squared.mean(axis=1),
-    nll=np.mean(0.5 * squared / 0.3**2 + np.log(0.3) + 0.5 * np.log(2 * np.pi), axis=1),  # noise 0.3
+    nll=np.mean(0.5 * squared / 0.09 + np.log(0.3 * np.sqrt(2 * np.pi)), axis=1),  # noise 0.3
     predictions=predictions[:, None, :, None],
   )
 
