@@ -124,25 +124,6 @@ def _regression_line(test: dict) -> str:
   )
 
 
-def _regression_summary(per_task: dict, num_bins: int, noise_std: Optional[float]):
-  """`evaluation.regression_summary`, with the median MSE and the tasks that ran away.
-
-  A task ran away when its MSE is not finite or above (max - min)^2 of the split's query
-  targets: predictions anywhere within the targets' range score at most that, so such a
-  task's predictions left the range of every target. It happens when the inner loop's
-  step is unstable on that task's support (BUILD_NOTES.md, "Runaway test tasks"); one such
-  task makes the mean meaningless, which the median beside it shows.
-  """
-  del num_bins
-  metrics, curves = evaluation.regression_summary(per_task, noise_std)
-  mse = np.asarray(per_task["mse"], np.float64)
-  targets = np.asarray(per_task["targets"], np.float64)
-  span = float(np.max(targets) - np.min(targets)) if targets.size else 0.0
-  ran_away = ~np.isfinite(mse) | ((mse > span**2) if span > 0 else False)
-  metrics.update(mse_median=float(np.median(mse)), num_ran_away=int(ran_away.sum()))
-  return metrics, curves
-
-
 def _regression_likelihood(noise_std: Optional[float]) -> losses.Likelihood:
   if noise_std is None:
     raise ConfigError("a regression problem needs the likelihood's noise_std")
@@ -181,7 +162,9 @@ REGRESSION = ProblemKind(
   train_metrics=None,
   make_evaluator=evaluation.make_regression_evaluator,
   check_summary=summary_inputs.check_regression,
-  summarise=_regression_summary,
+  summarise=lambda per_task, num_bins, noise_std: evaluation.regression_summary(
+    per_task, noise_std
+  ),
   score="mse",
   higher_is_better=False,
   draws=lambda samples: samples,
