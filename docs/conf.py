@@ -130,6 +130,17 @@ def _describe_field(app, what, name, obj, options, lines):
       from sphinx.util import logging
 
       logging.getLogger(__name__).warning(f"{name}: NamedTuple field with no description")
+  elif what == "class" and hasattr(obj, "_fields"):
+    # A NamedTuple's fields are its members, each with its own entry (above): the class's
+    # "Attributes:" section, as napoleon's `:ivar` lines, would describe each a second time.
+    kept, skipping = [], False
+    for line in lines:
+      head = re.match(r"^:ivar (\w+):", line)
+      if head or not line.startswith(" "):
+        skipping = bool(head) and head.group(1) in obj._fields
+      if not skipping:
+        kept.append(line)
+    lines[:] = kept
   elif what == "class" and dataclasses.is_dataclass(obj):
     documented = {f.name for f in dataclasses.fields(obj) if f.metadata.get("help")}
     if documented:  # a config: each setting with its help text, as --help prints it

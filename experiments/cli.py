@@ -45,6 +45,7 @@ GROUPS = {
     "num_mc_query",
     "first_order",
     "second_order_steps",
+    "inner_backtracking",
     "log_std_init",
     "kernel_init_gain",
     "local_reparameterization",

@@ -134,6 +134,8 @@ def _table(methods: dict, kind: str) -> str:
     for _, key, scale in columns:
       if key not in m:
         cells.append("–")
+      elif isinstance(m[key], int):  # a count, e.g. the tasks that ran away
+        cells.append(str(m[key]))
       elif scale is None:
         cells.append(f"{m[key]:.4f}")
       else:

@@ -247,6 +247,7 @@ def risk_coverage_figure(
   if not curves:
     raise ValueError("curves must be a RiskCoverage or a non-empty dict of them")
   fig, (ax,) = _new_figure(1, panel_size=4.5)
+  fig.set_size_inches(4.5, 4.5 + 0.2 * 3 * len(curves))  # room for the legend underneath
   colours = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink"]
   for i, (name, c) in enumerate(curves.items()):
     colour = colours[i % len(colours)]
@@ -280,7 +281,8 @@ def risk_coverage_figure(
     title=title or "",
   )
   ax.grid(alpha=0.3)
-  ax.legend(loc="upper left", fontsize="small")
+  # Under the axes: at the upper left it covered the random-order line and the first points.
+  fig.legend(loc="outside lower center", fontsize="small")
   return fig
 
 
@@ -389,6 +391,11 @@ _Y_LABELS = {
 }
 
 
+# The smallest y-range a panel shows, centred on its values: a prior's mean log-std that
+# moved by 0.002 (0.2 % in sigma) filled its panel as if it had doubled.
+_MIN_Y_RANGE = {"log_std": 0.1}
+
+
 _TITLES = {
   "loss": "Meta-training loss",
   "accuracy": "Accuracy",
@@ -417,6 +424,9 @@ def training_curves_figure(
   validation = validation or {}
   names = list(history) + [name for name in validation if name not in history]
   fig, axes = _new_figure(len(names), panel_size=3.5, max_cols=3)
+  # Every panel spans the same steps, from 0 to the last logged or validated: a panel of
+  # validation alone (ECE) started at the first validation and got other ticks.
+  last_step = max([*steps, *(s for val_steps, _ in validation.values() for s in val_steps)])
   for ax, name in zip(axes, names):
     if name in history:
       ax.plot(steps, history[name], linewidth=1.2, label="training")
@@ -441,8 +451,14 @@ def training_curves_figure(
           markeredgecolor="black",
           label=f"best checkpoint (step {best['step']}), the one tested",
         )
+    ax.set_xlim(0, last_step * 1.04)  # a margin: the best step is often the last
     ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 12500 -> 12.5k
+    if name in _MIN_Y_RANGE:
+      low, high = ax.get_ylim()
+      if high - low < _MIN_Y_RANGE[name]:
+        middle = (low + high) / 2
+        ax.set_ylim(middle - _MIN_Y_RANGE[name] / 2, middle + _MIN_Y_RANGE[name] / 2)
     ax.set(title=_TITLES.get(name, name), xlabel="meta-step", ylabel=_Y_LABELS.get(name, name))
     ax.grid(alpha=0.3)
   # One legend for every panel, below them: inside a panel it covered the first points.
@@ -451,7 +467,8 @@ def training_curves_figure(
     for handle, label in zip(*ax.get_legend_handles_labels()):
       entries.setdefault(label, handle)
   if entries:
-    fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=2)
+    columns = _legend_columns(list(entries), fig.get_size_inches()[0], most=2)
+    fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=columns)
   return fig
 
 
@@ -535,10 +552,19 @@ def regression_predictions_figure(
     ax.plot(support_x[i], support_y[i], "o", color="red", markersize=5, label="support")
     ax.set(xlabel="x", ylabel="y")
     ax.grid(alpha=0.3)
-  # One legend for every panel, under them: inside the first panel it covered data.
+  # One legend for every panel, under them: inside the first panel it covered data. As many
+  # columns as the figure's width holds (about 1.8 inches an entry): six under one panel
+  # ran past both of its edges.
   handles, labels = axes[0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6))
+  width = fig.get_size_inches()[0]
+  fig.legend(handles, labels, loc="outside lower center", ncols=_legend_columns(labels, width))
   return fig
+
+
+def _legend_columns(labels: Sequence[str], width_inches: float, most: int = 6) -> int:
+  """How many legend columns of `labels` fit side by side in `width_inches`."""
+  entry = 0.6 + 0.085 * max(len(label) for label in labels)  # the marker and the text
+  return max(1, min(len(labels), most, int(width_inches // entry)))
 
 
 def plot_calibration_bars(
@@ -724,17 +750,18 @@ def run_figures(
   curves = {
     name: calibration.from_record(record) for name, record in results["calibration"].items()
   }
-  tasks = results["test"]["num_tasks"]
+  # How long it trained, on every figure: a 200-step quick run's diagram is not a paper run's.
+  tested = f"{_training_length(results)}, {results['test']['num_tasks']} test tasks"
   where = f"{label}, {setting}" if setting else label
   plots = {}
   if "reliability" in curves:
     plots["reliability"] = plot_reliability_diagram(
-      curves["reliability"], workdir / "reliability.png", title=f"{where}\n{tasks} test tasks"
+      curves["reliability"], workdir / "reliability.png", title=f"{where}\n{tested}"
     )
     plots["risk_coverage"] = plot_risk_coverage(
       {label: curves["risk_coverage"]},
       workdir / "risk_coverage.png",
-      title=f"Selective prediction: {setting or label}\n{tasks} test tasks",
+      title=f"Selective prediction: {setting or label}\n{tested}",
     )
   else:
     name = "quantile_calibration" if "quantile_calibration" in curves else "pit_calibration"
@@ -747,7 +774,7 @@ def run_figures(
     plots["quantile_calibration"] = plot_quantile_calibration(
       {label: curves[name]},
       workdir / "quantile_calibration.png",
-      title=f"{where}\n{tasks} test tasks",
+      title=f"{where}\n{tested}",
       point_estimates=point,
     )
   rows = reporting.read_metrics(workdir)
@@ -764,11 +791,17 @@ def run_figures(
       {k: [r[f"train/{k}"] for r in train] for k in names},
       [r["step"] for r in train],
       workdir / "training_curves.png",
-      title=f"{where}: meta-training",
+      title=f"{where}: meta-training, {_training_length(results)}",
       validation=validation,
       best=results.get("best_validation"),
     )
   return {name: str(path) for name, path in plots.items()}
+
+
+def _training_length(results: dict) -> str:
+  """'200 meta-steps of 8 tasks': how long the run of `results` (results.json) trained."""
+  steps = results.get("meta_steps", results["config"].get("num_meta_steps"))
+  return f"{steps} meta-steps of {results['config'].get('tasks_per_step', '?')} tasks"
 
 
 def add_run_figures(

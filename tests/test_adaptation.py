@@ -346,3 +346,113 @@ def test_vampire_second_order_steps_keeps_the_kl_gradient():
         inner_lr=0.1,
         second_order_steps=-1,
       )
+
+
+# -- The backtracking guard (issue 50) -----------------------------------------------------
+
+
+def _quadratic(curvature: float):
+  """loss(w) = curvature / 2 * |w|^2: gradient steps of size a scale w by 1 - a * curvature."""
+  return lambda params, x, y: 0.5 * curvature * jnp.sum(jnp.square(params["w"]))
+
+
+def test_backtracking_refuses_a_rising_step_and_halves_the_later_ones_in_closed_form():
+  """a * curvature = 3: each plain step scales w by -2 (the loss 4x); with the guard the first
+  step is refused, and the next four, halved (factor 1 - 1.5 = -0.5), are taken."""
+  loss_fn = _quadratic(30.0)
+  params, x, y = {"w": jnp.array([1.0, -2.0])}, jnp.zeros((1, 1)), jnp.zeros((1, 1))
+  plain = vj.maml_adapt(params, x, y, loss_fn=loss_fn, num_steps=5, inner_lr=0.1)
+  np.testing.assert_allclose(plain["w"], params["w"] * (-2.0) ** 5)  # ran away: 1024x the loss
+  guarded = vj.maml_adapt(
+    params, x, y, loss_fn=loss_fn, num_steps=5, inner_lr=0.1, backtracking=True
+  )
+  np.testing.assert_allclose(guarded["w"], params["w"] * (-0.5) ** 4, rtol=1e-6)
+  # a * curvature = 5: refused at 1 and 1/2 (factors -4, -1.5), taken at 1/4 (-0.25).
+  five = vj.maml_adapt(
+    params, x, y, loss_fn=_quadratic(50.0), num_steps=5, inner_lr=0.1, backtracking=True
+  )
+  np.testing.assert_allclose(five["w"], params["w"] * (-0.25) ** 3, rtol=1e-6)
+
+
+def test_backtracking_changes_nothing_where_every_step_lowers_the_loss():
+  params, _, loss_fn = _tiny_mlp()
+  x, y, xq, yq = _sine_task(jax.random.key(1))
+  settings = dict(loss_fn=loss_fn, num_steps=5, inner_lr=0.05)
+  plain = vj.maml_adapt(params, x, y, **settings)
+  chex.assert_trees_all_close(vj.maml_adapt(params, x, y, backtracking=True, **settings), plain)
+  prior = vj.gaussian_from_params(params, jax.random.key(2))
+  vampire = dict(settings, inner_lr=0.01, num_mc_samples=4, kl_weight=0.02)  # KL factor <= 0.6
+  chex.assert_trees_all_close(
+    vj.adapt(prior, x, y, jax.random.key(3), backtracking=True, **vampire),
+    vj.adapt(prior, x, y, jax.random.key(3), **vampire),
+  )
+
+  # ... and its meta-gradient is the plain loop's (the decisions are constants).
+  def query_loss(params, backtracking):
+    adapted = vj.maml_adapt(params, x, y, backtracking=backtracking, **settings)
+    return loss_fn(adapted, xq, yq)
+
+  chex.assert_trees_all_close(
+    jax.grad(query_loss)(params, True), jax.grad(query_loss)(params, False), rtol=1e-6
+  )
+
+
+def test_backtracking_keeps_a_too_curved_task_from_running_away():
+  """The regression MLP at ten times a stable step: the plain loop's support loss explodes;
+  with the guard it ends no higher than it started, for MAML and for VAMPIRE."""
+  model = vj.MLP((40, 40), 1)
+  params = vj.init_params(model, jax.random.key(0), (1, 1))
+  loss_fn = vj.loss_from_apply(vj.pure_apply(model), vj.gaussian_nll(0.3))
+  x = jnp.linspace(4.2, 5.0, 5)[:, None]  # a support clustered near x = 5
+  y = 3.0 * x - 2.0
+  settings = dict(loss_fn=loss_fn, num_steps=5, inner_lr=0.02)
+  before = float(loss_fn(params, x, y))
+  plain = float(loss_fn(vj.maml_adapt(params, x, y, **settings), x, y))
+  guarded = float(loss_fn(vj.maml_adapt(params, x, y, backtracking=True, **settings), x, y))
+  assert not plain < 100 * before  # non-finite or far above
+  assert guarded <= before
+  prior = vj.gaussian_from_params(params, jax.random.key(1))
+  vampire = dict(settings, num_mc_samples=4, kl_weight=0.02)
+  posterior = vj.adapt(prior, x, y, jax.random.key(2), backtracking=True, **vampire)
+  support = dict(loss_fn=loss_fn, num_mc_samples=64)
+  assert float(vj.expected_nll(posterior, x, y, jax.random.key(3), **support)) <= float(
+    vj.expected_nll(prior, x, y, jax.random.key(3), **support)
+  )
+
+
+_GUARD_ON_TWO_DEVICES = """
+import jax, jax.numpy as jnp, numpy as np, vampire_jax as vj
+from vampire_jax.data import sine_line
+assert len(jax.devices()) == 2
+model = vj.MLP((8,), 1)
+params = vj.init_params(model, jax.random.key(0), (1, 1))
+apply_fn, nll = vj.pure_apply(model), vj.gaussian_nll(0.3)
+tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(1), 4))
+keys = jax.random.split(jax.random.key(2), 4)
+for learner in (vj.maml(apply_fn, nll, inner_lr=0.05, backtracking=True),
+                vj.vampire(apply_fn, nll, inner_lr=0.05, backtracking=True, num_mc_query=2)):
+  meta_params = learner.init(params, jax.random.key(3))
+  one = vj.make_regression_evaluator(learner, 0.3)(meta_params, tasks, keys)
+  two = vj.make_regression_evaluator(learner, 0.3, mesh=vj.task_mesh())(meta_params, tasks, keys)
+  np.testing.assert_allclose(two.mse, one.mse, rtol=1e-5)
+print("ok")
+"""
+
+
+def test_backtracking_runs_with_tasks_split_over_devices():
+  """Under `shard_map` a loop's carry must vary over the devices in and out: the guard's
+  step scale, a constant 1.0 going in, was refused ("carry input and carry output must
+  have equal types") when the evaluator split tasks over two devices."""
+  import subprocess
+  import sys
+
+  from conftest import user_env
+
+  done = subprocess.run(
+    [sys.executable, "-c", _GUARD_ON_TWO_DEVICES],
+    env=user_env(JAX_NUM_CPU_DEVICES="2"),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -621,3 +621,90 @@ def test_regression_figures_keep_titles_inside_and_legends_off_the_data():
   fig.draw(fig.canvas.get_renderer())
   for ax in fig.axes:
     assert not legend.get_window_extent().overlaps(ax.get_window_extent())
+
+
+# -- Figures a newcomer read wrongly (issue 50) --------------------------------------------
+
+
+def _inside(box, fig) -> bool:
+  return box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height
+
+
+def test_a_one_panel_regression_figure_keeps_its_legend_inside():
+  """Notebook 01's own task: six legend columns under one panel ran past both its edges."""
+  grid = np.linspace(-5, 5, 50)
+  fig = plots.regression_predictions_figure(
+    grid,
+    np.zeros((1, 50)),
+    np.zeros((1, 5)),
+    np.zeros((1, 5)),
+    {"VAMPIRE": np.zeros((1, 8, 50))},
+    0.3,
+  )
+  fig.draw(fig.canvas.get_renderer())
+  (legend,) = fig.legends
+  assert _inside(legend.get_window_extent(), fig)
+  assert {t.get_text() for t in legend.get_texts()} >= {"VAMPIRE mean", "VAMPIRE ±2σ", "support"}
+
+
+def test_training_curve_panels_share_their_steps_and_a_log_std_panel_does_not_magnify_noise():
+  """training_curves.png: the ECE panel (validation only) had other x-ticks than the rest,
+  and a log-std that moved by 0.002 filled its panel."""
+  steps = list(range(10, 201, 10))
+  history = {
+    "loss": list(np.linspace(1.6, 1.1, len(steps))),
+    "log_std": list(np.linspace(-3.502, -3.500, len(steps))),
+  }
+  fig = plots.training_curves_figure(history, steps, {"ece": ([40, 120, 200], [0.07, 0.2, 0.2])})
+  loss, log_std, ece = fig.axes
+  assert loss.get_xlim() == log_std.get_xlim() == ece.get_xlim()
+  assert loss.get_xlim()[0] == 0 and 200 < loss.get_xlim()[1] <= 210  # the last step inside
+  assert list(loss.get_xticks()) == list(ece.get_xticks())
+  low, high = log_std.get_ylim()
+  assert high - low == pytest.approx(0.1) and low < -3.502 and high > -3.500
+  assert loss.get_ylim()[1] - loss.get_ylim()[0] < 1  # other panels keep their own range
+
+
+def test_risk_coverage_legend_is_under_the_axes():
+  """Its legend sat at the upper left, on the random-order line and the first points."""
+  confidence = np.linspace(0.3, 1.0, 200)
+  probs = np.stack([confidence, 1 - confidence], 1)
+  labels = (np.arange(200) % 3 == 0).astype(int)
+  fig = plots.risk_coverage_figure({"VAMPIRE": cal.risk_coverage(probs, labels)})
+  fig.draw(fig.canvas.get_renderer())
+  (ax,) = fig.axes
+  assert ax.get_legend() is None
+  (legend,) = fig.legends
+  box = legend.get_window_extent()
+  assert not box.overlaps(ax.get_window_extent()) and _inside(box, fig)
+
+
+def test_run_figures_say_how_long_the_run_trained(tmp_path, monkeypatch):
+  """reliability.png of the 200-step quick run read like a paper run's."""
+  titles = {}
+  for name in ("plot_reliability_diagram", "plot_risk_coverage", "plot_training_curves"):
+    monkeypatch.setattr(
+      plots, name, lambda *args, _name=name, title=None, **kw: titles.setdefault(_name, title)
+    )
+  confidence = np.linspace(0.3, 1.0, 100)
+  probs = np.stack([confidence, 1 - confidence], 1)
+  labels = np.zeros(100, int)
+  results = {
+    "kind": "classification",
+    "config": {"num_meta_steps": 200, "tasks_per_step": 8, "algorithm": "vampire"},
+    "meta_steps": 200,
+    "test": {"num_tasks": 200, "accuracy": 0.5},
+    "calibration": {
+      "reliability": cal.to_record(cal.classification_calibration(probs, labels)),
+      "risk_coverage": cal.to_record(cal.risk_coverage(probs, labels)),
+    },
+  }
+  (tmp_path / "metrics.jsonl").write_text(
+    json.dumps({"step": 10, "train/loss": 1.0}) + "\n" + json.dumps({"step": 20, "train/loss": 0.9})
+  )
+  plots.run_figures(tmp_path, results, "VAMPIRE", "Omniglot 5-way 1-shot")
+  assert titles["plot_reliability_diagram"] == (
+    "VAMPIRE, Omniglot 5-way 1-shot\n200 meta-steps of 8 tasks, 200 test tasks"
+  )
+  assert "200 meta-steps of 8 tasks" in titles["plot_risk_coverage"]
+  assert titles["plot_training_curves"].endswith("meta-training, 200 meta-steps of 8 tasks")

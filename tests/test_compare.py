@@ -20,6 +20,8 @@ def _summary(ece_shift: float) -> dict:
   return {
     "mse": 2.0 + ece_shift,
     "mse_ci95": 0.1,
+    "mse_median": 1.5,
+    "num_ran_away": 0,
     "nll": 3.0,
     "ece": ece_shift,
     "mce": ece_shift,
@@ -34,7 +36,8 @@ def test_write_comparison_table_and_figures(tmp_path):
     {"maml": _summary(0.1), "vampire": _summary(0.02)}, "regression", tmp_path, "test"
   )
   rows = written["table"].splitlines()
-  assert rows[2] == "| maml | 2.100 ± 0.100 | 3.0000 | 0.1000 | 0.1000 | 12 |"
+  assert rows[0] == "| method | MSE | median MSE | ran away | NLL | ECE | MCE | train time (s) |"
+  assert rows[2] == "| maml | 2.100 ± 0.100 | 1.5000 | 0 | 3.0000 | 0.1000 | 0.1000 | 12 |"
   assert rows[3].startswith("| vampire | 2.020 ± 0.100 |")
   for name in ("comparison.png", "calibration_bars.png"):
     assert (tmp_path / name).stat().st_size > 5000
@@ -47,7 +50,7 @@ def test_diverged_method_is_a_table_row_and_left_out_of_the_figures(tmp_path):
     {"fomaml": {"diverged": message}, "vampire": _summary(0.02)}, "regression", tmp_path, "test"
   )
   rows = written["table"].splitlines()
-  assert rows[2] == f"| fomaml | {message} | | | | |"
+  assert rows[2] == f"| fomaml | {message} | | | | | | |"
   assert rows[3].startswith("| vampire | 2.020 ± 0.100 |")
   assert (tmp_path / "calibration_bars.png").stat().st_size > 5000
 

@@ -6,6 +6,7 @@ non-finite training is flagged; the inner-loop check knows the likelihood.
 """
 
 import dataclasses
+import re
 
 import chex
 import distrax
@@ -19,7 +20,7 @@ import vampire_jax as vj
 from vampire_jax._src.metrics import evaluation
 from vampire_jax._src.metrics.evaluation import evaluate_split
 from conftest import needs_omniglot, tiny_regression_config
-from experiments import regression
+from experiments import regression, train
 from vampire_jax._src.core import diagnostics
 from vampire_jax._src.runs import loop as training
 from vampire_jax.data import sine_line
@@ -450,3 +451,19 @@ def test_evaluate_split_refuses_non_finite_results_naming_the_tasks():
   assert ok["nll"].shape == (5,)
   kept = evaluate_split(evaluate_indices, None, jax.random.key(0), 5, 2, refuse_non_finite=False)
   assert np.isnan(kept["nll"][3]) and evaluation.non_finite_tasks(kept).tolist() == [3]
+
+
+def test_the_papers_kl_step_warning_is_explained_where_it_prints(tmp_path):
+  """Issue 50: the default regression preset started VAMPIRE with a warning about itself
+  (KL step factor 2.98, stable below 2). The experiment says why just before it."""
+  lines = []
+  config = tiny_regression_config("vampire", num_meta_steps=2, num_mc_test=2)
+  regression.run_experiment(config, tmp_path, progress=False, print_fn=lines.append)
+  (note,) = [i for i, line in enumerate(lines) if line.startswith("note: --inner-lr 0.001")]
+  (warning,) = [i for i, line in enumerate(lines) if line.startswith("warning: vampire's inner")]
+  assert note < warning and "of up to 2.98 at the prior's narrowest" in lines[note]
+  factor = re.search(r"sigma_p\^2 is (\d+\.\d+) \(stable below 2\)", lines[warning])
+  assert 2 <= float(factor[1]) <= 2.98  # the drawn prior's narrowest log-std is about -4
+  assert "--kl-weight 0.64 or less keeps it below 2" in lines[note]
+  # MAML has no KL step: no note.
+  assert train.kl_step_note(tiny_regression_config("maml")) == ""

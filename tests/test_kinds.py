@@ -89,3 +89,44 @@ class _MaeEval(NamedTuple):
   nll: jax.Array
   predictions: jax.Array
   mae: jax.Array  # [tasks], the new kind's score
+
+
+def _regression_tasks(predictions: np.ndarray, targets: np.ndarray) -> dict:
+  """Per-task results of point predictions `[tasks, query]` against `targets` `[tasks, query]`."""
+  squared = np.square(predictions - targets)
+  return dict(
+    mse=squared.mean(axis=1),
+    predictive_mean_mse=squared.mean(axis=1),
+    nll=np.mean(0.5 * squared / 0.09 + np.log(0.3 * np.sqrt(2 * np.pi)), axis=1),  # noise 0.3
+    predictions=predictions[:, None, :, None],
+  )
+
+
+def test_a_regression_summary_counts_tasks_that_ran_away_and_gives_the_median():
+  """Issue 50: one task at 1e14 made the mean meaningless, and nothing said so.
+
+  Targets span [-2, 3], so predictions within their range score at most 5^2 = 25: a task
+  above that (or not finite) ran away. Task 1 is off by 4 everywhere (16, within the
+  bound), task 2 by 1e7.
+  """
+  targets = np.array([[-2.0, 0.0, 3.0], [1.0, 1.0, 1.0], [0.0, 2.0, 1.0], [0.5, 0.5, 0.5]])
+  predictions = targets + np.array([[1.0], [4.0], [1e7], [0.0]])
+  per_task = _regression_tasks(predictions, targets)
+  summary = vj.summarise("regression", per_task, targets[..., None], noise_std=0.3)
+  assert summary.metrics["num_ran_away"] == 1
+  assert summary.metrics["mse_median"] == pytest.approx(np.median([1.0, 16.0, 1e14, 0.0]))
+  assert summary.metrics["mse"] == pytest.approx(np.mean([1.0, 16.0, 1e14, 0.0]))
+  line = kinds.test_summary_line(summary.metrics, "regression")
+  assert line.startswith("test MSE 25000000000004.250 +- ") and "(median 8.500; 1 ran away)" in line
+  # A task at the bound does not count, one just above it does.
+  for offset, ran_away in ((5.0, 0), (5.01, 1)):
+    per_task = _regression_tasks(targets + np.array([[offset], [1.0], [2.0], [0.0]]), targets)
+    edge = vj.summarise("regression", per_task, targets[..., None], noise_std=0.3)
+    assert edge.metrics["num_ran_away"] == ran_away
+  # A task whose predictions are not finite is no mean's: the summary names it.
+  per_task = _regression_tasks(targets + np.array([[1.0], [1.0], [np.nan], [0.0]]), targets)
+  with pytest.raises(vj.InputError, match=r"must be finite, .*tasks \[2\]"):
+    vj.summarise("regression", per_task, targets[..., None], noise_std=0.3)
+  # Results written before issue 50 still print their line.
+  old = {k: v for k, v in summary.metrics.items() if k not in ("mse_median", "num_ran_away")}
+  assert kinds.test_summary_line(old, "regression").startswith("test MSE 25000000000004.250 +- ")

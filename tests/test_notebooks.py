@@ -12,6 +12,7 @@ After changing a notebook, store it again with its outputs (from the repository'
     python tests/test_notebooks.py 01_quickstart_regression
 """
 
+import math
 import os
 import re
 import shutil
@@ -146,6 +147,70 @@ def test_a_notebook_without_outputs_is_caught():
   assert any(p.endswith("no figure") for p in problems), problems
 
 
+# Predicting 0 everywhere scores an MSE of about 16.2 on sine/line tasks (E[y^2]: a line's
+# 3 * 25/3 + 3 and a sinusoid's E[A^2]/2 = 4.25, averaged, plus the noise's 0.09): a trained
+# method's test MSE is below that, and a mean far above it comes from tasks that ran away.
+ZERO_PREDICTOR_MSE = 16.2
+_MSE_ROW = re.compile(
+  r"^(maml|bmaml|vampire)\s+([-+.\deinaf]+) ± ([-+.\deinaf]+)\s+median ([-+.\deinaf]+)"
+  r"\s+ran away (\d+)/(\d+)",
+  re.M,
+)
+_DIFFERENCE = re.compile(r"VAMPIRE's MSE is ([-+][\d.]+) from MAML's and ([-+][\d.]+) from BMAML's")
+
+
+def printed_number_problems(notebook) -> list[str]:
+  """What is wrong with the numbers notebook 01 prints: [] when they tell its story.
+
+  Each method's test MSE (mean and median) is finite and below `ZERO_PREDICTOR_MSE`, no
+  task ran away, and the sentence's differences are those of the printed means.
+  """
+  text = "".join(_output_text(cell) for cell in _code_cells(notebook))
+  rows = {m[1]: m for m in _MSE_ROW.finditer(text)}
+  if set(rows) != {"maml", "bmaml", "vampire"}:
+    return [f"the MSE table: rows for {sorted(rows)}, expected maml, bmaml, vampire"]
+  problems = []
+  mse = {}
+  for method, row in rows.items():
+    mean, median, ran_away = float(row[2]), float(row[4]), int(row[5])
+    mse[method] = mean
+    if not (math.isfinite(mean) and 0 < median <= mean < ZERO_PREDICTOR_MSE):
+      problems.append(
+        f"{method}: MSE {row[2]} (median {row[4]}), not in (0, {ZERO_PREDICTOR_MSE}), what "
+        "predicting 0 everywhere scores"
+      )
+    if ran_away:
+      problems.append(f"{method}: {ran_away} of {row[6]} test tasks ran away")
+  sentence = _DIFFERENCE.search(text)
+  if not sentence:
+    return problems + ["no sentence comparing VAMPIRE's MSE with MAML's and BMAML's"]
+  for printed, other in zip(sentence.groups(), ("maml", "bmaml")):
+    if abs(float(printed) - (mse["vampire"] - mse[other])) > 0.006:
+      problems.append(
+        f"VAMPIRE's MSE is {printed} from {other}'s, but the table gives "
+        f"{mse['vampire']} - {mse[other]}"
+      )
+  return problems
+
+
+def test_notebook_01_prints_sane_numbers():
+  """Stored, it gave MAML's MSE as 1.25e14 and VAMPIRE's as -1.25e14 "from MAML's"."""
+  notebook = nbformat.read(REPO / "notebooks" / "01_quickstart_regression.ipynb", as_version=4)
+  assert printed_number_problems(notebook) == []
+
+
+def test_the_number_check_catches_a_runaway_mean():
+  notebook = nbformat.read(REPO / "notebooks" / "01_quickstart_regression.ipynb", as_version=4)
+  cell = next(c for c in _code_cells(notebook) if "VAMPIRE's MSE is" in c.source)
+  (output,) = [o for o in cell.outputs if o.output_type == "stream"]
+  table = _MSE_ROW.search(output.text)
+  maml = next(m for m in _MSE_ROW.finditer(output.text) if m[1] == "maml")
+  output.text = output.text.replace(maml[0], maml[0].replace(maml[2], "125030728529349.906", 1))
+  problems = printed_number_problems(notebook)
+  assert table and any(p.startswith("maml: MSE 125030728529349.906 (median") for p in problems)
+  assert any("but the table gives" in p for p in problems)  # the sentence's difference
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
   if (
@@ -160,6 +225,8 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
   monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
   notebook = execute(path, tmp_path)
   assert stored_problems(notebook, local_paths=False) == []
+  if path.stem.startswith("01_"):  # what it prints tells its story on this machine too
+    assert printed_number_problems(notebook) == []
   # The stored figures are the code's: the same cells draw them.
   stored = nbformat.read(path, as_version=4)
   assert [_has_image(c) for c in _code_cells(notebook)] == [
@@ -199,6 +266,8 @@ def store(names: list[str]) -> None:
       replacements[local] = shown
     _replace_in_outputs(notebook, replacements)
     problems = stored_problems(notebook)
+    if path.stem.startswith("01_"):
+      problems += printed_number_problems(notebook)
     if problems:
       raise SystemExit(f"{path.name}: {'; '.join(problems)}")
     nbformat.write(notebook, path)

@@ -12,8 +12,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 import tomllib
+import zipfile
 from pathlib import Path
 
 import jax
@@ -181,6 +183,27 @@ def test_the_wheel_holds_the_library_only_with_its_version_and_py_typed():
   for extra in ("tensorflow", "matplotlib", "tensorboardx", "tqdm"):
     assert extra not in core, extra
   assert "pillow" in core
+
+
+def test_the_zoo_stays_out_of_the_wheel_and_the_sdist(tmp_path):
+  """`python -m build`, as the test command runs it: zoo/'s trained runs are for a clone
+  (`vj.load_run("zoo/<cell>")`), not for every install of the library."""
+  assert (REPO / "zoo" / "manifest.json").is_file()
+  done = subprocess.run(
+    [sys.executable, "-m", "build", "-q", "-o", str(tmp_path), str(REPO)],
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  (wheel,) = tmp_path.glob("*.whl")
+  (sdist,) = tmp_path.glob("*.tar.gz")
+  in_wheel = zipfile.ZipFile(wheel).namelist()
+  with tarfile.open(sdist) as tar:
+    in_sdist = [name.split("/", 1)[1] for name in tar.getnames() if "/" in name]
+  assert "vampire_jax/__init__.py" in in_wheel and "vampire_jax/__init__.py" in in_sdist
+  for names in (in_wheel, in_sdist):
+    assert [n for n in names if n.startswith("zoo/") or "manifest.json" in n] == []
 
 
 def test_all_lists_every_public_name_once():

@@ -89,6 +89,20 @@ def test_the_learner_is_deterministic_and_the_query_loss_is_the_mean_cross_entro
   assert report.ok and report.loss_before == report.loss_after  # no inner loop to check
 
 
+def test_check_inner_loop_checks_a_protonet_task_as_any_other():
+  """ProtoNet has no loop to check, but its arguments are checked as the others' are
+  (a task given as a tuple was an AttributeError)."""
+  model, params = _embedding()
+  learner = vj.baselines.protonet(vj.pure_apply(model), num_classes=3)
+  task = _episode(jax.random.key(1))
+  with pytest.raises(vj.InputError) as error:
+    vj.check_inner_loop(learner, params, tuple(task), jax.random.key(4))
+  assert str(error.value) == (
+    "check_inner_loop: task must be one vj.Task(support_x, support_y, query_x, query_y), "
+    "got tuple (wrap it: vj.Task(*task))"
+  )
+
+
 def test_training_episodes_of_more_ways_build_that_many_prototypes():
   model, params = _embedding()
   learner = vj.baselines.protonet(vj.pure_apply(model), num_classes=2, train_num_classes=4)

@@ -319,3 +319,37 @@ def test_no_library_module_is_over_about_500_lines():
     for p in (REPO / "vampire_jax").rglob("*.py")
   }
   assert {path: n for path, n in lengths.items() if n > 520} == {}
+
+
+def test_public_docstrings_point_at_public_names_only():
+  """Issue 50: `make_meta_gradient`'s entry sent readers to `vampire_jax._src.core.batching`."""
+  import inspect
+
+  import vampire_jax.baselines as baselines
+
+  named = [(name, getattr(vj, name)) for name in vj.__all__]
+  named += [(f"baselines.{name}", getattr(baselines, name)) for name in baselines.__all__]
+  private = {name for name, obj in named if "_src" in (inspect.getdoc(obj) or "")}
+  assert private == set()
+
+
+def test_the_api_page_describes_a_namedtuples_fields_once():
+  """Issue 50: `Gaussian.mean` and `.log_std` were described by the class's "Attributes:"
+  section and again by their own entries; docs/conf.py keeps the entries."""
+  spec = importlib.util.spec_from_file_location("docs_conf", REPO / "docs" / "conf.py")
+  conf = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(conf)
+  # The class docstring as napoleon hands it on: its "Attributes:" as `:ivar` lines.
+  lines = [
+    "N(mean, diag(exp(log_std))^2) over a parameter tree.",
+    "",
+    ":ivar mean: tree of arrays, the network's parameter structure.",
+    ":ivar log_std: tree with exactly the structure",
+    "   and shapes of `mean`.",
+    "",
+  ]
+  conf._describe_field(None, "class", "vampire_jax.Gaussian", vj.Gaussian, {}, lines)
+  assert lines == ["N(mean, diag(exp(log_std))^2) over a parameter tree.", "", ""]
+  field = ["Alias for field number 0"]  # the field's own entry keeps its description
+  conf._describe_field(None, "attribute", "vampire_jax.Gaussian.mean", None, {}, field)
+  assert field == ["tree of arrays, the network's parameter structure."]

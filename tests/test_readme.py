@@ -148,6 +148,23 @@ def test_the_trained_model_block_runs_from_a_folder_laid_out_as_the_readme_says(
   assert 0.2 <= accuracy <= 1 and 0 < half_width < 0.2  # a tiny run: above chance is not asked
 
 
+def test_the_readme_describes_run_predicts_defaults_as_the_code_has_them():
+  """Issue 50: it said `transductive=False` where the default is True."""
+  import inspect
+
+  text = (REPO / "README.md").read_text()
+  said = re.search(r"`run\.predict` adapts[^`]*?by default \(`transductive=(\w+)`\)", text)
+  default = inspect.signature(vj.Run.predict).parameters["transductive"].default
+  assert said and said[1] == str(default), said and said[0]
+
+
+def test_the_readmes_sample_output_says_its_last_digits_depend_on_the_cpu():
+  """Issue 50: the main command's output read as exact; another CPU prints other digits."""
+  text = (REPO / "README.md").read_text()
+  before_sample = text.split("<!-- main-command -->")[1].split("test accuracy")[0]
+  assert "last digits depend on the CPU" in " ".join(before_sample.split())
+
+
 def readme_command(marker: str) -> str:
   """The bash block after `<!-- marker -->`."""
   text = (REPO / "README.md").read_text()

@@ -220,3 +220,32 @@ def test_regression_presets_train_abml_with_the_flat_hyper_prior(preset):
   # The paper trained ABML for regression with a uniform hyper-posterior: weight 0.
   assert regression.get_config(preset, "abml").abml_hyper_prior_weight == 0.0
   assert regression.get_config(preset, "vampire").abml_hyper_prior_weight > 0.0  # the default
+
+
+def test_inner_loop_stability_measures_curvature_against_the_supports_spread():
+  """experiments.inner_loop_stability (issue 50), on a linear model: its support loss
+  0.5/sigma^2 * mean((w x + b - y)^2) has the Hessian [[m2, m1], [m1, 1]] / sigma^2 in
+  (w, b), m_k the support's mean x^k, so lambda is known in closed form and grows with x^2."""
+  from types import SimpleNamespace
+
+  from experiments import inner_loop_stability as stability
+
+  model = vj.MLP((), 1)  # y = w x + b
+  params = jax.tree_util.tree_map(jnp.zeros_like, vj.init_params(model, jax.random.key(0), (1, 1)))
+  learner = vj.maml(vj.pure_apply(model), vj.gaussian_nll(0.3), inner_lr=0.05, num_inner_steps=3)
+  run = SimpleNamespace(learner=learner, meta_params=params, config=SimpleNamespace(num_mc_test=1))
+  x = jnp.array([[0.1, 0.2, 0.3, 0.4, 0.5], [4.6, 4.7, 4.8, 4.9, 5.0]])[..., None]
+  tasks = vj.Task(x, 2 * x, x, 2 * x)
+  m = stability.task_measures(run, tasks, jax.random.key(1))
+  m1, m2 = np.mean(np.asarray(x)[..., 0], axis=1), np.mean(np.asarray(x)[..., 0] ** 2, axis=1)
+  largest = ((m2 + 1) + np.sqrt((m2 - 1) ** 2 + 4 * m1**2)) / 2 / 0.09
+  np.testing.assert_allclose(m["curvature"], largest, rtol=1e-4)
+  np.testing.assert_allclose(m["mean_x2"], m2, rtol=1e-6)
+  np.testing.assert_allclose(m["step_factor"], 0.05 * largest, rtol=1e-4)
+  # alpha * lambda: 0.6 near 0 (the loss falls), 13.5 near 5 (it rises and the task runs away).
+  assert list(m["loss_rose"]) == [False, True] and list(m["ran_away"]) == [False, True]
+  rows = stability.table(m)
+  assert [(r["mean_x2"], r["tasks"], r["step_factor_above_2"]) for r in rows] == [
+    ("[0, 2)", 1, 0),
+    ("[15, 25)", 1, 1),
+  ]

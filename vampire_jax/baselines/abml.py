@@ -98,7 +98,7 @@ def abml(
     num_inner_steps: S, gradient steps on the support ELBO.
     inner_lr: α. With `kl_weight`, VAMPIRE's stable defaults: the inner loop
       is VAMPIRE's, and α·kl_weight/σ_p² must stay below 2 (see
-      `vampire_jax._src.core.learners`).
+      `vj.kl_step_factor`).
     kl_weight: weight of KL(q ‖ p(φ | θ)) in both ELBOs. ABML's ELBO sums
       the NLL over examples, which is kl_weight = 1 / (number of examples)
       on this library's mean NLL.

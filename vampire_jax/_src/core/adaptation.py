@@ -28,6 +28,7 @@ from vampire_jax._src.core.gaussian import (
   kl_step_factor,
   sample,
 )
+from vampire_jax._src.core.inner_steps import backtracking_step, first_scale, sgd_step
 from vampire_jax._src.core.losses import ApplyFn, LossFn, PyTree
 
 
@@ -70,12 +71,6 @@ def _scan_steps(
     step = jax.checkpoint(step, prevent_cse=bool(unroll_steps))
   final, _ = jax.lax.scan(step, init, xs, length=length, unroll=bool(unroll_steps))
   return final
-
-
-def _sgd_step(params: PyTree, grads: PyTree, inner_lr: float, first_order: bool) -> PyTree:
-  if first_order:
-    grads = jax.lax.stop_gradient(grads)
-  return jax.tree_util.tree_map(lambda p, g: p - inner_lr * g, params, grads)
 
 
 def _check_second_order_steps(second_order_steps: Optional[int], where: str = "adapt") -> None:
@@ -208,6 +203,7 @@ def adapt(
   draw_outputs: Optional[OutputSampler] = None,
   nll: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
   kl_target: Optional[Gaussian] = None,
+  backtracking: bool = False,
 ) -> Gaussian:
   """VAMPIRE's task adaptation (Alg. 1, lines 5-7).
 
@@ -241,6 +237,11 @@ def adapt(
       `nll=vj.gaussian_nll(0.3)` for a `vj.MLP`.
     kl_target: the Gaussian the KL term pulls q toward (None: the prior,
       Alg. 1); the authors' 2021 code (Vampire2) takes N(0, I).
+    backtracking: not the paper's (off by default): a step that raises the
+      VFE on its own weight draws, or makes it non-finite, is not taken, and
+      the steps after it are halved. A guard for tasks whose support loss is
+      too curved for `inner_lr` (e.g. sine/line supports clustered near
+      x = -5 or 5); a stable step is taken as without it.
 
   Returns:
     The task posterior q(w; lambda), a `Gaussian` with the prior's structure.
@@ -289,28 +290,34 @@ def adapt(
   kl_grad = jax.grad(kl_divergence)
   without_kl = checks.concrete(kl_weight) and float(kl_weight) == 0.0
 
+  data_options = dict(
+    loss_fn=loss_fn,
+    num_mc_samples=num_mc_samples,
+    sample_batching=sample_batching,
+    draw_outputs=draw_outputs,
+    nll=nll,
+  )
+
+  def sampled_vfe(posterior, step_key):  # what a step descends, on the step's draws
+    data = expected_nll(posterior, support_x, support_y, step_key, **data_options)
+    return data if without_kl else data + kl_weight * kl_divergence(posterior, target)
+
   def make_step(differentiated: bool):
-    def step(posterior, step_key):
-      data_grads = nll_grad(
-        posterior,
-        support_x,
-        support_y,
-        step_key,
-        loss_fn=loss_fn,
-        num_mc_samples=num_mc_samples,
-        sample_batching=sample_batching,
-        draw_outputs=draw_outputs,
-        nll=nll,
-      )
+    def gradient(posterior, step_key):
+      data_grads = nll_grad(posterior, support_x, support_y, step_key, **data_options)
       if not differentiated:  # the authors' steps 2..S: the likelihood's gradient is a constant
         data_grads = jax.lax.stop_gradient(data_grads)
       if without_kl:  # not 0 * KL gradient: that is NaN where a prior's KL overflows
-        grads = data_grads
-      else:
-        grads = jax.tree_util.tree_map(
-          lambda g, k: g + kl_weight * k, data_grads, kl_grad(posterior, target)
-        )
-      return _sgd_step(posterior, grads, inner_lr, first_order), None
+        return data_grads
+      return jax.tree_util.tree_map(
+        lambda g, k: g + kl_weight * k, data_grads, kl_grad(posterior, target)
+      )
+
+    if backtracking:
+      return backtracking_step(gradient, sampled_vfe, inner_lr, first_order)
+
+    def step(posterior, step_key):
+      return sgd_step(posterior, gradient(posterior, step_key), inner_lr, first_order), None
 
     return step
 
@@ -318,13 +325,14 @@ def adapt(
     return prior
   posterior = _two_phase_scan(
     make_step,
-    prior,
+    (prior, first_scale(prior, support_x)) if backtracking else prior,
     jax.random.split(key, num_steps),
     num_steps,
     second_order_steps,
     unroll_steps,
     remat,
   )
+  posterior = posterior[0] if backtracking else posterior
   _refuse_nonfinite_posterior(posterior, prior, target, support_x, num_steps, inner_lr, kl_weight)
   return posterior
 
@@ -373,6 +381,7 @@ def maml_adapt(
   unroll_steps: bool = False,
   remat: bool = False,
   second_order_steps: Optional[int] = None,
+  backtracking: bool = False,
 ) -> PyTree:
   """MAML's task adaptation: `num_steps` SGD steps on the support loss.
 
@@ -388,6 +397,9 @@ def maml_adapt(
     remat: recompute each step in the backward pass (`jax.checkpoint`).
     second_order_steps: None differentiates every step at second order; k
       treats the gradient as a constant after the first k steps.
+    backtracking: not the paper's (off by default): a step that raises the
+      support loss, or makes it non-finite, is not taken, and the steps after
+      it are halved (see `adapt`).
 
   Returns:
     The adapted weights, a tree like `params`.
@@ -400,19 +412,26 @@ def maml_adapt(
   loss_grad = jax.grad(loss_fn)
 
   def make_step(differentiated: bool):
-    def step(task_params, _):
+    def gradient(task_params, _):
       grads = loss_grad(task_params, support_x, support_y)
-      if not differentiated:
-        grads = jax.lax.stop_gradient(grads)
-      return _sgd_step(task_params, grads, inner_lr, first_order), None
+      return grads if differentiated else jax.lax.stop_gradient(grads)
+
+    if backtracking:
+      support_loss = lambda task_params, _: loss_fn(task_params, support_x, support_y)
+      return backtracking_step(gradient, support_loss, inner_lr, first_order)
+
+    def step(task_params, _):
+      return sgd_step(task_params, gradient(task_params, None), inner_lr, first_order), None
 
     return step
 
   if num_steps == 0:
     return params
-  return _two_phase_scan(
-    make_step, params, None, num_steps, second_order_steps, unroll_steps, remat
+  init = (params, first_scale(params, support_x)) if backtracking else params
+  adapted = _two_phase_scan(
+    make_step, init, None, num_steps, second_order_steps, unroll_steps, remat
   )
+  return adapted[0] if backtracking else adapted
 
 
 def predict(

@@ -285,12 +285,14 @@ def check_inner_loop(
   and after alike, and no advice.
   """
   settings = learner.settings
-  if settings is not None and settings.num_inner_steps == 0 and settings.inner_lr == 0:
-    loss = float(_jitted_adapted_nll(learner, meta_params, task, key))  # ProtoNet: no loop
-    return InnerLoopReport(loss, loss, None, None, None, "")
-  if settings is not None:
+  # No inner steps and an inner lr of 0: no loop by design (ProtoNet), and no step to check.
+  without_loop = settings is not None and settings.num_inner_steps == 0 and settings.inner_lr == 0
+  if settings is not None and not without_loop:
     check_settings("check_inner_loop: learner.settings", settings.inner_lr, settings.kl_weight)
   _check_arguments(learner, meta_params, task, key)
+  if without_loop:
+    loss = float(_jitted_adapted_nll(learner, meta_params, task, key))
+    return InnerLoopReport(loss, loss, None, None, None, "")
   if settings is not None and settings.num_inner_steps == 0:
     before = float(_jitted_losses(learner, meta_params, task, key)[0])
     advice = (

@@ -135,6 +135,7 @@ def vampire(
   draw_outputs: Optional[adaptation.OutputSampler] = None,
   kl_target: str = "prior",
   outer_kl_weight: float = 0.0,
+  backtracking: bool = False,
 ) -> MetaLearner:
   """VAMPIRE (Nguyen et al. 2020, Alg. 1): Gaussian prior, VI inner loop.
 
@@ -174,6 +175,9 @@ def vampire(
       'standard_normal' (Vampire2): KL(q || N(0, I)).
     outer_kl_weight: the weight of KL(q || kl_target), the adapted
       posterior's, added to each task's meta-loss (0: none, Alg. 1).
+    backtracking: not the paper's (off by default): an inner step that raises
+      the support VFE, or makes it non-finite, is not taken and the steps after
+      it are halved (`vj.adapt`): a guard for tasks too curved for `inner_lr`.
 
   Examples:
     >>> from vampire_jax.data import sine_line
@@ -226,6 +230,7 @@ def vampire(
       draw_outputs=draw_outputs,
       nll=None if draw_outputs is None else nll,
       kl_target=target_of(prior),
+      backtracking=backtracking,
     )
 
   def predict(posterior, x, key):
@@ -268,6 +273,7 @@ def maml(
   unroll_steps: bool = False,
   remat: bool = False,
   second_order_steps: Optional[int] = None,
+  backtracking: bool = False,
 ) -> MetaLearner:
   """MAML (Finn et al. 2017): the point-estimate special case; options as in `vampire`.
 
@@ -294,6 +300,7 @@ def maml(
       unroll_steps=unroll_steps,
       remat=remat,
       second_order_steps=second_order_steps,
+      backtracking=backtracking,
     )
 
   def predict(params, x, key):

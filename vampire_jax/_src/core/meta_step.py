@@ -128,12 +128,13 @@ def make_meta_gradient(
 
   Args:
     learner: the algorithm (`vampire(...)`, `maml(...)`).
-    task_batching: how tasks are batched (see `vampire_jax._src.core.batching`); with
+    task_batching: how tasks are batched: "vmap", "map", "remat_map", "unroll",
+      "chunked_unroll" or "chunked_vmap" (the same computation; speed and memory differ); with
       a mesh, how each device batches its own tasks.
     chunk_size: tasks per chunk for the chunked strategies.
     metrics_fn: optional `metrics_fn(query_outputs, query_y) -> dict` of
       per-task scalars to average and report (e.g. `classification_metrics`).
-    mesh: optional `sharding.task_mesh(...)`: split the tasks over its
+    mesh: optional `vj.task_mesh(...)`: split the tasks over its
       devices; their per-task results are gathered and averaged in task
       order, so the result equals the one-device result bit for bit. The
       number of tasks must divide evenly.

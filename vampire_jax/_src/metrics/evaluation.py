@@ -357,13 +357,25 @@ def classification_summary(per_task: dict, num_bins: int) -> tuple[dict, dict]:
 
 
 def regression_summary(per_task: dict, noise_std: Optional[float]) -> tuple[dict, dict]:
-  """The paper's MSE, the predictive mean's, quantile and PIT calibration (see `kinds.summarise`)."""
+  """The paper's MSE, the predictive mean's, quantile and PIT calibration (see `kinds.summarise`).
+
+  Beside the mean MSE, its median and the tasks that ran away: a task's MSE not finite
+  or above (max - min)^2 of the split's query targets, which predictions anywhere within
+  the targets' range cannot exceed. It happens when the inner loop's step is unstable on
+  that task's support (BUILD_NOTES.md, "Runaway test tasks"); one such task makes the
+  mean meaningless, which the median beside it shows.
+  """
   if noise_std is None:
     raise ValueError("regression summaries need the likelihood's noise_std")
   metrics = {}
   for name in ("mse", "predictive_mean_mse"):
     mean, half = calibration.mean_confidence_interval(per_task[name])
     metrics.update({name: mean, f"{name}_ci95": half})
+  mse = np.asarray(per_task["mse"], np.float64)
+  targets = np.asarray(per_task["targets"], np.float64)
+  span = float(np.max(targets) - np.min(targets)) if targets.size else 0.0
+  ran_away = ~np.isfinite(mse) | ((mse > span**2) if span > 0 else False)
+  metrics.update(mse_median=float(np.median(mse)), num_ran_away=int(ran_away.sum()))
   predictions = per_task["predictions"][..., 0]  # [tasks, samples, query]
   pit = calibration.regression_quantile_calibration(
     predictions, per_task["targets"][..., 0], noise_std

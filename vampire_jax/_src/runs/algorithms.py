@@ -102,6 +102,7 @@ def _vampire(config, apply_fn, nll, num_mc_train, num_mc_query, unroll, kl_targe
     draw_outputs=draw_outputs(config),
     kl_target=kl_target,
     outer_kl_weight=0.0 if kl_target == "prior" else outer,
+    backtracking=config.inner_backtracking,
   )
 
 
@@ -117,6 +118,7 @@ def _maml(first_order: bool):
       unroll_steps=unroll,
       remat=config.remat,
       second_order_steps=config.second_order_steps,
+      backtracking=config.inner_backtracking,
     )
 
   return build
@@ -214,6 +216,7 @@ _OPTIONS = {
   "simpa_phi_inner_lr": ("simpa",),
   "simpa_epsilon": ("simpa",),
   "simpa_kl_samples": ("simpa",),
+  "inner_backtracking": ("vampire", "vampire2", "maml", "fomaml"),
 }
 
 

@@ -79,6 +79,10 @@ class ConvNetConfig(RunConfig):
 
 
 # Open-set episodes: a test-time setting of every classification config.
+_CACHE_HELP = (
+  "cache folder (default: $VAMPIRE_JAX_CACHE, else $XDG_CACHE_HOME/vampire_jax, else "
+  "~/.cache/vampire_jax)"
+)
 _OPEN_SET_HELP = (
   "unknown classes added to each test episode, as many queries each as a known "
   "class (none: as many as --ways, at most the test classes left beside "
@@ -242,12 +246,7 @@ class OmniglotConfig(ConvNetConfig):
     resumable=True,
     choices=("auto", "zip", "tfds", "cache"),
   )
-  cache_dir: Optional[str] = setting(
-    None,
-    "cache folder (default: $VAMPIRE_JAX_CACHE, else $XDG_CACHE_HOME/vampire_jax, else "
-    "~/.cache/vampire_jax)",
-    resumable=True,
-  )
+  cache_dir: Optional[str] = setting(None, _CACHE_HELP, resumable=True)
   num_open_set_classes: Optional[int] = setting(None, _OPEN_SET_HELP, resumable=True)
 
   def validate(self) -> None:
@@ -305,12 +304,7 @@ class MiniImagenetConfig(ConvNetConfig):
   data_dir: Optional[str] = setting(
     None, "mini-ImageNet folder (default: $MINI_IMAGENET_DIR)", resumable=True
   )
-  cache_dir: Optional[str] = setting(
-    None,
-    "cache folder (default: $VAMPIRE_JAX_CACHE, else $XDG_CACHE_HOME/vampire_jax, else "
-    "~/.cache/vampire_jax)",
-    resumable=True,
-  )
+  cache_dir: Optional[str] = setting(None, _CACHE_HELP, resumable=True)
   source: str = setting(
     "auto",
     "auto, folder, pickle, tfds or cache",

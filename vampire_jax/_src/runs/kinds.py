@@ -112,8 +112,14 @@ def _classification_line(test: dict) -> str:
 
 def _regression_line(test: dict) -> str:
   calibration_part = f"  ECE {test['ece']:.4f}  MCE {test['mce']:.4f}" if "ece" in test else ""
+  # Results written before issue 50 have no median or runaway count.
+  median_part = (
+    f" (median {test['mse_median']:.3f}; {test['num_ran_away']} ran away)"
+    if "mse_median" in test
+    else ""
+  )
   return (
-    f"test MSE {test['mse']:.3f} +- {test['mse_ci95']:.3f}  NLL {test['nll']:.3f}"
+    f"test MSE {test['mse']:.3f} +- {test['mse_ci95']:.3f}{median_part}  NLL {test['nll']:.3f}"
     f"{calibration_part}  ({test['num_tasks']} tasks)"
   )
 
@@ -165,7 +171,14 @@ REGRESSION = ProblemKind(
   predictive=lambda samples: samples,
   check_support_y=_check_targets,
   summary_line=_regression_line,
-  columns=(("MSE", "mse", 1.0), ("NLL", "nll", None), ("ECE", "ece", None), ("MCE", "mce", None)),
+  columns=(
+    ("MSE", "mse", 1.0),
+    ("median MSE", "mse_median", None),
+    ("ran away", "num_ran_away", None),
+    ("NLL", "nll", None),
+    ("ECE", "ece", None),
+    ("MCE", "mce", None),
+  ),
 )
 
 KINDS: dict[str, ProblemKind] = {kind.name: kind for kind in (CLASSIFICATION, REGRESSION)}
@@ -223,7 +236,11 @@ def summarise(
   noiseless targets, `[tasks, queries, 1]`, e.g.
   `vj.data.sine_line.query_truth_from_keys`), the paper's quantile
   calibration as `ece` and `mce`: `vj.paper_quantile_calibration`'s, the
-  ECE that the README, the docs and `results.json` report.
+  ECE that the README, the docs and `results.json` report. Beside the mean
+  MSE, its median (`mse_median`) and the tasks that ran away (`num_ran_away`:
+  MSE not finite or above (max - min)^2 of the query targets, so that their
+  predictions left the targets' range; one such task makes the mean
+  meaningless).
 
   Examples:
     >>> from vampire_jax.data import sine_line
@@ -243,6 +260,8 @@ def summarise(
     (20, ['pit_calibration', 'quantile_calibration'])
     >>> summary.metrics["ece"] == summary.calibration["quantile_calibration"].ece
     True
+    >>> summary.metrics["num_ran_away"], summary.metrics["mse_median"] < summary.metrics["mse"]
+    (0, True)
   """
   if not isinstance(kind, str) or kind not in KINDS:
     raise checks.fail("summarise", "kind", f"one of {', '.join(map(repr, KINDS))}", repr(kind))

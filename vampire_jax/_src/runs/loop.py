@@ -334,7 +334,7 @@ def _setup(
   """Builds the session and the state to start from (fresh, or the latest checkpoint)."""
   is_main = jax.process_index() == 0
   mesh = backend_defaults.task_mesh_for(config, config.tasks_per_step)
-  init_key, train_key, val_key, test_key = jax.random.split(jax.random.key(config.seed), 4)
+  init_key, train_key, val_key, test_key = programs.run_keys(config.seed)
   train_learner = algorithms.make_learner(
     problem.model,
     problem.kind,

@@ -1,5 +1,6 @@
 """The compiled programs of a run, built from its config: the train step and the evaluators.
 
+`run_keys` are the keys the programs draw from (the run's seed alone).
 `build_train_step` picks the task batching for the backend (`backend_defaults`)
 and the devices (`backend_defaults.task_mesh_for`), and jits
 `meta_step.make_train_step` (or its host-chunked or NaN-checked variants);
@@ -7,7 +8,7 @@ and the devices (`backend_defaults.task_mesh_for`), and jits
 the scores of a split.
 """
 
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 from jax.sharding import Mesh
@@ -18,6 +19,20 @@ from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import evaluation
 from vampire_jax._src.runs import kinds
 from vampire_jax._src.runs.problem import Problem, sampler
+
+
+class RunKeys(NamedTuple):
+  """The keys a run draws from its seed, one for each use."""
+
+  init: jax.Array  # the initial weights and prior
+  train: jax.Array  # the meta-steps' tasks and draws
+  val: jax.Array  # the validation's tasks and draws, the same at every validation
+  test: jax.Array  # the test's: task i's sample and draws from this key and i alone
+
+
+def run_keys(seed: int) -> RunKeys:
+  """A run's keys from `config.seed` alone: the loop's, and a re-scoring's (experiments.zoo)."""
+  return RunKeys(*jax.random.split(jax.random.key(seed), 4))
 
 
 def mesh_size(mesh: Optional[Mesh]) -> int:

@@ -39,7 +39,13 @@ def setting(
 
 @dataclasses.dataclass
 class RunConfig:
-  """Settings shared by every experiment."""
+  """Settings shared by every experiment.
+
+  `inner_lr` 0.01 and `kl_weight` 0.02 are `vj.vampire`'s defaults for a classifier
+  (`vj.categorical_nll`). Unlike `vj.vampire` they do not follow the likelihood: with
+  `vj.gaussian_nll(0.3)` the factory takes 0.00045, so a regression config sets its own
+  (the experiments' `RegressionConfig` carries the paper's 0.001 and 1).
+  """
 
   algorithm: str = setting("vampire", "meta-learning algorithm")
   tasks_per_step: int = setting(32, "T, tasks per meta-update")
@@ -57,6 +63,12 @@ class RunConfig:
     None,
     "inner steps whose likelihood gradient is differentiated (none: all, Alg. 1; "
     "1: the authors' code)",
+  )
+  inner_backtracking: bool = setting(
+    False,
+    "VAMPIRE and MAML: an inner step that raises the support loss (VAMPIRE: the VFE on the "
+    "step's draws) or makes it non-finite is not taken, and the later steps are halved: a "
+    "guard for tasks too curved for --inner-lr (not the paper's)",
   )
   log_std_init: tuple[float, float] = setting((-4.0, -3.0), "range of the initial prior log-stds")
   local_reparameterization: bool = setting(
