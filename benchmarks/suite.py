@@ -62,7 +62,10 @@ Algorithms (`--algorithms`, default maml,vampire): maml and vampire as above;
 vampire2, VAMPIRE with its KL to N(0, I) in the inner loop and the meta-loss,
 first order with KL weight 1e-6 (the authors' defaults, as `--algorithm
 vampire2` trains), L as VAMPIRE's; protonet, the Conv4 without its head,
-prototypes and no inner loop (classification settings only).
+prototypes and no inner loop (classification settings only); simpa, the generator
+of every weight and the PHI network (`vj.baselines.simpa`, first order, L generated
+networks per inner step and on the queries, 512 draws in each KL estimate), with its two
+Adams.
 
 Test episodes (`--episodes`): VAMPIRE adapting to a task's support set and
 predicting its queries, S inner steps with L = --episode-mc-samples (default
@@ -280,6 +283,17 @@ def make_learner(
 
   if algorithm == "protonet":  # no inner loop, no draws; apply_fn is the embedding
     return vj.baselines.protonet(apply_fn, num_classes=setting.ways)
+  if algorithm == "simpa":  # first order, L generated networks, 512 KL draws (Simpa.py's)
+    return vj.baselines.simpa(
+      apply_fn,
+      nll,
+      tasks_per_step=setting.tasks,
+      num_inner_steps=setting.inner_steps,
+      inner_lr=setting.inner_lr,
+      num_mc_train=setting.mc_samples,
+      num_mc_query=setting.mc_samples,
+      unroll_steps=unroll_steps,
+    )
 
   options = dict(
     num_inner_steps=setting.inner_steps,
@@ -535,7 +549,10 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     second_order_steps=options.get("second_order_steps"),
     sample_batching=draws,
   )
-  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
+  if algorithm == "simpa":  # the generator's Adam and the PHI network's
+    optimizer = vj.baselines.simpa_optimizer(1e-3, tasks_per_step=num_tasks)
+  else:
+    optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
   data, sample_tasks = random_data(setting, jax.random.key(2)), task_sampler(setting)
   mesh = vj.task_mesh() if jax.device_count() > 1 and strategy != "host_chunked" else None
@@ -579,7 +596,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     "setting": name,
     "algorithm": algorithm,
     "tasks": num_tasks,
-    "mc_samples": setting.mc_samples if algorithm in ("vampire", "vampire2") else 1,
+    "mc_samples": setting.mc_samples if algorithm in ("vampire", "vampire2", "simpa") else 1,
     "batching": f"{strategy}:{chunk}" + (f" x{mesh.size} devices" if mesh else ""),
     "inner_loop": "unrolled" if unroll_steps else "scan",
     "sample_batching": draws,

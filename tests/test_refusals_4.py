@@ -642,3 +642,30 @@ def test_load_omniglot_reads_its_cache_under_xdg_cache_home(tmp_path, monkeypatc
   assert arrays.provenance["loaded"] == "cache"  # read from XDG's folder, not built again
   assert not (tmp_path / "home").exists()
   assert arrays.images.shape[1:] == (20, 28, 28)
+
+
+@pytest.mark.parametrize(
+  "keys, got",
+  [
+    (lambda: jax.random.key(3), "key<fry>[]"),  # one key for the batch
+    (lambda: jax.random.split(jax.random.key(3), 2), "key<fry>[2]"),  # too few
+    (lambda: jnp.zeros((3, 4), jnp.uint32), "uint32[3, 4]"),
+  ],
+)
+def test_make_meta_gradient_wants_one_key_per_task(keys, got):
+  # Before: a raw `vmap` error (one key: "rank should be at least 1"; two keys for three
+  # tasks: "inconsistent sizes"), naming neither the argument nor the fix.
+  learner, params = _regression_learner()
+  meta_params = learner.init(params, jax.random.key(1))
+  tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(2), 3))
+  meta_gradient = vj.make_meta_gradient(learner)
+  with pytest.raises(InputError) as raised:
+    meta_gradient(meta_params, tasks, keys())
+  assert _one_line(raised) == (
+    "meta_gradient: task_keys must be 3 PRNG keys, one per task: jax.random.split(key, 3),"
+    f" got {got}"
+  )
+  grads, _ = meta_gradient(meta_params, tasks, jax.random.split(jax.random.key(3), 3))
+  raw = jax.random.key_data(jax.random.split(jax.random.key(3), 3))  # uint32[3, 2] works too
+  same = jax.tree.map(np.array_equal, grads, meta_gradient(meta_params, tasks, raw)[0])
+  assert all(jax.tree.leaves(same))

@@ -86,6 +86,17 @@ def prng_key(where: str, name: str, key: Any) -> None:
     raise fail(where, name, wanted, describe(key))
 
 
+def prng_keys(where: str, name: str, keys: Any, count: int) -> None:
+  """Refuses anything but `count` PRNG keys, `jax.random.split(key, count)` (or `uint32[count, 2]`)."""
+  wanted = f"{count} PRNG keys, one per task: jax.random.split(key, {count})"
+  if not (hasattr(keys, "shape") and hasattr(keys, "dtype")):
+    raise fail(where, name, wanted, type(keys).__name__ if keys is not None else "None")
+  typed = jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key)
+  shape = (count,) if typed else (count, 2)
+  if keys.shape != shape or not (typed or keys.dtype == jnp.uint32):
+    raise fail(where, name, wanted, describe_key(keys))
+
+
 def describe_key(key: Any) -> str:
   return f"{key.dtype}[{', '.join(str(d) for d in key.shape)}]"
 

@@ -167,6 +167,7 @@ def make_meta_gradient(
 
   def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
     num_tasks = check_task_batch(tasks, "meta_gradient")
+    checks.prng_keys("meta_gradient", "task_keys", task_keys, num_tasks)
     if mesh is None:
       results = per_task(meta_params, tasks, task_keys)
     else:
