@@ -99,6 +99,7 @@ def test_registry_builds_each_algorithm_with_its_own_settings():
     "abml",
     "vampire2",
     "protonet",
+    "simpa",
   }
   maml = algorithms.configure(config, "maml")
   assert (maml.kl_weight, maml.num_mc_train, maml.num_mc_test) == (0.0, 1, 1)

@@ -550,11 +550,12 @@ def _learner(name, apply_fn, nll):
 
 
 def test_baselines_are_registered_and_reexported():
-  assert set(baselines.LEARNERS) == {"platipus", "bmaml", "abml"}
+  assert set(baselines.LEARNERS) == {"platipus", "bmaml", "abml", "simpa"}
   assert vj.baselines is sys.modules["vampire_jax.baselines"]
   _, apply_fn, nll, _ = _tiny_mlp()
-  for factory in baselines.LEARNERS.values():
-    learner = factory(apply_fn, nll)
+  for name, factory in baselines.LEARNERS.items():
+    counted = {"tasks_per_step": 2} if name == "simpa" else {}  # its hyper-prior term's M
+    learner = factory(apply_fn, nll, **counted)
     assert isinstance(learner, vj.MetaLearner) and learner.meta_loss is not None
 
 

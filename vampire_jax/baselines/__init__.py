@@ -17,7 +17,8 @@ baselines::
             trained with `simpa_optimizer` (its own Adam for each network).
 
 `LEARNERS` maps an algorithm's name to its factory,
-`factory(apply_fn, nll, **hyper_parameters) -> MetaLearner`. ProtoNet is not
+`factory(apply_fn, nll, **hyper_parameters) -> MetaLearner` (SImPa's also wants
+`tasks_per_step`, the M of its hyper-prior term). ProtoNet is not
 in it: it classifies only (no `nll` to choose) and needs the number of
 classes, `protonet(embed_fn, num_classes=...)`.
 """

@@ -311,12 +311,10 @@ ALGORITHMS: dict[str, Algorithm] = {
     {"kl_weight": 0.0, "first_order": True},
     "SImPa: a generator of the weights, a PHI network's KL lower bound, PAC-Bayes terms",
     {
-      "kl_weight": "its KL terms enter the PAC-Bayes bound unweighted (--simpa-epsilon sets "
-      "their constant)",
+      "kl_weight": "its KL terms enter the PAC-Bayes bound unweighted (see --simpa-epsilon)",
       **_NO_LOG_STDS,
       **_NO_TRUNCATION,
-      "kernel_init_gain": "its weights come from the generator; the network's own "
-      "initialisation is not used",
+      "kernel_init_gain": "its weights come from the generator, not the network's init",
       **_options_but("simpa"),
     },
     optimizer=simpa_settings.optimizer,
