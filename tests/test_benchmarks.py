@@ -53,6 +53,7 @@ def test_suite_row_counts_flops_in_proportion_to_tasks(keep_cache_config):
   assert table.count("\n") == 3 and "| regression | maml | 4 |" in table
 
 
+@pytest.mark.slow  # 1 to 2.5 min on 2 cores; `pytest -m slow` runs it
 def test_suite_counts_every_draw_whichever_way_the_draws_run(keep_cache_config):
   """The FLOPs of a VAMPIRE row are those of the work, not of the program's loops: with the
   draws in `lax.map` (the CPU default) XLA counts a loop body once, so the loop-free twin
@@ -118,6 +119,7 @@ def test_meta_step_fits_the_chunk_to_the_tasks():
   assert meta_step.resolve_strategies("chunked_vmap:8", 4) == [("chunked_vmap", 4)]
 
 
+@pytest.mark.slow  # 1 to 2.5 min on 2 cores; `pytest -m slow` runs it
 def test_gpu_sweep_quick_rows(tmp_path):
   out = tmp_path / "sweep.json"
   done = subprocess.run(
@@ -233,6 +235,7 @@ def test_conv_gradients_benchmark_rows():
   assert all(row["top_ms"] > 0 and row["loop_ms"] > 0 for row in rows)
 
 
+@pytest.mark.slow  # 1 to 2.5 min on 2 cores; `pytest -m slow` runs it
 def test_episode_rows_adapt_and_predict(keep_cache_config, capsys):
   rows = suite.main(
     [

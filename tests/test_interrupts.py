@@ -343,6 +343,7 @@ sys.exit(cli.main_entry(
 """
 
 
+@pytest.mark.slow  # 1 to 2.5 min on 2 cores; `pytest -m slow` runs it
 def test_a_full_disk_and_a_rerun_while_it_is_still_full_are_one_line_each(tmp_path):
   """A 400 kB tmpfs (skipped where mounting is not allowed). Before: the first run printed
   orbax's "Event loop is closed" tracebacks; the rerun, TensorBoard's writer dying at exit

@@ -98,6 +98,7 @@ def check_same_run_on_every_device_count(tmp_path, flags, stop_after, counts=(1,
   assert resumed_test == test
 
 
+@pytest.mark.slow  # 1 to 2.5 min on 2 cores; `pytest -m slow` runs it
 def test_a_regression_run_is_the_same_on_1_and_8_devices_and_resumed_across_them(tmp_path):
   """Before: on 8 devices the loss differed from 1 device's at the first row (10 steps),
   and the first row after a resume averaged only the steps since the checkpoint. (Two
