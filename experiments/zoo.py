@@ -40,6 +40,7 @@ import dataclasses
 import fnmatch
 import hashlib
 import json
+import re
 import shutil
 import sys
 import tarfile
@@ -598,11 +599,17 @@ def _duration(seconds: float) -> str:
   return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
+ALGORITHM_NAMES = {"vampire2": "Vampire2", "protonet": "ProtoNet", "simpa": "SImPa"}
+
+
 def _label(entry: dict) -> str:
   data = {"omniglot": "Omniglot", "regression": "sine/line", "mini_imagenet": "mini-ImageNet"}
   preset = "paper preset" if entry["paper_protocol"] else f"`{entry['preset']}` preset"
   setting = entry["setting"].replace(" sine/line", "")
-  return f"{data.get(entry['experiment'], '')} {setting}, {entry['algorithm'].upper()}, {preset}"
+  algorithm = ALGORITHM_NAMES.get(entry["algorithm"], entry["algorithm"].upper())
+  seed = re.search(r"--seed (\d+)", entry["command"])
+  seed = f", seed {seed.group(1)}" if seed and seed.group(1) != "0" else ""
+  return f"{data.get(entry['experiment'], '')} {setting}, {algorithm}, {preset}{seed}"
 
 
 def _trained(entry: dict) -> str:
