@@ -310,7 +310,7 @@ def simpa_optimizer(
   decay_every_tasks: int = 10_000,
   clip_norm: Optional[float] = 10.0,
 ) -> meta_step.MetaOptimizer:
-  """Two `vj.meta_optimizer`s: the generator's, and the PHI network's at its own rate.
+  """Two `vj.meta_optimizer` instances: the generator's, and the PHI network's at its own rate.
 
   `Simpa.py` clips each network's gradient at norm 10 apart and steps each with its
   own Adam: the generator at the meta learning rate, the PHI network at 1e-4. Both
