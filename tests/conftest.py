@@ -30,6 +30,11 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "1")
 os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "vampire_jax_test_xla_cache")
 )
+# A size limit turns on JAX's file lock around every read and write of the cache: without
+# it an entry is written in place, and a process reading it meanwhile (the other xdist
+# worker, a subprocess) deserialised a partial executable and aborted (a CI run of
+# test_simpa_runs: "Fatal Python error: Aborted" in compilation_cache.get_executable_and_time).
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 * 2**30))
 
 OMNIGLOT_DIR = Path(
   os.environ.get("OMNIGLOT_DIR") or Path(__file__).resolve().parents[2] / "shared/data/omniglot"
