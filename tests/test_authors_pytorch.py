@@ -68,19 +68,20 @@ def _ours(setting, algorithm, second_order_steps):
   return learner, meta_params, tasks, task_keys
 
 
+def _torch_field(array):
+  """One field of one task as the harness takes it: images NHWC -> NCHW, labels int64."""
+  array = np.asarray(array)
+  if array.ndim == 4:  # [examples, H, W, C] -> [examples, C, H, W]
+    array = array.transpose(0, 3, 1, 2)
+  if np.issubdtype(array.dtype, np.integer):
+    return torch.tensor(array, dtype=torch.int64)
+  return torch.tensor(np.ascontiguousarray(array, np.float32))
+
+
 def _torch_tasks(tasks) -> list:
   """Our `Task` batch as the harness's tasks: images NHWC -> NCHW, labels int64."""
-
-  def convert(array):
-    array = np.asarray(array)
-    if array.ndim == 4:  # [examples, H, W, C] -> [examples, C, H, W]
-      array = array.transpose(0, 3, 1, 2)
-    if np.issubdtype(array.dtype, np.integer):
-      return torch.tensor(array, dtype=torch.int64)
-    return torch.tensor(np.ascontiguousarray(array, np.float32))
-
   return [
-    ap.Task(*(convert(getattr(tasks, field)[t]) for field in tasks._fields))
+    ap.Task(*(_torch_field(getattr(tasks, field)[t]) for field in tasks._fields))
     for t in range(tasks.support_x.shape[0])
   ]
 

@@ -27,6 +27,7 @@ from vampire_jax.data import sine_line
 torch = pytest.importorskip("torch")
 from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
 from benchmarks import authors_pytorch_simpa as sp  # noqa: E402
+from tests.test_authors_pytorch import _torch_field  # noqa: E402
 
 NUM_TASKS, NUM_STEPS, NUM_DRAWS = 2, 2, 2
 RTOL = 1e-5  # of the loss, in float32
@@ -220,15 +221,6 @@ def test_meta_step_equals_simpa_py(problem, first_order):
     # float32: as near the exact numbers as theirs, within float32 summation order (Conv4's
     # generator: ours 2.6e-4, theirs 5.0e-5 of the largest entry, float64 equal to 6e-14)
     assert ours_error < max(10 * their_error, 1e-3)
-
-
-def _torch_field(array):
-  array = np.asarray(array)
-  if array.ndim == 4:  # [examples, H, W, C] -> [examples, C, H, W]
-    array = array.transpose(0, 3, 1, 2)
-  if np.issubdtype(array.dtype, np.integer):
-    return torch.tensor(array, dtype=torch.int64)
-  return torch.tensor(np.ascontiguousarray(array, np.float32))
 
 
 def test_conversions_are_inverse():

@@ -16,7 +16,7 @@ import pytest
 import vampire_jax as vj
 from conftest import OMNIGLOT_DIR, needs_omniglot
 from experiments import compare
-from test_vampire2_protonet_runs import LOAD_AND_PREDICT, TINY, _run
+from test_vampire2_protonet_runs import LOAD_AND_PREDICT, TINY, TINY_REGRESSION, _run
 
 SIMPA_FLAGS = ["--num-inner-steps", "1", "--num-mc-test", "3", "--simpa-kl-samples", "16"]
 
@@ -61,21 +61,7 @@ def test_the_omniglot_command_trains_tests_draws_and_loads_on_one_device(simpa_r
 
 
 def test_regression_runs_simpa_and_loads(tmp_path):
-  overrides = dict(
-    num_meta_steps=4,
-    hidden_sizes=(8, 8),
-    num_test_tasks=10,
-    num_val_tasks=10,
-    eval_batch_tasks=10,
-    eval_every=4,
-    checkpoint_every=4,
-    log_every=2,
-    num_mc_train=2,
-    num_mc_query=2,
-    num_mc_test=3,
-    tasks_per_step=2,
-    simpa_kl_samples=16,
-  )
+  overrides = dict(TINY_REGRESSION, simpa_kl_samples=16)
   assert compare.parse_algorithms("vampire2,simpa") == ["vampire2", "simpa"]
   results = compare.run("regression", ("simpa",), "quick", tmp_path, overrides, progress=False)
   method = results["methods"]["simpa"]

@@ -134,21 +134,25 @@ def test_protonet_trains_on_train_ways_and_tests_on_ways(omniglot_cache):
   assert plain.sample_train_tasks is None
 
 
+# A regression comparison of 4 meta-steps on an 8-8 MLP (test_simpa_runs uses it too).
+TINY_REGRESSION = dict(
+  num_meta_steps=4,
+  hidden_sizes=(8, 8),
+  num_test_tasks=10,
+  num_val_tasks=10,
+  eval_batch_tasks=10,
+  eval_every=4,
+  checkpoint_every=4,
+  log_every=2,
+  num_mc_train=2,
+  num_mc_query=2,
+  num_mc_test=3,
+  tasks_per_step=2,
+)
+
+
 def test_regression_runs_vampire2_and_refuses_protonet(tmp_path):
-  overrides = dict(
-    num_meta_steps=4,
-    hidden_sizes=(8, 8),
-    num_test_tasks=10,
-    num_val_tasks=10,
-    eval_batch_tasks=10,
-    eval_every=4,
-    checkpoint_every=4,
-    log_every=2,
-    num_mc_train=2,
-    num_mc_query=2,
-    num_mc_test=3,
-    tasks_per_step=2,
-  )
+  overrides = TINY_REGRESSION
   assert compare.parse_algorithms("vampire2,protonet") == ["vampire2", "protonet"]
   results = compare.run("regression", ("vampire2",), "quick", tmp_path, overrides, progress=False)
   method = results["methods"]["vampire2"]
