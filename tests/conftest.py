@@ -1,6 +1,7 @@
 """Shared test set-up: the XLA compilation cache, the Omniglot data, one tiny trained run."""
 
 import dataclasses
+import gc
 import os
 import tempfile
 from pathlib import Path
@@ -30,10 +31,8 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "1")
 os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "vampire_jax_test_xla_cache")
 )
-# A size limit turns on JAX's file lock around every read and write of the cache: without
-# it an entry is written in place, and a process reading it meanwhile (the other xdist
-# worker, a subprocess) deserialised a partial executable and aborted (a CI run of
-# test_simpa_runs: "Fatal Python error: Aborted" in compilation_cache.get_executable_and_time).
+# A size limit turns on JAX's file lock around every read and write of the cache, so no
+# process reads an entry another one is writing.
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 * 2**30))
 
 OMNIGLOT_DIR = Path(
@@ -49,6 +48,28 @@ def pytest_configure(config):
   config.addinivalue_line(
     "markers", "slow: long-running; excluded from CI, run with `pytest -m slow`"
   )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs():
+  """Frees the programs each test module compiled, once the module is done.
+
+  Every XLA:CPU executable a process holds keeps about six memory maps, and JAX keeps every
+  program it compiled while its caches live. One xdist worker runs ~440 tests: it passed the
+  kernel's limit of 65,530 maps (`vm.max_map_count`) near the end of the suite and died in
+  the middle of loading a program ("Fatal Python error: Aborted" or a segmentation fault in
+  `compilation_cache.get_executable_and_time`, in whichever test came then). A module's
+  programs are reused within the module, rarely beyond it.
+  """
+  yield
+  import jax
+
+  jax.clear_caches()
+  gc.collect()
+  maps, limit = Path("/proc/self/maps"), Path("/proc/sys/vm/max_map_count")
+  if maps.exists() and limit.exists():  # Linux: say so before the kernel does
+    held, most = len(maps.read_bytes().splitlines()), int(limit.read_text())
+    assert held < most // 2, f"this test process holds {held} memory maps of {most} after a module"
 
 
 @pytest.fixture(scope="session")
