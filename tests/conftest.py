@@ -101,6 +101,24 @@ def tiny_regression_config(algorithm: str = "vampire", **changes):
   return dataclasses.replace(regression.get_config("quick", algorithm), **{**settings, **changes})
 
 
+# A regression comparison of 4 meta-steps on an 8-8 MLP (the run tests of Vampire2, SImPa and
+# the other algorithms: test_compare).
+TINY_REGRESSION = dict(
+  num_meta_steps=4,
+  hidden_sizes=(8, 8),
+  num_test_tasks=10,
+  num_val_tasks=10,
+  eval_batch_tasks=10,
+  eval_every=4,
+  checkpoint_every=4,
+  log_every=2,
+  num_mc_train=2,
+  num_mc_query=2,
+  num_mc_test=3,
+  tasks_per_step=2,
+)
+
+
 def tiny_omniglot_config(cache_dir, num_meta_steps: int = 6, **changes):
   """VAMPIRE on Omniglot at the smallest size that still exercises everything."""
   from experiments import omniglot

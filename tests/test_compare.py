@@ -11,7 +11,7 @@ from experiments import compare
 from vampire_jax._src.metrics import calibration
 from vampire_jax._src.core.errors import ConfigError
 
-from conftest import OMNIGLOT_DIR, needs_omniglot
+from conftest import OMNIGLOT_DIR, TINY_REGRESSION, needs_omniglot
 
 
 def _summary(ece_shift: float) -> dict:
@@ -83,21 +83,7 @@ def test_algorithms_train_through_the_loop_and_load_back(tmp_path, algorithms):
   # A few meta-steps per algorithm on a tiny MLP: each must plug into the
   # loop (meta-step, evaluation, checkpoint, calibration record) unchanged,
   # and load back with vj.load_run.
-  overrides = dict(
-    num_meta_steps=4,
-    hidden_sizes=(8, 8, 8),
-    num_test_tasks=10,
-    num_val_tasks=10,
-    eval_batch_tasks=10,
-    eval_every=4,
-    checkpoint_every=4,
-    log_every=2,
-    num_mc_train=2,
-    num_mc_query=2,
-    num_mc_test=3,
-    num_particles=2,
-    tasks_per_step=2,
-  )
+  overrides = dict(TINY_REGRESSION, hidden_sizes=(8, 8, 8), num_particles=2)
   results = compare.run("regression", algorithms, "quick", tmp_path, overrides, progress=False)
   assert list(results["methods"]) == list(algorithms)
   x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]

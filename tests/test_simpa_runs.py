@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from conftest import OMNIGLOT_DIR, needs_omniglot
+from conftest import OMNIGLOT_DIR, TINY_REGRESSION, needs_omniglot
 from experiments import compare
-from test_vampire2_protonet_runs import LOAD_AND_PREDICT, TINY, TINY_REGRESSION, _run
+from test_vampire2_protonet_runs import LOAD_AND_PREDICT, TINY, _run
 
 SIMPA_FLAGS = ["--num-inner-steps", "1", "--num-mc-test", "3", "--simpa-kl-samples", "16"]
 

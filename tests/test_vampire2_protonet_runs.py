@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from conftest import OMNIGLOT_DIR, REPO, needs_omniglot, user_env
+from conftest import OMNIGLOT_DIR, REPO, TINY_REGRESSION, needs_omniglot, user_env
 from experiments import compare, omniglot
 from vampire_jax._src.runs import algorithms
 
@@ -132,23 +132,6 @@ def test_protonet_trains_on_train_ways_and_tests_on_ways(omniglot_cache):
     dataclasses.replace(config, train_ways=None), print_fn=lambda message: None
   )
   assert plain.sample_train_tasks is None
-
-
-# A regression comparison of 4 meta-steps on an 8-8 MLP (test_simpa_runs uses it too).
-TINY_REGRESSION = dict(
-  num_meta_steps=4,
-  hidden_sizes=(8, 8),
-  num_test_tasks=10,
-  num_val_tasks=10,
-  eval_batch_tasks=10,
-  eval_every=4,
-  checkpoint_every=4,
-  log_every=2,
-  num_mc_train=2,
-  num_mc_query=2,
-  num_mc_test=3,
-  tasks_per_step=2,
-)
 
 
 def test_regression_runs_vampire2_and_refuses_protonet(tmp_path):
