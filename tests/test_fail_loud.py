@@ -394,6 +394,22 @@ def test_training_with_debug_nans_names_the_first_nan(tmp_path):
     regression.run_experiment(config, tmp_path, progress=False, print_fn=lambda m: None)
 
 
+@pytest.mark.parametrize(
+  "algorithm, guarded", [("maml", False), ("maml", True), ("platipus", False)]
+)
+def test_divergence_points_to_the_inner_loop_guard_where_it_exists(tmp_path, algorithm, guarded):
+  # The meta-step overflows at once: the run stops with the divergence, and names
+  # --inner-backtracking only for an algorithm that has it, and only while it is off.
+  changes = dict(meta_lr=1e30, num_meta_steps=2, log_every=1, eval_every=2, checkpoint_every=2)
+  config = tiny_regression_config(algorithm, **changes)
+  if guarded:
+    config = dataclasses.replace(config, inner_backtracking=True)
+  with pytest.raises(FloatingPointError, match="meta-training diverged at step") as raised:
+    regression.run_experiment(config, tmp_path, progress=False, print_fn=lambda m: None)
+  named = "--inner-backtracking" in str(raised.value)
+  assert named == (algorithm == "maml" and not guarded), str(raised.value)
+
+
 def test_training_refuses_a_split_with_nan_before_making_the_folder(tmp_path):
   config = _tiny_regression_config()
   problem = regression.make_problem(config)

@@ -197,6 +197,17 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
   return score
 
 
+def _guard_hint(config) -> str:
+  """Where the algorithm has the inner-loop guard and it is off, say so (a runaway task)."""
+  ignored = algorithms.ALGORITHMS[config.algorithm].ignores
+  if "inner_backtracking" in ignored or getattr(config, "inner_backtracking", False):
+    return ""
+  return (
+    "; where a task's inner loop ran away (a 'finite' below 1), --inner-backtracking "
+    "(vj.adapt's backtracking=True) guards against it"
+  )
+
+
 def _after_call(
   session: Session, state, step: int, loop: LoopState, train_seconds: float
 ) -> LoopState:
@@ -209,7 +220,7 @@ def _after_call(
     if not np.isfinite(means["train/loss"]):
       raise FloatingPointError(
         f"meta-training diverged at step {step}: {means}; see "
-        "vj.kl_step_factor and BUILD_NOTES.md for stable settings"
+        "vj.kl_step_factor and BUILD_NOTES.md for stable settings" + _guard_hint(config)
       )
     rate = session.progress.rate()
     if rate is not None:
