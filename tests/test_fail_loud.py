@@ -401,9 +401,7 @@ def test_divergence_points_to_the_inner_loop_guard_where_it_exists(tmp_path, alg
   # The meta-step overflows at once: the run stops with the divergence, and names
   # --inner-backtracking only for an algorithm that has it, and only while it is off.
   changes = dict(meta_lr=1e30, num_meta_steps=2, log_every=1, eval_every=2, checkpoint_every=2)
-  config = tiny_regression_config(algorithm, **changes)
-  if guarded:
-    config = dataclasses.replace(config, inner_backtracking=True)
+  config = tiny_regression_config(algorithm, inner_backtracking=guarded, **changes)
   with pytest.raises(FloatingPointError, match="meta-training diverged at step") as raised:
     regression.run_experiment(config, tmp_path, progress=False, print_fn=lambda m: None)
   named = "--inner-backtracking" in str(raised.value)

@@ -200,7 +200,7 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
 def _guard_hint(config) -> str:
   """Where the algorithm has the inner-loop guard and it is off, say so (a runaway task)."""
   ignored = algorithms.ALGORITHMS[config.algorithm].ignores
-  if "inner_backtracking" in ignored or getattr(config, "inner_backtracking", False):
+  if "inner_backtracking" in ignored or config.inner_backtracking:
     return ""
   return (
     "; where a task's inner loop ran away (a 'finite' below 1), --inner-backtracking "
