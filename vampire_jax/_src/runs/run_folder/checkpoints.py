@@ -22,7 +22,7 @@ from vampire_jax._src.runs.run_folder.record import (
   folder_run_id,
   with_run_id,
 )
-from vampire_jax._src.runs.run_folder.restore_noise import drop_restore_noise
+from vampire_jax._src.runs.run_folder.restore_noise import drop_restore_noise, quiet_restore
 from vampire_jax._src.runs.run_folder.storage import (
   BEST_SCORE_FILE,
   DAMAGED_FOLDER,
@@ -274,9 +274,9 @@ class RunCheckpoints:
     failed = []
     for step in _step_folders(self.workdir / "checkpoints"):
       self._check_own(self.workdir / "checkpoints", step, "checkpoints")
-      try:
-        state = self._latest.restore(step, args=ocp.args.StandardRestore(restore_target(template)))
-      except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
+      args = ocp.args.StandardRestore(restore_target(template))
+      state, error = quiet_restore(lambda: self._latest.restore(step, args=args))
+      if error is not None:
         if not self._create and not (self.workdir / "checkpoints" / str(step)).exists():
           # A training process rotated it out while we read: read its newer ones instead.
           self._latest.reload()
@@ -428,19 +428,19 @@ class RunCheckpoints:
       if step is None:
         return None
       self._check_own(self.workdir / "best", step, "best")
-      try:
-        args = ocp.args.StandardRestore(restore_target(template))
-        return self._best.restore(step, args=args), step
-      except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
-        self._refuse_if_environment(error, self.workdir / "best", step)
-        self._best.reload()
-        if newest() != step:
-          continue
-        self._print(
-          f"{self.workdir / 'best'} does not restore ({_first_line(error)}); using the "
-          "latest checkpoint instead"
-        )
-        return None
+      args = ocp.args.StandardRestore(restore_target(template))
+      params, error = quiet_restore(lambda: self._best.restore(step, args=args))
+      if error is None:
+        return params, step
+      self._refuse_if_environment(error, self.workdir / "best", step)
+      self._best.reload()
+      if newest() != step:
+        continue
+      self._print(
+        f"{self.workdir / 'best'} does not restore ({_first_line(error)}); using the "
+        "latest checkpoint instead"
+      )
+      return None
     return None
 
   def restore_meta_params(

@@ -1,9 +1,12 @@
 """What orbax, TensorStore and asyncio leave behind a restore that failed: dropped, since
 the failure itself is said in one line by the caller."""
 
+import contextlib
+import gc
 import logging
 import sys
-from typing import Any, Optional
+import warnings
+from typing import Any, Callable, Iterator, Optional
 
 PyTree = Any
 
@@ -64,11 +67,59 @@ def drop_restore_noise() -> None:
 # unretrieved: asyncio logs "Task exception was never retrieved" with the traceback (about
 # half the time, by when the collector runs). The restore's failure is said by the caller.
 _RESTORE_TASK = "coro=<async_deserialize()"
+# The same for a bare future of TensorStore's open of such an array (rarer): "Future exception
+# was never retrieved", then the TensorStore error, which names the spec it could not open.
+_TENSORSTORE_ERROR = "tensorstore_spec"
 
 
 def _drop_unretrieved_restore_tasks(record: logging.LogRecord) -> bool:
   message = str(record.msg)
-  return not (message.startswith("Task exception was never retrieved") and _RESTORE_TASK in message)
+  if message.startswith("Task exception was never retrieved"):
+    return _RESTORE_TASK not in message
+  if message.startswith("Future exception was never retrieved"):
+    return _TENSORSTORE_ERROR not in message
+  return True
+
+
+# Orbax's coroutines that a failed restore created and never started (its other reads are
+# abandoned once one fails): Python warns "coroutine 'Store._get_array_metadatas' was never
+# awaited" when they are collected, which may be during a later, unrelated call.
+_UNAWAITED_COROUTINE = r"coroutine '.*' was never awaited"
+
+
+@contextlib.contextmanager
+def _unawaited_coroutines_ignored() -> Iterator[None]:
+  # Inside the caller's own filters (even `simplefilter("always")`): this one is tried first.
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=_UNAWAITED_COROUTINE, category=RuntimeWarning)
+    yield
+
+
+def _drop_tracebacks(error: Optional[BaseException], seen: set[int]) -> None:
+  """Drops the tracebacks of `error` and of its causes; keeps the errors."""
+  if error is None or id(error) in seen:
+    return
+  seen.add(id(error))
+  error.__traceback__ = None
+  _drop_tracebacks(error.__cause__, seen)
+  _drop_tracebacks(error.__context__, seen)
+
+
+def quiet_restore(restore: Callable[[], PyTree]) -> tuple[PyTree, Optional[Exception]]:
+  """`restore()`'s tree and None, or None and the error it raised, with its leftovers collected.
+
+  The error is returned rather than raised so that its traceback, which holds the
+  coroutines orbax abandoned, is freed here, where their warnings are ignored; a
+  collection then finalises them now rather than at some later, unrelated moment.
+  """
+  with _unawaited_coroutines_ignored():
+    try:
+      return restore(), None
+    except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
+      failure = error
+    _drop_tracebacks(failure, set())  # the frames of the failed read, and what they hold
+    gc.collect()
+  return None, failure
 
 
 # What orbax logs (through absl) of a step folder without its `_CHECKPOINT_METADATA`, as it
