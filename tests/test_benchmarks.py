@@ -309,3 +309,13 @@ def test_profile_of_a_test_episode(capsys):
   assert result["episode"] and result["traced_op_seconds"] > 0
   assert sum(row["share"] for row in result["by_kind"]) == pytest.approx(1.0)
   assert "traced episode call(s)" in capsys.readouterr().out
+
+
+def test_simpa_inner_loop_replays_the_runs_check_and_its_runaway():
+  """BUILD_NOTES' SImPa table: on the regression preset's MLP the inner loop runs away at
+  initialisation (the loss rises by orders of magnitude), on the run's own task and weights."""
+  from benchmarks import simpa_inner_loop
+
+  before, after = simpa_inner_loop.support_loss_change(0, 16, {})
+  assert before == pytest.approx(3.339e4, rel=1e-3)  # seed 0's table entry: the same task
+  assert after > 1e3 * before

@@ -1,0 +1,80 @@
+"""SImPa's inner loop at initialisation on the regression preset: why its runs diverge.
+
+    python -m benchmarks.simpa_inner_loop                 # seeds 0 and 1, every variant
+    python -m benchmarks.simpa_inner_loop --seeds 0 --kl-samples 16
+
+For each seed and variant this builds the run exactly as `experiments.compare --benchmark
+regression --algorithms simpa --preset cpu --seed S` does before it compiles (the same
+initial meta-parameters and the same training task, from the run's keys) and runs the
+check the loop runs there (`vj.check_inner_loop`): the support loss before and after the
+inner loop. Variants: the preset (MLP 100-100-100, Gaussian NLL at sigma 0.3, inner lr
+1e-3); inner lr 1e-4 and 1e-5; and the authors' regression network and loss (FcNet 40-40,
+the MSE, i.e. --likelihood-std 0.7071).
+"""
+
+import argparse
+import dataclasses
+import time
+
+import jax
+
+from experiments import regression
+from vampire_jax._src.core import diagnostics
+from vampire_jax._src.runs import algorithms, loop, programs
+from vampire_jax._src.runs import problem as problem_lib
+
+VARIANTS = {
+  "preset (MLP 100-100-100, NLL sigma 0.3, inner lr 1e-3)": {},
+  "inner lr 1e-4": {"inner_lr": 1e-4},
+  "inner lr 1e-5": {"inner_lr": 1e-5},
+  "the authors' FcNet 40-40 and MSE, inner lr 1e-3": {
+    "hidden_sizes": (40, 40),
+    "likelihood_std": 0.7071,
+  },
+}
+
+
+def support_loss_change(seed: int, kl_samples: int, changes: dict) -> tuple[float, float]:
+  """The support loss before and after SImPa's inner loop, as the run's check measures it."""
+  config = dataclasses.replace(
+    regression.get_config("cpu", "simpa"), seed=seed, simpa_kl_samples=kl_samples, **changes
+  )
+  problem = regression.make_problem(config)
+  learner = algorithms.make_learner(
+    problem.model,
+    problem.kind,
+    problem.noise_std,
+    config,
+    num_mc_train=config.num_mc_train,
+    num_mc_query=config.num_mc_query,
+  )
+  init_key = programs.run_keys(config.seed).init
+  state = loop._initial_state(
+    problem, config, learner, algorithms.make_optimizer(config), init_key, None
+  )
+  key = jax.random.fold_in(init_key, 1)  # the loop's `_check_inner_loop` key
+  task = jax.tree_util.tree_map(lambda x: x[0], problem_lib.draw_tasks(problem, "train", key, 1))
+  report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
+  return report.loss_before, report.loss_after
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--seeds", default="0,1", help="comma-separated (default: 0,1)")
+  parser.add_argument(
+    "--kl-samples", type=int, default=512, help="draws in each KL estimate (default: 512)"
+  )
+  args = parser.parse_args(argv)
+  print(f"SImPa, regression `cpu` preset, {args.kl_samples} KL draws, {jax.default_backend()}")
+  print("| variant | seed | support loss before | after the inner loop | seconds |")
+  print("|---|---|---|---|---|")
+  for name, changes in VARIANTS.items():
+    for seed in (int(s) for s in args.seeds.split(",")):
+      start = time.perf_counter()
+      before, after = support_loss_change(seed, args.kl_samples, changes)
+      seconds = time.perf_counter() - start
+      print(f"| {name} | {seed} | {before:.4g} | {after:.4g} | {seconds:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
