@@ -40,19 +40,11 @@ def support_loss_change(seed: int, kl_samples: int, changes: dict) -> tuple[floa
     regression.get_config("cpu", "simpa"), seed=seed, simpa_kl_samples=kl_samples, **changes
   )
   problem = regression.make_problem(config)
-  learner = algorithms.make_learner(
-    problem.model,
-    problem.kind,
-    problem.noise_std,
-    config,
-    num_mc_train=config.num_mc_train,
-    num_mc_query=config.num_mc_query,
-  )
+  learner = loop.learner_for(problem, config)
   init_key = programs.run_keys(config.seed).init
-  state = loop._initial_state(
-    problem, config, learner, algorithms.make_optimizer(config), init_key, None
-  )
-  key = jax.random.fold_in(init_key, 1)  # the loop's `_check_inner_loop` key
+  optimizer = algorithms.make_optimizer(config)
+  state = loop._initial_state(problem, config, learner, optimizer, init_key, None)
+  key = loop.inner_loop_check_key(init_key)
   task = jax.tree_util.tree_map(lambda x: x[0], problem_lib.draw_tasks(problem, "train", key, 1))
   report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
   return report.loss_before, report.loss_after

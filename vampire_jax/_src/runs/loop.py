@@ -110,6 +110,23 @@ def _initial_state(problem: Problem, config, learner: MetaLearner, optimizer, ke
   return state if mesh is None else sharding.replicate(state, mesh)
 
 
+def learner_for(problem: Problem, config, num_mc: Optional[int] = None) -> MetaLearner:
+  """The run's learner: training's weight draws, or `num_mc` on support and query (testing)."""
+  return algorithms.make_learner(
+    problem.model,
+    problem.kind,
+    problem.noise_std,
+    config,
+    num_mc_train=config.num_mc_train if num_mc is None else num_mc,
+    num_mc_query=config.num_mc_query if num_mc is None else num_mc,
+  )
+
+
+def inner_loop_check_key(init_key: jax.Array) -> jax.Array:
+  """The key of the inner-loop check before training: its task and draws."""
+  return jax.random.fold_in(init_key, 1)
+
+
 def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key, print_fn) -> None:
   """One inner loop on a real training task before the meta-step compiles (`check_inner_loop`).
 
@@ -346,28 +363,14 @@ def _setup(
   is_main = jax.process_index() == 0
   mesh = backend_defaults.task_mesh_for(config, config.tasks_per_step)
   init_key, train_key, val_key, test_key = programs.run_keys(config.seed)
-  train_learner = algorithms.make_learner(
-    problem.model,
-    problem.kind,
-    problem.noise_std,
-    config,
-    num_mc_train=config.num_mc_train,
-    num_mc_query=config.num_mc_query,
-  )
-  test_learner = algorithms.make_learner(
-    problem.model,
-    problem.kind,
-    problem.noise_std,
-    config,
-    num_mc_train=config.num_mc_test,
-    num_mc_query=config.num_mc_test,
-  )
+  train_learner = learner_for(problem, config)
+  test_learner = learner_for(problem, config, num_mc=config.num_mc_test)
   optimizer = algorithms.make_optimizer(config)
   state = _initial_state(problem, config, train_learner, optimizer, init_key, mesh)
   if run_folder.latest_checkpoint_step(workdir) is None:  # a resumed run passed it at its start
     try:
       _check_inner_loop(
-        problem, config, train_learner, state, jax.random.fold_in(init_key, 1), print_fn
+        problem, config, train_learner, state, inner_loop_check_key(init_key), print_fn
       )
     except DivergenceError:
       if is_main:  # nothing was trained: the corrected settings may use this folder
