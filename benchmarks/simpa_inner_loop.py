@@ -19,9 +19,7 @@ import time
 import jax
 
 from experiments import regression
-from vampire_jax._src.core import diagnostics
 from vampire_jax._src.runs import algorithms, loop, programs
-from vampire_jax._src.runs import problem as problem_lib
 
 VARIANTS = {
   "preset (MLP 100-100-100, NLL sigma 0.3, inner lr 1e-3)": {},
@@ -45,8 +43,7 @@ def support_loss_change(seed: int, kl_samples: int, changes: dict) -> tuple[floa
   optimizer = algorithms.make_optimizer(config)
   state = loop._initial_state(problem, config, learner, optimizer, init_key, None)
   key = loop.inner_loop_check_key(init_key)
-  task = jax.tree_util.tree_map(lambda x: x[0], problem_lib.draw_tasks(problem, "train", key, 1))
-  report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
+  report = loop.inner_loop_report(problem, learner, state.meta_params, key)
   return report.loss_before, report.loss_after
 
 

@@ -225,7 +225,7 @@ def run_command(main: Callable[[], object], print_fn: Callable[[str], None] = _s
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   # A save cut short by a full disk leaves an orbax coroutine that Python names at exit.
   warnings.filterwarnings(
-    "ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning
+    "ignore", message=run_folder.restore_noise.UNAWAITED_COROUTINE, category=RuntimeWarning
   )
   with quiet_background():
     try:

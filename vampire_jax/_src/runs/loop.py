@@ -127,6 +127,12 @@ def inner_loop_check_key(init_key: jax.Array) -> jax.Array:
   return jax.random.fold_in(init_key, 1)
 
 
+def inner_loop_report(problem: Problem, learner: MetaLearner, meta_params, key: jax.Array):
+  """`check_inner_loop` on the training task that `key` draws: the check before training."""
+  task = jax.tree_util.tree_map(lambda x: x[0], problem_lib.draw_tasks(problem, "train", key, 1))
+  return diagnostics.check_inner_loop(learner, meta_params, task, key)
+
+
 def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key, print_fn) -> None:
   """One inner loop on a real training task before the meta-step compiles (`check_inner_loop`).
 
@@ -136,8 +142,7 @@ def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key
   """
   if learner.settings is not None and learner.settings.num_inner_steps == 0:
     return  # no inner loop (ProtoNet): nothing to diverge
-  task = jax.tree_util.tree_map(lambda x: x[0], problem_lib.draw_tasks(problem, "train", key, 1))
-  report = diagnostics.check_inner_loop(learner, state.meta_params, task, key)
+  report = inner_loop_report(problem, learner, state.meta_params, key)
   if report.ok:
     return
   message = (

@@ -1,12 +1,11 @@
 """What orbax, TensorStore and asyncio leave behind a restore that failed: dropped, since
 the failure itself is said in one line by the caller."""
 
-import contextlib
 import gc
 import logging
 import sys
 import warnings
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 PyTree = Any
 
@@ -44,7 +43,8 @@ def drop_restore_noise() -> None:
   pytest), while and after the restore fails; the failure itself is said in
   one line by `RunCheckpoints`. This wraps `sys.unraisablehook` in place
   (pytest's, a notebook's) and passes every other error on; asyncio's log of
-  orbax's deserialising tasks collected with their error is dropped too, and
+  orbax's deserialising tasks and TensorStore's futures collected with their
+  error is dropped too, and
   orbax's log of a step folder without its metadata (an incomplete step, said
   in one line by `RunCheckpoints`).
   """
@@ -84,15 +84,8 @@ def _drop_unretrieved_restore_tasks(record: logging.LogRecord) -> bool:
 # Orbax's coroutines that a failed restore created and never started (its other reads are
 # abandoned once one fails): Python warns "coroutine 'Store._get_array_metadatas' was never
 # awaited" when they are collected, which may be during a later, unrelated call.
-_UNAWAITED_COROUTINE = r"coroutine '.*' was never awaited"
-
-
-@contextlib.contextmanager
-def _unawaited_coroutines_ignored() -> Iterator[None]:
-  # Inside the caller's own filters (even `simplefilter("always")`): this one is tried first.
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=_UNAWAITED_COROUTINE, category=RuntimeWarning)
-    yield
+# A save cut short by a full disk leaves one too, named at exit (`interrupts.run_command`).
+UNAWAITED_COROUTINE = r"coroutine '.*' was never awaited"
 
 
 def _drop_tracebacks(error: Optional[BaseException], seen: set[int]) -> None:
@@ -112,7 +105,8 @@ def quiet_restore(restore: Callable[[], PyTree]) -> tuple[PyTree, Optional[Excep
   coroutines orbax abandoned, is freed here, where their warnings are ignored; a
   collection then finalises them now rather than at some later, unrelated moment.
   """
-  with _unawaited_coroutines_ignored():
+  with warnings.catch_warnings():  # tried before the caller's, even `simplefilter("always")`
+    warnings.filterwarnings("ignore", message=UNAWAITED_COROUTINE, category=RuntimeWarning)
     try:
       return restore(), None
     except Exception as error:  # noqa: BLE001 - tensorstore raises plain exceptions
