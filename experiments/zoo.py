@@ -529,6 +529,11 @@ def _record(entry: dict, row: Verified, machine: dict) -> None:
   entry["verifications"] = kept + [verification]
 
 
+# What a failure where equality was expected knows, and no more: not which of the code, the
+# cell, the data or this machine's software changed since.
+EQUAL_BEFORE = "verified equal on a machine of this identity before"
+
+
 def verify_table(rows: list[Verified], manifest: dict, machine: dict) -> str:
   """cell | paper | trained (device, commit) | verified here (this machine) | seconds."""
   here = zoo_verify.describe_machine(machine)
@@ -541,7 +546,9 @@ def verify_table(rows: list[Verified], manifest: dict, machine: dict) -> str:
     tasks = f"{row.num_tasks} tasks" if row.num_tasks else ""
     shown = row.outcome + (f": {row.detail}" if row.detail else "")
     if not row.passed:
-      shown = f"**FAILED** {shown}" + (" (equal here before)" if row.expected_equal else "")
+      if row.expected_equal:
+        shown += f" ({EQUAL_BEFORE})"
+      shown = f"**FAILED** {shown}"
     lines.append(
       "| "
       + " | ".join(

@@ -341,11 +341,11 @@ def test_within_tolerance_passes_only_where_equality_is_not_expected():
 
 
 def test_the_machine_names_what_changes_the_last_bits(monkeypatch):
-  """The device kind, the CPU model, jaxlib and XLA's flags, but not the device count."""
+  """The device kind, the CPU's identity, jaxlib and XLA's flags, but not the device count."""
   monkeypatch.delenv("XLA_FLAGS", raising=False)
   plain = zoo_verify.this_machine()
   assert plain["platform"] == "cpu" and plain["jaxlib"] == jaxlib.__version__, plain
-  assert sorted(plain) == ["cpu", "device_kind", "jaxlib", "platform"]
+  assert sorted(plain) == ["cores", "cpu", "cpu_id", "device_kind", "isa", "jaxlib", "platform"]
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
   assert zoo_verify.this_machine() == plain
   monkeypatch.setenv(
@@ -354,6 +354,91 @@ def test_the_machine_names_what_changes_the_last_bits(monkeypatch):
   older = zoo_verify.this_machine()
   assert older == dict(plain, xla_flags="--xla_cpu_max_isa=SSE4_2")
   assert zoo_verify.describe_machine(older).endswith(", XLA_FLAGS --xla_cpu_max_isa=SSE4_2")
+
+
+def _cpuinfo(model: int, flags: str) -> str:
+  """/proc/cpuinfo of a 2-core "AMD EPYC" (both blocks alike) of the given model."""
+  block = (
+    f"processor\t: {{}}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {model}\n"
+    f"model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu sse2 avx avx2 fma {flags}\n"
+  )
+  return "\n".join(block.format(i) for i in range(2))
+
+
+# Zen 3 (family 25 model 1) and Zen 4 (model 17): both call themselves "AMD EPYC".
+ZEN3 = _cpuinfo(1, "vaes")
+ZEN4 = _cpuinfo(17, "vaes avx512f avx512bw avx512_vnni avx512_bf16")
+
+
+def test_two_cpu_generations_of_one_model_name_are_two_machines():
+  zen3, zen4 = zoo_verify.cpu_identity(ZEN3), zoo_verify.cpu_identity(ZEN4)
+  assert zen3["cpu"] == zen4["cpu"] == "AMD EPYC"
+  assert zen3["cpu_id"] == "AuthenticAMD family 25 model 1 stepping 1"
+  assert zen4["cpu_id"] == "AuthenticAMD family 25 model 17 stepping 1"
+  assert zen3["isa"] == "avx avx2 fma sse2"  # what LLVM targets, not every flag
+  assert zen4["isa"] == "avx avx2 avx512_bf16 avx512_vnni avx512bw avx512f fma sse2"
+  assert zen3 != zen4
+  machine = dict(zen4, platform="cpu", device_kind="cpu", jaxlib="0.10.2")
+  assert zoo_verify.describe_machine(machine) == (
+    f"cpu (AMD EPYC, AuthenticAMD family 25 model 17 stepping 1, AVX-512, {zen4['cores']} "
+    "cores), jaxlib 0.10.2"
+  )
+  old = {"platform": "cpu", "device_kind": "cpu", "cpu": "AMD EPYC", "jaxlib": "0.10.2"}
+  assert zoo_verify.describe_machine(old) == "cpu (AMD EPYC), jaxlib 0.10.2"  # older manifests
+
+
+def _as_if_computed_elsewhere(zoo_dir, factor):
+  """The cell's reported test numbers scaled by `factor` (another CPU's last bits, or a
+  tampered cell), the manifest's checksums made to match."""
+  results_path = zoo_dir / "tiny" / "results.json"
+  results = json.loads(results_path.read_text())
+  for name in ("mse", "nll"):
+    results["test"][name] *= factor
+  results_path.write_text(json.dumps(results))
+  manifest = zoo.read_manifest(zoo_dir)
+  manifest["cells"]["tiny"]["files"] = zoo.checksums(zoo_dir / "tiny")
+  zoo.write_manifest(zoo_dir, manifest)
+
+
+def test_a_cell_verified_on_one_cpu_passes_within_tolerance_on_another(
+  runs, tmp_path, readme, monkeypatch, capsys
+):
+  """The zoo on a CPU of another generation: a cell verified equal (bit for bit) on the
+  machine that trained it, whose numbers come out a few last bits apart here, passes within
+  the tolerance; on a machine of the recorded identity it must be equal, and fails; a
+  tampered cell fails on both."""
+  zoo_dir = _add(runs, tmp_path, "final")
+  here = zoo_verify.this_machine()
+  zen3 = dict(here, **zoo_verify.cpu_identity(ZEN3))
+  assert zen3 != here
+  _as_if_computed_elsewhere(zoo_dir, 1 + 1e-6)
+  manifest = zoo.read_manifest(zoo_dir)
+  manifest["cells"]["tiny"]["verifications"] = [
+    {"machine": zen3, "num_tasks": 4, "outcome": "equal", "detail": "", "seconds": 1.0}
+  ]
+  zoo.write_manifest(zoo_dir, manifest)
+  args = ["--zoo", str(zoo_dir), "--readme", str(readme), "verify", "--cells", "tiny"]
+  args += ["--num-test-tasks", "all"]
+
+  (row,) = zoo.verify(zoo_dir, "tiny")
+  assert (row.expected_equal, row.outcome, row.passed) == (False, "within tolerance", True), row
+  assert zoo.main(args) == 0
+
+  monkeypatch.setattr(zoo_verify, "this_machine", lambda: zen3)  # where it was verified equal
+  (row,) = zoo.verify(zoo_dir, "tiny")
+  assert (row.expected_equal, row.outcome, row.passed) == (True, "within tolerance", False), row
+  capsys.readouterr()
+  assert zoo.main(args) == 1
+  failed = next(line for line in capsys.readouterr().out.splitlines() if "**FAILED**" in line)
+  assert "verified equal on a machine of this identity before" in failed
+  assert "computes something else" not in failed  # a cause it has not shown
+
+  _as_if_computed_elsewhere(zoo_dir, 1.5)  # tampered: far outside the tolerance
+  for machine in (here, zen3):
+    monkeypatch.setattr(zoo_verify, "this_machine", lambda machine=machine: machine)
+    (row,) = zoo.verify(zoo_dir, "tiny")
+    assert (row.outcome, row.passed) == ("differs", False), row
+    assert zoo.main(args) == 1
 
 
 # -- The tables -----------------------------------------------------------------------------
