@@ -81,10 +81,25 @@ TABLE_END = "<!-- /zoo-table -->"
 
 
 def read_manifest(zoo: Path) -> dict:
+  """The zoo's manifest; an empty one where `zoo/manifest.json` is missing (a new zoo)."""
   path = zoo / MANIFEST
   if not path.is_file():
     return {"format": MANIFEST_FORMAT, "cells": {}}
   return json.loads(path.read_text())
+
+
+def existing_manifest(zoo: Path, command: str) -> dict:
+  """The manifest of a zoo that has one: a missing `manifest.json` is refused, not read as empty.
+
+  `table` and `check` would otherwise write (or pass) tables of no cells beside cell folders.
+  """
+  if not (zoo / MANIFEST).is_file():
+    raise ConfigError(
+      f"zoo {command}: {zoo / MANIFEST} is missing, so the cells in {zoo} are unknown; "
+      f"restore it (git checkout {zoo.name}/{MANIFEST}) or add the cells again with "
+      "`python -m experiments.zoo add`"
+    )
+  return read_manifest(zoo)
 
 
 def write_manifest(zoo: Path, manifest: dict) -> None:
@@ -172,11 +187,27 @@ def tested_checkpoint(folder: Path, results: dict) -> str:
 
 def _finished_results(folder: Path) -> dict:
   if not _is_finished(folder):
+    diverged = _divergence(folder)
+    if diverged:
+      raise ConfigError(
+        f"zoo add: {folder}'s training diverged ({diverged}), so it has no test to add; "
+        "train it again with stable settings (see vj.check_inner_loop), then add that run"
+      )
     raise ConfigError(
-      f"zoo add: {folder} has no finished results.json (a run still training, or "
-      "not a run of vj.train_and_evaluate); finish it first"
+      f"zoo add: {folder} has no finished results.json (a run still training or stopped "
+      "before its test, or not a run of vj.train_and_evaluate); finish it first"
     )
   return run_folder.read_json(folder / run_folder.RESULTS_FILE)
+
+
+def _divergence(folder: Path) -> Optional[str]:
+  """What a comparison recorded of the run's divergence (its folder's parent holds the
+  comparison's results.json, `methods[<run folder>]["diverged"]`); None: nothing."""
+  comparison = run_folder.read_json(folder.parent / run_folder.RESULTS_FILE)
+  methods = comparison.get("methods") if isinstance(comparison, dict) else None
+  method = methods.get(folder.name) if isinstance(methods, dict) else None
+  diverged = method.get("diverged") if isinstance(method, dict) else None
+  return str(diverged).split(": ")[0][:200] if diverged else None
 
 
 # -- A cell's name and command, from its config --------------------------------------------
@@ -255,18 +286,26 @@ def describe_run(folder: Path, name: Optional[str] = None) -> tuple[str, dict]:
       f"zoo add: {folder} differs from the {preset} preset in {', '.join(beyond)}; "
       "name its cell with --name"
     )
-  kind = results["kind"]
-  score = "accuracy" if kind == "classification" else "mse"
-  keep = (score, f"{score}_ci95", "nll", "nll_ci95", "ece", "mce", "num_tasks")
   entry = {
     "experiment": run.experiment,
     "algorithm": config["algorithm"],
     "preset": preset,
     "setting": paper_table.setting_of(run),
-    "kind": kind,
+    "kind": results["kind"],
     "command": command_of(run.experiment, preset, config["algorithm"], changed),
     "paper": paper_table.paper_text(run),
     "paper_protocol": bool(paper_table.sort_runs([run]).cells),
+    **from_results(results),
+    "checkpoint": tested_checkpoint(folder, results),
+  }
+  return name or cell_name(run.experiment, preset, config), entry
+
+
+def from_results(results: dict) -> dict:
+  """The manifest entry's fields copied from the run's `results.json` (its numbers)."""
+  score = "accuracy" if results["kind"] == "classification" else "mse"
+  keep = (score, f"{score}_ci95", "nll", "nll_ci95", "ece", "mce", "num_tasks")
+  return {
     "commit": results.get("git_commit", "unknown"),
     "device": results.get("device", "unknown"),
     "jax_version": results.get("jax_version"),
@@ -277,22 +316,91 @@ def describe_run(folder: Path, name: Optional[str] = None) -> tuple[str, dict]:
     "train_seconds": results["wall_time_s"]["train"],
     "test_seconds": results["wall_time_s"].get("test"),
     "test": {k: results["test"][k] for k in keep if k in results["test"]},
-    "checkpoint": tested_checkpoint(folder, results),
   }
-  return name or cell_name(run.experiment, preset, config), entry
+
+
+def numbers_disagree(zoo: Path, manifest: dict) -> list[str]:
+  """Where a manifest entry's numbers are not its cell's `results.json`'s ([]: none).
+
+  The tables are written from the manifest: an edited number there would reach the README.
+  """
+  problems = []
+  for name, entry in manifest["cells"].items():
+    results = run_folder.read_json(zoo / name / run_folder.RESULTS_FILE)
+    if not isinstance(results, dict) or "test" not in results:
+      problems.append(f"zoo/{name}/{run_folder.RESULTS_FILE} is missing or has no test")
+      continue
+    expected = from_results(results)
+    flat = {**{k: v for k, v in expected.items() if k != "test"}, **expected["test"]}
+    recorded = {**{k: entry.get(k) for k in expected if k != "test"}, **entry.get("test", {})}
+    for field in sorted(set(flat) | set(recorded)):
+      if recorded.get(field) != flat.get(field):
+        problems.append(
+          f"zoo/{name}: the manifest's {field} {recorded.get(field)!r} is not its "
+          f"results.json's {flat.get(field)!r}"
+        )
+  return problems
 
 
 # -- add ------------------------------------------------------------------------------------
 
 
+# A cell's name: one plain path component, not a name of the zoo's own files.
+CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+ZOO_FILES = (MANIFEST, "README.md")
+
+
+def check_cell_name(name: str) -> None:
+  """Refuses a `--name` that is not one plain folder name inside the zoo.
+
+  `.`, `..`, a path with separators or an absolute path would join to a folder outside the
+  cell (the zoo itself, its parent), which `--replace` would delete.
+  """
+  if not CELL_NAME.fullmatch(name) or name in ZOO_FILES or name.endswith("."):
+    raise ConfigError(
+      f"zoo add: --name {name!r} is not a cell's name: give one plain folder name of letters, "
+      "digits, '_', '-' and '.' (not starting or ending with '.', no '/'), e.g. "
+      "--name regression_cpu_vampire_wide"
+    )
+
+
+def _replaceable(target: Path, name: str, manifest: dict, replace: bool) -> None:
+  """Refuses to put a cell at `target` unless it is free, or a cell of the manifest to replace.
+
+  `--replace` deletes only a folder that the manifest lists as a cell: nothing else in the
+  zoo (a folder of the user's, a symbolic link, a file) is deleted.
+  """
+  listed = name in manifest["cells"]
+  if not (listed or target.exists() or target.is_symlink()):
+    return
+  if not replace:
+    raise ConfigError(f"zoo add: {target} exists; pass --replace to put this run in its place")
+  if target.is_symlink() or (target.exists() and not target.is_dir()):
+    raise ConfigError(
+      f"zoo add: {target} is not a cell's folder (a file or a link); --replace replaces only "
+      "a cell of the manifest: move it away first"
+    )
+  if target.exists() and not listed:
+    raise ConfigError(
+      f"zoo add: {target} exists but is not a cell of {target.parent / MANIFEST}; --replace "
+      "replaces only a cell of the manifest: move that folder away, or choose another --name"
+    )
+
+
 def add_run(folder: Path, zoo: Path, name: Optional[str] = None, replace: bool = False) -> str:
-  """Copies a finished run folder's files into `zoo/<cell>/` and records them; returns the name."""
+  """Copies a finished run folder's files into `zoo/<cell>/` and records them; returns the name.
+
+  Writes and deletes nothing outside `zoo/<cell>/` but the manifest (and a staging folder
+  inside the zoo, removed at the end).
+  """
+  if name is not None:
+    check_cell_name(name)
   name, entry = describe_run(folder, name)
   manifest = read_manifest(zoo)
   target = zoo / name
-  if (name in manifest["cells"] or target.exists()) and not replace:
-    raise ConfigError(f"zoo add: {target} exists; pass --replace to put this run in its place")
+  _replaceable(target, name, manifest, replace)
   staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=_made(zoo)))
+  replaced = staging.with_name(staging.name + ".replaced")
   try:
     for file in RUN_FILES:
       if not (folder / file).is_file():
@@ -300,11 +408,12 @@ def add_run(folder: Path, zoo: Path, name: Optional[str] = None, replace: bool =
       shutil.copy2(folder / file, staging / file)
     entry["per_task"] = _keep_per_task_scores(folder / PER_TASK_FILE, staging)
     shutil.copytree(folder / entry["checkpoint"], staging / entry["checkpoint"])
-    if target.exists():
-      shutil.rmtree(target)
+    if target.is_dir():  # a cell of the manifest (`_replaceable`)
+      target.rename(replaced)
     staging.rename(target)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(replaced, ignore_errors=True)
   files = checksums(target)
   manifest["cells"][name] = dict(
     entry, files=files, bytes=sum(f["bytes"] for f in files.values()), verifications=[]
@@ -352,6 +461,8 @@ def add(sources: list[Path], zoo: Path, *, name=None, replace=False) -> list[str
   In a source of several runs, one still training (no test in its results.json) is
   skipped with a line; a source of one run that has not finished is refused.
   """
+  if name is not None:
+    check_cell_name(name)  # before a tar is unpacked or anything read
   added = []
   for source in sources:
     with tempfile.TemporaryDirectory() as unpacked:
@@ -506,7 +617,7 @@ def verify(
       _record(manifest["cells"][name], row, machine)
   if record:
     write_manifest(zoo, manifest)
-    write_tables(zoo, readme)
+    write_tables(zoo, readme, "verify")
   return rows
 
 
@@ -697,19 +808,59 @@ def zoo_readme(manifest: dict) -> str:
   return "\n".join(lines)
 
 
-def readme_with_table(text: str, table: str) -> str:
-  """`text` (the README) with the block between the markers replaced by `table`."""
+def table_block_problem(text: str, readme: Path) -> Optional[str]:
+  """What is wrong with the README's generated block: none, or more than one (None: fine)."""
+  starts, ends = text.count(TABLE_START), text.count(TABLE_END)
   start, end = text.find(TABLE_START), text.find(TABLE_END)
-  if start < 0 or end < start:
-    raise ConfigError(f"zoo table: README.md has no {TABLE_START} ... {TABLE_END} block")
+  if starts == ends == 1 and start < end:
+    return None
+  if starts > 1 or ends > 1:
+    return (
+      f"{readme} holds {max(starts, ends)} zoo-table blocks ({TABLE_START} ... {TABLE_END}); "
+      "delete all but one, then run `python -m experiments.zoo table`"
+    )
+  return f"{readme} has no {TABLE_START} ... {TABLE_END} block; put one where the table goes"
+
+
+def readme_with_table(text: str, table: str, readme: Path = Path("README.md")) -> str:
+  """`text` (the README) with the one block between the markers replaced by `table`."""
+  problem = table_block_problem(text, readme)
+  if problem:
+    raise ConfigError(f"zoo table: {problem}")
+  start, end = text.find(TABLE_START), text.find(TABLE_END)
   return text[:start] + table + text[end + len(TABLE_END) :]
 
 
-def write_tables(zoo: Path, readme: Path) -> None:
-  manifest = read_manifest(zoo)
+def table_problems(zoo: Path, manifest: dict) -> list[str]:
+  """Why the tables cannot be written from `manifest`: a cell without its folder, or numbers
+  that are not the cell's results.json's ([]: none)."""
+  missing = [
+    f"zoo/{name} is in the manifest but missing" for name in manifest["cells"]
+    if not (zoo / name).is_dir()
+  ]  # fmt: skip
+  return missing + numbers_disagree(zoo, _with_folders(zoo, manifest))
+
+
+def _refuse_table_problems(zoo: Path, manifest: dict, command: str) -> None:
+  problems = table_problems(zoo, manifest)
+  if problems:
+    more = f" (and {len(problems) - 1} more: `python -m experiments.zoo check` lists them)"
+    raise ConfigError(
+      f"zoo {command}: {problems[0]}{more if len(problems) > 1 else ''}; the tables are "
+      "written from the manifest, so mend it (git checkout zoo/) or add the cell again"
+    )
+
+
+def write_tables(zoo: Path, readme: Path, command: str = "table") -> None:
+  """Writes zoo/README.md and the README's block from the manifest, which must agree with
+  the cells (a folder each, their results.json's numbers), else `ConfigError` and no write."""
+  manifest = existing_manifest(zoo, command)
+  _refuse_table_problems(zoo, manifest, command)
+  text = readme.read_text() if readme.is_file() else None
+  new_readme = None if text is None else readme_with_table(text, readme_table(manifest), readme)
   (zoo / "README.md").write_text(zoo_readme(manifest))
-  if readme.is_file():
-    readme.write_text(readme_with_table(readme.read_text(), readme_table(manifest)))
+  if new_readme is not None:
+    readme.write_text(new_readme)
 
 
 def stale_tables(zoo: Path, readme: Path) -> list[str]:
@@ -719,9 +870,16 @@ def stale_tables(zoo: Path, readme: Path) -> list[str]:
   if not (zoo / "README.md").is_file() or (zoo / "README.md").read_text() != zoo_readme(manifest):
     stale.append(str(zoo / "README.md"))
   text = readme.read_text()
-  if readme_with_table(text, readme_table(manifest)) != text:
+  if table_block_problem(text, readme):  # `check` says what is wrong with the block
+    return stale
+  if readme_with_table(text, readme_table(manifest), readme) != text:
     stale.append(f"{readme}'s results table")
   return stale
+
+
+def _with_folders(zoo: Path, manifest: dict) -> dict:
+  """`manifest` less its cells without a folder (`check_cells` names those)."""
+  return dict(manifest, cells={n: e for n, e in manifest["cells"].items() if (zoo / n).is_dir()})
 
 
 # -- Command line -----------------------------------------------------------------------------
@@ -731,15 +889,23 @@ DEFAULT_VERIFY_TASKS = 20  # every cell in a few minutes on a laptop's CPU
 
 
 def _task_count(text: str) -> Optional[int]:
-  """`--num-test-tasks`: a count of at least 1, or 'all' (None: every test task)."""
+  """`--num-test-tasks`: a count of at least 2, or 'all' (None: every test task).
+
+  One task has no 95 % half-width, and the tolerance across machines is a fraction of it.
+  """
   if text == "all":
     return None
   try:
     count = int(text)
   except ValueError:
     count = 0
+  if count == 1:
+    raise argparse.ArgumentTypeError(
+      "1 task has no 95 % half-width, which the tolerance across machines is a fraction of: "
+      "give at least 2, or 'all'"
+    )
   if count < 1:
-    raise argparse.ArgumentTypeError(f"a count of at least 1 or 'all', not {text!r}")
+    raise argparse.ArgumentTypeError(f"a count of at least 2 or 'all', not {text!r}")
   return count
 
 
@@ -776,13 +942,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.command == "add":
+    if args.name is not None:
+      check_cell_name(args.name)
+    if (args.zoo / MANIFEST).is_file():  # the tables written at the end must be writable
+      _refuse_table_problems(args.zoo, read_manifest(args.zoo), "add")
     added = add(args.sources, args.zoo, name=args.name, replace=args.replace)
     code = 0
     if not args.no_verify:
       code = _print_verification(
         args.zoo, ",".join(added), args.num_test_tasks, record=True, readme=args.readme
       )
-    write_tables(args.zoo, args.readme)
+    write_tables(args.zoo, args.readme, "add")
     print(f"wrote {args.zoo / 'README.md'}, {args.zoo / MANIFEST} and {args.readme}'s table")
     return code
   if args.command == "verify":
@@ -793,7 +963,12 @@ def main(argv=None) -> int:
     write_tables(args.zoo, args.readme)
     print(f"wrote {args.zoo / 'README.md'} and {args.readme}'s table")
     return 0
-  problems = check_cells(args.zoo) + [f"{p} is stale" for p in stale_tables(args.zoo, args.readme)]
+  manifest = existing_manifest(args.zoo, "check")
+  problems = check_cells(args.zoo, manifest)
+  problems += numbers_disagree(args.zoo, _with_folders(args.zoo, manifest))
+  problems += [f"{p} is stale" for p in stale_tables(args.zoo, args.readme)]
+  block = table_block_problem(args.readme.read_text(), args.readme)
+  problems += [block] if block else []
   for problem in problems:
     print(problem)
   print("zoo: " + ("problems above" if problems else "checksums and tables agree"))
