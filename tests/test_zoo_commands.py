@@ -51,7 +51,9 @@ def _one_line(raised) -> str:
 
 def _files(folder) -> dict:
   """Every file under `folder` and its bytes."""
-  return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+  return {
+    p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+  }
 
 
 # -- add: nothing outside the cell's folder --------------------------------------------------
@@ -224,7 +226,8 @@ def test_verify_of_one_task_is_refused_with_its_cause(capsys):
   half-width)."""
   with pytest.raises(SystemExit):
     zoo.parse_args(["verify", "--num-test-tasks", "1"])
-  assert capsys.readouterr().err.splitlines()[-1].endswith(
+  last_line = capsys.readouterr().err.splitlines()[-1]
+  assert last_line.endswith(
     "argument --num-test-tasks: 1 task has no 95 % half-width, which the tolerance across "
     "machines is a fraction of: give at least 2, or 'all'"
   )
