@@ -77,9 +77,21 @@ def test_a_name_that_is_not_one_plain_folder_name_is_refused_before_anything(
 ):
   """Before: `../outside` and `a/b` gave a FileNotFoundError traceback (after the run was
   read); an absolute name would have put the cell outside the zoo."""
-  target = tmp_path / "zoo"
+  target, readme = tmp_path / "zoo", tmp_path / "README.md"
   with pytest.raises(ConfigError) as raised:
-    zoo.main(["--zoo", str(target), "add", str(source_run), "--name", name, "--no-verify"])
+    zoo.main(
+      [
+        "--zoo",
+        str(target),
+        "--readme",
+        str(readme),
+        "add",
+        str(source_run),
+        "--name",
+        name,
+        "--no-verify",
+      ]
+    )
   assert _one_line(raised) == (
     f"zoo add: --name {name!r} is not a cell's name: give one plain folder name of letters, "
     "digits, '_', '-' and '.' (not starting or ending with '.', no '/'), e.g. "

@@ -65,7 +65,9 @@ def class_prototypes(embeddings: jax.Array, labels: jax.Array, num_classes: int)
   Returns:
     Row k is the mean of the embeddings labelled k. Where the labels are
     concrete, a label outside `[0, K)` or a class without an example is
-    refused (`InputError`); under `jit` such a class's row is NaN (0 / 0).
+    refused (`InputError`); under `jit` every row is then NaN, so that every
+    score of the task is NaN (not only the absent class's distance, which an
+    argmax or a distance's `where` would hide).
 
   Examples:
     >>> embeddings = jnp.array([[0.0, 2.0], [2.0, 4.0], [5.0, 5.0]])
@@ -77,7 +79,10 @@ def class_prototypes(embeddings: jax.Array, labels: jax.Array, num_classes: int)
   # Sums by segment, not a one-hot matrix product: exact float32 sums on any backend.
   sums = jax.ops.segment_sum(embeddings, labels, num_segments=num_classes)
   counts = jax.ops.segment_sum(jnp.ones_like(labels, embeddings.dtype), labels, num_classes)
-  return sums / counts[:, None]
+  # Traced labels: a task with a class absent, or a label that segment_sum drops, has no
+  # prototypes to score against (NaN everywhere, not a NaN row that a later step hides).
+  complete = jnp.all(counts > 0) & jnp.all((labels >= 0) & (labels < num_classes))
+  return jnp.where(complete, sums / jnp.maximum(counts, 1)[:, None], jnp.nan)
 
 
 def prototype_logits(
@@ -88,13 +93,13 @@ def prototype_logits(
   Squared Euclidean: sum_j (f_j - c_kj)^2, as a sum of squared differences (not
   f.f - 2 f.c + c.c, which cancels in float32 when f is near c).
   Euclidean: its square root, with the gradient 0 where the distance is 0 (as
-  `torch.norm`'s), not the square root's infinite one.
+  `torch.norm`'s), not the square root's infinite one. A NaN distance stays NaN.
   """
   squared = jnp.sum(jnp.square(embeddings[:, None, :] - prototypes[None, :, :]), axis=-1)
   if distance == "squared_euclidean":
     return -squared
-  positive = squared > 0
-  return -jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0)
+  positive = squared > 0  # False for NaN: 0 * squared keeps the NaN (and is 0 at 0)
+  return -jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0 * squared)
 
 
 def _check_labels(where: str, labels, num_classes: int) -> None:
@@ -140,7 +145,8 @@ def protonet(
     `vj.categorical_nll`.
 
   Raises:
-    InputError: a count that is not an integer >= 1, or an unknown distance.
+    InputError: a count that is not an integer >= 2 (one class: every query's
+      probability is 1, whatever the embedding), or an unknown distance.
 
   Examples:
     >>> model = vj.MLP((8,), None)  # an embedding: no output layer
@@ -154,9 +160,16 @@ def protonet(
     >>> learner.predict(task_params, support_x, jax.random.key(4)).shape  # [1, examples, classes]
     (1, 6, 3)
   """
-  checks.step_count("protonet", "num_classes", num_classes, 1)
   train_classes = num_classes if train_num_classes is None else train_num_classes
-  checks.step_count("protonet", "train_num_classes", train_classes, 1)
+  for name, count in (("num_classes", num_classes), ("train_num_classes", train_classes)):
+    checks.step_count("protonet", name, count, 1)
+    if count == 1:  # a softmax over one prototype: accuracy 1, NLL 0, ECE 0 on any task
+      raise checks.fail(
+        "protonet",
+        name,
+        "at least 2 (with one class every query's probability is 1 whatever the embedding)",
+        "1",
+      )
   if distance not in DISTANCES:
     raise checks.fail("protonet", "distance", f"one of {', '.join(DISTANCES)}", repr(distance))
   nll = losses.categorical_nll

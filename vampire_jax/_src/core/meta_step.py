@@ -107,10 +107,17 @@ def with_log_std(metrics: dict, meta_params: PyTree) -> dict:
   return dict(metrics, log_std=total / sum(leaf.size for leaf in leaves))
 
 
+def accuracy(probs: jax.Array, labels: jax.Array) -> jax.Array:
+  """The fraction of `[batch, classes]` predictions whose argmax is the label; NaN where any
+  probability is NaN (an argmax of NaN is 0, which would count as a prediction)."""
+  correct = jnp.mean(jnp.argmax(probs, axis=-1) == labels)
+  return jnp.where(jnp.any(jnp.isnan(probs)), jnp.nan, correct)
+
+
 def classification_metrics(outputs: jax.Array, labels: jax.Array) -> dict:
   """Accuracy of the sample-averaged softmax; outputs `[samples, batch, classes]`."""
   probs = jnp.mean(jax.nn.softmax(outputs, axis=-1), axis=0)
-  return {"accuracy": jnp.mean(jnp.argmax(probs, axis=-1) == labels)}
+  return {"accuracy": accuracy(probs, labels)}
 
 
 def make_meta_gradient(

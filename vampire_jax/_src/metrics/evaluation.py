@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vampire_jax._src.core import batching, losses, sharding
+from vampire_jax._src.core import batching, losses, meta_step, sharding
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.learners import MetaLearner, adapt_to_task
 from vampire_jax._src.core.tasks import Task, check_task_batch
@@ -122,9 +122,12 @@ def make_classification_evaluator(
 
   def score(logits, labels):
     probs = jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
-    accuracy = jnp.mean(jnp.argmax(probs, axis=-1) == labels)
+    # A query label outside [0, classes) has no probability (-1 would pick the last class).
+    labelled = jnp.all((labels >= 0) & (labels < logits.shape[-1]))
+    probs = jnp.where(labelled, probs, jnp.nan)
+    accuracy = meta_step.accuracy(probs, labels)
     nll = -jnp.mean(losses.mixture_log_prob_categorical(logits, labels))
-    return ClassificationEval(accuracy, nll, probs)
+    return ClassificationEval(accuracy, jnp.where(labelled, nll, jnp.nan), probs)
 
   def evaluate(meta_params, tasks: Task, keys: jax.Array) -> ClassificationEval:
     return _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_size, mesh)

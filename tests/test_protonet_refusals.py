@@ -1,0 +1,108 @@
+"""ProtoNet refuses what it cannot score, and a task it cannot score is NaN in every score (issue 60).
+
+A ProtoNet of one class gives every query the probability 1 (accuracy 1, NLL 0, ECE 0 on
+pure noise): refused at construction. A task whose support lacks a class, or holds a label
+outside `0..K-1`, has no prototypes to score against: refused by name where the labels are
+concrete, and NaN in every score under `jit` (the accuracy too, not the argmax of NaN), for
+both distances.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import vampire_jax as vj
+
+WAYS = 3
+SUPPORT_Y = jnp.array([0, 1, 2, 0, 1, 2])
+QUERY_Y = jnp.array([0, 1, 2, 2])
+
+
+def _one_line(raised) -> str:
+  message = str(raised.value)
+  assert len(message.splitlines()) == 1, message
+  return message
+
+
+def _learner(distance="squared_euclidean", **counts):
+  model = vj.MLP((6,), None)
+  params = vj.init_params(model, jax.random.key(0), (1, 4))
+  counts = {"num_classes": WAYS, **counts}
+  return vj.baselines.protonet(vj.pure_apply(model), distance=distance, **counts), params
+
+
+@pytest.mark.parametrize("field", ["num_classes", "train_num_classes"])
+def test_one_class_is_refused_where_the_learner_is_built(field):
+  """Before: `protonet(..., num_classes=1, train_num_classes=1)` was accepted, and pure-noise
+  tasks scored accuracy 1.0, ECE 0 and NLL 0."""
+  counts = {"num_classes": 1, "train_num_classes": 1} if field == "num_classes" else {}
+  counts = counts or {"num_classes": WAYS, "train_num_classes": 1}
+  with pytest.raises(vj.InputError) as raised:
+    _learner(**counts)
+  assert _one_line(raised) == (
+    f"protonet: {field} must be at least 2 (with one class every query's probability is 1 "
+    "whatever the embedding), got 1"
+  )
+
+
+def _tasks(support_ys, query_ys=None):
+  """Tasks of `WAYS` Gaussian blobs with the given support (and query) labels."""
+  num = len(support_ys)
+  keys = jax.random.split(jax.random.key(1), 2)
+  support_x = jax.random.normal(keys[0], (num, len(SUPPORT_Y), 4))
+  query_x = jax.random.normal(keys[1], (num, len(QUERY_Y), 4))
+  query_ys = [QUERY_Y] * num if query_ys is None else query_ys
+  return vj.Task(support_x, jnp.stack(support_ys), query_x, jnp.stack(query_ys))
+
+
+@pytest.mark.parametrize("distance", ["squared_euclidean", "euclidean"])
+def test_a_task_it_cannot_score_is_nan_in_every_score_under_jit(distance):
+  """Before: a task lacking class 2 had NaN probabilities but accuracy 0.333 (argmax of NaN
+  is 0); with the Euclidean distance the NaN distance became 0 (`where(squared > 0, sqrt,
+  0)`), the absent class was nearest to every query, and the task scored accuracy 0.333 and
+  a finite NLL. A support label of 3 (dropped by the class sums) or a query label of -1
+  (which picks the last class) scored finite numbers too."""
+  learner, params = _learner(distance)
+  tasks = _tasks(
+    [SUPPORT_Y, jnp.array([0, 1, 0, 0, 1, 1]), jnp.array([0, 1, 2, 3, 1, 2]), SUPPORT_Y],
+    [QUERY_Y, QUERY_Y, QUERY_Y, jnp.array([0, 1, 2, -1])],
+  )
+  scores = jax.jit(vj.make_classification_evaluator(learner))(params, tasks, jax.random.key(2))
+  assert np.isfinite(scores.accuracy[0]) and np.isfinite(scores.nll[0])
+  assert np.isfinite(scores.probabilities[0]).all()
+  for task in (1, 2, 3):  # class 2 absent; a support label of 3; a query label of -1
+    assert np.isnan(scores.accuracy[task]), (task, scores.accuracy[task])
+    assert np.isnan(scores.nll[task]), (task, scores.nll[task])
+    assert np.isnan(scores.probabilities[task]).all(), task
+  # The meta-step's own accuracy (its metrics) is NaN for such a task as well.
+  logits = learner.predict(
+    jax.jit(learner.adapt)(params, tasks.support_x[1], tasks.support_y[1], None),
+    tasks.query_x[1],
+    None,
+  )
+  assert np.isnan(logits).all()
+  assert np.isnan(vj.classification_metrics(logits, tasks.query_y[1])["accuracy"])
+
+
+@pytest.mark.parametrize("distance", ["squared_euclidean", "euclidean"])
+def test_a_task_it_cannot_score_is_refused_by_name_where_the_labels_are_concrete(distance):
+  learner, params = _learner(distance)
+  x = jax.random.normal(jax.random.key(1), (6, 4))
+  with pytest.raises(vj.InputError) as raised:
+    learner.adapt(params, x, jnp.array([0, 1, 0, 0, 1, 1]), None)
+  assert _one_line(raised) == (
+    "protonet.adapt: support_y must be labels with an example of every class 0..2 (a "
+    "prototype is a mean), got none of classes [2]"
+  )
+  with pytest.raises(vj.InputError) as raised:
+    learner.adapt(params, x, jnp.array([0, 1, 2, 3, 1, 2]), None)
+  assert _one_line(raised) == (
+    "protonet.adapt: support_y must be class indices in [0, 3) for 3 outputs, got 1 outside it: [3]"
+  )
+
+
+def test_the_euclidean_distance_keeps_a_nan_and_is_still_zero_at_zero():
+  prototypes = jnp.array([[1.0, 2.0], [jnp.nan, 0.0]])
+  logits = vj.baselines.prototype_logits(jnp.array([[1.0, 2.0]]), prototypes, "euclidean")
+  assert float(logits[0, 0]) == 0.0 and np.isnan(logits[0, 1])
