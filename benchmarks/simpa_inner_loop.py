@@ -14,11 +14,12 @@ the MSE, i.e. --likelihood-std 0.7071).
 
 import argparse
 import dataclasses
+import sys
 import time
 
 import jax
 
-from experiments import regression
+from experiments import cli, regression
 from vampire_jax._src.runs import algorithms, loop, programs
 
 VARIANTS = {
@@ -47,18 +48,42 @@ def support_loss_change(seed: int, kl_samples: int, changes: dict) -> tuple[floa
   return report.loss_before, report.loss_after
 
 
+def _seeds(text: str) -> list[int]:
+  """`--seeds`: comma-separated integers >= 0."""
+  try:
+    seeds = [int(s) for s in text.split(",")]
+  except ValueError:
+    seeds = []
+  if not seeds or min(seeds) < 0:
+    raise argparse.ArgumentTypeError(f"comma-separated integers >= 0 (e.g. 0,1), not {text!r}")
+  return seeds
+
+
+def _kl_samples(text: str) -> int:
+  """`--kl-samples`: at least 2 (the KL lower bound's estimate needs two draws)."""
+  try:
+    count = int(text)
+  except ValueError:
+    count = 0
+  if count < 2:
+    raise argparse.ArgumentTypeError(
+      f"a count of at least 2 (SImPa's KL estimate needs two draws), not {text!r}"
+    )
+  return count
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--seeds", default="0,1", help="comma-separated (default: 0,1)")
+  parser.add_argument("--seeds", type=_seeds, default="0,1", help="comma-separated (default: 0,1)")
   parser.add_argument(
-    "--kl-samples", type=int, default=512, help="draws in each KL estimate (default: 512)"
+    "--kl-samples", type=_kl_samples, default=512, help="draws in each KL estimate (default: 512)"
   )
   args = parser.parse_args(argv)
   print(f"SImPa, regression `cpu` preset, {args.kl_samples} KL draws, {jax.default_backend()}")
   print("| variant | seed | support loss before | after the inner loop | seconds |")
   print("|---|---|---|---|---|")
   for name, changes in VARIANTS.items():
-    for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in args.seeds:
       start = time.perf_counter()
       before, after = support_loss_change(seed, args.kl_samples, changes)
       seconds = time.perf_counter() - start
@@ -66,4 +91,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.main_entry(main))

@@ -86,6 +86,9 @@ def run_methods(
     a method whose training diverged is `{"diverged": message}` and the
     others still run.
   """
+  for algorithm in algorithms:  # every method's settings, before the first one trains
+    config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
+    algorithm_registry.check_config(cli.drop_ignored(config, print_fn=lambda line: None))
   methods = {}
   for algorithm in algorithms:
     config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)

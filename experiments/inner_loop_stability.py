@@ -22,15 +22,19 @@ Issue 50 used it (BUILD_NOTES.md, "Runaway test tasks").
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import vampire_jax as vj
-from experiments import regression
+from experiments import cli, regression
 from vampire_jax._src.core import sharding
+from vampire_jax._src.core.errors import ConfigError
 from vampire_jax._src.core.gaussian import Gaussian, sample
+from vampire_jax._src.runs import experiment_configs
 
 BINS = (0.0, 2.0, 5.0, 10.0, 15.0, 25.0)  # edges of the support's mean x^2 (at most 25)
 
@@ -130,20 +134,58 @@ def summary(m: dict) -> dict:
   )
 
 
+def _task_count(text: str) -> int:
+  """`--tasks`: a count of at least 2 (the summary's rank correlation needs two)."""
+  try:
+    count = int(text)
+  except ValueError:
+    count = 0
+  if count < 2:
+    raise argparse.ArgumentTypeError(
+      f"a count of test tasks of at least 2 (the summary's rank correlation needs two), not {text!r}"
+    )
+  return count
+
+
+def load_checked_run(run_dir: str) -> vj.Run:
+  """The run in `run_dir`, refused in one line unless its inner loop can be measured here: a
+  sine/line run (`experiments.regression`) of a learner with gradient inner steps."""
+  where = "experiments.inner_loop_stability"
+  if not (Path(run_dir) / "run.json").is_file():
+    raise ConfigError(
+      f"{where}: {run_dir} is not a run folder (no run.json); give run folders of "
+      "experiments.regression, e.g. runs/regression_cpu_seed0/vampire"
+    )
+  run = vj.load_run(run_dir)
+  if not isinstance(run.config, experiment_configs.RegressionConfig):
+    raise ConfigError(
+      f"{where}: {run_dir} is a run of {type(run.config).__name__}, not of "
+      "experiments.regression: this tool draws sine/line tasks; give a regression run"
+    )
+  settings = run.learner.settings
+  if settings is None or settings.num_inner_steps == 0 or not settings.inner_lr:
+    raise ConfigError(
+      f"{where}: {run_dir} is a {run.config.algorithm} run, whose inner loop has no gradient "
+      "step of a support loss to measure; give a run of vampire, vampire2, abml, maml, fomaml "
+      "or platipus"
+    )
+  return run
+
+
 def main(argv=None) -> dict:
   sharding.default_to_all_cpu_cores()
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
   parser.add_argument("run_dirs", nargs="+", help="run folders of experiments.regression")
-  parser.add_argument("--tasks", type=int, default=2000)
+  parser.add_argument("--tasks", type=_task_count, default=2000)
   parser.add_argument("--seed", type=int, default=50)
   parser.add_argument("--json", help="also write every number here")
   parser.add_argument("--npz", help="also write every task's numbers here")
   args = parser.parse_args(argv)
+  runs = {run_dir: load_checked_run(run_dir) for run_dir in args.run_dirs}  # all, before work
   out = {}
-  for run_dir in args.run_dirs:
-    run = vj.load_run(run_dir)
+  for run_dir, run in runs.items():
     problem = regression.make_problem(run.config)
     tasks = vj.draw_tasks(problem, "test", jax.random.key(args.seed), args.tasks)
     m = task_measures(run, tasks, jax.random.key(args.seed + 1))
@@ -175,4 +217,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli.main_entry(main))

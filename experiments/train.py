@@ -51,25 +51,33 @@ def run_experiment(
 def kl_step_note(config) -> str:
   """Why the inner-loop check will warn about the KL step, where the settings are the paper's.
 
-  At the initial prior the KL step's factor inner_lr * kl_weight / sigma_p^2 is largest at
-  the narrowest log-std, `log_std_init[0]`: the paper's regression values (0.001, 1) give
-  2.98 there, above the stable 2, and the loop's check warns. Empty where the factor is
-  below 2 or the algorithm has no KL term.
+  At the initial prior the KL step's factor inner_lr * kl_weight / sigma^2 is largest at
+  the narrowest sigma of the KL's target: for VAMPIRE and ABML the prior's narrowest
+  initial log-std, `log_std_init[0]` (the paper's regression values, 0.001 and 1, give
+  2.98 there, above the stable 2, and the loop's check warns); for Vampire2, whose KL is to
+  N(0, I), sigma 1. Empty where the factor is below 2 or the algorithm's inner loop takes
+  no KL step (MAML, PLATIPUS, BMAML, ProtoNet, SImPa).
   """
   from vampire_jax._src.runs import algorithms
 
-  if not algorithms.get(config.algorithm).has_kl or not config.kl_weight:
+  algorithm = algorithms.get(config.algorithm)
+  if not algorithm.inner_kl or not config.kl_weight:
     return ""
-  factor = config.inner_lr * config.kl_weight * math.exp(-2 * config.log_std_init[0])
+  if algorithm.kl_target == "standard_normal":
+    inverse_variance, where = 1.0, "N(0, I), the KL's target (sigma 1)"
+  else:
+    inverse_variance = math.exp(-2 * config.log_std_init[0])
+    where = f"the prior's narrowest initial log-std ({config.log_std_init[0]:g})"
+  factor = config.inner_lr * config.kl_weight * inverse_variance
   if factor < 2:
     return ""
-  stable = 1.9 / (config.inner_lr * math.exp(-2 * config.log_std_init[0]))
+  stable = 1.9 / (config.inner_lr * inverse_variance)
   return (
     f"note: --inner-lr {config.inner_lr:g} and --kl-weight {config.kl_weight:g} give the KL "
-    f"step a factor inner_lr * kl_weight / sigma_p^2 of up to {factor:.2f} at the prior's narrowest "
-    f"initial log-std ({config.log_std_init[0]:g}), above the stable 2, so the check below "
-    "warns about it. The presets keep the paper's (and the authors' code's) values, and the runs in BUILD_NOTES.md "
-    f'trained with them ("Deviations"); --kl-weight {stable:.2g} or less keeps it below 2'
+    f"step a factor inner_lr * kl_weight / sigma^2 of up to {factor:.2f} at {where}, above "
+    "the stable 2, so the check below warns about it. The presets keep the paper's (and the "
+    "authors' code's) values, and the runs in BUILD_NOTES.md trained with them "
+    f'("Deviations"); --kl-weight {stable:.2g} or less keeps it below 2'
   )
 
 

@@ -106,3 +106,21 @@ def test_the_euclidean_distance_keeps_a_nan_and_is_still_zero_at_zero():
   prototypes = jnp.array([[1.0, 2.0], [jnp.nan, 0.0]])
   logits = vj.baselines.prototype_logits(jnp.array([[1.0, 2.0]]), prototypes, "euclidean")
   assert float(logits[0, 0]) == 0.0 and np.isnan(logits[0, 1])
+
+
+def test_inputs_of_another_feature_count_are_refused_by_name():
+  """Before: flax's ScopeParamShapeError, naming a kernel and no argument of ProtoNet's."""
+  learner, params = _learner()
+  wide = jnp.ones((6, 5))  # 5 features for an embedding of 4
+  with pytest.raises(vj.InputError) as raised:
+    learner.adapt(params, wide, SUPPORT_Y, None)
+  assert _one_line(raised).startswith(
+    "protonet.adapt: params and support_x float32[6, 5] do not fit together (another "
+    "network's parameters, or inputs of another shape"
+  )
+  task_params = learner.adapt(params, jnp.ones((6, 4)), SUPPORT_Y, None)
+  with pytest.raises(vj.InputError) as raised:
+    learner.predict(task_params, wide, None)
+  assert _one_line(raised).startswith(
+    "protonet.predict: task_params.params and x float32[6, 5] do not fit together"
+  )

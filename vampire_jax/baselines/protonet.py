@@ -180,6 +180,7 @@ def protonet(
       checks.array("protonet.adapt", "support_x", support_x)
       checks.examples("protonet.adapt", ("support_x", "support_y"), support_x, support_y)
       _check_labels("protonet.adapt", support_y, classes)
+      checks.network_fits("protonet.adapt", ("params", "support_x"), embed_fn, params, support_x)
       embeddings = embed_fn(params, support_x)
       return Prototypes(params, class_prototypes(embeddings, support_y, classes))
 
@@ -188,6 +189,9 @@ def protonet(
   def predict(task_params: Prototypes, x, key):
     del key
     adaptation.check_inputs("protonet.predict", x)
+    checks.network_fits(
+      "protonet.predict", ("task_params.params", "x"), embed_fn, task_params.params, x
+    )
     embeddings = embed_fn(task_params.params, x)
     return prototype_logits(embeddings, task_params.prototypes, distance)[None]
 

@@ -204,14 +204,20 @@ def simpa(
   inner_lr = default_inner_lr(nll, INNER_LR) if inner_lr is None else inner_lr
   loss_fn = losses.loss_from_apply(apply_fn, nll)
 
-  def num_targets(y, what: str) -> int:
+  def num_targets(y, what: str, where: str) -> int:
     count = math.prod(jnp.shape(y))
     if count < 2:
       raise InputError(
-        f"simpa.adapt: {what} has {count} target; SImPa's bound term divides by 2 (n - 1): "
+        f"{where}: {what} has {count} target; SImPa's bound term divides by 2 (n - 1): "
         "give at least 2"
       )
     return count
+
+  def check_network_fits(where: str, x_name: str, generator: Generator, x) -> None:
+    """The base network takes `x` with a generated weight tree (one draw, traced only)."""
+    drawn = jax.eval_shape(lambda g: draws(g, jax.random.key(0), 1), generator)
+    one = jax.tree_util.tree_map(lambda w: jax.ShapeDtypeStruct(w.shape[1:], w.dtype), drawn)
+    checks.network_fits(where, ("the generator's weights", x_name), apply_fn, one, x)
 
   def draws(generator: Generator, key, num_draws: int) -> PyTree:
     return generate(generator, draw_latents(key, num_draws, latent_dim(generator)))
@@ -230,7 +236,8 @@ def simpa(
 
   def adapt(meta: SimpaParams, support_x, support_y, key):
     adaptation.check_inputs("simpa.adapt", support_x)
-    n = num_targets(support_y, "support_y")
+    n = num_targets(support_y, "support_y", "simpa.adapt")
+    check_network_fits("simpa.adapt", "support_x", meta.generator, support_x)
 
     def step(carry, step_key):
       generator, phi = carry
@@ -268,18 +275,18 @@ def simpa(
 
   def predict(task_params: SimpaParams, x, key):
     adaptation.check_inputs("simpa.predict", x)
+    check_network_fits("simpa.predict", "x", task_params.generator, x)
     weights = draws(task_params.generator, key, num_mc_query)
     return _ensemble.apply_members(apply_fn, weights, x, sample_batching)
 
   def task_terms(meta: SimpaParams, task: Task, key):
+    num_query = num_targets(task.query_y, "task.query_y", "simpa's meta-loss")
     adapt_key, predict_key, phi_key, bound_key = jax.random.split(key, 4)
     adapted = adapt(meta, task.support_x, task.support_y, adapt_key)
     kl_for_phi = kl_lower_bound(adapted.generator, adapted.phi, phi_key, num_kl_samples)
     outputs = predict(adapted, task.query_x, predict_key)
     query_loss = _ensemble.mean_member_nll(nll, outputs, task.query_y)
-    task_bound, _ = bound(
-      adapted.generator, adapted.phi, bound_key, num_targets(task.query_y, "query_y")
-    )
+    task_bound, _ = bound(adapted.generator, adapted.phi, bound_key, num_query)
     loss = -kl_for_phi + clipped_in_value(query_loss) + task_bound
     # The authors skip a task whose PHI loss is NaN; a NaN query loss is reported (theirs raises).
     skip = jnp.isnan(kl_for_phi) & jnp.isfinite(query_loss)
@@ -291,7 +298,19 @@ def simpa(
     loss, outputs = masked_terms(meta, task, key)
     return loss + hyper_prior_term(meta.generator, tasks_per_step, epsilon), outputs
 
-  return MetaLearner(init, adapt, predict, nll, meta_loss)
+  return MetaLearner(init, adapt, predict, nll, meta_loss, tasks_per_step=tasks_per_step)
+
+
+def _check_simpa_params(where: str, name: str, params) -> None:
+  """Refuses another learner's meta-parameters (a VAMPIRE `Gaussian`, MAML's weights)."""
+  if not isinstance(params, SimpaParams):
+    raise checks.fail(
+      where,
+      name,
+      "SImPa's meta-parameters (vj.baselines.SimpaParams, from vj.baselines.simpa(...).init); "
+      "another learner's take vj.meta_optimizer",
+      f"a {type(params).__name__}",
+    )
 
 
 class SimpaOptState(NamedTuple):
@@ -333,10 +352,12 @@ def simpa_optimizer(
   phi_opt = meta_step.meta_optimizer(phi_learning_rate, **shared)
 
   def init(params: SimpaParams) -> SimpaOptState:
+    _check_simpa_params("simpa_optimizer.init", "params", params)
     return SimpaOptState(generator_opt.init(params.generator), phi_opt.init(params.phi))
 
   def update(grads: SimpaParams, state: SimpaOptState, params=None, **extra_args):
     del extra_args
+    _check_simpa_params("simpa_optimizer.update", "updates", grads)
     part = lambda name: None if params is None else getattr(params, name)
     generator, generator_state = generator_opt.update(
       grads.generator, state.generator, part("generator")

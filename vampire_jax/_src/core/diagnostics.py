@@ -24,14 +24,13 @@ import optax
 from jax.experimental import checkify
 
 from vampire_jax._src.core import input_checks as checks
-from vampire_jax._src.core.errors import InputError
 from vampire_jax._src.core.gaussian import (
   Gaussian,
   kl_step_factor,
   sample,
   standard_normal_like,
 )
-from vampire_jax._src.core.learners import MetaLearner, check_settings
+from vampire_jax._src.core.learners import MetaLearner, check_meta_params_kind, check_settings
 from vampire_jax._src.core.tasks import Task
 
 PyTree = Any
@@ -192,16 +191,9 @@ def _check_arguments(learner: MetaLearner, meta_params: PyTree, task: Task, key)
     )
   checks.examples(where, ("task.support_x", "task.support_y"), task.support_x, task.support_y)
   central = _central_weights(meta_params)
-  expected = _structure_of_init(learner, central)
-  made = jax.tree_util.tree_structure(meta_params)
-  # Meta-parameters of init's own container pass: an init that does not take its own output
-  # back (SImPa's generator and PHI network) makes another tree from them than they are.
-  if expected is not None and expected != made and not _same_container(made, expected):
-    raise InputError(
-      f"{where}: meta_params is a {_kind_of(made)}, but this learner's init makes a "
-      f"{_kind_of(expected)} (a MAML learner takes weights, VAMPIRE a vj.Gaussian): pass "
-      "learner.init(params, key)"
-    )
+  check_meta_params_kind(
+    where, "meta_params", learner, meta_params, "pass learner.init(params, key)"
+  )
   if learner.settings is not None:
     checks.loss_fits(
       where,
@@ -223,38 +215,6 @@ def _check_arguments(learner: MetaLearner, meta_params: PyTree, task: Task, key)
         "free of NaN (no step size helps NaN meta-parameters)",
         f"{int(np.isnan(values).sum())} NaN of {values.size}",
       )
-
-
-def _structure_of_init(learner: MetaLearner, weights: PyTree):
-  """The tree structure `learner.init` makes from `weights` (traced only); None if it fails."""
-  try:
-    return jax.tree_util.tree_structure(jax.eval_shape(learner.init, weights, jax.random.key(0)))
-  except Exception:  # an init that needs more than weights: nothing to compare with
-    return None
-
-
-def _container(structure):
-  node = structure.node_data()
-  return node[0] if node is not None else None
-
-
-def _same_container(made, expected) -> bool:
-  """Both trees are the same NamedTuple of meta-parameters (e.g. `SimpaParams`)."""
-  kind = _container(made)
-  return _is_named_tuple(kind) and kind is _container(expected)
-
-
-def _is_named_tuple(kind) -> bool:
-  return isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "_fields")
-
-
-def _kind_of(structure) -> str:
-  """How a message names meta-parameters of this structure: `vj.Gaussian`, another
-  NamedTuple by its name (`SimpaParams`), or `weight tree`."""
-  kind = _container(structure)
-  if kind is Gaussian:
-    return "vj.Gaussian"
-  return kind.__name__ if _is_named_tuple(kind) else "weight tree"
 
 
 def check_inner_loop(

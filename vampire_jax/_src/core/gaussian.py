@@ -332,6 +332,12 @@ def kl_step_factor(prior: Gaussian, inner_lr: float, kl_weight: float) -> jax.Ar
   paper's Omniglot setting (inner_lr 0.1, kl_weight 0.1, sigma_p ~ e^-3.5)
   gives about 11-30: see BUILD_NOTES.md.
   """
+  if not isinstance(prior, Gaussian):
+    raise InputError(
+      f"kl_step_factor: prior must be a vj.Gaussian (VAMPIRE's, ABML's or Vampire2's "
+      f"meta-parameters), got a {type(prior).__name__}: only those learners take KL steps in "
+      "their inner loop"
+    )
   leaves = jax.tree_util.tree_leaves(prior.log_std)
   if not leaves:
     raise InputError("kl_step_factor: the prior has no weights (an empty tree)")

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from vampire_jax._src.core import input_checks as checks
-from vampire_jax._src.core.learners import MetaLearner
+from vampire_jax._src.core.learners import MetaLearner, check_step_tasks
 from vampire_jax._src.core.meta_step import (
   MetaState,
   MetricsFn,
@@ -71,6 +71,11 @@ def make_host_chunked_meta_step(
     num_tasks = check_task_batch(tasks, "meta_step")
     if chunk_size < 1 or num_tasks % chunk_size:
       raise ValueError(f"chunk_size={chunk_size} must be >= 1 and divide the {num_tasks} tasks")
+    check_step_tasks(
+      learner,
+      num_tasks,
+      f"make_host_chunked_meta_step: the step was given {num_tasks} tasks (tasks' leading axis)",
+    )
     task_keys = split_keys(key, num_tasks)
     total = None
     for start in range(0, num_tasks, chunk_size):
@@ -101,6 +106,9 @@ def make_host_chunked_train_step(
   the same key, up to float rounding. Do not wrap it in `jax.jit`.
   """
   checks.step_count("make_host_chunked_train_step", "tasks_per_step", tasks_per_step, 1)
+  check_step_tasks(
+    learner, tasks_per_step, f"make_host_chunked_train_step: tasks_per_step={tasks_per_step}"
+  )
   if chunk_size < 1 or tasks_per_step % chunk_size:
     raise ValueError(f"chunk_size={chunk_size} must be >= 1 and divide the {tasks_per_step} tasks")
   gradient = make_meta_gradient(learner, task_batching="unroll", metrics_fn=metrics_fn)

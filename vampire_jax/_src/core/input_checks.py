@@ -121,6 +121,8 @@ def rate(where: str, name: str, value: Any, *, positive: bool) -> None:
     return  # a traced rate: the caller's metrics (finite) catch a bad one
   if isinstance(value, (str, bytes)):  # float("0.3") would pass, and fail later elsewhere
     raise fail(where, name, "a number, not a string", repr(value))
+  if isinstance(value, (bool, np.bool_)):  # True would be taken as 1.0
+    raise fail(where, name, "a number, not a bool", repr(value))
   try:
     number = float(np.asarray(value))
   except (TypeError, ValueError):

@@ -87,6 +87,9 @@ class MetaLearner(NamedTuple):
       `query_loss`'s default.
     settings: optional `InnerLoopSettings` (the loss and step sizes of the
       inner loop), read by `vj.check_inner_loop` to say which value to change.
+    tasks_per_step: the tasks per meta-step that `meta_loss` counts (SImPa's
+      hyper-prior term, M); None: it counts none. A step of another count is
+      refused (`vj.make_train_step`, `vj.make_meta_step`).
   """
 
   init: Callable[[PyTree, jax.Array], PyTree]
@@ -95,6 +98,74 @@ class MetaLearner(NamedTuple):
   nll: losses.Likelihood
   meta_loss: Optional[Callable[[PyTree, Task, jax.Array], tuple[jax.Array, jax.Array]]] = None
   settings: Optional["InnerLoopSettings"] = None
+  tasks_per_step: Optional[int] = None
+
+
+def check_meta_params_kind(
+  where: str, name: str, learner: MetaLearner, meta_params: PyTree, fix: str
+) -> None:
+  """Refuses meta-parameters of another kind than `learner.init` makes (a vj.Gaussian for MAML,
+  a weight tree for VAMPIRE), in one line naming both and `fix`.
+
+  Meta-parameters of init's own container pass: an init that does not take its own output
+  back (SImPa's generator and PHI network) makes another tree from them than they are.
+  """
+  expected = _structure_of_init(learner, getattr(meta_params, "mean", meta_params))
+  made = jax.tree_util.tree_structure(meta_params)
+  if expected is not None and expected != made and not _same_container(made, expected):
+    raise InputError(
+      f"{where}: {name} is a {_kind_of(made)}, but this learner's init makes a "
+      f"{_kind_of(expected)} (a MAML learner takes weights, VAMPIRE a vj.Gaussian): {fix}"
+    )
+
+
+def _structure_of_init(learner: MetaLearner, weights: PyTree):
+  """The tree structure `learner.init` makes from `weights` (traced only); None if it fails."""
+  try:
+    return jax.tree_util.tree_structure(jax.eval_shape(learner.init, weights, jax.random.key(0)))
+  except Exception:  # an init that needs more than weights: nothing to compare with
+    return None
+
+
+def _container(structure):
+  node = structure.node_data()
+  return node[0] if node is not None else None
+
+
+def _same_container(made, expected) -> bool:
+  """Both trees are the same NamedTuple of meta-parameters (e.g. `SimpaParams`)."""
+  kind = _container(made)
+  return _is_named_tuple(kind) and kind is _container(expected)
+
+
+def _is_named_tuple(kind) -> bool:
+  return isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "_fields")
+
+
+def _kind_of(structure) -> str:
+  """How a message names meta-parameters of this structure: `vj.Gaussian`, another
+  NamedTuple by its name (`SimpaParams`), or `weight tree`."""
+  kind = _container(structure)
+  if kind is Gaussian:
+    return "vj.Gaussian"
+  return kind.__name__ if _is_named_tuple(kind) else "weight tree"
+
+
+def check_step_tasks(learner: MetaLearner, count: int, described: str) -> None:
+  """Refuses a meta-step of `count` tasks for a learner whose meta-loss counts another.
+
+  Args:
+    learner: the learner the step trains.
+    count: the tasks the step adapts to.
+    described: where `count` comes from, e.g. "make_train_step: tasks_per_step=4".
+  """
+  built_for = getattr(learner, "tasks_per_step", None)
+  if built_for is not None and built_for != count:
+    raise InputError(
+      f"{described}, but the learner was built for tasks_per_step={built_for} (its meta-loss "
+      f"counts {built_for} tasks a step, as SImPa's hyper-prior term does); give both the same "
+      f"T, e.g. vj.baselines.simpa(..., tasks_per_step={count})"
+    )
 
 
 class InnerLoopSettings(NamedTuple):

@@ -26,7 +26,12 @@ from vampire_jax._src import deprecations
 from vampire_jax._src.core import batching, sharding
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.errors import InputError
-from vampire_jax._src.core.learners import MetaLearner, query_loss
+from vampire_jax._src.core.learners import (
+  MetaLearner,
+  check_meta_params_kind,
+  check_step_tasks,
+  query_loss,
+)
 from vampire_jax._src.core.meta_optimizer import (  # the optimizer's names, where they were
   MetaOptimizer as MetaOptimizer,
   _StepTasks,
@@ -206,6 +211,19 @@ def apply_meta_gradient(
   return MetaState(state.step + 1, meta_params, opt_state)
 
 
+def _check_state(learner: MetaLearner, state: MetaState, where: str) -> None:
+  """Refuses a state built for another learner (VAMPIRE's Gaussian in a MAML step), by name."""
+  if isinstance(state, MetaState):
+    check_meta_params_kind(
+      where,
+      "state.meta_params",
+      learner,
+      state.meta_params,
+      "build the state for the learner the step trains, vj.init_meta_state(learner, optimizer, "
+      "params, key)",
+    )
+
+
 def make_meta_step(
   learner: MetaLearner,
   optimizer: optax.GradientTransformation,
@@ -231,10 +249,12 @@ def make_meta_step(
 
   def meta_step(state: MetaState, tasks: Task, key: jax.Array):
     num_tasks = check_task_batch(tasks, "meta_step")
+    _check_state(learner, state, "meta_step")
     task_keys = jax.random.split(key, num_tasks)
+    described = f"make_meta_step: the step was given {num_tasks} tasks (tasks' leading axis)"
+    check_step_tasks(learner, num_tasks, described)
     grads, metrics = meta_gradient(state.meta_params, tasks, task_keys)
     metrics = with_health(metrics, grads)
-    described = f"make_meta_step: the step was given {num_tasks} tasks (tasks' leading axis)"
     return apply_meta_gradient(optimizer, state, grads, _StepTasks(num_tasks, described)), metrics
 
   return meta_step
@@ -332,9 +352,18 @@ def make_train_step(
     >>> int(state.step), metrics["loss"].shape, bool(metrics["finite"].all())
     (10, (10,), True)
   """
+  given = tasks_per_step is not None
   tasks_per_step = _tasks_per_step(optimizer, tasks_per_step)
   checks.step_count("make_train_step", "tasks_per_step", tasks_per_step, 1)
   checks.step_count("make_train_step", "steps_per_call", steps_per_call, 1)
+  check_step_tasks(
+    learner,
+    tasks_per_step,
+    f"make_train_step: tasks_per_step={tasks_per_step}"
+    + (
+      "" if given else " (the optimizer's, vj.meta_optimizer's or vj.baselines.simpa_optimizer's)"
+    ),
+  )
   if mesh is not None:
     sharding.check_mesh("make_train_step", mesh)
     sharding.check_divisible(tasks_per_step, mesh, "make_train_step: tasks_per_step")
@@ -356,6 +385,7 @@ def make_train_step(
 
   def train_step(state: MetaState, data: PyTree, key: jax.Array):
     checks.prng_key("train_step", "key", key)
+    _check_state(learner, state, "train_step")
     if steps_per_call == 1:
       state, metrics = one_step(state, data, key)
       return state, _stack_one(metrics)

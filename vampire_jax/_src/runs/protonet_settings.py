@@ -21,7 +21,8 @@ def check_classifies(config) -> None:
   if not hasattr(config, "ways"):
     raise ConfigError(
       f"--algorithm {config.algorithm} classifies (its logits are distances to class "
-      f"prototypes): it needs a classification experiment, not a {type(config).__name__}"
+      f"prototypes): it needs a classification experiment (omniglot, mini_imagenet, "
+      f"tiered_imagenet), not a {type(config).__name__}; leave it out of this one"
     )
 
 

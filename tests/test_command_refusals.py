@@ -1,0 +1,120 @@
+"""Commands refuse what they cannot do in one line, before any work (issue 60).
+
+A regression comparison that names ProtoNet is refused before its first method trains;
+`experiments.inner_loop_stability` refuses a folder that is no run, a run of another
+experiment or of a learner without gradient inner steps, and a task count below 2;
+`benchmarks.simpa_inner_loop` refuses seeds and KL draws it cannot use.
+"""
+
+import types
+
+import pytest
+
+import vampire_jax as vj
+from benchmarks import simpa_inner_loop
+from experiments import compare, inner_loop_stability, regression, zoo
+from vampire_jax._src.core.errors import ConfigError
+
+
+def _one_line(raised) -> str:
+  message = str(raised.value)
+  assert len(message.splitlines()) == 1, message
+  return message
+
+
+def _argparse_error(capsys, parse) -> str:
+  with pytest.raises(SystemExit) as raised:
+    parse()
+  assert raised.value.code == 2
+  return capsys.readouterr().err.splitlines()[-1]
+
+
+def test_a_comparison_naming_protonet_is_refused_before_any_method_trains(tmp_path):
+  """Before: `regression --algorithms simpa,vampire2,protonet` trained two methods for
+  minutes, then refused ProtoNet, and left no results."""
+  trained = []
+  experiment = types.SimpleNamespace(
+    get_config=regression.get_config,
+    run_experiment=lambda config, workdir, progress: trained.append(config.algorithm) or {},
+  )
+  with pytest.raises(ConfigError) as raised:
+    compare.run_methods(experiment, ["maml", "protonet"], "quick", tmp_path / "runs", {}, False)
+  assert _one_line(raised) == (
+    "--algorithm protonet classifies (its logits are distances to class prototypes): it needs "
+    "a classification experiment (omniglot, mini_imagenet, tiered_imagenet), not a "
+    "RegressionConfig; leave it out of this one"
+  )
+  assert trained == [] and not (tmp_path / "runs").exists()
+
+
+# -- experiments.inner_loop_stability ---------------------------------------------------------
+
+
+def test_inner_loop_stability_refuses_a_folder_that_is_no_run(tmp_path):
+  """Before: a traceback from vj.load_run."""
+  with pytest.raises(ConfigError) as raised:
+    inner_loop_stability.main([str(tmp_path / "nothing")])
+  assert _one_line(raised) == (
+    f"experiments.inner_loop_stability: {tmp_path / 'nothing'} is not a run folder (no "
+    "run.json); give run folders of experiments.regression, e.g. "
+    "runs/regression_cpu_seed0/vampire"
+  )
+
+
+def test_inner_loop_stability_refuses_a_run_of_another_experiment():
+  """Before: a traceback from regression.make_problem, given an Omniglot config."""
+  cell = zoo.ZOO / "omniglot_original_quick_protonet"
+  with pytest.raises(ConfigError) as raised:
+    inner_loop_stability.main([str(cell)])
+  assert _one_line(raised) == (
+    f"experiments.inner_loop_stability: {cell} is a run of OmniglotConfig, not of "
+    "experiments.regression: this tool draws sine/line tasks; give a regression run"
+  )
+
+
+def test_inner_loop_stability_refuses_a_run_without_gradient_inner_steps(tmp_path, monkeypatch):
+  """Before: an AttributeError ('NoneType' object has no attribute 'loss_fn') on a SImPa run,
+  once its tasks were drawn. A SImPa run's learner (no inner-loop settings) stands in for
+  the trained run: what is refused is the learner's kind, before any task is drawn."""
+  learner = vj.baselines.simpa(
+    vj.pure_apply(vj.MLP((4,), 1)), vj.gaussian_nll(0.3), tasks_per_step=2, num_kl_samples=2
+  )
+  run = types.SimpleNamespace(config=regression.get_config("cpu", "simpa"), learner=learner)
+  monkeypatch.setattr(vj, "load_run", lambda folder: run)
+  (tmp_path / "run.json").write_text("{}")
+  with pytest.raises(ConfigError) as raised:
+    inner_loop_stability.main([str(tmp_path)])
+  assert _one_line(raised) == (
+    f"experiments.inner_loop_stability: {tmp_path} is a simpa run, whose inner loop has no "
+    "gradient step of a support loss to measure; give a run of vampire, vampire2, abml, maml, "
+    "fomaml or platipus"
+  )
+
+
+@pytest.mark.parametrize("tasks", ["0", "-3", "some"])
+def test_inner_loop_stability_refuses_too_few_tasks(capsys, tasks):
+  """Before: tracebacks from the task draw (`--tasks 0`, `--tasks -3`)."""
+  line = _argparse_error(capsys, lambda: inner_loop_stability.main(["run", "--tasks", tasks]))
+  assert line.endswith(
+    f"argument --tasks: a count of test tasks of at least 2 (the summary's rank correlation "
+    f"needs two), not {tasks!r}"
+  )
+
+
+# -- benchmarks.simpa_inner_loop ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "argv, says",
+  [
+    (["--seeds", "0,a"], "argument --seeds: comma-separated integers >= 0 (e.g. 0,1), not '0,a'"),
+    (["--seeds", "-1"], "argument --seeds: comma-separated integers >= 0 (e.g. 0,1), not '-1'"),
+    (
+      ["--kl-samples", "1"],
+      "argument --kl-samples: a count of at least 2 (SImPa's KL estimate needs two draws), not '1'",
+    ),
+  ],
+)
+def test_simpa_inner_loop_refuses_what_it_cannot_use(capsys, argv, says):
+  """Before: a ValueError or SImPa's InputError as a traceback, after the data were built."""
+  assert _argparse_error(capsys, lambda: simpa_inner_loop.main(argv)).endswith(says)
