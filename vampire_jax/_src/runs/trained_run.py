@@ -366,15 +366,17 @@ def load_run(workdir: str | os.PathLike, *, model: Optional[type | ModuleType] =
   Raises:
     MissingDataError: the folder has no run record (`run.json` nor a
       checkpoint); a comparison's folder names the runs it holds.
-    RunFolderError: no checkpoint restores, `best/` or a checkpoint
-      belongs to another run (`run_folder`, "A run reads only what it
-      wrote"), the network's class cannot be imported (pass `model=`), or
+    RunFolderError: a file of a zoo cell is missing or changed (not the
+      sha256 that the zoo's `manifest.json` beside the folder records), no
+      checkpoint restores, `best/` or a checkpoint belongs to another run
+      (`run_folder`, "A run reads only what it wrote"), the network's class cannot be imported (pass `model=`), or
       the network built has other parameters than the checkpoint's (its
       code changed since training, or `model=` is another network).
     InputError: `model` is not a network class, nor a module defining the
       recorded one, or does not take the recorded fields.
   """
   workdir = Path(workdir)
+  run_folder.check_recorded_files(workdir)  # a zoo cell: every file as its manifest says
   record = run_folder.read_run_record(workdir, print_fn=_warn)
   if record is None:
     inside = sorted(

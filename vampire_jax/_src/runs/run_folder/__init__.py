@@ -14,6 +14,10 @@
       metrics.jsonl      one JSON line per logged step, append-only
       results.json, test_per_task.npz
 
+A folder of a zoo (`experiments.zoo`) has its files' sha256 recorded beside it, in the
+zoo's `manifest.json`: `load_run` refuses it when a file is not the one recorded
+(`check_recorded_files`).
+
 What survives what (docs/reliability.md, "Run folder guarantees"):
   - Every JSON and npz file is written whole or not at all: a temporary file
     in the same folder, fsync, `os.replace`. Orbax does the same for
@@ -55,6 +59,9 @@ What survives what (docs/reliability.md, "Run folder guarantees"):
 # One namespace for the package's callers: `run_folder.<name>`.
 from vampire_jax._src.runs.run_folder.checkpoints import (
   RunCheckpoints as RunCheckpoints,
+)
+from vampire_jax._src.runs.run_folder.checksums import (
+  check_recorded_files as check_recorded_files,
 )
 from vampire_jax._src.runs.run_folder.reading import (
   environment_cause as environment_cause,
