@@ -391,10 +391,8 @@ def add_run(folder: Path, zoo: Path, name: Optional[str] = None, replace: bool =
   """Copies a finished run folder's files into `zoo/<cell>/` and records them; returns the name.
 
   Writes and deletes nothing outside `zoo/<cell>/` but the manifest (and a staging folder
-  inside the zoo, removed at the end).
+  inside the zoo, removed at the end). `name` is checked by `add` (`check_cell_name`).
   """
-  if name is not None:
-    check_cell_name(name)
   name, entry = describe_run(folder, name)
   manifest = read_manifest(zoo)
   target = zoo / name
