@@ -3,6 +3,7 @@
 import dataclasses
 import gc
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -72,6 +73,29 @@ def release_compiled_programs():
     assert held < most // 2, f"this test process holds {held} memory maps of {most} after a module"
 
 
+def made_once(tmp_path_factory, name: str, make) -> Path:
+  """A folder `make(folder)` fills once per pytest run, shared by every xdist worker.
+
+  A session fixture runs once per worker: with `-n 2`, what it trains is trained twice. This
+  puts the folder beside the workers' own temporary folders, and a file lock lets the first
+  worker that asks make it while the others wait, then read it. `make` must leave the
+  folder as every reader expects; a test that changes it works on a copy.
+  """
+  from filelock import FileLock
+
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # the run's folder, above each worker's own
+  folder, done = root / name, root / f"{name}.done"
+  with FileLock(str(root / f"{name}.lock")):
+    if not done.exists():
+      shutil.rmtree(folder, ignore_errors=True)
+      folder.mkdir()
+      make(folder)
+      done.touch()
+  return folder
+
+
 @pytest.fixture(scope="session")
 def omniglot_cache(tmp_path_factory):
   """A 28x28 cache built once from the zips, so experiments load it in milliseconds."""
@@ -79,9 +103,10 @@ def omniglot_cache(tmp_path_factory):
     pytest.skip(f"Omniglot zips not found in {OMNIGLOT_DIR}")
   from vampire_jax.data import load_omniglot
 
-  cache = tmp_path_factory.mktemp("omniglot_cache")
-  load_omniglot(OMNIGLOT_DIR, cache_dir=cache, source="zip", print_fn=lambda message: None)
-  return cache
+  def build(cache):
+    load_omniglot(OMNIGLOT_DIR, cache_dir=cache, source="zip", print_fn=lambda message: None)
+
+  return made_once(tmp_path_factory, "omniglot_cache", build)
 
 
 def tiny_regression_config(algorithm: str = "vampire", **changes):
@@ -163,27 +188,32 @@ TINY_OMNIGLOT_FLAGS = [
 def tiny_omniglot_run(omniglot_cache, tmp_path_factory):
   """`(workdir, config, results)` of one tiny trained VAMPIRE run, shared by the tests.
 
-  Trained as a user trains: `python -m experiments.omniglot` in a fresh process with the
-  default device count (one per core; 2 tasks a step, so on two cores each device holds
-  one task). The tests load, resume and retrain it in this process, on one device.
+  Trained once per pytest run (`made_once`) as a user trains: `python -m
+  experiments.omniglot` in a fresh process with the default device count (one per core; 2
+  tasks a step, so on two cores each device holds one task). The tests load it, or resume
+  and retrain copies of it, in their own process on one device. Read only: a test that
+  writes works on a copy.
   """
   import json
   import subprocess
   import sys
 
-  workdir = tmp_path_factory.mktemp("tiny_run")
   config = tiny_omniglot_config(omniglot_cache)
-  command = [sys.executable, "-m", "experiments.omniglot", *TINY_OMNIGLOT_FLAGS]
-  command += ["--data-dir", config.data_dir, "--cache-dir", config.cache_dir]
-  done = subprocess.run(
-    [*command, "--workdir", str(workdir)],
-    env=user_env(),
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-  assert done.returncode == 0, done.stderr[-3000:]
+
+  def train(workdir):
+    command = [sys.executable, "-m", "experiments.omniglot", *TINY_OMNIGLOT_FLAGS]
+    command += ["--data-dir", config.data_dir, "--cache-dir", config.cache_dir]
+    done = subprocess.run(
+      [*command, "--workdir", str(workdir)],
+      env=user_env(),
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+  workdir = made_once(tmp_path_factory, "tiny_run", train)
   results = json.loads((workdir / "results.json").read_text())
   assert results["config"] == json.loads(json.dumps(dataclasses.asdict(config)))
   return workdir, config, results

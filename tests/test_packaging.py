@@ -250,7 +250,7 @@ def test_every_runtime_dependency_is_imported_by_the_library():
   assert {"distrax", "chex"} <= set(names)  # the design card's stack, at work in the library
 
 
-def test_an_omniglot_runs_predictive_with_the_wheel_alone(tiny_omniglot_run):
+def test_an_omniglot_runs_predictive_with_the_wheel_alone(tiny_omniglot_run, tmp_path):
   """`Run.predictive` on a trained Omniglot run, in a process without the clone's packages:
   its log_prob is the evaluator's NLL of the same task and key."""
   run = vj.load_run(tiny_omniglot_run[0])
@@ -261,18 +261,18 @@ def test_an_omniglot_runs_predictive_with_the_wheel_alone(tiny_omniglot_run):
   task = vj.Task(support_x[None], support_y[None], query_x[None], query_y[None])
   evaluate = vj.make_classification_evaluator(run.learner)
   reported = float(evaluate(run.meta_params, task, jax.random.key(8)[None]).nll[0])
-  np.savez(tiny_omniglot_run[0].parent / "omniglot_task.npz", support_x=support_x, query_x=query_x)
+  np.savez(tmp_path / "omniglot_task.npz", support_x=support_x, query_x=query_x)
   stdout = _run_with_the_wheel_alone(
     f"""
     import jax, numpy as np
     import vampire_jax as vj
-    arrays = np.load({str(tiny_omniglot_run[0].parent / "omniglot_task.npz")!r})
+    arrays = np.load({str(tmp_path / "omniglot_task.npz")!r})
     run = vj.load_run({str(tiny_omniglot_run[0])!r})
     dist = run.predictive(arrays["support_x"], np.arange(5), arrays["query_x"], jax.random.key(8))
     print(type(dist).__name__, -float(dist.log_prob(np.arange(10) % 5).mean()))
     print(sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED)))
     """,
-    tiny_omniglot_run[0].parent,
+    tmp_path,
   )
   first, loaded = stdout.strip().splitlines()[-2:]
   name, nll = first.split()
