@@ -16,6 +16,7 @@ from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import ConfigError, InputError, RunFolderError, StorageError
 from vampire_jax._src.runs import experiment_configs as configs
 from vampire_jax._src.runs import run_config as config_lib
+from vampire_jax._src.runs.run_folder import checksums
 from vampire_jax._src.runs.run_folder.storage import (
   CONFIG_FILE,
   PER_TASK_FILE,
@@ -291,8 +292,15 @@ def check_resumable(
   Raises:
     ConfigError: another config, another `JAX_ENABLE_X64`, fewer meta-steps
       than already trained, or a finished run without a checkpoint.
-    RunFolderError: checkpoints with no record of their config to check against.
+    RunFolderError: checkpoints with no record of their config to check against, or a
+      zoo's cell (a manifest beside it records its files).
   """
+  if checksums.recorded_files(Path(workdir)) is not None:
+    raise RunFolderError(
+      f"{workdir} is a cell of a zoo: {Path(workdir).resolve().parent / checksums.MANIFEST} "
+      "records its files' sha256, and training there would change them. Start from it with "
+      f"--init-from {workdir} and another --workdir"
+    )
   saved = read_run_record(workdir, print_fn=print_fn)
   latest = latest_checkpoint_step(workdir)
   if saved is None:
