@@ -96,15 +96,12 @@ def start_record(run: Run) -> dict:
   }
 
 
-def _source_run(init_from) -> Run:
-  if isinstance(init_from, Run):
-    return init_from
-  if isinstance(init_from, (str, os.PathLike)):
-    return load_run(init_from)
-  raise InputError(
-    f"train_and_evaluate: init_from must be a vj.Run or a run folder's path, got "
-    f"{type(init_from).__name__}"
-  )
+def _check_type(init_from) -> None:
+  if not isinstance(init_from, (Run, str, os.PathLike)):
+    raise InputError(
+      f"train_and_evaluate: init_from must be a vj.Run or a run folder's path, got "
+      f"{type(init_from).__name__}"
+    )
 
 
 def source(init_from, workdir: Path, config, print_fn: Callable[[str], None]) -> Optional[Start]:
@@ -119,6 +116,7 @@ def source(init_from, workdir: Path, config, print_fn: Callable[[str], None]) ->
   """
   if init_from is None:
     return None
+  _check_type(init_from)
   latest = run_folder.latest_checkpoint_step(workdir)
   if latest is not None:
     started = (run_folder.read_run_record(workdir) or {}).get(RECORD_KEY)
@@ -128,12 +126,15 @@ def source(init_from, workdir: Path, config, print_fn: Callable[[str], None]) ->
         f"{latest}), and init_from starts a new run: give it another --workdir, or resume "
         "this one without init_from"
       )
+    given = init_from.workdir if isinstance(init_from, Run) else init_from
+    other = Path(given).resolve() != Path(started["folder"])
     print_fn(
       f"resuming {workdir}, which started from {started['folder']} (step {started['step']}): "
       "init_from is not applied again"
+      + (f" (the one given, {given}, is another run folder: it is not read)" if other else "")
     )
     return None
-  run = _source_run(init_from)
+  run = init_from if isinstance(init_from, Run) else load_run(init_from)
   check_algorithm(run.workdir, run.config.algorithm, config)
   return Start(run, start_record(run))
 
@@ -240,8 +241,7 @@ def with_start(record: dict, workdir: Path, start: Optional[Start]) -> dict:
   one the folder recorded; unchanged for a run that started from its own initialisation."""
   if start is not None:
     return dict(record, **{RECORD_KEY: start.record})
-  saved = (
-    run_folder.read_run_record(workdir) if run_folder.latest_checkpoint_step(workdir) else None
-  )
-  started = (saved or {}).get(RECORD_KEY)
+  if run_folder.latest_checkpoint_step(workdir) is None:
+    return record
+  started = (run_folder.read_run_record(workdir) or {}).get(RECORD_KEY)
   return dict(record, **{RECORD_KEY: started}) if started else record
