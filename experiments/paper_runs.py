@@ -483,7 +483,7 @@ def main(argv=None) -> int:
   """
   argv = list(sys.argv[1:] if argv is None else argv)
   if argv[:1] == ["keep"]:
-    return training_cells.main(argv[1:])
+    return training_cells.main(argv[1:], [cell.name for cell in all_cells()])
   try:
     args = parse_args(argv)
     cells = select_cells(all_cells(args.regression_methods), args.cells)

@@ -142,10 +142,9 @@ def restore(folder: Path, kept: Path) -> bool:
   return True
 
 
-def main(argv=None) -> int:
-  """`python -m experiments.paper_runs keep RUN_DIR [--name CELL] [--training DIR]`."""
-  from experiments import paper_runs
-
+def main(argv, cells: list[str]) -> int:
+  """`python -m experiments.paper_runs keep RUN_DIR [--name CELL] [--training DIR]`; `cells`:
+  the paper cells' names (`paper_runs.all_cells`)."""
   parser = argparse.ArgumentParser(
     prog="python -m experiments.paper_runs keep",
     description="put a paper cell's run folder in training/<cell>/ (tracked): its newest "
@@ -158,7 +157,6 @@ def main(argv=None) -> int:
   )
   args = parser.parse_args(argv)
   name = args.name or args.folder.resolve().name
-  cells = [cell.name for cell in paper_runs.all_cells()]
   try:
     if name not in cells:
       raise ConfigError(
