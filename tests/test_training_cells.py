@@ -57,12 +57,14 @@ def _stop_after(step: int, monkeypatch) -> None:
 
 
 def rows_and_test(comparison: Path):
-  """The method's metrics.jsonl rows without the wall-clock rates, and its test metrics."""
+  """The method's metrics.jsonl rows without the wall-clock rates, its test metrics, the
+  best validation and the step tested."""
   rows = [
     {k: v for k, v in row.items() if not k.endswith("_per_s")}
     for row in run_folder.read_metrics(comparison / "vampire")
   ]
-  return rows, run_folder.read_json(comparison / "vampire" / "results.json")["test"]
+  results = run_folder.read_json(comparison / "vampire" / "results.json")
+  return rows, results["test"], results["best_validation"], results["tested_step"]
 
 
 def _git(*args, cwd: Path) -> None:
