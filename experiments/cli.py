@@ -21,6 +21,8 @@ from vampire_jax._src.core import sharding
 from vampire_jax._src.core.errors import ConfigError
 from vampire_jax._src.runs import algorithms, interrupts
 
+ZOO = Path(__file__).resolve().parents[1] / "zoo"  # the clone's trained runs, by cell name
+
 # `--help`'s groups, in order, and the config fields each shows. A new config
 # field goes in one of them (tests/test_cli.py checks that every field has one).
 GROUPS = {
@@ -287,6 +289,14 @@ def parse(
     default=None,
     help="run folder (checkpoints, logs, results); run again to resume",
   )
+  groups["run"].add_argument(
+    "--init-from",
+    default=None,
+    metavar="RUN_DIR_OR_CELL",
+    help="start a new run from a trained run's meta-parameters: its folder, or a cell of "
+    "zoo/ by name (step 0 of this run's schedule, a fresh optimiser state; run.json records "
+    "it; a comparison's folder gives each method its own)",
+  )
   groups["run"].add_argument("--no-progress", action="store_true", help="print no progress")
   groups["run"].add_argument(
     "--no-compilation-cache",
@@ -304,10 +314,30 @@ def parse(
     add_flags(parser)
   add_config_flags(parser, config)
   args = parser.parse_args(argv)
+  args.init_from = init_from_folder(args.init_from)
   config = apply_overrides(config, args)
   if algorithm_flag:  # one method: say what it ignores, and record only what acts
     config = drop_ignored(config)
   return config, args
+
+
+def init_from_folder(text: Optional[str]) -> Optional[Path]:
+  """`--init-from`: a run folder (or a comparison's), else a cell of `zoo/` by name (None: none).
+
+  Raises:
+    ConfigError: neither, naming the zoo's cells.
+  """
+  if text is None:
+    return None
+  if Path(text).is_dir():
+    return Path(text)
+  if Path(text).name == text and (ZOO / text).is_dir():
+    return ZOO / text
+  cells = sorted(p.name for p in ZOO.iterdir() if p.is_dir()) if ZOO.is_dir() else []
+  raise ConfigError(
+    f"--init-from {text}: no such run folder, nor a cell of {ZOO}"
+    + (f" (its cells: {', '.join(cells)})" if cells else "")
+  )
 
 
 def drop_ignored(config, print_fn: Callable[[str], None] = None):

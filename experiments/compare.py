@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from experiments import cli, plots
 from vampire_jax._src.core.errors import ConfigError
 from vampire_jax._src.metrics import calibration
 from vampire_jax._src.runs import algorithms as algorithm_registry
+from vampire_jax._src.runs import init_from as run_start
 from vampire_jax._src.runs import kinds, run_folder
 
 ALGORITHMS = ("maml", "fomaml", "platipus", "bmaml", "abml", "vampire")
@@ -67,8 +69,37 @@ def parse_algorithms(names: str) -> list[str]:
   return chosen
 
 
+def method_init_from(init_from, algorithm: str):
+  """The run a comparison's method starts from: `<init_from>/<algorithm>` where `init_from` is
+  a comparison's folder holding one, else `init_from` itself (None: none)."""
+  if isinstance(init_from, (str, os.PathLike)):
+    inside = Path(init_from) / algorithm
+    if (inside / run_folder.RUN_RECORD).is_file():
+      return inside
+  return init_from
+
+
+def _check_init_from(init_from, config) -> None:
+  """Refuses, before the first method trains, a source of another algorithm than `config`'s."""
+  if init_from is None:
+    return
+  if isinstance(init_from, (str, os.PathLike)):
+    record = run_folder.read_run_record(init_from)
+    algorithm = ((record or {}).get("config") or {}).get("algorithm")
+  else:
+    algorithm = init_from.config.algorithm
+  if algorithm is not None:  # none recorded: load_run says why, when the method starts
+    run_start.check_algorithm(init_from, algorithm, config)
+
+
 def run_methods(
-  experiment, algorithms, preset: str, workdir: Path, overrides, progress: bool = True
+  experiment,
+  algorithms,
+  preset: str,
+  workdir: Path,
+  overrides,
+  progress: bool = True,
+  init_from=None,
 ) -> dict:
   """Trains (or resumes) each algorithm with `experiment`'s preset; returns their summaries.
 
@@ -80,6 +111,8 @@ def run_methods(
     workdir: the comparison's folder.
     overrides: config fields for every method (parsed flags or a dict).
     progress: show progress.
+    init_from: a trained run each method starts from: a comparison's folder (each method
+      from its own run in it), a run folder, or a `vj.Run` (`method_init_from`).
 
   Returns:
     `{algorithm: test summary with 'calibration', 'wall_time_s', 'config'}`;
@@ -88,7 +121,9 @@ def run_methods(
   """
   for algorithm in algorithms:  # every method's settings, before the first one trains
     config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
-    algorithm_registry.check_config(cli.drop_ignored(config, print_fn=lambda line: None))
+    config = cli.drop_ignored(config, print_fn=lambda line: None)
+    algorithm_registry.check_config(config)
+    _check_init_from(method_init_from(init_from, algorithm), config)
   methods = {}
   for algorithm in algorithms:
     config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
@@ -100,7 +135,9 @@ def run_methods(
       f" inner lr {config.inner_lr}{kl}; {workdir / algorithm}"
     )
     try:
-      results = experiment.run_experiment(config, workdir / algorithm, progress=progress)
+      source = method_init_from(init_from, algorithm)
+      start = {} if source is None else {"init_from": source}  # `run_experiment`'s keyword
+      results = experiment.run_experiment(config, workdir / algorithm, progress=progress, **start)
     except FloatingPointError as error:  # recorded, and the other methods still run
       print(f"   {algorithm}: {error}")
       methods[algorithm] = {"diverged": str(error), "config": dataclasses.asdict(config)}
@@ -250,7 +287,13 @@ def write_comparison(
 
 
 def run(
-  benchmark: str, algorithms, preset: str, workdir: Path, overrides=None, progress: bool = True
+  benchmark: str,
+  algorithms,
+  preset: str,
+  workdir: Path,
+  overrides=None,
+  progress: bool = True,
+  init_from=None,
 ) -> dict:
   """Trains (or resumes) every algorithm on `benchmark`, then compares them."""
   if benchmark not in BENCHMARKS:
@@ -258,7 +301,9 @@ def run(
   experiment = importlib.import_module(BENCHMARKS[benchmark])
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  methods = run_methods(experiment, algorithms, preset, workdir, overrides or {}, progress)
+  methods = run_methods(
+    experiment, algorithms, preset, workdir, overrides or {}, progress, init_from
+  )
   finished = [m for m in methods.values() if "diverged" not in m]
   if not finished:
     raise every_method_diverged(methods)
@@ -328,7 +373,7 @@ def main(argv=None) -> dict:
     f"comparing {algorithms} on {benchmark} ({preset}); workdir {workdir}; "
     f"backend {jax.default_backend()}"
   )
-  return run(benchmark, algorithms, preset, workdir, overrides, progress)
+  return run(benchmark, algorithms, preset, workdir, overrides, progress, overrides.init_from)
 
 
 if __name__ == "__main__":

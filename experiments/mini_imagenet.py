@@ -158,7 +158,13 @@ def default_workdir(config: MiniImagenetConfig, preset: str) -> Path:
 
 
 def run_experiment(
-  config: MiniImagenetConfig, workdir: Path, *, progress: bool = True, splits=None, print_fn=print
+  config: MiniImagenetConfig,
+  workdir: Path,
+  *,
+  progress: bool = True,
+  splits=None,
+  print_fn=print,
+  init_from=None,
 ) -> dict:
   """Checks the config, loads the data, meta-trains, tests and draws the figures."""
   return train.run_experiment(
@@ -167,6 +173,7 @@ def run_experiment(
     lambda: make_problem(config, workdir, splits),
     progress=progress,
     print_fn=print_fn,
+    init_from=init_from,
   )
 
 
@@ -188,7 +195,9 @@ def main(argv=None) -> dict:
   splits = load_splits(config)
   results = {}
   if not args.calibration_only:
-    results = run_experiment(config, workdir, progress=not args.no_progress, splits=splits)
+    results = run_experiment(
+      config, workdir, progress=not args.no_progress, splits=splits, init_from=args.init_from
+    )
     print(kinds.test_summary_line(results["test"], results["kind"]))
   calibration = calibration_protocol.run_protocol(
     workdir, args, jax.device_put(splits["test"].images)

@@ -122,7 +122,7 @@ def default_workdir(config: OmniglotConfig, preset: str) -> Path:
 
 
 def run_experiment(
-  config: OmniglotConfig, workdir: Path, *, progress: bool = True, print_fn=print
+  config: OmniglotConfig, workdir: Path, *, progress: bool = True, print_fn=print, init_from=None
 ) -> dict:
   """Checks the config, loads the data, meta-trains, tests and draws the figures."""
   return train.run_experiment(
@@ -131,6 +131,7 @@ def run_experiment(
     lambda: make_problem(config, workdir, print_fn=print_fn),
     progress=progress,
     print_fn=print_fn,
+    init_from=init_from,
   )
 
 
@@ -146,7 +147,7 @@ def main(argv=None) -> dict:
     f"Omniglot {config.ways}-way {config.shots}-shot, {config.algorithm}, split "
     f"{config.split}; workdir {workdir}; backend {jax.default_backend()}"
   )
-  results = run_experiment(config, workdir, progress=not args.no_progress)
+  results = run_experiment(config, workdir, progress=not args.no_progress, init_from=args.init_from)
   print(kinds.test_summary_line(results["test"], results["kind"]))
   print(f"results: {workdir / 'results.json'}; figures: {', '.join(results['plots'].values())}")
   return results

@@ -36,6 +36,12 @@ on. At the end, or when stopped, it lists the cells done, partial (with their
 last checkpoint step) and not started, and prints
 `python -m experiments.paper_table <root>`.
 
+A cell in training survives the machine: after each call of a cell, its newest checkpoint,
+best/, run.json and metrics.jsonl are written to `training/<cell>/` (tracked: commit it), and
+a cell whose run folder is absent (a fresh clone) resumes from there
+(`experiments.training_cells`; `--training DIR` puts it elsewhere; with --tiny, only where
+given). `python -m experiments.paper_runs keep RUN_DIR` puts a run folder there by hand.
+
 Ctrl-C or SIGTERM to this runner is passed on to the running child (which
 runs in its own session, so it gets the signal once): the child saves its
 checkpoint and exits (or is killed after --grace seconds), then the runner
@@ -59,7 +65,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from experiments import paper_table
+from experiments import paper_table, training_cells
 from vampire_jax._src.core.errors import ConfigError, UserError
 from vampire_jax._src.runs import interrupts
 
@@ -363,7 +369,9 @@ def run_cells(cells: list[Cell], root: Path, args: argparse.Namespace) -> dict[s
   """Runs each cell not done yet; returns `{cell name: outcome}`.
 
   Outcomes: 'done' (before or now), 'skipped: why', 'stopped' (by the
-  budget), 'not run' (no time left), 'failed'.
+  budget), 'not run' (no time left), 'failed'. With a tracked folder (`args.training`), a
+  cell resumes from its kept state where its run folder is absent, and is kept after its
+  call (`training_cells`).
   """
   budget = math.inf if args.time_budget is None else args.time_budget
   stop_at = _now() + budget - args.grace
@@ -377,7 +385,11 @@ def run_cells(cells: list[Cell], root: Path, args: argparse.Namespace) -> dict[s
     elif _now() >= stop_at:
       outcomes[cell.name] = "not run"
     else:
+      if args.training is not None:
+        training_cells.restore(root / cell.name, args.training / cell.name)
       outcomes[cell.name] = run_cell(cell, root, args, stop_at)
+      if args.training is not None and training_cells.newest_step(root / cell.name) is not None:
+        training_cells.keep_and_say(root / cell.name, args.training / cell.name)
   return outcomes
 
 
@@ -447,12 +459,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     help="more flags for every cell's experiment (the same on every call, or "
     "a cell will not resume), e.g. --extra-flags='--eval-batch-tasks 50'",
   )
+  parser.add_argument(
+    "--training",
+    type=Path,
+    default=None,
+    metavar="DIR",
+    help="the tracked folder of cells in training: a cell resumes from DIR/<cell> where its "
+    "run folder is absent, and is written there after each call (default: training/ of "
+    "this clone; with --tiny, none)",
+  )
   parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  if args.training is None and not args.tiny:  # tiny cells are the tests', never kept
+    args.training = training_cells.TRAINING
+  return args
 
 
 def main(argv=None) -> int:
-  """Runs the selected cells; prints the report and the paper table; returns the exit code."""
+  """Runs the selected cells; prints the report and the paper table; returns the exit code.
+
+  `main(["keep", RUN_DIR, ...])` puts a run folder in the tracked folder instead
+  (`training_cells.main`).
+  """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv[:1] == ["keep"]:
+    return training_cells.main(argv[1:], [cell.name for cell in all_cells()])
   try:
     args = parse_args(argv)
     cells = select_cells(all_cells(args.regression_methods), args.cells)

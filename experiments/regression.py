@@ -100,11 +100,16 @@ def make_problem(
 
 
 def run_experiment(
-  config: RegressionConfig, workdir: Path, *, progress: bool = True, print_fn=print
+  config: RegressionConfig, workdir: Path, *, progress: bool = True, print_fn=print, init_from=None
 ) -> dict:
   """One method: meta-trains, tests, draws its calibration and training figures."""
   return train.run_experiment(
-    config, workdir, lambda: make_problem(config), progress=progress, print_fn=print_fn
+    config,
+    workdir,
+    lambda: make_problem(config),
+    progress=progress,
+    print_fn=print_fn,
+    init_from=init_from,
   )
 
 
@@ -162,6 +167,7 @@ def run(
   workdir: Path,
   overrides: Optional[argparse.Namespace | dict] = None,
   progress: bool = True,
+  init_from=None,
 ) -> dict:
   """Trains and tests each algorithm, then writes the joint figures and results.json.
 
@@ -173,10 +179,11 @@ def run(
     overrides: config fields to change for every algorithm, e.g.
       `{"num_meta_steps": 300}` (or parsed command-line flags).
     progress: show progress.
+    init_from: a trained run to start each method from (`compare.method_init_from`).
   """
   workdir = Path(workdir)
   methods = compare.run_methods(
-    sys.modules[__name__], algorithms, preset, workdir, overrides or {}, progress
+    sys.modules[__name__], algorithms, preset, workdir, overrides or {}, progress, init_from
   )
   for name, summary in methods.items():
     summary["paper_mse"] = PAPER_MSE.get(name)
@@ -228,7 +235,7 @@ def main(argv=None) -> dict:
     f"sine/line regression, {args.preset} preset, methods {algorithms}; workdir {workdir}; "
     f"backend {jax.default_backend()}"
   )
-  results = run(algorithms, args.preset, workdir, args, not args.no_progress)
+  results = run(algorithms, args.preset, workdir, args, not args.no_progress, args.init_from)
   print(results["table"])
   return results
 

@@ -112,7 +112,13 @@ def default_workdir(config: FeaturesConfig, preset: str) -> Path:
 
 
 def run_experiment(
-  config: FeaturesConfig, workdir: Path, *, progress: bool = True, splits=None, print_fn=print
+  config: FeaturesConfig,
+  workdir: Path,
+  *,
+  progress: bool = True,
+  splits=None,
+  print_fn=print,
+  init_from=None,
 ) -> dict:
   """Checks the config, loads the features, meta-trains, tests and draws the figures."""
   return train.run_experiment(
@@ -121,6 +127,7 @@ def run_experiment(
     lambda: make_problem(config, workdir, splits),
     progress=progress,
     print_fn=print_fn,
+    init_from=init_from,
   )
 
 
@@ -142,7 +149,9 @@ def main(argv=None) -> dict:
   splits = load_splits(config)
   results = {}
   if not args.calibration_only:
-    results = run_experiment(config, workdir, progress=not args.no_progress, splits=splits)
+    results = run_experiment(
+      config, workdir, progress=not args.no_progress, splits=splits, init_from=args.init_from
+    )
     print(kinds.test_summary_line(results["test"], results["kind"]))
   test = splits["test"]
   calibration = calibration_protocol.run_protocol(

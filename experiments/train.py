@@ -24,6 +24,7 @@ def run_experiment(
   *,
   progress: bool = True,
   print_fn=print,
+  init_from=None,
 ) -> dict:
   """Runs one experiment; returns the results written to `workdir/results.json`.
 
@@ -34,13 +35,15 @@ def run_experiment(
       once the config is known to be valid.
     progress: show progress.
     print_fn: where messages go.
+    init_from: a trained run (`vj.Run` or its folder) to start a new run from
+      (`vj.train_and_evaluate`'s `init_from`; `--init-from`).
   """
   if not (Path(workdir) / "run.json").exists():  # a new run: the loop checks its inner loop
     note = kl_step_note(config)
     if note:
       print_fn(note)
   results = vj.train_and_evaluate(
-    make_problem, config, workdir, progress=progress, print_fn=print_fn
+    make_problem, config, workdir, init_from=init_from, progress=progress, print_fn=print_fn
   )
   results = plots.add_run_figures(workdir, results, config.algorithm.upper(), setting_name(config))
   if jax.process_index() == 0:

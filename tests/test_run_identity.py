@@ -70,9 +70,13 @@ def test_checkpoints_and_best_carry_the_runs_id_and_step(two_runs):
 
 
 def test_checkpoints_deleted_and_fewer_steps_set_the_old_best_aside(two_runs, tmp_path):
-  """Before: the 2-step rerun re-tested the old step-4 best/ (meta_steps 2, best step 4)."""
+  """Before: the 2-step rerun re-tested the old step-4 best/ (meta_steps 2, best step 4).
+
+  Without results.json, as a run stopped before its first checkpoint leaves it: a finished
+  run without checkpoints is refused instead (issue 59, tests/test_no_silent_restart.py)."""
   workdir = _copy(two_runs[0], tmp_path)
   shutil.rmtree(workdir / "checkpoints")
+  (workdir / "results.json").unlink()
   results, lines = _rerun(workdir, num_meta_steps=2)
   said = "\n".join(lines)
   assert "holds step 4, ahead of the state this run starts from (step 0)" in said, said

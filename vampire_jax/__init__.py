@@ -63,6 +63,7 @@ from vampire_jax._src.core.learners import (
   maml,
   query_loss,
   vampire,
+  vampire2,
 )
 from vampire_jax._src.core.losses import (
   categorical_nll,
@@ -203,6 +204,7 @@ __all__ = (
   "maml",
   "query_loss",
   "vampire",
+  "vampire2",
   # Diagnostics.
   "InnerLoopReport",
   "check_inner_loop",

@@ -44,6 +44,7 @@ from vampire_jax._src.core.errors import ConfigError, DivergenceError
 from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import calibration, evaluation, predictive_uncertainty
 from vampire_jax._src.runs import algorithms, interrupts, kinds, programs, run_config, run_folder
+from vampire_jax._src.runs import init_from as run_start
 from vampire_jax._src.runs import problem as problem_lib
 from vampire_jax._src.runs.problem import Problem
 from vampire_jax._src.runs.reporting import MetricWriter, Progress, format_duration
@@ -52,20 +53,10 @@ from vampire_jax._src.runs.run_folder import RunCheckpoints
 PyTree = Any
 
 
-def prepare_workdir(
-  workdir: Path,
-  record: dict,
-  config,
-  *,
-  is_main: bool,
-  print_fn: Optional[Callable[[str], None]] = None,
-) -> None:
-  """Checks that a resumed run matches and records the run (`record`, in `run.json`).
-
-  Called with the folder's lock held, in the folder `train_and_evaluate` made.
-  `train_and_evaluate` checked the folder before it loaded the data; this check,
-  under the lock, is the one that no run written in between (by a process that
-  has finished since) can pass.
+def prepare_workdir(workdir: Path, record: dict, config, *, is_main: bool, print_fn=None) -> None:
+  """Under the folder's lock, checks that a resumed run matches and records the run (`record`,
+  in `run.json`): `train_and_evaluate` checked the folder before it loaded the data; this
+  check is the one that no run written in between can pass.
 
   Raises:
     ConfigError: the folder holds a run of another config (`check_resumable`).
@@ -363,8 +354,9 @@ def _setup(
   progress: bool,
   print_fn: Callable[[str], None],
   record: dict,
+  start: Optional[run_start.Start] = None,
 ) -> tuple[Session, Any, float]:
-  """Builds the session and the state to start from (fresh, or the latest checkpoint)."""
+  """Builds the session and the state to start from (fresh, `start`'s, or the latest checkpoint)."""
   is_main = jax.process_index() == 0
   mesh = backend_defaults.task_mesh_for(config, config.tasks_per_step)
   init_key, train_key, val_key, test_key = programs.run_keys(config.seed)
@@ -372,6 +364,8 @@ def _setup(
   test_learner = learner_for(problem, config, num_mc=config.num_mc_test)
   optimizer = algorithms.make_optimizer(config)
   state = _initial_state(problem, config, train_learner, optimizer, init_key, mesh)
+  if start is not None:  # a trained run's meta-parameters, a fresh optimiser state (`init_from`)
+    state = run_start.initial_state(start, train_learner, optimizer, state, mesh)
   if run_folder.latest_checkpoint_step(workdir) is None:  # a resumed run passed it at its start
     try:
       _check_inner_loop(
@@ -425,6 +419,7 @@ def train_and_evaluate(
   config,
   workdir: str | os.PathLike,
   *,
+  init_from=None,
   progress: bool = True,
   print_fn: Callable[[str], None] = print,
 ) -> dict:
@@ -435,6 +430,8 @@ def train_and_evaluate(
       (loads the data), called once the config and the folder are checked.
     config: a `RunConfig` (or subclass).
     workdir: the run folder; created once the config is checked.
+    init_from: a trained run (`vj.Run`, or its folder: a zoo cell) whose meta-parameters start
+      a new run (`run.json` records it; a resume does not read it again): `runs.init_from`.
     progress: show progress (a bar on a terminal, else a line per log).
     print_fn: where messages go.
 
@@ -446,7 +443,7 @@ def train_and_evaluate(
     InputError: `problem` or `config` of the wrong type, or a problem whose first
       training task the network cannot take (`problem.check_problem`).
     ConfigError: an impossible setting, a run of another config in `workdir`,
-      or one already trained past `num_meta_steps`.
+      one already trained past `num_meta_steps`, or an `init_from` run that does not fit.
     RunFolderError: another process holds `workdir`, or none of its checkpoints restores.
     StorageError: `workdir` cannot be written (a file, read-only, a full disk).
     TrainingInterrupted: SIGINT/SIGTERM; a checkpoint was saved first.
@@ -463,15 +460,20 @@ def train_and_evaluate(
     run_folder.check_writable(workdir)
     run_folder.check_not_in_use(workdir)
   run_folder.check_resumable(workdir, config)
+  source = run_start.source(init_from, workdir, config, print_fn)  # None: resumed, or none
   # Built if a function; its splits finite and one training task tried (`check_problem`).
   problem = problem_lib.checked_problem(problem)
   run_folder.check_model_recordable(problem.model)  # a run that could never load: refused
+  if source is not None:
+    run_start.check_fits(source, problem, config)
   if is_main:
     run_folder.make_folder(workdir)
   with run_folder.lock(workdir, is_main=is_main, print_fn=print_fn):
-    record = run_folder.run_record(problem, config)
+    record = run_start.with_start(run_folder.run_record(problem, config), workdir, source)
     prepare_workdir(workdir, record, config, is_main=is_main, print_fn=print_fn)
-    session, state, earlier_seconds = _setup(problem, config, workdir, progress, print_fn, record)
+    session, state, earlier_seconds = _setup(
+      problem, config, workdir, progress, print_fn, record, source
+    )
     first_step = int(state.step)
     try:
       state, train_seconds = _train(session, state, earlier_seconds)
@@ -496,6 +498,7 @@ def train_and_evaluate(
       "tested_step": tested_step,
       "meta_steps": int(state.step),
       "resumed_from_step": first_step,
+      **{k: v for k, v in record.items() if k == run_start.RECORD_KEY},  # started from a run
       "wall_time_s": {
         "total": time.time() - start,
         "train": train_seconds,

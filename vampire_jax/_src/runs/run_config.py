@@ -218,14 +218,18 @@ def resumable_fields(config_cls) -> frozenset[str]:
   return frozenset(f.name for f in dataclasses.fields(config_cls) if f.metadata.get("resumable"))
 
 
-def config_differences(saved: dict, config) -> dict[str, tuple[Any, Any]]:
+def config_differences(
+  saved: dict, config, *, resumable: bool = False
+) -> dict[str, tuple[Any, Any]]:
   """`{field: (saved, now)}` for the fields that a resumed run may not change.
 
   Args:
     saved: the fields of the config the run was started with (from JSON).
     config: the config of the run being resumed.
+    resumable: compare the fields a resumed run may change too (a run that cannot be
+      resumed: every difference is one).
   """
-  allowed = resumable_fields(type(config))
+  allowed = frozenset() if resumable else resumable_fields(type(config))
   now = _jsonable(dataclasses.asdict(config))
   # A field added since the run was recorded had its default then.
   defaults = {

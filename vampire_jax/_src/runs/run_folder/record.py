@@ -16,6 +16,7 @@ from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import ConfigError, InputError, RunFolderError, StorageError
 from vampire_jax._src.runs import experiment_configs as configs
 from vampire_jax._src.runs import run_config as config_lib
+from vampire_jax._src.runs.run_folder import checksums
 from vampire_jax._src.runs.run_folder.storage import (
   CONFIG_FILE,
   PER_TASK_FILE,
@@ -284,11 +285,22 @@ def check_resumable(
   A run trained with `JAX_ENABLE_X64` on (or off) resumes only with it on (or
   off): the task streams depend on it. A record without `x64` is of a float32 run.
 
+  A finished run (`results.json`) without a checkpoint, such as a copy of a zoo cell, cannot
+  be resumed: it is refused, naming every setting that differs from `config`
+  (`--init-from` starts a new run from its meta-parameters).
+
   Raises:
-    ConfigError: another config, another `JAX_ENABLE_X64`, or fewer meta-steps
-      than already trained.
-    RunFolderError: checkpoints with no record of their config to check against.
+    ConfigError: another config, another `JAX_ENABLE_X64`, fewer meta-steps
+      than already trained, or a finished run without a checkpoint.
+    RunFolderError: checkpoints with no record of their config to check against, or a
+      zoo's cell (a manifest beside it records its files).
   """
+  if checksums.recorded_files(Path(workdir)) is not None:
+    raise RunFolderError(
+      f"{workdir} is a cell of a zoo: {Path(workdir).resolve().parent / checksums.MANIFEST} "
+      "records its files' sha256, and training there would change them. Start from it with "
+      f"--init-from {workdir} and another --workdir"
+    )
   saved = read_run_record(workdir, print_fn=print_fn)
   latest = latest_checkpoint_step(workdir)
   if saved is None:
@@ -306,7 +318,27 @@ def check_resumable(
       f"{now}: resumed, it would go on with other random task streams and precision. Resume it "
       f"with JAX_ENABLE_X64={'1' if trained == 'on' else '0 (or unset)'}, or use another --workdir"
     )
-  differences = config_lib.config_differences(saved["config"], config)
+  if latest is None and _is_finished(workdir):
+    _refuse_finished_without_checkpoints(workdir, saved, config)
+  differences = _differences(saved, config)
+  if differences:
+    listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in differences.items())
+    raise ConfigError(
+      f"{workdir} holds a run with another config ({listed}). Use another "
+      "--workdir, or the same settings to resume it."
+    )
+  if latest is not None and latest > config.num_meta_steps:
+    raise ConfigError(
+      f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run trained "
+      f"to step {latest}; pass --num-meta-steps {latest} (or more) to test or "
+      "continue it, or use another --workdir"
+    )
+
+
+def _differences(saved: dict, config, *, resumable: bool = False) -> dict:
+  """`{field: (saved, now)}` between a folder's record and `config` (`config_differences`),
+  less the fields the algorithm never reads; the config class too, where it differs."""
+  differences = config_lib.config_differences(saved["config"], config, resumable=resumable)
   # A field the algorithm never reads changes nothing (older runs recorded such values).
   from vampire_jax._src.runs import algorithms
 
@@ -320,18 +352,48 @@ def check_resumable(
   # experiments.configs.<Class>, the same class as vampire_jax._src.runs.experiment_configs.<Class>.
   if configs.recorded_class_name(saved["config_class"]) != config_class_name(config):
     differences["config class"] = (saved["config_class"], config_class_name(config))
+  return differences
+
+
+def _is_finished(workdir: os.PathLike | str) -> bool:
+  """Whether `workdir` holds a run that was tested (`results.json` with its test)."""
+  results = read_json(Path(workdir) / RESULTS_FILE)
+  return isinstance(results, dict) and "test" in results
+
+
+def _refuse_finished_without_checkpoints(workdir, saved: dict, config) -> None:
+  """Refuses to train in a finished run's folder that holds no checkpoint to resume from.
+
+  A zoo cell keeps its tested meta-parameters (`best/<step>`) but no training state; a
+  copy of one, or a run folder whose `checkpoints/` were deleted, has nothing to resume,
+  and training there would start again at step 0 over a finished run (the issue-59 zoo
+  copy did so with `--num-meta-steps 240`, setting the cell's weights aside in one line).
+  The refusal names what differs from the command, every field included (a resumed run
+  could change the schedule; this one cannot be resumed).
+
+  Raises:
+    ConfigError: always, in one line.
+  """
+  best = _step_folders(Path(workdir) / "best")
+  kept = f"its best/ of step {best[0]}" if best else "no best/"
+  differences = _differences(saved, config, resumable=True)
   if differences:
-    listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in differences.items())
-    raise ConfigError(
-      f"{workdir} holds a run with another config ({listed}). Use another "
-      "--workdir, or the same settings to resume it."
+    listed = "; ".join(
+      f"{name}: {old!r} -> {new!r}" for name, (old, new) in list(differences.items())[:4]
     )
-  if latest is not None and latest > config.num_meta_steps:
-    raise ConfigError(
-      f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run trained "
-      f"to step {latest}; pass --num-meta-steps {latest} (or more) to test or "
-      "continue it, or use another --workdir"
+    more = len(differences) - 4
+    settings = (
+      f"its settings differ from this command's ({listed}{f'; {more} more' if more > 0 else ''})"
     )
+  else:
+    settings = "its settings are this command's (load it with vj.load_run)"
+  raise ConfigError(
+    f"{workdir} holds a finished run ({RESULTS_FILE}, {kept}) but no checkpoint to resume "
+    f"it from (a zoo cell keeps only its tested meta-parameters), and {settings}: training "
+    "here would start again at step 0 over it. To start from its meta-parameters, pass "
+    f"--init-from {workdir} and another --workdir (vj.train_and_evaluate(..., "
+    "init_from=...)); to train anew, use another --workdir"
+  )
 
 
 def forget_unused_record(workdir: os.PathLike | str) -> None:

@@ -1,0 +1,162 @@
+"""A paper cell in training survives its machine (issue 59, item 5): `training/<cell>/`, kept
+in git, holds its newest checkpoint, best/, run.json and metrics.jsonl; a fresh clone's
+`python -m experiments.paper_runs` resumes the cell from there and gives what an
+uninterrupted run gives, row for row and bit for bit."""
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vampire_jax as vj
+from experiments import cli, compare, paper_runs, regression, training_cells
+from vampire_jax._src.runs import reporting, run_folder
+
+REPO = Path(__file__).resolve().parents[1]
+CELL = "regression_paper"
+# The tiny regression cell, one method, six steps: a checkpoint every 2, SIGTERM after 3.
+RUNNER = ["--cells", CELL, "--regression-methods", "vampire", "--tiny"]
+EXTRA = ["--num-meta-steps", "6"]
+
+
+def _cell_flags(workdir: Path) -> list[str]:
+  """The flags `paper_runs` gives the cell's child process, with `workdir`."""
+  (cell,) = paper_runs.select_cells(paper_runs.all_cells("vampire"), CELL)
+  command = paper_runs.child_command(cell, workdir, True, EXTRA)
+  assert command[1:3] == ["-m", "experiments.regression"]
+  return command[3:]
+
+
+def _train_the_method(flags: list[str]) -> None:
+  """What the cell's child trains (`regression.main`), less the comparison's joint figures."""
+  _, args = cli.parse(
+    flags,
+    "",
+    regression.PRESETS,
+    regression.get_config,
+    algorithm_flag=False,
+    add_flags=lambda parser: parser.add_argument("--algorithms"),
+  )
+  compare.run_methods(regression, ["vampire"], args.preset, args.workdir, args, progress=False)
+
+
+def _stop_after(step: int, monkeypatch) -> None:
+  """SIGTERM to this process right after meta-step `step` (tests/sigterm_at_step.py's way)."""
+  advance = reporting.Progress.advance
+
+  def advance_then_stop(progress, at: int) -> None:
+    advance(progress, at)
+    if at == step:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(reporting.Progress, "advance", advance_then_stop)
+
+
+def rows_and_test(comparison: Path):
+  """The method's metrics.jsonl rows without the wall-clock rates, its test metrics, the
+  best validation and the step tested."""
+  rows = [
+    {k: v for k, v in row.items() if not k.endswith("_per_s")}
+    for row in run_folder.read_metrics(comparison / "vampire")
+  ]
+  results = run_folder.read_json(comparison / "vampire" / "results.json")
+  return rows, results["test"], results["best_validation"], results["tested_step"]
+
+
+def _git(*args, cwd: Path) -> None:
+  identity = ["-c", "user.name=test", "-c", "user.email=test@example.com"]
+  subprocess.run(["git", *identity, *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _committed_and_cloned(tmp_path: Path, kept_from: Path) -> Path:
+  """A repository of this one's .gitignore and the kept cell, committed, then cloned: the
+  files a fresh clone has (an empty folder, or an ignored file, does not survive)."""
+  origin = tmp_path / "origin"
+  origin.mkdir()
+  shutil.copy2(REPO / ".gitignore", origin / ".gitignore")
+  _git("init", "-q", cwd=origin)
+  assert paper_runs.main(["keep", str(kept_from), "--training", str(origin / "training")]) == 0
+  _git("add", "-A", cwd=origin)
+  _git("commit", "-q", "-m", "a cell in training", cwd=origin)
+  _git("clone", "-q", str(origin), str(tmp_path / "clone"), cwd=tmp_path)
+  return tmp_path / "clone"
+
+
+def test_a_cell_resumes_from_a_fresh_clone_bit_for_bit(tmp_path, monkeypatch, capsys):
+  full = tmp_path / "full" / CELL  # the uninterrupted run
+  _train_the_method(_cell_flags(full))
+  part = tmp_path / "part" / CELL  # stopped after step 3, between logged rows
+  _stop_after(3, monkeypatch)
+  with pytest.raises(vj.TrainingInterrupted):
+    _train_the_method(_cell_flags(part))
+  monkeypatch.undo()
+
+  clone = _committed_and_cloned(tmp_path, part)
+  kept = clone / "training" / CELL / "vampire"
+  assert sorted(p.name for p in kept.iterdir()) == [
+    "best",
+    "checkpoints",
+    "metrics.jsonl",
+    "run.json",
+  ]
+  assert [p.name for p in (kept / "checkpoints").iterdir()] == ["3"]  # the newest only
+  assert [p.name for p in (kept / "best").iterdir()] == ["2"]
+  size = sum(p.stat().st_size for p in kept.rglob("*") if p.is_file())
+  assert size < 2**20  # the tiny cell's; the paper's are a few MB
+  capsys.readouterr()
+
+  # On the "GPU machine": the clone, no runs/ folder. The runner resumes the cell from the
+  # tracked folder in a fresh process, and writes it back there for the next commit.
+  root = clone / "runs" / "paper"
+  argv = RUNNER + ["--root", str(root), "--training", str(clone / "training")]
+  assert paper_runs.main(argv + [f"--extra-flags={' '.join(EXTRA)}"]) == 0
+  out = capsys.readouterr().out
+  assert f"resuming from {clone / 'training' / CELL} (checkpoint step 3)" in out
+  assert f"kept step 6 of {root / CELL} in {clone / 'training' / CELL}" in out
+  assert "resuming from step 3" in (root / f"{CELL}.log").read_text()
+  assert rows_and_test(root / CELL) == rows_and_test(full)  # every row, each once; the test
+  with np.load(root / CELL / "vampire" / "test_per_task.npz") as resumed:
+    with np.load(full / "vampire" / "test_per_task.npz") as uninterrupted:
+      assert sorted(resumed.files) == sorted(uninterrupted.files)
+      for name in resumed.files:
+        np.testing.assert_array_equal(resumed[name], uninterrupted[name], err_msg=name)
+  assert [p.name for p in (kept / "checkpoints").iterdir()] == ["6"]
+  assert not (kept / "results.json").exists()
+
+
+def test_the_tracked_folder_is_not_ignored_by_git():
+  for path in ("training/x/checkpoints/3/default/d/0a1b", "training/x/vampire/run.json"):
+    done = subprocess.run(
+      ["git", "check-ignore", "--no-index", "-q", path], cwd=REPO, capture_output=True
+    )
+    assert done.returncode == 1, path  # 1: not ignored
+
+
+def test_keep_refuses_a_folder_without_a_run_or_a_checkpoint(tmp_path, capsys):
+  assert paper_runs.main(["keep", str(tmp_path), "--name", CELL]) == 2
+  assert capsys.readouterr().err == (
+    f"error: keep: {tmp_path} holds no run folder (a folder with run.json)\n"
+  )
+  cell = REPO / "zoo" / "omniglot_original_quick_vampire"  # best/ only, no training state
+  assert paper_runs.main(["keep", str(cell), "--name", CELL]) == 2
+  assert capsys.readouterr().err == (
+    f"error: keep: {cell} has no checkpoint to resume from (checkpoints/<step>/): nothing to keep\n"
+  )
+  assert not (REPO / "training" / CELL).exists()
+
+
+def test_keep_takes_a_paper_cells_name(tmp_path, capsys):
+  assert paper_runs.main(["keep", str(tmp_path / "my_run"), "--training", str(tmp_path)]) == 2
+  assert capsys.readouterr().err == (
+    "error: keep: 'my_run' is not a paper cell's name (e.g. omniglot_original_5way1shot_vampire); "
+    "pass --name, or keep the folder `python -m experiments.paper_runs` trained under --root\n"
+  )
+
+
+def test_tiny_cells_are_never_kept_in_the_clones_tracked_folder():
+  assert paper_runs.parse_args(["--tiny"]).training is None
+  assert paper_runs.parse_args([]).training == training_cells.TRAINING == REPO / "training"
