@@ -152,6 +152,9 @@ from vampire_jax._src.runs.problem import (
   Problem,
   draw_tasks,
 )
+from vampire_jax._src.runs.recalibration import (
+  recalibrate,
+)
 from vampire_jax._src.runs.run_config import (
   RunConfig,
 )
@@ -263,6 +266,7 @@ __all__ = (
   "train_and_evaluate",
   "Run",
   "load_run",
+  "recalibrate",
   # Errors.
   "UserError",
   "ConfigError",

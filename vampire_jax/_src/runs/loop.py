@@ -19,7 +19,7 @@ Nothing but the state and a few scalars crosses between host and device.
 
 What a run leaves in `workdir`: `run.json` (the config, network and data it
 was trained with), `config.json`, `checkpoints/`, `best/`, `metrics.jsonl`
-(and TensorBoard files), `results.json`, `test_per_task.npz`; `run_folder`
+(and TensorBoard files), `results.json`, `test_per_task.npz`, `recalibration.json`; `run_folder`
 owns them (atomic writes, the folder's lock, checkpoints that fall back to an
 older one). Ctrl-C or SIGTERM saves a checkpoint before the run stops;
 running again resumes; `interrupts` owns that path and every other way a run
@@ -45,6 +45,7 @@ from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import calibration, evaluation, predictive_uncertainty
 from vampire_jax._src.runs import algorithms, interrupts, kinds, programs, run_config, run_folder
 from vampire_jax._src.runs import problem as problem_lib
+from vampire_jax._src.runs import recalibration
 from vampire_jax._src.runs.problem import Problem
 from vampire_jax._src.runs.reporting import MetricWriter, Progress, format_duration
 from vampire_jax._src.runs.run_folder import RunCheckpoints
@@ -479,6 +480,7 @@ def train_and_evaluate(
       tested_params, tested_step = _parameters_to_test(session, state)
       test_start = time.time()
       summary, per_task = _test(session, tested_params, tested_step)
+      recalibrated = recalibration.after_test(session, record, tested_params, tested_step, per_task)
       session.writer.write_test(int(state.step), dataclasses.asdict(config), summary.metrics)
     finally:
       session.progress.close()
@@ -491,6 +493,7 @@ def train_and_evaluate(
       "calibration": {
         name: calibration.to_record(curve) for name, curve in summary.calibration.items()
       },
+      **recalibrated,  # `recalibration` (the map fitted on validation) and `test_recalibrated`
       "best_validation": session.checkpoints.best_record(),
       "test_parameters": config.test_parameters,
       "tested_step": tested_step,
