@@ -171,7 +171,8 @@ def fit_temperature(probabilities, labels, where: str = "fit_temperature") -> Ca
   """
   probabilities = np.asarray(probabilities, np.float64)
   labels = np.asarray(labels)
-  num_tasks = _check_fit_inputs(where, probabilities, labels, probabilities.ndim == 3)
+  shapes_fit = probabilities.ndim == 3 and labels.shape == probabilities.shape[:-1]
+  num_tasks = _check_fit_inputs(where, probabilities, labels, shapes_fit)
   # log of the mean's probabilities: the logits of the predictive, up to a constant per query.
   log_p = np.log(np.maximum(probabilities, 1e-300)).reshape(-1, probabilities.shape[-1])
   labels = labels.reshape(-1).astype(np.int64)

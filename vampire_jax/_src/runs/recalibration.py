@@ -105,7 +105,7 @@ def recalibrate(run, tasks: Task, key: jax.Array):
   if not hasattr(run, "_with_calibration"):
     raise checks.fail(where, "run", "a vj.Run (vj.load_run(workdir))", checks.describe(run))
   checks.prng_key(where, "key", key)
-  raw = run._with_calibration(None)
+  raw = run._uncalibrated
   with run._precision():
     num_tasks = check_tasks(run, tasks, where)
     per_task = evaluate_tasks(raw, tasks, key, num_tasks)
@@ -163,10 +163,9 @@ def evaluate_tasks(run, tasks: Task, key: jax.Array, num_tasks: int) -> dict:
   In batches of the run's `eval_batch_tasks`; task i with key i of `key`'s split, so a
   task's results do not depend on the batch.
   """
-  config = run.config
-  evaluate = programs.build_evaluator(run.kind, run.noise_std, config, run.learner)
+  evaluate = run._evaluator
   keys = evaluation.per_task_keys(key, num_tasks)
-  batch = programs.eval_batch_size(config)
+  batch = programs.eval_batch_size(run.config)
   parts = []
   for start in range(0, num_tasks, batch):
     chunk = jax.tree_util.tree_map(lambda field: field[start : start + batch], tasks)
@@ -257,12 +256,15 @@ def write_calibration(
   return path
 
 
-def read_calibration(workdir: Path, record: dict, step: Optional[int]) -> maps.Calibration:
-  """The map of `workdir/recalibration.json`, checked against the run loaded.
+def read_calibration(workdir: Path, record: dict) -> tuple[maps.Calibration, Optional[int]]:
+  """`(map, step it was fitted on)` of `workdir/recalibration.json`, checked against the record.
+
+  Read before the checkpoint, so that a missing or foreign file is refused at once;
+  `check_fitted_step` checks the step once the meta-parameters are restored.
 
   Raises:
     RunFolderError: no such file (saying how to make one), a damaged one, or one of
-      another run, kind or step.
+      another run or kind.
   """
   path = Path(workdir) / RECALIBRATION_FILE
   where = f"load_run(recalibrated=True): {path}"
@@ -286,12 +288,17 @@ def read_calibration(workdir: Path, record: dict, step: Optional[int]) -> maps.C
     )
   if saved.get("run_id") and record.get("run_id") and saved["run_id"] != record["run_id"]:
     raise RunFolderError(f"{where} was fitted for another run (its run_id); fit and save it again")
-  if saved.get("step") is not None and step is not None and saved["step"] != step:
+  return calibration, saved.get("step")
+
+
+def check_fitted_step(workdir: Path, fitted_step: Optional[int], step: Optional[int]) -> None:
+  """Refuses (RunFolderError) a map fitted on the meta-parameters of another step than loaded."""
+  if fitted_step is not None and step is not None and fitted_step != step:
     raise RunFolderError(
-      f"{where} was fitted on the meta-parameters of step {saved['step']}, but those of step "
-      f"{step} are loaded; fit and save it again"
+      f"load_run(recalibrated=True): {Path(workdir) / RECALIBRATION_FILE} was fitted on the "
+      f"meta-parameters of step {fitted_step}, but those of step {step} are loaded; fit and "
+      "save it again"
     )
-  return calibration
 
 
 def calibration_record(calibration: maps.Calibration, split: str) -> dict:

@@ -31,7 +31,7 @@ from vampire_jax._src.core.errors import InputError, MissingDataError
 from vampire_jax._src.core.learners import MetaLearner, adapt_to_task
 from vampire_jax._src.metrics import predictive
 from vampire_jax._src.metrics import recalibration as recalibration_maps
-from vampire_jax._src.runs import algorithms, kinds, recalibration, run_folder
+from vampire_jax._src.runs import algorithms, kinds, programs, recalibration, run_folder
 from vampire_jax._src.runs.run_folder import RunCheckpoints
 from vampire_jax._src.runs.run_from_record import (
   config_from_record as config_from_record,  # the old module path of 0.2.0 reads it here
@@ -102,6 +102,7 @@ class Run:
     step: Optional[int] = None,
     tested_step: Optional[int] = None,
     calibration: Optional[recalibration_maps.Calibration] = None,
+    uncalibrated: Optional["Run"] = None,
   ):
     self.workdir = workdir
     self.record = record
@@ -111,11 +112,14 @@ class Run:
     self.input_shape = tuple(record["input_shape"])
     self.noise_std = recalibration_maps.calibrated_noise_std(calibration, record["noise_std"])
     self.meta_params = meta_params
-    self._raw_learner = learner
     self.learner = recalibration.calibrated_learner(learner, calibration, record["noise_std"])
     self.step = step
     self.tested_step = tested_step
     self.calibration = calibration
+    # The raw run (itself, if not recalibrated): one, so that its programs compile once.
+    parts = (workdir, record, config, meta_params, learner)
+    raw = self if calibration is None else uncalibrated
+    self._uncalibrated = raw or Run(*parts, model=self.model, step=step, tested_step=tested_step)
     self._predict_outputs = jax.jit(self._predict_outputs_one, static_argnums=5)
 
   def __reduce__(self):
@@ -141,18 +145,18 @@ class Run:
     return _unpickled_run, parts
 
   def _with_calibration(self, calibration: Optional[recalibration_maps.Calibration]) -> "Run":
-    """This run with `calibration` applied in place of its own (None: the raw run)."""
-    return Run(
-      self.workdir,
-      self.record,
-      self.config,
-      self.meta_params,
-      self._raw_learner,
-      model=self.model,
-      step=self.step,
-      tested_step=self.tested_step,
-      calibration=calibration,
-    )
+    """This run with `calibration` applied in place of its own (None: its one raw run)."""
+    if calibration is None:
+      return self._uncalibrated
+    raw = self._uncalibrated
+    parts = (raw.workdir, raw.record, raw.config, raw.meta_params, raw.learner)
+    kwargs = dict(model=raw.model, step=raw.step, tested_step=raw.tested_step)
+    return Run(*parts, **kwargs, calibration=calibration, uncalibrated=raw)
+
+  @functools.cached_property
+  def _evaluator(self):
+    """The run's jitted evaluator (`programs.build_evaluator`), of its learner and noise."""
+    return programs.build_evaluator(self.kind, self.noise_std, self.config, self.learner)
 
   def save(self, workdir: Optional[str | os.PathLike] = None) -> Path:
     """Writes the run's calibration (`vj.recalibrate`) as `recalibration.json`, atomically.
@@ -444,6 +448,7 @@ def load_run(
       "recorded)"
     )
   network = network_from_record(record["model"], model, workdir)
+  saved_calibration = recalibration.read_calibration(workdir, record) if recalibrated else None
   with x64_context(run_folder.recorded_x64(record)):
     config = config_from_record(record)
     learner = test_learner(network, record, config)
@@ -462,7 +467,10 @@ def load_run(
       f"those of step {tested}, which {run_folder.RESULTS_FILE} says the test scored: "
       f"that step's checkpoint is missing or damaged (Run.step says which step is loaded)"
     )
-  calibration = recalibration.read_calibration(workdir, record, step) if recalibrated else None
+  calibration = None
+  if recalibrated:
+    calibration, fitted_step = saved_calibration
+    recalibration.check_fitted_step(workdir, fitted_step, step)
   return Run(
     workdir,
     record,
