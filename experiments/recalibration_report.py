@@ -132,6 +132,9 @@ def _cell_table(cells: dict) -> str:
     return f"{scale * raw:.{digits}f} → {scale * recal:.{digits}f}"
 
   for name, cell in cells.items():
+    if "skipped" in cell:
+      lines.append(f"| {name} | none: {cell['skipped']} | | | | | {cell['num_val_tasks']}/– | |")
+      continue
     lines.append(
       f"| {name} | {cell['map']} | {pair(cell, 'nll')} | {pair(cell, 'ece')} "
       f"| {pair(cell, 'pit_ece')} | {pair(cell, 'interval_90_coverage', 100, 1)} "
@@ -167,7 +170,12 @@ def measure(zoo_dir: Path, pattern: str, num_val_tasks, num_test_tasks, print_fn
     num_val = num_val_tasks or run.config.num_val_tasks
     count = int(manifest["cells"][name]["test"]["num_tasks"])
     num_test = count if num_test_tasks is None else min(num_test_tasks, count)
-    result = zoo_recalibrate.recalibrate_cell(run, problem, num_val, num_test)
+    try:
+      result = zoo_recalibrate.recalibrate_cell(run, problem, num_val, num_test)
+    except vj.InputError as error:  # no map: e.g. every validation query right
+      cells[name] = {"kind": run.kind, "skipped": str(error), "num_val_tasks": num_val}
+      print_fn(f"{name}: no map: {error}")
+      continue
     cells[name] = {
       "kind": run.kind,
       "map": maps.describe(result.calibration),

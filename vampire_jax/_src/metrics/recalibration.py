@@ -45,6 +45,18 @@ METHODS = {"classification": TEMPERATURE, "regression": VARIANCE_SCALE}
 # The range searched, wide enough for any predictive worth recalibrating: a fit at its edge
 # is refused (the data do not pin the parameter down, or the predictive is degenerate).
 SEARCH_RANGE = {TEMPERATURE: (1e-2, 1e2), VARIANCE_SCALE: (1e-4, 1e4)}
+# Why the NLL of these tasks has no minimum inside the range: at its low edge, at its high.
+_EDGE_REASONS = {
+  TEMPERATURE: (
+    "the predictive has (nearly) every query of these tasks right, so sharpening it always "
+    "lowers their NLL",
+    "the predictive does no better than chance on these tasks",
+  ),
+  VARIANCE_SCALE: (
+    "the targets of these tasks lie on the predictive's draws",
+    "the targets of these tasks lie far outside the predictive",
+  ),
+}
 MIN_TASKS = 2  # one task's queries share one adaptation: a fit on them fits that task
 INTERVAL_LEVEL = 0.9  # the central interval whose coverage the summaries report
 
@@ -123,11 +135,11 @@ def _minimise(nll, method: str, where: str) -> float:
     raise InputError(f"{where}: the NLL is not finite at any {method.replace('_', ' ')}")
   best = int(np.nanargmin(np.where(np.isfinite(values), values, np.inf)))
   if best in (0, len(grid) - 1):
+    why = _EDGE_REASONS[method][best > 0]
     raise InputError(
       f"{where}: the NLL keeps falling towards a {method.replace('_', ' ')} of "
       f"{math.exp(grid[best]):g}, the edge of the range searched ({low:g} to {high:g}): "
-      "the predictive of these tasks is degenerate (every draw and target alike, or "
-      "targets far outside it); no map is fitted"
+      f"{why}; no map is fitted (fit on more tasks)"
     )
   a, b = grid[best - 1], grid[best + 1]
   ratio = (math.sqrt(5.0) - 1.0) / 2.0
