@@ -37,7 +37,9 @@ import numpy as np
 import vampire_jax as vj
 from experiments import cli, zoo, zoo_recalibrate, zoo_verify
 from vampire_jax._src.metrics import evaluation
+from vampire_jax._src.metrics import quantile_calibration
 from vampire_jax._src.metrics import recalibration as maps
+from vampire_jax._src.metrics.normal_cdf import normal_cdf
 from vampire_jax._src.runs import programs
 
 DEFAULT_CELLS = "regression_*,omniglot_*"
@@ -65,6 +67,59 @@ def test_inputs(run: vj.Run, problem: vj.Problem, num_tasks: int) -> np.ndarray:
   sample_keys, _ = evaluation.index_keys(programs.run_keys(run.config.seed).test, indices)
   tasks = jax.jit(problem.sample_tasks)(problem.splits["test"], sample_keys)
   return np.asarray(tasks.query_x)[..., 0]
+
+
+def _predictive_quantile_ece(draws, noise_std: float, truth, data_noise: float, levels) -> float:
+  """The paper's quantile ECE (11 levels 0, 0.1, .., 1) of the whole predictive's quantiles.
+
+  As `vj.paper_quantile_calibration`, but each level's quantile is the predictive
+  mixture's, noise included (`levels`: the mixture levels that give the 9 inner ones),
+  not that of the network's outputs alone: observed_p = mean_x Phi((q_p(x) - y0(x)) / sigma).
+  The levels 0 and 1 have quantiles -inf and inf, observed exactly.
+  """
+  levels = np.clip(levels, 1e-6, 1 - 1e-6)
+  quantiles = quantile_calibration.mixture_quantile(levels, draws, noise_std, tol=1e-4)
+  observed = np.mean(normal_cdf((quantiles - truth[None]) / data_noise).reshape(9, -1), axis=1)
+  return float(np.sum(np.abs(observed - np.linspace(0.1, 0.9, 9))) / 11)
+
+
+def regression_extras(run: vj.Run, result) -> dict:
+  """Beside the variance scale: quantile recalibration (Kuleshov et al. 2018), measured only,
+  and the paper's quantile ECE of the whole predictive, raw, scaled and isotonic.
+
+  The isotonic map is the empirical CDF R of the validation tasks' PIT values F(y): the
+  recalibrated CDF is R(F(y)), its p-quantile F^{-1}(R^{-1}(p)).
+  """
+  sigma, levels = run.noise_std, np.linspace(0.1, 0.9, 9)
+
+  def draws_and_pit(per_task, noise):
+    draws = np.moveaxis(np.asarray(per_task["predictions"], np.float64)[..., 0], 1, 0)
+    targets = np.asarray(per_task["targets"], np.float64)[..., 0]
+    return draws, quantile_calibration.mixture_cdf(targets, draws, noise)
+
+  _, val_pit = draws_and_pit(result.val_per_task, sigma)
+  draws, test_pit = draws_and_pit(result.per_task, sigma)
+  ranked = np.sort(val_pit.reshape(-1))
+  recalibrated = np.searchsorted(ranked, test_pit, side="right") / ranked.size  # R(F(y))
+  truth = np.asarray(result.per_task["truth"], np.float64)[..., 0]
+  scaled = maps.recalibrated_per_task(result.calibration, result.per_task, sigma)
+  scaled_noise = maps.calibrated_noise_std(result.calibration, sigma)
+  scaled_draws, _ = draws_and_pit(scaled, scaled_noise)
+  return {
+    "isotonic": {
+      "interval_90_coverage": float(np.mean((recalibrated >= 0.05) & (recalibrated <= 0.95))),
+      "pit_ece": float(
+        np.mean(np.abs(np.mean(recalibrated[None] <= levels[:, None, None], axis=(1, 2)) - levels))
+      ),  # fmt: skip
+      "predictive_quantile_ece": _predictive_quantile_ece(
+        draws, sigma, truth, sigma, np.quantile(ranked, levels)
+      ),
+    },
+    "predictive_quantile_ece": {
+      "raw": _predictive_quantile_ece(draws, sigma, truth, sigma, levels),
+      "recalibrated": _predictive_quantile_ece(scaled_draws, scaled_noise, truth, sigma, levels),
+    },
+  }
 
 
 def _recalibrated_points(run: vj.Run, result) -> dict:
@@ -119,6 +174,7 @@ def compare_methods(runs: dict, results: dict, problem: vj.Problem, num_tasks: i
 
 
 def _cell_table(cells: dict) -> str:
+  notes = []
   lines = [
     "| cell | map | NLL raw → recal. | ECE raw → recal. | PIT ECE raw → recal. "
     "| 90 % coverage raw → recal. | tasks (val/test) | seconds |",
@@ -132,6 +188,13 @@ def _cell_table(cells: dict) -> str:
     return f"{scale * raw:.{digits}f} → {scale * recal:.{digits}f}"
 
   for name, cell in cells.items():
+    if "isotonic" in cell:
+      iso, whole = cell["isotonic"], cell["predictive_quantile_ece"]
+      notes.append(
+        f"| {name} | {whole['raw']:.3f} → {whole['recalibrated']:.3f} "
+        f"| {iso['predictive_quantile_ece']:.3f} | {iso['pit_ece']:.3f} "
+        f"| {100 * iso['interval_90_coverage']:.1f} |"
+      )
     if "skipped" in cell:
       lines.append(f"| {name} | none: {cell['skipped']} | | | | | {cell['num_val_tasks']}/– | |")
       continue
@@ -140,6 +203,14 @@ def _cell_table(cells: dict) -> str:
       f"| {pair(cell, 'pit_ece')} | {pair(cell, 'interval_90_coverage', 100, 1)} "
       f"| {cell['num_val_tasks']}/{cell['num_test_tasks']} | {cell['seconds']:.0f} |"
     )
+  if notes:
+    lines += [
+      "",
+      "| cell | whole predictive's quantile ECE, raw → scaled | isotonic: its quantile ECE "
+      "| isotonic: PIT ECE | isotonic: 90 % coverage |",
+      "|---|---|---|---|---|",
+      *notes,
+    ]
   return "\n".join(lines)
 
 
@@ -186,6 +257,8 @@ def measure(zoo_dir: Path, pattern: str, num_val_tasks, num_test_tasks, print_fn
       "num_test_tasks": num_test,
       "seconds": time.perf_counter() - start,
     }
+    if run.kind == "regression" and "truth" in result.per_task:
+      cells[name].update(regression_extras(run, result))
     print_fn(f"{zoo_recalibrate.line(name, run.kind, result)} ({cells[name]['seconds']:.0f} s)")
     if run.kind == "regression" and run.config.seed == 0:
       algorithm = run.config.algorithm

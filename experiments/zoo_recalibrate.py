@@ -33,10 +33,12 @@ class CellRecalibration(NamedTuple):
   raw: dict  # the raw test's summary numbers (with a regressor's 90 % interval)
   recalibrated: dict  # under the map
   per_task: dict  # the raw test's per-task results
+  val_per_task: dict  # the validation's, that the map was fitted on
 
 
-def fit_on_validation(run: vj.Run, problem: vj.Problem, num_tasks: int) -> maps.Calibration:
-  """The map fitted on the run's first `num_tasks` validation tasks, as its loop fits it."""
+def fit_on_validation(run: vj.Run, problem: vj.Problem, num_tasks: int):
+  """`(map, per-task results)` of the run's first `num_tasks` validation tasks, as its loop
+  fits it."""
   config = run.config
   mesh = backend_defaults.task_mesh_for(config, config.tasks_per_step)
   evaluate = programs.build_evaluator(run.kind, run.noise_std, config, run.learner, mesh)
@@ -63,7 +65,7 @@ def recalibrate_cell(
   """The map of `num_val_tasks` validation tasks, and `num_test_tasks` test tasks both ways."""
   if run.calibration is not None:
     raise vj.InputError("zoo recalibrate: pass the raw run (vj.load_run without recalibrated)")
-  calibration = fit_on_validation(run, problem, num_val_tasks)
+  calibration, val_per_task = fit_on_validation(run, problem, num_val_tasks)
   per_task, raw = zoo_verify.score_test_split(run, problem, num_test_tasks, on_batch)
   fields = ("accuracy", "nll", "probabilities", "mse", "predictive_mean_mse", "predictions")
   scored = {k: v for k, v in per_task.items() if k in fields + ("targets", "truth")}
@@ -73,7 +75,7 @@ def recalibrate_cell(
     run.kind, calibration, scored, run.config.num_bins, run.noise_std
   )
   recalibrated = {k: float(v) for k, v in summary.metrics.items() if isinstance(v, (int, float))}
-  return CellRecalibration(calibration, raw, recalibrated, per_task)
+  return CellRecalibration(calibration, raw, recalibrated, per_task, val_per_task)
 
 
 def manifest_fields(result: CellRecalibration, num_val_tasks: int) -> dict:

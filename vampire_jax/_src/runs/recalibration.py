@@ -185,8 +185,8 @@ def fit_on_split(
   kind: str,
   noise_std: Optional[float],
   where: str,
-) -> maps.Calibration:
-  """The map fitted on the first `num_tasks` tasks of a split (`evaluation.evaluate_split`).
+) -> tuple[maps.Calibration, dict]:
+  """`(map, per-task results)` of the first `num_tasks` tasks of a split (`evaluate_split`).
 
   Raises:
     InputError: too few tasks, non-finite results on some task, or no minimum in range.
@@ -200,7 +200,7 @@ def fit_on_split(
       f"{where}: {bad.size} of {num_tasks} tasks gave non-finite results (tasks "
       f"{bad[:10].tolist()}); no map is fitted on them"
     )
-  return maps.fit(kind, per_task, noise_std, where)
+  return maps.fit(kind, per_task, noise_std, where), per_task
 
 
 # -- Scoring a split under a map ------------------------------------------------------------
@@ -331,7 +331,7 @@ def after_test(session, record: dict, meta_params, step: int, test_per_task: dic
   problem, config = session.problem, session.config
   where = "recalibration on the validation tasks"
   try:
-    calibration = fit_on_split(
+    calibration, _ = fit_on_split(
       session.evaluate_val,
       meta_params,
       session.val_key,
