@@ -101,6 +101,7 @@ def regression_extras(run: vj.Run, result) -> dict:
   draws, test_pit = draws_and_pit(result.per_task, sigma)
   ranked = np.sort(val_pit.reshape(-1))
   recalibrated = np.searchsorted(ranked, test_pit, side="right") / ranked.size  # R(F(y))
+  observed = np.mean(recalibrated.reshape(1, -1) <= levels[:, None], axis=1)
   truth = np.asarray(result.per_task["truth"], np.float64)[..., 0]
   scaled = maps.recalibrated_per_task(result.calibration, result.per_task, sigma)
   scaled_noise = maps.calibrated_noise_std(result.calibration, sigma)
@@ -108,9 +109,7 @@ def regression_extras(run: vj.Run, result) -> dict:
   return {
     "isotonic": {
       "interval_90_coverage": float(np.mean((recalibrated >= 0.05) & (recalibrated <= 0.95))),
-      "pit_ece": float(
-        np.mean(np.abs(np.mean(recalibrated[None] <= levels[:, None, None], axis=(1, 2)) - levels))
-      ),  # fmt: skip
+      "pit_ece": float(np.mean(np.abs(observed - levels))),
       "predictive_quantile_ece": _predictive_quantile_ece(
         draws, sigma, truth, sigma, np.quantile(ranked, levels)
       ),

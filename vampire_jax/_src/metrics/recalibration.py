@@ -224,13 +224,9 @@ def fit_variance_scale(
   """
   predictions = np.asarray(predictions, np.float64)
   targets = np.asarray(targets, np.float64)
-  num_tasks = _check_fit_inputs(
-    where,
-    predictions,
-    targets,
-    predictions.ndim == 4 and targets.ndim == 3 and predictions.shape[-1] == 1
-    and (predictions.shape[0], *predictions.shape[2:]) == targets.shape,
-  )  # fmt: skip
+  shapes_fit = predictions.ndim == 4 and predictions.shape[-1] == 1 and targets.ndim == 3
+  shapes_fit = shapes_fit and (predictions.shape[0], *predictions.shape[2:]) == targets.shape
+  num_tasks = _check_fit_inputs(where, predictions, targets, shapes_fit)
   draws = np.moveaxis(predictions[..., 0], 1, -1).reshape(-1, predictions.shape[1])  # [N, L]
   targets = targets.reshape(-1)
   nll = lambda s: variance_scale_nll(draws, targets, noise_std, s)
