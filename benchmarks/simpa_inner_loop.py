@@ -20,7 +20,7 @@ import time
 import jax
 
 from experiments import cli, regression
-from vampire_jax._src.runs import algorithms, loop, programs
+from vampire_jax._src.runs import algorithms, inner_loop_check, loop, programs
 
 VARIANTS = {
   "preset (MLP 100-100-100, NLL sigma 0.3, inner lr 1e-3)": {},
@@ -43,8 +43,8 @@ def support_loss_change(seed: int, kl_samples: int, changes: dict) -> tuple[floa
   init_key = programs.run_keys(config.seed).init
   optimizer = algorithms.make_optimizer(config)
   state = loop._initial_state(problem, config, learner, optimizer, init_key, None)
-  key = loop.inner_loop_check_key(init_key)
-  report = loop.inner_loop_report(problem, learner, state.meta_params, key)
+  key = inner_loop_check.check_key(init_key)
+  report = inner_loop_check.inner_loop_report(problem, learner, state.meta_params, key)
   return report.loss_before, report.loss_after
 
 

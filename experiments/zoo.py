@@ -6,6 +6,7 @@
     python -m experiments.zoo verify --cells 'regression_*' --num-test-tasks all
     python -m experiments.zoo table                                # README + zoo/README.md
     python -m experiments.zoo check                                # checksums, tables
+    python -m experiments.zoo recalibrate --cells 'regression_*'   # issue 61: raw and recalibrated
 
 Each cell is a folder `zoo/<cell>/` holding a run folder's own files, copied unchanged:
 the checkpoint of the meta-parameters the run tested (`best/<step>/` or
@@ -51,7 +52,7 @@ from typing import Optional
 
 import numpy as np
 
-from experiments import cli, paper_table, presets, zoo_verify
+from experiments import cli, paper_table, presets, zoo_recalibrate, zoo_verify
 from vampire_jax._src.core.errors import ConfigError, UserError
 from vampire_jax._src.runs import algorithms, run_folder
 
@@ -681,6 +682,57 @@ def verify_table(rows: list[Verified], manifest: dict, machine: dict) -> str:
   return "\n".join(lines)
 
 
+# -- recalibrate (issue 61) ------------------------------------------------------------------
+
+
+def recalibrate(
+  zoo: Path,
+  pattern: Optional[str] = None,
+  num_val_tasks: Optional[int] = None,
+  num_test_tasks: Optional[int] = None,
+  readme: Path = README,
+) -> list[str]:
+  """Each selected cell's map fitted on its validation tasks (`zoo_recalibrate`), no retraining.
+
+  Writes `recalibration.json` into the cell (`vj.load_run(cell, recalibrated=True)` reads
+  it), and into its manifest entry the map (`recalibration`) and its test scored both ways
+  (`test_recalibrated`, and the raw 90 % interval as `test_raw_interval`), then the
+  tables. `num_val_tasks` None: the run's own `num_val_tasks`; `num_test_tasks` None:
+  every test task the cell scored. Returns one line per cell.
+  """
+  import vampire_jax as vj
+  from vampire_jax._src.runs import recalibration as run_recalibration
+
+  manifest = existing_manifest(zoo, "recalibrate")
+  problems = check_cells(zoo, manifest)
+  if problems:
+    raise ConfigError(
+      f"zoo recalibrate: the zoo does not match its manifest: {'; '.join(problems)}"
+    )
+  _refuse_table_problems(zoo, manifest, "recalibrate")
+  lines = []
+  for name in select(manifest, pattern):
+    entry = manifest["cells"][name]
+    try:
+      run = vj.load_run(zoo / name)
+      problem = zoo_verify.make_problem(run)
+      num_val = num_val_tasks or run.config.num_val_tasks
+      count = int(entry["test"]["num_tasks"])
+      num_test = count if num_test_tasks is None else min(num_test_tasks, count)
+      with _progress_bar(name, num_test) as on_batch:
+        result = zoo_recalibrate.recalibrate_cell(run, problem, num_val, num_test, on_batch)
+    except UserError as error:  # missing data, say: the cell keeps what it had
+      lines.append(f"{name}: not recalibrated: {type(error).__name__}: {error}")
+      continue
+    run_recalibration.write_calibration(zoo / name, result.calibration, run.record, run.step)
+    entry.update(zoo_recalibrate.manifest_fields(result, num_val))
+    entry["files"] = checksums(zoo / name)
+    lines.append(zoo_recalibrate.line(name, run.kind, result))
+  write_manifest(zoo, manifest)
+  write_tables(zoo, readme, "recalibrate")
+  return lines
+
+
 # -- The tables ------------------------------------------------------------------------------
 
 
@@ -932,6 +984,18 @@ def parse_args(argv=None) -> argparse.Namespace:
       metavar="N",
       help=f"score each cell's first N test tasks, or 'all' (default: {DEFAULT_VERIFY_TASKS})",
     )
+  recalibrating = commands.add_parser(
+    "recalibrate", help="fit each cell's recalibration on its validation tasks (issue 61)"
+  )
+  recalibrating.add_argument("--cells", help="cell-name patterns, comma-separated (default: all)")
+  recalibrating.add_argument(
+    "--num-val-tasks", type=_task_count, default=None, metavar="N",
+    help="validation tasks to fit on (default: the run's num_val_tasks)",
+  )  # fmt: skip
+  recalibrating.add_argument(
+    "--num-test-tasks", type=_task_count, default=None, metavar="N",
+    help="test tasks to score both ways, or 'all' (default: all the cell scored)",
+  )  # fmt: skip
   commands.add_parser("table", help="write zoo/README.md and the README's table")
   commands.add_parser("check", help="checksums and generated tables; exit 1 if stale")
   return parser.parse_args(argv)
@@ -957,6 +1021,12 @@ def main(argv=None) -> int:
     return _print_verification(
       args.zoo, args.cells, args.num_test_tasks, record=args.record, readme=args.readme
     )
+  if args.command == "recalibrate":
+    for line in recalibrate(
+      args.zoo, args.cells, args.num_val_tasks, args.num_test_tasks, readme=args.readme
+    ):
+      print(line)
+    return 0
   if args.command == "table":
     write_tables(args.zoo, args.readme)
     print(f"wrote {args.zoo / 'README.md'} and {args.readme}'s table")

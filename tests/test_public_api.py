@@ -117,6 +117,7 @@ PUBLIC_API = (
   "train_and_evaluate",
   "Run",
   "load_run",
+  "recalibrate",
   # Errors.
   "UserError",
   "ConfigError",

@@ -153,6 +153,9 @@ from vampire_jax._src.runs.problem import (
   Problem,
   draw_tasks,
 )
+from vampire_jax._src.runs.recalibration import (
+  recalibrate,
+)
 from vampire_jax._src.runs.run_config import (
   RunConfig,
 )
@@ -265,6 +268,7 @@ __all__ = (
   "train_and_evaluate",
   "Run",
   "load_run",
+  "recalibrate",
   # Errors.
   "UserError",
   "ConfigError",

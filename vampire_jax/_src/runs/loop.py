@@ -19,7 +19,7 @@ Nothing but the state and a few scalars crosses between host and device.
 
 What a run leaves in `workdir`: `run.json` (the config, network and data it
 was trained with), `config.json`, `checkpoints/`, `best/`, `metrics.jsonl`
-(and TensorBoard files), `results.json`, `test_per_task.npz`; `run_folder`
+(and TensorBoard files), `results.json`, `test_per_task.npz`, `recalibration.json`; `run_folder`
 owns them (atomic writes, the folder's lock, checkpoints that fall back to an
 older one). Ctrl-C or SIGTERM saves a checkpoint before the run stops;
 running again resumes; `interrupts` owns that path and every other way a run
@@ -28,7 +28,6 @@ stops or fails.
 
 import dataclasses
 import functools
-import math
 import os
 import time
 from pathlib import Path
@@ -39,13 +38,15 @@ import jaxlib
 import numpy as np
 from jax.sharding import Mesh
 
-from vampire_jax._src.core import backend_defaults, diagnostics, meta_step, models, sharding
+from vampire_jax._src.core import backend_defaults, meta_step, models, sharding
 from vampire_jax._src.core.errors import ConfigError, DivergenceError
 from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import calibration, evaluation, predictive_uncertainty
 from vampire_jax._src.runs import algorithms, interrupts, kinds, programs, run_config, run_folder
+from vampire_jax._src.runs import inner_loop_check
 from vampire_jax._src.runs import init_from as run_start
 from vampire_jax._src.runs import problem as problem_lib
+from vampire_jax._src.runs import recalibration
 from vampire_jax._src.runs.problem import Problem
 from vampire_jax._src.runs.reporting import MetricWriter, Progress, format_duration
 from vampire_jax._src.runs.run_folder import RunCheckpoints
@@ -111,38 +112,6 @@ def learner_for(problem: Problem, config, num_mc: Optional[int] = None) -> MetaL
     num_mc_train=config.num_mc_train if num_mc is None else num_mc,
     num_mc_query=config.num_mc_query if num_mc is None else num_mc,
   )
-
-
-def inner_loop_check_key(init_key: jax.Array) -> jax.Array:
-  """The key of the inner-loop check before training: its task and draws."""
-  return jax.random.fold_in(init_key, 1)
-
-
-def inner_loop_report(problem: Problem, learner: MetaLearner, meta_params, key: jax.Array):
-  """`check_inner_loop` on the training task that `key` draws: the check before training."""
-  task = jax.tree_util.tree_map(lambda x: x[0], problem_lib.draw_tasks(problem, "train", key, 1))
-  return diagnostics.check_inner_loop(learner, meta_params, task, key)
-
-
-def _check_inner_loop(problem: Problem, config, learner: MetaLearner, state, key, print_fn) -> None:
-  """One inner loop on a real training task before the meta-step compiles (`check_inner_loop`).
-
-  Raises:
-    DivergenceError: (a ConfigError) the support loss goes non-finite at
-      initialisation; the message names the knob to turn and a value that works.
-  """
-  if learner.settings is not None and learner.settings.num_inner_steps == 0:
-    return  # no inner loop (ProtoNet): nothing to diverge
-  report = inner_loop_report(problem, learner, state.meta_params, key)
-  if report.ok:
-    return
-  message = (
-    f"{config.algorithm}'s inner loop at initialisation, on a training task: "
-    f"{report.advice} (--inner-lr, --kl-weight; see vj.check_inner_loop)"
-  )
-  if not math.isfinite(report.loss_after):
-    raise DivergenceError(message)
-  print_fn(f"warning: {message}")
 
 
 def _mean_metrics(window: list[dict]) -> dict:
@@ -368,8 +337,8 @@ def _setup(
     state = run_start.initial_state(start, train_learner, optimizer, state, mesh)
   if run_folder.latest_checkpoint_step(workdir) is None:  # a resumed run passed it at its start
     try:
-      _check_inner_loop(
-        problem, config, train_learner, state, inner_loop_check_key(init_key), print_fn
+      inner_loop_check.check_before_training(
+        problem, config, train_learner, state, inner_loop_check.check_key(init_key), print_fn
       )
     except DivergenceError:
       if is_main:  # nothing was trained: the corrected settings may use this folder
@@ -481,6 +450,7 @@ def train_and_evaluate(
       tested_params, tested_step = _parameters_to_test(session, state)
       test_start = time.time()
       summary, per_task = _test(session, tested_params, tested_step)
+      recalibrated = recalibration.after_test(session, record, tested_params, tested_step, per_task)
       session.writer.write_test(int(state.step), dataclasses.asdict(config), summary.metrics)
     finally:
       session.progress.close()
@@ -493,6 +463,7 @@ def train_and_evaluate(
       "calibration": {
         name: calibration.to_record(curve) for name, curve in summary.calibration.items()
       },
+      **recalibrated,  # `recalibration` (the map fitted on validation) and `test_recalibrated`
       "best_validation": session.checkpoints.best_record(),
       "test_parameters": config.test_parameters,
       "tested_step": tested_step,

@@ -30,7 +30,8 @@ from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import InputError, MissingDataError
 from vampire_jax._src.core.learners import MetaLearner, adapt_to_task
 from vampire_jax._src.metrics import predictive
-from vampire_jax._src.runs import algorithms, kinds, run_folder
+from vampire_jax._src.metrics import recalibration as recalibration_maps
+from vampire_jax._src.runs import algorithms, kinds, programs, recalibration, run_folder
 from vampire_jax._src.runs.run_folder import RunCheckpoints
 from vampire_jax._src.runs.run_from_record import (
   config_from_record as config_from_record,  # the old module path of 0.2.0 reads it here
@@ -76,9 +77,13 @@ class Run:
     model: the flax module.
     kind: 'classification' or 'regression'.
     input_shape: one example's shape.
-    noise_std: the regression likelihood's noise (None for classification).
+    noise_std: the regression predictive's noise (None for classification): the
+      likelihood's, times sqrt(s) on a run recalibrated by a variance scale s.
     meta_params: the meta-parameters (the best validated, else the latest).
-    learner: the test-time learner (`num_mc_test` draws).
+    learner: the test-time learner (`num_mc_test` draws); on a recalibrated run, one
+      whose `predict` applies the map (`vj.recalibrate`).
+    calibration: the recalibration map the run applies (`vj.recalibrate`: its method,
+      value and the tasks it was fitted on), or None: the raw predictive.
     step: the meta-step whose meta-parameters these are (None: not known).
     tested_step: the step `results.json` says the run's test scored (None:
       no results, e.g. a run still training); when it is not `step` (that
@@ -96,6 +101,8 @@ class Run:
     model: Optional[nn.Module] = None,
     step: Optional[int] = None,
     tested_step: Optional[int] = None,
+    calibration: Optional[recalibration_maps.Calibration] = None,
+    uncalibrated: Optional["Run"] = None,
   ):
     self.workdir = workdir
     self.record = record
@@ -103,11 +110,16 @@ class Run:
     self.model = models.module_from_spec(record["model"]) if model is None else model
     self.kind = record["kind"]
     self.input_shape = tuple(record["input_shape"])
-    self.noise_std = record["noise_std"]
+    self.noise_std = recalibration_maps.calibrated_noise_std(calibration, record["noise_std"])
     self.meta_params = meta_params
-    self.learner = learner
+    self.learner = recalibration.calibrated_learner(learner, calibration, record["noise_std"])
     self.step = step
     self.tested_step = tested_step
+    self.calibration = calibration
+    # The raw run (itself, if not recalibrated): one, so that its programs compile once.
+    parts = (workdir, record, config, meta_params, learner)
+    raw = self if calibration is None else uncalibrated
+    self._uncalibrated = raw or Run(*parts, model=self.model, step=step, tested_step=tested_step)
     self._predict_outputs = jax.jit(self._predict_outputs_one, static_argnums=5)
 
   def __reduce__(self):
@@ -128,8 +140,39 @@ class Run:
       override,
       self.step,
       self.tested_step,
+      None if self.calibration is None else tuple(self.calibration),
     )
     return _unpickled_run, parts
+
+  def _with_calibration(self, calibration: Optional[recalibration_maps.Calibration]) -> "Run":
+    """This run with `calibration` applied in place of its own (None: its one raw run)."""
+    if calibration is None:
+      return self._uncalibrated
+    raw = self._uncalibrated
+    parts = (raw.workdir, raw.record, raw.config, raw.meta_params, raw.learner)
+    kwargs = dict(model=raw.model, step=raw.step, tested_step=raw.tested_step)
+    return Run(*parts, **kwargs, calibration=calibration, uncalibrated=raw)
+
+  @functools.cached_property
+  def _evaluator(self):
+    """The run's jitted evaluator (`programs.build_evaluator`), of its learner and noise."""
+    return programs.build_evaluator(self.kind, self.noise_std, self.config, self.learner)
+
+  def save(self, workdir: Optional[str | os.PathLike] = None) -> Path:
+    """Writes the run's calibration (`vj.recalibrate`) as `recalibration.json`, atomically.
+
+    In `workdir` (default: the run's folder); returns the path. `vj.load_run(workdir,
+    recalibrated=True)` applies it again, and refuses it for another run or step (the
+    file names the run's id and step). Raises InputError on a run without a calibration,
+    StorageError where the folder cannot be written.
+    """
+    if self.calibration is None:
+      raise InputError(
+        "Run.save: this run has no calibration to save; fit one first: "
+        "vj.recalibrate(run, validation_tasks, key).save()"
+      )
+    folder = self.workdir if workdir is None else Path(workdir)
+    return recalibration.write_calibration(folder, self.calibration, self.record, self.step)
 
   def _precision(self):
     """A context in which JAX computes as the run did: `JAX_ENABLE_X64` as recorded."""
@@ -337,7 +380,12 @@ class Run:
     )
 
 
-def load_run(workdir: str | os.PathLike, *, model: Optional[type | ModuleType] = None) -> Run:
+def load_run(
+  workdir: str | os.PathLike,
+  *,
+  model: Optional[type | ModuleType] = None,
+  recalibrated: bool = False,
+) -> Run:
   """Loads a run folder written by `train_and_evaluate` (any experiment).
 
   Args:
@@ -349,6 +397,9 @@ def load_run(workdir: str | os.PathLike, *, model: Optional[type | ModuleType] =
       name. It is built with the recorded fields; a class whose parameters
       are not the checkpoint's is refused. Default: the class `run.json`
       names, imported.
+    recalibrated: False (the default): the raw predictive, `Run.calibration` None.
+      True: the map of the folder's `recalibration.json` applied (`vj.recalibrate`,
+      `Run.save`; the training loop writes one after its test).
 
   Returns:
     A `Run`: `.config`, `.predict(support_x, support_y, query_x, key)`, ...;
@@ -372,9 +423,13 @@ def load_run(workdir: str | os.PathLike, *, model: Optional[type | ModuleType] =
       (`run_folder`, "A run reads only what it wrote"), the network's class cannot be imported (pass `model=`), or
       the network built has other parameters than the checkpoint's (its
       code changed since training, or `model=` is another network).
+    RunFolderError: with `recalibrated=True`, a folder without `recalibration.json`
+      (the message says how to make one), or one fitted for another run or step.
     InputError: `model` is not a network class, nor a module defining the
-      recorded one, or does not take the recorded fields.
+      recorded one, or does not take the recorded fields; `recalibrated` not a bool.
   """
+  if not isinstance(recalibrated, bool):
+    raise checks.fail("load_run", "recalibrated", "True or False", repr(recalibrated))
   workdir = Path(workdir)
   run_folder.check_recorded_files(workdir)  # a zoo cell: every file as its manifest says
   record = run_folder.read_run_record(workdir, print_fn=_warn)
@@ -393,6 +448,7 @@ def load_run(workdir: str | os.PathLike, *, model: Optional[type | ModuleType] =
       "recorded)"
     )
   network = network_from_record(record["model"], model, workdir)
+  saved_calibration = recalibration.read_calibration(workdir, record) if recalibrated else None
   with x64_context(run_folder.recorded_x64(record)):
     config = config_from_record(record)
     learner = test_learner(network, record, config)
@@ -411,6 +467,10 @@ def load_run(workdir: str | os.PathLike, *, model: Optional[type | ModuleType] =
       f"those of step {tested}, which {run_folder.RESULTS_FILE} says the test scored: "
       f"that step's checkpoint is missing or damaged (Run.step says which step is loaded)"
     )
+  calibration = None
+  if recalibrated:
+    calibration, fitted_step = saved_calibration
+    recalibration.check_fitted_step(workdir, fitted_step, step)
   return Run(
     workdir,
     record,
@@ -420,11 +480,16 @@ def load_run(workdir: str | os.PathLike, *, model: Optional[type | ModuleType] =
     model=network,
     step=step,
     tested_step=tested,
+    calibration=calibration,
   )
 
 
-def _unpickled_run(workdir: str, record: dict, meta_params, model, step, tested_step) -> Run:
+def _unpickled_run(
+  workdir: str, record: dict, meta_params, model, step, tested_step, calibration=None
+) -> Run:
   """A pickled `Run` again (`Run.__reduce__`): rebuilt from its record, no folder read."""
+  if calibration is not None:
+    calibration = recalibration_maps.Calibration(*calibration)
   network = models.module_from_spec(record["model"], model)
   with x64_context(run_folder.recorded_x64(record)):
     config = config_from_record(record)
@@ -439,6 +504,7 @@ def _unpickled_run(workdir: str, record: dict, meta_params, model, step, tested_
     model=network,
     step=step,
     tested_step=tested_step,
+    calibration=calibration,
   )
 
 

@@ -1,0 +1,361 @@
+"""`vj.recalibrate`: a run whose predictive is recalibrated on held-out tasks, and its file.
+
+    run = vj.load_run("runs/regression_cpu_seed0/vampire")
+    tasks = vj.draw_tasks(problem, "val", jax.random.key(0), 100)
+    recalibrated = vj.recalibrate(run, tasks, jax.random.key(1))
+    recalibrated.calibration            # Calibration(method='variance_scale', value=3.1, ...)
+    recalibrated.save()                 # recalibration.json in the run folder
+    vj.load_run(run.workdir, recalibrated=True)   # the same run again, recalibrated
+
+The maps and their maths are in `metrics.recalibration`. A recalibrated run applies its map
+in its learner's `predict` (the network's outputs under each weight draw) and in its
+likelihood's noise, so `Run.predict`, `predict_draws`, `predictive`,
+`predict_function_draws` and the evaluators built from `run.learner` and `run.noise_std`
+all score the recalibrated predictive. The adaptation to a task is not changed.
+
+The training loop fits a map on its validation split after the test and reports the
+test both ways (`fit_on_split`, `recalibrated_summary`); `experiments.zoo recalibrate`
+does the same for a zoo's cells.
+"""
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+
+from vampire_jax._src.core import input_checks as checks
+from vampire_jax._src.core import losses
+from vampire_jax._src.core.errors import InputError, RunFolderError
+from vampire_jax._src.core.learners import MetaLearner
+from vampire_jax._src.core.tasks import Task, check_task_batch
+from vampire_jax._src.metrics import evaluation
+from vampire_jax._src.metrics import recalibration as maps
+from vampire_jax._src.metrics import quantile_calibration, summary_inputs
+from vampire_jax._src.runs import kinds, programs, run_folder
+
+RECALIBRATION_FILE = "recalibration.json"
+RECALIBRATION_FORMAT = 1
+
+
+def calibrated_learner(
+  learner: MetaLearner, calibration: Optional[maps.Calibration], noise_std: Optional[float]
+) -> MetaLearner:
+  """`learner` whose `predict` returns recalibrated outputs and whose `nll` has the scaled noise.
+
+  Its `adapt` (a closure over the trained likelihood) is the learner's own: recalibration
+  changes the predictive, not the adaptation. A test-time learner: its meta-loss would
+  train on the recalibrated outputs.
+  """
+  if calibration is None:
+    return learner
+  predict = learner.predict
+
+  def recalibrated_predict(task_params, x, key):
+    return maps.calibrate_outputs(calibration, predict(task_params, x, key))
+
+  nll = learner.nll
+  if calibration.method == maps.VARIANCE_SCALE:
+    nll = losses.gaussian_nll(maps.calibrated_noise_std(calibration, noise_std))
+  return learner._replace(predict=recalibrated_predict, nll=nll)
+
+
+# -- Fitting on a run's tasks -----------------------------------------------------------------
+
+
+def recalibrate(run, tasks: Task, key: jax.Array):
+  """A run whose predictive is recalibrated by a map fitted on its predictive of `tasks`.
+
+  The run adapts to each task and predicts its queries as its test did (its
+  `num_mc_test` weight draws; task i with key i of `key`'s split, as the evaluators
+  split one key), and one parameter is fitted by the NLL of the query targets
+  (`metrics.recalibration` has the maths):
+
+  - classification: a temperature T of the predictive p = mean_l softmax(f_l):
+    p_T = softmax(log p / T), which keeps each query's arg max;
+  - regression: a variance scale s of the predictive mixture
+    mean_l N(f_l, sigma^2): p_s = mean_l N(m + sqrt(s) (f_l - m), s sigma^2), m the
+    draws' mean, so its mean is unchanged and its variance is s times the raw one. The
+    likelihood's noise is scaled too, so a point estimate (MAML) is recalibrated as well.
+
+  The returned run's `predict`, `predict_draws`, `predictive` and
+  `predict_function_draws` apply the map, and so do the evaluators built from its
+  `learner` and `noise_std` (sqrt(s) sigma); its `calibration` holds what was fitted,
+  and `.save()` writes it beside the run (`vj.load_run(..., recalibrated=True)` reads it).
+  A run that is already recalibrated is fitted afresh, from its raw predictive.
+
+  Args:
+    run: a `vj.Run` (`vj.load_run`).
+    tasks: a `vj.Task` batch with a leading task axis, of the run's kind and input shape,
+      that the run never trained on (its validation tasks, e.g.
+      `vj.draw_tasks(problem, "val", key, 100)`); at least 2 tasks.
+    key: PRNG key of the adaptation and prediction draws; the same key gives the same map.
+
+  Returns:
+    A new `vj.Run`; `run` is unchanged.
+
+  Raises:
+    InputError: `run` is not a `vj.Run`; tasks that are not a `vj.Task` batch of the run's
+      input shape and kind (integer labels for a classifier, `[tasks, n, outputs]` float
+      targets for a regressor), fewer than 2 tasks, non-finite values; or a predictive
+      whose NLL has no minimum inside the range searched (T in [0.01, 100], s in
+      [1e-4, 1e4]).
+  """
+  where = "vj.recalibrate"
+  if not hasattr(run, "_with_calibration"):
+    raise checks.fail(where, "run", "a vj.Run (vj.load_run(workdir))", checks.describe(run))
+  checks.prng_key(where, "key", key)
+  raw = run._uncalibrated
+  with run._precision():
+    num_tasks = check_tasks(run, tasks, where)
+    per_task = evaluate_tasks(raw, tasks, key, num_tasks)
+  calibration = maps.fit(run.kind, per_task, raw.noise_std, where)
+  return run._with_calibration(calibration)
+
+
+def check_tasks(run, tasks: Task, where: str) -> int:
+  """Host checks of `tasks` for `run`: a batch of >= 2 tasks of its inputs and kind."""
+  num_tasks = check_task_batch(tasks, where)
+  if not checks.concrete(tuple(tasks)):
+    raise InputError(f"{where} runs on concrete tasks (it checks them on the host), not traced")
+  arrays = Task(*(np.asarray(field) for field in tasks))
+  if num_tasks < maps.MIN_TASKS:
+    raise checks.fail(
+      where,
+      "tasks",
+      f"at least {maps.MIN_TASKS} tasks (one task's queries share one adaptation: a fit on "
+      "them fits that task), e.g. the run's validation tasks",
+      f"{num_tasks} task",
+    )
+  shape = ", ".join(map(str, run.input_shape))
+  for name in ("support_x", "query_x"):
+    value = getattr(arrays, name)
+    if tuple(value.shape[2:]) != run.input_shape:
+      raise checks.fail(
+        where, f"tasks.{name}", f"[tasks, n, {shape}] (the run's inputs)", checks.describe(value)
+      )
+    checks.floating(where, f"tasks.{name}", value, checks.IMAGE_HINT)
+  for name in ("support_y", "query_y"):
+    value = getattr(arrays, name)
+    if run.kind == "classification":
+      good = value.ndim == 2 and np.issubdtype(value.dtype, np.integer)
+      wanted = "[tasks, n] integer labels (a classifier's tasks)"
+    else:
+      good = value.ndim == 3 and value.shape[2] == run.num_outputs
+      good = good and np.issubdtype(value.dtype, np.floating)
+      wanted = f"[tasks, n, {run.num_outputs}] float targets (a regressor's tasks)"
+    if not good:
+      raise checks.fail(where, f"tasks.{name}", wanted, checks.describe(value))
+  checks.check_finite(where, {f"tasks.{k}": v for k, v in arrays._asdict().items()})
+  if run.kind == "classification":
+    ways = run.num_outputs
+    checks.labels_in_range(where, "tasks.query_y", arrays.query_y, ways)
+    for i in range(num_tasks):
+      kinds.get(run.kind).check_support_y(
+        f"{where} (task {i})", arrays.support_y[i], arrays.support_y.shape[1], ways
+      )
+  return num_tasks
+
+
+def evaluate_tasks(run, tasks: Task, key: jax.Array, num_tasks: int) -> dict:
+  """`run`'s evaluator's per-task results on `tasks` (numpy), with `targets`.
+
+  In batches of the run's `eval_batch_tasks`; task i with key i of `key`'s split, so a
+  task's results do not depend on the batch.
+  """
+  evaluate = run._evaluator
+  keys = evaluation.per_task_keys(key, num_tasks)
+  batch = programs.eval_batch_size(run.config)
+  parts = []
+  for start in range(0, num_tasks, batch):
+    chunk = jax.tree_util.tree_map(lambda field: field[start : start + batch], tasks)
+    result = evaluate(run.meta_params, chunk, keys[start : start + batch])
+    parts.append(jax.device_get(result._asdict()))
+  per_task = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+  per_task["targets"] = np.asarray(tasks.query_y)
+  return per_task
+
+
+def fit_on_split(
+  evaluate_indices: Callable,
+  meta_params,
+  key: jax.Array,
+  num_tasks: int,
+  batch_tasks: int,
+  kind: str,
+  noise_std: Optional[float],
+  where: str,
+) -> tuple[maps.Calibration, dict]:
+  """`(map, per-task results)` of the first `num_tasks` tasks of a split (`evaluate_split`).
+
+  Raises:
+    InputError: too few tasks, non-finite results on some task, or no minimum in range.
+  """
+  per_task = evaluation.evaluate_split(
+    evaluate_indices, meta_params, key, num_tasks, batch_tasks, refuse_non_finite=False
+  )
+  bad = evaluation.non_finite_tasks(per_task)
+  if bad.size:
+    raise InputError(
+      f"{where}: {bad.size} of {num_tasks} tasks gave non-finite results (tasks "
+      f"{bad[:10].tolist()}); no map is fitted on them"
+    )
+  return maps.fit(kind, per_task, noise_std, where), per_task
+
+
+# -- Scoring a split under a map ------------------------------------------------------------
+
+
+def recalibrated_summary(
+  kind: str,
+  calibration: maps.Calibration,
+  per_task: dict,
+  num_bins: int,
+  noise_std: Optional[float],
+) -> evaluation.Summary:
+  """The summary of a split under `calibration`, from its raw per-task results.
+
+  As `kinds.summarise` scores a run's test, of `recalibrated_per_task`'s results.
+  Regression: the NLL, PIT calibration and variance split under the noise sqrt(s) sigma;
+  the paper's quantile calibration (`ece`, `mce`, given the truth) of the recalibrated
+  draws m + sqrt(s) (f_l - m), against the data's own noise sigma, as the paper computes
+  it of raw draws; and the central 90 % interval's coverage and mean width.
+  """
+  scaled_noise = maps.calibrated_noise_std(calibration, noise_std)
+  recalibrated = maps.recalibrated_per_task(calibration, per_task, noise_std)
+  summary = kinds.summarise(kind, recalibrated, num_bins=num_bins, noise_std=scaled_noise)
+  if kind == "regression":
+    if "truth" in recalibrated:
+      paper = quantile_calibration.paper_quantile_calibration(
+        recalibrated["predictions"][..., 0], np.asarray(recalibrated["truth"])[..., 0], noise_std
+      )
+      summary.metrics.update(ece=paper.ece, mce=paper.mce)
+      summary.calibration["quantile_calibration"] = paper
+    summary.metrics.update(maps.interval_metrics(recalibrated, scaled_noise))
+  return summary
+
+
+# -- recalibration.json ----------------------------------------------------------------------
+
+
+def write_calibration(
+  workdir: Path, calibration: maps.Calibration, record: dict, step: Optional[int]
+) -> Path:
+  """`recalibration.json` in `workdir`, atomically: the map, the run's id and the step fitted."""
+  path = Path(workdir) / RECALIBRATION_FILE
+  run_folder.write_json(
+    path,
+    {
+      "format": RECALIBRATION_FORMAT,
+      "kind": record["kind"],
+      **maps.to_record(calibration),
+      "run_id": record.get("run_id"),
+      "step": step,
+    },
+  )
+  return path
+
+
+def read_calibration(workdir: Path, record: dict) -> tuple[maps.Calibration, Optional[int]]:
+  """`(map, step it was fitted on)` of `workdir/recalibration.json`, checked against the record.
+
+  Read before the checkpoint, so that a missing or foreign file is refused at once;
+  `check_fitted_step` checks the step once the meta-parameters are restored.
+
+  Raises:
+    RunFolderError: no such file (saying how to make one), a damaged one, or one of
+      another run or kind.
+  """
+  path = Path(workdir) / RECALIBRATION_FILE
+  where = f"load_run(recalibrated=True): {path}"
+  if not path.is_file():
+    raise RunFolderError(
+      f"load_run(recalibrated=True): {workdir} has no {RECALIBRATION_FILE}; make one with "
+      "vj.recalibrate(run, validation_tasks, key).save() (a run trained by this version "
+      "writes it after its test), or load it raw"
+    )
+  saved = run_folder.read_json(path, default=None)
+  if not isinstance(saved, dict) or saved.get("format") != RECALIBRATION_FORMAT:
+    raise RunFolderError(f"{where} is damaged or of another format; fit and save it again")
+  try:
+    calibration = maps.from_record(saved, where)
+  except InputError as error:
+    raise RunFolderError(str(error)) from None
+  if saved.get("kind") != record["kind"] or calibration.method != maps.METHODS[record["kind"]]:
+    raise RunFolderError(
+      f"{where} holds a {calibration.method} of a {saved.get('kind')} run, not a "
+      f"{record['kind']} run's; fit and save it again"
+    )
+  if saved.get("run_id") and record.get("run_id") and saved["run_id"] != record["run_id"]:
+    raise RunFolderError(f"{where} was fitted for another run (its run_id); fit and save it again")
+  return calibration, saved.get("step")
+
+
+def check_fitted_step(workdir: Path, fitted_step: Optional[int], step: Optional[int]) -> None:
+  """Refuses (RunFolderError) a map fitted on the meta-parameters of another step than loaded."""
+  if fitted_step is not None and step is not None and fitted_step != step:
+    raise RunFolderError(
+      f"load_run(recalibrated=True): {Path(workdir) / RECALIBRATION_FILE} was fitted on the "
+      f"meta-parameters of step {fitted_step}, but those of step {step} are loaded; fit and "
+      "save it again"
+    )
+
+
+def calibration_record(calibration: maps.Calibration, split: str) -> dict:
+  """`results.json`'s `recalibration`: the map and where it was fitted."""
+  return {**maps.to_record(calibration), "fitted_on": split}
+
+
+# -- After a run's test ------------------------------------------------------------------------
+
+
+def after_test(session, record: dict, meta_params, step: int, test_per_task: dict) -> dict:
+  """The loop's recalibration: a map fitted on the validation split, the test scored with it.
+
+  The map is fitted on the run's `num_val_tasks` validation tasks (the tasks and draws its
+  validations scored) under the tested meta-parameters, written to `recalibration.json`
+  (`vj.load_run(..., recalibrated=True)`), and the test's per-task results are scored
+  again under it, without running the network again.
+
+  Args:
+    session: the loop's `Session`; `record` the run record (`run.json`).
+    meta_params: the tested meta-parameters; `step` their step.
+    test_per_task: the test's per-task results (`evaluation.evaluate_split`).
+
+  Returns:
+    `results.json`'s fields: `recalibration` (the map, or `{"skipped": why}` when none can
+    be fitted: one validation task, or non-finite results) and `test_recalibrated` (the
+    test's summary under it, with a regressor's 90 % interval coverage and width; also
+    under `recalibration`, the raw test's, to compare).
+  """
+  problem, config = session.problem, session.config
+  where = "recalibration on the validation tasks"
+  try:
+    calibration, _ = fit_on_split(
+      session.evaluate_val,
+      meta_params,
+      session.val_key,
+      config.num_val_tasks,
+      programs.eval_batch_size(config, session.mesh),
+      problem.kind,
+      problem.noise_std,
+      where,
+    )
+  except InputError as error:
+    session.progress.warn(f"no recalibration: {error}")
+    return {"recalibration": {"skipped": str(error)}}
+  fields = summary_inputs.FIELDS[problem.kind] + ("targets", "truth")
+  per_task = {name: value for name, value in test_per_task.items() if name in fields}
+  summary = recalibrated_summary(
+    problem.kind, calibration, per_task, config.num_bins, problem.noise_std
+  )
+  fitted = calibration_record(calibration, f"val: {config.num_val_tasks} tasks")
+  if problem.kind == "regression":
+    fitted["raw_test"] = maps.interval_metrics(per_task, problem.noise_std)
+  if session.is_main:
+    write_calibration(session.workdir, calibration, record, step)
+  line = kinds.get(problem.kind).summary_line(summary.metrics)
+  coverage = summary.metrics.get("interval_90_coverage")
+  coverage_part = "" if coverage is None else f"; 90 % interval coverage {100 * coverage:.1f} %"
+  session.progress.message(f"recalibrated ({maps.describe(calibration)}): {line}{coverage_part}")
+  return {"recalibration": fitted, "test_recalibrated": summary.metrics}
