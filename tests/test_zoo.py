@@ -449,16 +449,17 @@ def test_the_tables_are_generated_and_a_stale_one_is_found(runs, tmp_path, readm
   zoo.write_tables(zoo_dir, readme)
   assert zoo.stale_tables(zoo_dir, readme) == []
   text = readme.read_text()
-  assert text.startswith(f"before\n{zoo.TABLE_START}\n| cell | paper | measured |")
+  assert text.startswith(f"before\n{zoo.TABLE_START}\n\nTrained by a shorter preset")
   assert text.endswith(f"{zoo.TABLE_END}\nafter\n") and "old rows" not in text
   entry = zoo.read_manifest(zoo_dir)["cells"]["tiny"]
   row = next(line for line in text.splitlines() if line.endswith("| `tiny` |"))
-  assert f"MSE {entry['test']['mse']:.3f} ± {entry['test']['mse_ci95']:.3f}" in row
-  assert "| MSE 1.96 |" in row  # the paper's MAML
+  headline = f"MSE {entry['test']['mse']:.3f} ± {entry['test']['mse_ci95']:.3f}"
+  assert headline in row and "1.96" not in row  # no paper column beside a short preset
+  assert entry["paper"] == "1.96"  # the paper's MAML, in the manifest, not in the row
   zoo_readme = (zoo_dir / "README.md").read_text()
   for path, f in entry["files"].items():
     assert f"| `{path}` | {f['bytes']} | `{f['sha256']}` |" in zoo_readme
-  readme.write_text(text.replace("MSE 1.96", "MSE 1.95"))
+  readme.write_text(text.replace(headline, "MSE 1.950 ± 0.100"))
   assert zoo.stale_tables(zoo_dir, readme) == [f"{readme}'s results table"]
   args = ["--zoo", str(zoo_dir), "--readme", str(readme)]
   assert zoo.main(args + ["check"]) == 1
