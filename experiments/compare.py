@@ -193,9 +193,6 @@ def _open_set_table(methods: dict) -> str:
   if not scored:
     return ""
 
-  def cell(value):
-    return "–" if value is None else f"{value:.3f}"
-
   header = (
     ["open-set AUROC: " + label for label, _ in OPEN_SET_SCORES]
     + ["misclassification AUROC: " + label for label, _ in OPEN_SET_SCORES]
@@ -204,8 +201,8 @@ def _open_set_table(methods: dict) -> str:
   lines = ["| method | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
   for name, o in scored.items():
     cells = (
-      [cell(o["auroc"][key]) for _, key in OPEN_SET_SCORES]
-      + [cell(o["misclassification_auroc"][key]) for _, key in OPEN_SET_SCORES]
+      [kinds.auroc_text(o, key) for _, key in OPEN_SET_SCORES]
+      + [kinds.auroc_text(o, key, "misclassification_auroc") for _, key in OPEN_SET_SCORES]
       + ["–" if o["known_accuracy"] is None else f"{100 * o['known_accuracy']:.2f}"]
     )
     label = f"{name} (point estimate: MI = 0)" if name in POINT_ESTIMATES else name
@@ -214,7 +211,8 @@ def _open_set_table(methods: dict) -> str:
   note = (
     f"\n{first['num_tasks']} test episodes, each with {first['num_unknown_classes']} "
     f"unknown classes ({first['num_unknown_queries']} unknown and "
-    f"{first['num_known_queries']} known queries in all). AUROC 0.5: chance.\n"
+    f"{first['num_known_queries']} known queries in all). AUROC 0.5: chance; n/a: a score "
+    "that is the same for every query ranks none (MI without an epistemic part).\n"
   )
   return "\n".join(lines) + "\n" + note
 

@@ -704,6 +704,7 @@ def plot_open_set_roc(
     for score, label in _OPEN_SET_LABELS.items():
       curve, auroc = record["roc"][score], record["auroc"][score]
       shown = "–" if auroc is None else f"{auroc:.3f}"
+      shown = "n/a" if score in record.get("not_applicable", {}) else shown
       if score == "mutual_information" and name in point_estimates:
         label = "MI = 0 (point estimate)"
       ax.plot(

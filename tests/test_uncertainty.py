@@ -133,10 +133,13 @@ def test_open_set_summary_by_hand():
     "correct": np.array([[True, True, False, True, False, False]]),
   }
   summary = vj.open_set_summary(per_task)
-  assert summary["auroc"] == {"max_prob": 1.0, "entropy": 1.0, "mutual_information": 0.5}
+  # Issue 59: a point estimate's MI is 0 for every query; it ranks none, so its AUROC is
+  # not applicable (None, named in `not_applicable`), not 0.5, "at chance".
+  assert summary["auroc"] == {"max_prob": 1.0, "entropy": 1.0, "mutual_information": None}
+  assert list(summary["not_applicable"]) == ["mutual_information"]
   # Known queries: the one mistake (0.7) is the least confident.
   assert summary["misclassification_auroc"]["max_prob"] == 1.0
-  assert summary["misclassification_auroc"]["mutual_information"] == 0.5
+  assert summary["misclassification_auroc"]["mutual_information"] is None
   assert (
     summary["num_unknown_classes"],
     summary["num_known_queries"],
@@ -151,7 +154,9 @@ def test_open_set_summary_by_hand():
   )
   assert summary["uncertainty"]["unknown"]["total"] == pytest.approx(0.45)
   per_task["mutual_information"] = np.array([[0.05, 0.1, 0.1, 0.0, 0.3, 0.2]])
-  split = vj.open_set_summary(per_task)["uncertainty"]
+  varied = vj.open_set_summary(per_task)
+  assert varied["not_applicable"] == {} and varied["auroc"]["mutual_information"] == 1.0
+  split = varied["uncertainty"]
   assert split["unknown"] == pytest.approx({"total": 0.45, "epistemic": 0.25, "aleatoric": 0.2})
   json.dumps(summary)  # JSON-ready
 

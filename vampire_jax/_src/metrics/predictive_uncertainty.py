@@ -228,6 +228,12 @@ def _record_roc(scores: np.ndarray, positives: np.ndarray) -> dict:
   }
 
 
+_CONSTANT_SCORE = (
+  "the same for every query, so it ranks none: the method has no epistemic part "
+  "(one weight draw or none)"
+)
+
+
 def _jsonable_auroc(value: float) -> Optional[float]:
   return None if math.isnan(value) else float(value)
 
@@ -248,7 +254,11 @@ def open_set_summary(per_task: dict) -> dict:
     unknown-vs-known ROC curve}, `known_accuracy` (the known queries'
     accuracy in these episodes), and the counts (`num_unknown_classes` per
     episode, from the query counts: each class has the same number of
-    queries). An AUROC is None when a group is empty (e.g. no mistakes).
+    queries). An AUROC is None when a group is empty (e.g. no mistakes), and
+    when the score is the same for every query: it ranks none of them, so it
+    is not applicable rather than at chance (a method without an epistemic
+    part, one weight draw or none: MAML, ProtoNet, has a mutual information
+    of 0 everywhere). `not_applicable` names those scores, with the reason.
     `uncertainty` {'known', 'unknown'}: the mean `total` entropy of the
     predictive, its `epistemic` part (the mutual information) and its
     `aleatoric` part (their difference), in nats, over each group's queries.
@@ -258,12 +268,16 @@ def open_set_summary(per_task: dict) -> dict:
   unknown = targets < 0
   known = ~unknown
   wrong = ~np.asarray(per_task["correct"], bool).reshape(-1)[known]
-  result = {"auroc": {}, "misclassification_auroc": {}, "roc": {}}
+  result = {"auroc": {}, "misclassification_auroc": {}, "roc": {}, "not_applicable": {}}
   for name in OPEN_SET_SCORES:
     scores = _unsureness(per_task, name).reshape(-1)
+    result["roc"][name] = _record_roc(scores, unknown)
+    if scores.size and np.all(scores == scores[0]):  # ties everywhere: AUROC 0.5 by construction
+      result["not_applicable"][name] = _CONSTANT_SCORE
+      result["auroc"][name] = result["misclassification_auroc"][name] = None
+      continue
     result["auroc"][name] = _jsonable_auroc(auroc(scores, unknown))
     result["misclassification_auroc"][name] = _jsonable_auroc(auroc(scores[known], wrong))
-    result["roc"][name] = _record_roc(scores, unknown)
   ways = int(labels.max()) + 1 if known.any() else 0
   per_task_known = int(np.sum(labels[0] >= 0))
   num_unknown_classes = int(np.sum(labels[0] < 0)) * ways // per_task_known if per_task_known else 0

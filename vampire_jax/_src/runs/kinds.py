@@ -91,16 +91,23 @@ def _check_targets(where: str, support_y, num_support: int, num_outputs: int) ->
   checks.floating(where, "support_y", support_y)
 
 
+def auroc_text(open_set: dict, score: str, which: str = "auroc") -> str:
+  """An open-set summary's AUROC as the tables print it: "n/a" for a score that ranks
+  nothing (the same for every query: MI without an epistemic part), "–" where a group
+  was empty."""
+  if score in open_set.get("not_applicable", {}):
+    return "n/a"
+  value = open_set[which][score]
+  return "–" if value is None else f"{value:.3f}"
+
+
 def _classification_line(test: dict) -> str:
-  open_set = test.get("open_set", {}).get("auroc")
+  open_set = test.get("open_set", {})
   open_set_part = (
     ""
-    if not open_set
+    if not open_set.get("auroc")
     else "  open-set AUROC (max prob / MI) "
-    + " / ".join(
-      "–" if open_set[k] is None else f"{open_set[k]:.3f}"
-      for k in ("max_prob", "mutual_information")
-    )
+    + " / ".join(auroc_text(open_set, k) for k in ("max_prob", "mutual_information"))
   )
   mce_bin = f" (bin of {test['mce_bin_count']})" if "mce_bin_count" in test else ""
   return (
