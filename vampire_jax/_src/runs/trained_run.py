@@ -31,7 +31,8 @@ from vampire_jax._src.core.errors import InputError, MissingDataError
 from vampire_jax._src.core.learners import MetaLearner, adapt_to_task
 from vampire_jax._src.metrics import predictive
 from vampire_jax._src.metrics import recalibration as recalibration_maps
-from vampire_jax._src.runs import algorithms, kinds, programs, recalibration, run_folder
+from vampire_jax._src.runs import algorithms, compile_note, kinds, programs, recalibration
+from vampire_jax._src.runs import run_folder
 from vampire_jax._src.runs.run_folder import RunCheckpoints
 from vampire_jax._src.runs.run_from_record import (
   config_from_record as config_from_record,  # the old module path of 0.2.0 reads it here
@@ -370,13 +371,10 @@ class Run:
     support_x, support_y, query_x = (np.asarray(a) for a in (support_x, support_y, query_x))
     checks.prng_key(where, "key", key)
     self._check_inputs(support_x, support_y, query_x, where)
-    return self._predict_outputs(
-      self.meta_params,
-      jnp.asarray(support_x),
-      jnp.asarray(support_y),
-      jnp.asarray(query_x),
-      key,
-      transductive,
+    arrays = (jnp.asarray(support_x), jnp.asarray(support_y), jnp.asarray(query_x))
+    # The first call compiles (a minute for a Conv4 on a CPU): past a few seconds, one note.
+    return compile_note.noting_a_slow_first_call(
+      self._predict_outputs, self.meta_params, *arrays, key, transductive
     )
 
 
@@ -427,6 +425,19 @@ def load_run(
       (the message says how to make one), or one fitted for another run or step.
     InputError: `model` is not a network class, nor a module defining the
       recorded one, or does not take the recorded fields; `recalibrated` not a bool.
+
+  Examples:
+    A cell of the model zoo (a run folder in a clone's `zoo/`: MAML on sine/line
+    regression); any run folder loads alike.
+
+    >>> import numpy as np
+    >>> run = vj.load_run("zoo/regression_cpu_maml")
+    >>> run.kind, run.config.algorithm, run.step
+    ('regression', 'maml', 3000)
+    >>> x = np.linspace(-4.0, 4.0, 5, dtype=np.float32)[:, None]   # 5 support points
+    >>> samples = run.predict(x, np.sin(x), x, jax.random.key(0))  # adapted, then predicted
+    >>> samples.shape                             # [draws (MAML: 1), queries, 1], noise included
+    (1, 5, 1)
   """
   if not isinstance(recalibrated, bool):
     raise checks.fail("load_run", "recalibrated", "True or False", repr(recalibrated))
@@ -471,17 +482,8 @@ def load_run(
   if recalibrated:
     calibration, fitted_step = saved_calibration
     recalibration.check_fitted_step(workdir, fitted_step, step)
-  return Run(
-    workdir,
-    record,
-    config,
-    meta_params,
-    learner,
-    model=network,
-    step=step,
-    tested_step=tested,
-    calibration=calibration,
-  )
+  kwargs = dict(model=network, step=step, tested_step=tested, calibration=calibration)
+  return Run(workdir, record, config, meta_params, learner, **kwargs)
 
 
 def _unpickled_run(
@@ -495,17 +497,8 @@ def _unpickled_run(
     config = config_from_record(record)
     learner = test_learner(network, record, config)
     meta_params = jax.tree_util.tree_map(jnp.asarray, meta_params)
-  return Run(
-    Path(workdir),
-    record,
-    config,
-    meta_params,
-    learner,
-    model=network,
-    step=step,
-    tested_step=tested_step,
-    calibration=calibration,
-  )
+  kwargs = dict(model=network, step=step, tested_step=tested_step, calibration=calibration)
+  return Run(Path(workdir), record, config, meta_params, learner, **kwargs)
 
 
 def _holds_a_run(folder: Path) -> bool:
