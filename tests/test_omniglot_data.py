@@ -7,6 +7,7 @@ full TFDS offline build (about 45 s) is marked `slow` (deselect it with
 `-m "not slow"`); TFDS's builder cannot be run on the small zips alone.
 """
 
+import logging
 import importlib.util
 import io
 import json
@@ -542,3 +543,25 @@ def _assert_partition(parts, num_characters):
   assert len(everything) == len(set(everything.tolist())) == num_characters
   for idx in parts.values():
     assert np.all(np.diff(idx) > 0)
+
+
+def test_load_omniglot_logs_its_progress_and_prints_nothing_unless_told(
+  tmp_path, monkeypatch, caplog, capsys
+):
+  """Issue 59: a library logs (the `vampire_jax.data.omniglot` logger, INFO); `print_fn`
+  still sends the lines elsewhere (the experiments pass `print`)."""
+  folder = tmp_path / "data"
+  folder.mkdir()
+  for name in BIG_ZIPS:
+    (folder / name).write_bytes(b"data")
+  monkeypatch.setattr(omniglot, "_validate", lambda arrays: None)  # the fake is not 28x28
+  monkeypatch.setattr(omniglot, "_load_zips", lambda f: _fake_arrays())
+  with caplog.at_level(logging.INFO, logger="vampire_jax.data.omniglot"):
+    load_omniglot(folder, cache_dir=tmp_path / "cache")
+  assert capsys.readouterr() == ("", "")
+  logged = [r.getMessage() for r in caplog.records if r.name == "vampire_jax.data.omniglot"]
+  assert logged[0].startswith("Omniglot: building 28x28 arrays from the zips in ")
+  assert logged[-1].startswith("Omniglot: built in ")
+  lines = []
+  load_omniglot(folder, cache_dir=tmp_path / "cache", print_fn=lines.append)
+  assert lines == [line for line in lines if line.startswith("Omniglot: cached arrays ")] != []

@@ -12,6 +12,7 @@ them to a JSON file so that a run's split is on record.
 """
 
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -115,8 +116,9 @@ def read_cache_or_none(
   return None
 
 
-def _print_stderr(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
+# Where `load_omniglot`'s progress lines go unless a `print_fn` is given (issue 59: a library
+# logs; `logging.basicConfig(level=logging.INFO)` shows them, the experiments pass `print`).
+logger = logging.getLogger(__name__)
 
 
 def load_omniglot(
@@ -124,7 +126,7 @@ def load_omniglot(
   *,
   cache_dir: Optional[PathLike] = None,
   source: str = "auto",
-  print_fn: Callable[[str], None] = _print_stderr,
+  print_fn: Optional[Callable[[str], None]] = None,
 ) -> OmniglotArrays:
   """Loads Omniglot at 28x28, building and caching it on first use.
 
@@ -156,7 +158,9 @@ def load_omniglot(
     cache_dir: where the cache (and TFDS's files) go; defaults to
       `default_cache_dir()`.
     source: one of `SOURCES`.
-    print_fn: where the one progress line per phase goes (stderr).
+    print_fn: where the one progress line per phase goes; None (the default):
+      the `vampire_jax.data.omniglot` logger, at INFO (nothing is printed
+      unless logging is configured to show it).
 
   Returns:
     `OmniglotArrays` with 1623 characters and their provenance.
@@ -168,6 +172,7 @@ def load_omniglot(
   """
   if source not in SOURCES:
     raise ConfigError(f"source must be one of {SOURCES}, got {source!r}.")
+  print_fn = logger.info if print_fn is None else print_fn
   cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
   cache_path = cache_dir / CACHE_FILENAME
   if data_dir is None and os.environ.get("OMNIGLOT_DIR"):
