@@ -42,6 +42,8 @@ def run_experiment(
     note = kl_step_note(config)
     if note:
       print_fn(note)
+  if config.algorithm == "simpa":  # its cost, once the network is known, before it compiles
+    make_problem = with_simpa_cost_note(make_problem, config, print_fn)
   results = vj.train_and_evaluate(
     make_problem, config, workdir, init_from=init_from, progress=progress, print_fn=print_fn
   )
@@ -82,6 +84,44 @@ def kl_step_note(config) -> str:
     "authors' code's) values, and the runs in BUILD_NOTES.md trained with them "
     f'("Deviations"); --kl-weight {stable:.2g} or less keeps it below 2'
   )
+
+
+# SImPa's meta-step on the 2-core development CPU (BUILD_NOTES.md, "SImPa, as `Simpa.py`
+# runs it", "What it costs"): the regression preset (MLP 100-100-100, 20 501 weights, T = 10,
+# S = 5) took 98 s at the authors' 512 KL draws and 13.6 s at 16. Nearly all of it is the
+# matrices of 512 x (weights) of its generator and PHI network, applied in every inner step
+# of every task to the KL's draws and the networks drawn, so a step scales with
+# T * S * weights * (draws + 64): the one constant below fits both measurements (and gives
+# 6.4 s for the Omniglot quick preset at 64 draws, measured at 5.5 s beside a test process).
+SIMPA_SECONDS_PER_UNIT = 98.0 / (10 * 5 * 20501 * (512 + 64))
+
+
+def simpa_cost_note(config, num_weights: int) -> str:
+  """What a SImPa run will cost on a 2-core CPU, from its KL draws and network's weights."""
+  draws = config.simpa_kl_samples
+  units = config.tasks_per_step * config.num_inner_steps * num_weights * (draws + 64)
+  seconds = SIMPA_SECONDS_PER_UNIT * units
+  total = seconds * config.num_meta_steps
+  total = f"{total / 3600:.1f} h" if total >= 3600 else f"{total / 60:.0f} min"
+  return (
+    f"note: SImPa takes {draws} draws in each KL estimate (--simpa-kl-samples) and its "
+    f"network has {num_weights:,} weights: about {seconds:.3g} s a meta-step on a 2-core "
+    f"CPU, {total} for {config.num_meta_steps} steps (measured there on the regression "
+    "preset's MLP: 98 s a step at the authors' 512 draws, 13.6 s at 16)"
+  )
+
+
+def with_simpa_cost_note(make_problem: Callable[[], vj.Problem], config, print_fn):
+  """`make_problem`, then the note of `simpa_cost_note` for its network, before training."""
+
+  def made() -> vj.Problem:
+    problem = make_problem()
+    shape = (1, *problem.input_shape)
+    params = jax.eval_shape(lambda: vj.init_params(problem.model, jax.random.key(0), shape))
+    print_fn(simpa_cost_note(config, sum(leaf.size for leaf in jax.tree.leaves(params))))
+    return problem
+
+  return made
 
 
 def setting_name(config) -> str:
