@@ -23,6 +23,11 @@ ENTRY_POINTS = (
   "make_train_step",
   "summarise",
   "predictive",
+  # Issue 59: the API pages of these had no example.
+  "load_run",
+  "from_nnx",
+  "train_and_evaluate",
+  "check_inner_loop",
 )
 
 

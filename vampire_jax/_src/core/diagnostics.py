@@ -243,6 +243,20 @@ def check_inner_loop(
   A learner without an inner loop by design (no inner steps and an inner lr of
   0: ProtoNet) has no loop to fail: the report holds its support NLL, before
   and after alike, and no advice.
+
+  Examples:
+    >>> from vampire_jax.data import sine_line
+    >>> model = vj.MLP((16,), 1)
+    >>> params = vj.init_params(model, jax.random.key(0), (1, 1))
+    >>> tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(2), 1))
+    >>> task = jax.tree.map(lambda field: field[0], tasks)  # one task, no task axis
+    >>> learner = vj.maml(vj.pure_apply(model), vj.gaussian_nll(0.3))
+    >>> report = vj.check_inner_loop(learner, learner.init(params, None), task, jax.random.key(3))
+    >>> report.ok, report.advice
+    (True, '')
+
+    Where the support loss does not fall, `report.ok` is False and `report.advice`
+    names a smaller `inner_lr` (e.g. `vj.maml(..., inner_lr=0.5)` on this task).
   """
   settings = learner.settings
   # No inner steps and an inner lr of 0: no loop by design (ProtoNet), and no step to check.

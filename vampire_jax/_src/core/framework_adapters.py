@@ -47,6 +47,15 @@ def from_nnx(module: Any) -> tuple[PyTree, ApplyFn]:
   Raises:
     InputError: from `apply_fn`, for integer inputs or a weight tree whose
       structure is not `params`'.
+
+  Examples:
+    >>> from flax import nnx
+    >>> params, apply_fn = vj.from_nnx(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+    >>> jax.tree.map(jnp.shape, params)
+    {'bias': (2,), 'kernel': (3, 2)}
+    >>> apply_fn(params, jnp.ones((4, 3))).shape
+    (4, 2)
+    >>> prior = vj.gaussian_from_params(params, jax.random.key(1))  # a distribution over them
   """
   from flax import nnx
 

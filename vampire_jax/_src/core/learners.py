@@ -381,8 +381,8 @@ def vampire2(
     num_mc_train: L_t, weight draws per inner step.
     num_mc_query: L_v, weight draws on the query set (and for prediction).
     first_order: stop gradients through the inner updates (theirs: True).
-    log_std_init, sample_batching, unroll_steps, remat, second_order_steps,
-      draw_outputs, backtracking: as in `vampire`.
+    **options: `log_std_init`, `sample_batching`, `unroll_steps`, `remat`,
+      `second_order_steps`, `draw_outputs`, `backtracking`, as in `vampire`.
 
   Examples:
     >>> model = vj.MLP((16,), 1)
@@ -423,9 +423,14 @@ def maml(
   second_order_steps: Optional[int] = None,
   backtracking: bool = False,
 ) -> MetaLearner:
-  """MAML (Finn et al. 2017): the point-estimate special case; options as in `vampire`.
+  """MAML (Finn et al. 2017), VAMPIRE's point-estimate case: a `MetaLearner`.
 
-  `inner_lr` None: 0.1, or the likelihood's lower `default_inner_lr`.
+  It builds: `init(params, key)`, the meta-parameters, which are the network's weights as
+  given (no distribution, the key unused); `adapt`, `num_inner_steps` plain gradient steps
+  of `inner_lr` on the support NLL from them (differentiated at second order unless
+  `first_order` or `second_order_steps`); `predict(params, x, key)`, the adapted network's
+  output as one draw, `[1, n, ...]`. Options as in `vampire`; `inner_lr` None: 0.1, or
+  the likelihood's lower `default_inner_lr`.
   """
   check_settings("maml", inner_lr, num_inner_steps=(num_inner_steps, 0))
   loss_fn = losses.loss_from_apply(apply_fn, nll)

@@ -417,6 +417,28 @@ def train_and_evaluate(
     StorageError: `workdir` cannot be written (a file, read-only, a full disk).
     TrainingInterrupted: SIGINT/SIGTERM; a checkpoint was saved first.
     FloatingPointError: the training loss became non-finite.
+
+  Examples:
+    Generated sine/line tasks, each split its own stream; 20 meta-steps (the user guide
+    runs this, in seconds on a CPU), then the folder loads as a `vj.Run`:
+
+    >>> from vampire_jax.data import sine_line
+    >>> def sample_split(split_id, task_keys):
+    ...   keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(task_keys, split_id)
+    ...   return sine_line.tasks_from_keys(keys)
+    >>> problem = vj.Problem(model=vj.MLP((16, 16), 1), input_shape=(1,),
+    ...     splits={"train": jnp.uint32(0), "val": jnp.uint32(1), "test": jnp.uint32(2)},
+    ...     sample_tasks=sample_split, kind="regression", noise_std=0.3)
+    >>> config = vj.RunConfig(num_meta_steps=20, tasks_per_step=4, inner_lr=0.001,
+    ...     kl_weight=1.0, num_val_tasks=4, num_test_tasks=8, eval_batch_tasks=4,
+    ...     eval_every=20, checkpoint_every=20, log_every=10)
+    >>> results = vj.train_and_evaluate(problem, config, "runs/sines")  # doctest: +SKIP
+    >>> results["tested_step"], results["test"]["num_tasks"]  # doctest: +SKIP
+    (20, 8)
+    >>> run = vj.load_run("runs/sines")  # doctest: +SKIP
+
+    Called again on the same folder, it resumes from the newest checkpoint; with
+    `init_from="zoo/<cell>"` a new folder starts from a trained run's meta-parameters.
   """
   start = time.time()
   # Every check of the config and the folder, once, before the data is loaded or the

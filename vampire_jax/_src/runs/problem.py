@@ -25,8 +25,13 @@ class Problem(NamedTuple):
   """What an experiment trains on.
 
   Attributes:
-    model: the network, a flax module (recorded in the run folder, so it must
-      be importable and its fields JSON values).
+    model: the network, a `flax.linen.Module` (recorded in the run folder by
+      its class and fields, so it must be importable and its fields JSON
+      values; `vj.load_run` rebuilds it from them). Linen only: a Flax NNX
+      or Equinox network trains through `vj.from_nnx` / `vj.from_equinox`
+      and `vj.make_train_step` (the user guide's "Flax NNX and Equinox
+      networks"), not through `train_and_evaluate`, whose run folders could
+      not rebuild it.
     input_shape: one example's shape, e.g. `(28, 28, 1)`.
     splits: `{'train', 'val', 'test'}` -> the data the sampler draws from
       (device arrays; for generated tasks, anything that tells splits apart).
@@ -71,6 +76,14 @@ def draw_tasks(problem: Problem, split: str, key: jax.Array, num_tasks: int) -> 
   return jax.jit(sampler(problem, split))(problem.splits[split], jax.random.split(key, num_tasks))
 
 
+# What `Problem.model` takes, and where the other networks go (the run folder records a
+# linen module's class and fields, which `load_run` rebuilds; NNX and Equinox have no such
+# record here).
+_LINEN_ONLY = (
+  "a flax.linen module (e.g. vj.MLP, vj.Conv4): run folders record and rebuild linen "
+  "networks only; an NNX or Equinox network trains through vj.from_nnx / vj.from_equinox "
+  "and vj.make_train_step (user guide, 'Flax NNX and Equinox networks')"
+)
 SPLITS = ("train", "val", "test")  # meta-train, pick the best meta-parameters, test them
 WHERE = "train_and_evaluate"
 
@@ -112,7 +125,7 @@ def check_problem(problem: Problem) -> None:
   shape), so that no folder is made for a run whose first step would fail.
   """
   if not isinstance(problem.model, nn.Module):
-    raise checks.fail(WHERE, "problem.model", "a flax module (e.g. vj.MLP)", _got(problem.model))
+    raise checks.fail(WHERE, "problem.model", _LINEN_ONLY, _got(problem.model))
   if problem.kind not in kinds.KINDS:
     raise checks.fail(WHERE, "problem.kind", f"one of {', '.join(kinds.KINDS)}", _got(problem.kind))
   if problem.kind == "regression":
