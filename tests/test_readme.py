@@ -50,6 +50,13 @@ def test_the_own_code_blocks_run_and_give_what_their_comments_say(own_code):
   assert int(own_code["state"].step) == 300
   metrics = own_code["summary"].metrics
   assert metrics["num_tasks"] == 100 and np.isfinite(metrics["mse"]) and metrics["mse"] > 0
+  # Issue 59: the block prints the MSE with what to expect beside it; the MSE is that within
+  # the interval the comment gives.
+  (expected, half_width), *_ = re.findall(
+    r'print\(summary\.metrics\["mse"\].*# about ([\d.]+) \+- ([\d.]+)', readme_blocks("own-code")
+  )
+  assert abs(metrics["mse"] - float(expected)) <= float(half_width), metrics["mse"]
+  assert metrics["mse_ci95"] == pytest.approx(float(half_width), abs=0.5)
 
 
 def _refused(learner, params, tasks) -> list[tuple[int, float, float]]:
