@@ -76,6 +76,7 @@ TINY = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow  # two command lines, one device and every core
 @needs_omniglot
 def test_a_run_gives_the_same_numbers_on_one_device_and_on_every_core(tmp_path, omniglot_cache):
   # The experiments' default (one device per core: tasks sharded, each device's share in
