@@ -270,8 +270,8 @@ def test_our_own_code_uses_no_old_path():
     "tests/test_old_run_folders.py: vampire_jax.configs",
     "tests/test_old_run_folders.py: vampire_jax.models",
     # Names that left a module whose old path still works (issue 49).
-    "tests/test_refusals_4.py: vampire_jax.meta_step",
-    "tests/test_refusals_4.py: vampire_jax.calibration",
+    "tests/test_old_import_paths.py: vampire_jax.meta_step",
+    "tests/test_old_import_paths.py: vampire_jax.calibration",
   }
   assert [f for f in found if f not in allowed] == []
 
