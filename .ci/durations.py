@@ -2,6 +2,7 @@
 
     python -m pytest ... --junitxml=report.xml
     python .ci/durations.py report.xml [--top 40]
+    python .ci/durations.py ci.log  # or a log of pytest's `--durations=0` (what .ci/run prints)
 
 Prints two Markdown tables (docs/development.md holds them): the `--top` slowest tests and
 every module's summed time, with each one's tier (fast, or `slow` for the tests marked so;
@@ -12,6 +13,7 @@ set-up, call and tear-down: a module's first test carries its module fixtures.
 
 import argparse
 import collections
+import re
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -26,6 +28,21 @@ def read_report(path: Path) -> list[tuple[str, float, str]]:
     )
     cases.append((f"{module}::{case.get('name')}", float(case.get("time", 0)), outcome))
   return cases
+
+
+def read_log(path: Path) -> list[tuple[str, float, str]]:
+  """`(test id, seconds, "passed")` from the lines pytest's `--durations=N` prints
+  ("12.34s call     tests/test_zoo.py::test_x"), set-up, call and tear-down summed. Only
+  the times printed are there: run with `--durations=0` for every test."""
+  seconds = collections.defaultdict(float)
+  for line in path.read_text().splitlines():
+    match = DURATION_LINE.match(line.strip())
+    if match:
+      seconds[match["test"]] += float(match["seconds"])
+  return [(test_id, total, "passed") for test_id, total in seconds.items()]
+
+
+DURATION_LINE = re.compile(r"^(?P<seconds>\d+\.\d+)s (?:setup|call|teardown)\s+(?P<test>\S+::.+)$")
 
 
 def _path_of(classname: str) -> str:
@@ -75,7 +92,8 @@ def main() -> None:
   slow = set()
   if args.slow_list:
     slow = {line.strip() for line in args.slow_list.read_text().splitlines() if "::" in line}
-  print(tables(read_report(args.report), slow, args.top))
+  read = read_report if args.report.suffix == ".xml" else read_log
+  print(tables(read(args.report), slow, args.top))
 
 
 if __name__ == "__main__":

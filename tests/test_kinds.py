@@ -72,6 +72,7 @@ def test_a_new_kind_is_one_definition(tmp_path, monkeypatch):
   )
   assert results["kind"] == "absolute_error" and results["best_validation"]["metric"] == "mae"
   assert kinds.test_summary_line(results["test"], results["kind"]).startswith("test MAE ")
+  assert "'absolute_error'" in results["recalibration"]["skipped"]  # no map for a new kind
 
 
 def _with_mae(evaluate):

@@ -329,6 +329,10 @@ def after_test(session, record: dict, meta_params, step: int, test_per_task: dic
     under `recalibration`, the raw test's, to compare).
   """
   problem, config = session.problem, session.config
+  if problem.kind not in summary_inputs.FIELDS:  # a kind of the user's own: no map is defined
+    why = f"no recalibration is defined for the kind {problem.kind!r}"
+    session.progress.warn(f"no recalibration: {why}")
+    return {"recalibration": {"skipped": why}}
   where = "recalibration on the validation tasks"
   try:
     calibration, _ = fit_on_split(
