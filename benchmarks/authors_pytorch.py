@@ -48,7 +48,9 @@ What is ours, not theirs, so that both sides compute the same thing:
     (which VAMPIRE gives distributions, like every weight), eps 1e-5 (their
     ConvNet: no scale or offset, eps 0); 'SAME' padding as XLA pads it (an
     odd total padding puts the extra row and column after, so a stride-2
-    layer is padded with `F.pad`); the regression MLP 1-100-100-100-1.
+    layer is padded with `F.pad`; `conv4`'s default, "symmetric", pads as the
+    authors' `CommonModels.CNN` and our `Conv4(padding="symmetric")`); the
+    regression MLP 1-100-100-100-1.
   - Regression's likelihood: our Gaussian NLL with sigma 0.3 (theirs: MSE).
   - The settings of `benchmarks.suite.SETTINGS` (T, L, S, inner lr, 5-way
     1-shot, 15 queries per class; regression 5 support and 10 query points)
@@ -139,25 +141,36 @@ def conv4(
   num_filters: int,
   max_pool: bool,
   batch_norm_affine: bool = True,
+  padding: str = "symmetric",
 ) -> Network:
   """`vampire_jax._src.core.models.Conv4` (scale and offset in batch norm), on NCHW inputs.
 
-  Four [conv 3x3 'SAME' -> batch norm (batch statistics) -> ReLU (-> 2x2
-  max-pool)] blocks and a dense head. Stride 2 without pooling (Omniglot),
-  stride 1 with pooling (mini-ImageNet). `batch_norm_affine=False`: no scale
-  or offset (the authors' `CNN(bn_affine=False)`); `num_classes=None`: no
-  head, the flattened features out (ProtoNet's embedding), in NCHW order.
+  Four [conv 3x3 -> batch norm (batch statistics) -> ReLU (-> 2x2 max-pool)] blocks and a
+  dense head. Stride 2 without pooling (Omniglot), stride 1 with pooling (mini-ImageNet).
+  `padding`: "symmetric" (the default), one row and column on each side, as the authors'
+  `CommonModels.CNN` (`padding=1`) and our `Conv4(padding="symmetric")`; "same", 'SAME' as
+  XLA pads it, our `Conv4`'s default (an odd total puts the extra row and column after, so
+  a stride-2 layer is padded with `F.pad`: 0 before, 1 after on an even size). With stride 1
+  both are 1 on each side. `batch_norm_affine=False`: no scale or offset (the authors'
+  `CNN(bn_affine=False)`); `num_classes=None`: no head, the flattened features out
+  (ProtoNet's embedding), in NCHW order.
   """
+  if padding not in ("same", "symmetric"):
+    raise ValueError(f"padding must be 'same' or 'symmetric', got {padding!r}")
   height, width, channels = image
   stride = 1 if max_pool else 2
   per_block = 4 if batch_norm_affine else 2
   names, shapes, paddings = [], [], []
   for block in range(4):
-    paddings.append((same_padding(height, stride), same_padding(width, stride)))
+    if padding == "same":
+      paddings.append((same_padding(height, stride), same_padding(width, stride)))
+    else:
+      paddings.append(((1, 1), (1, 1)))
     names += [f"conv{block}/kernel", f"conv{block}/bias"]
     if batch_norm_affine:
       names += [f"norm{block}/scale", f"norm{block}/offset"]
     shapes += [(num_filters, channels, 3, 3)] + [(num_filters,)] * (per_block - 1)
+    # Either padding gives ceil(size / stride): (size + 2 - 3) // stride + 1 for "symmetric".
     height, width, channels = -(-height // stride), -(-width // stride), num_filters
     if max_pool:  # 'VALID' 2x2: an odd last row or column is dropped
       height, width = height // 2, width // 2
@@ -206,7 +219,7 @@ def network(setting: suite.Setting) -> Network:
   """The network `benchmarks.suite.network` builds for the setting."""
   if setting.kind == "regression":
     return mlp((100, 100, 100), 1, 1)
-  return conv4(setting.ways, setting.image, setting.num_filters, setting.max_pool)
+  return conv4(setting.ways, setting.image, setting.num_filters, setting.max_pool, padding="same")
 
 
 def categorical_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

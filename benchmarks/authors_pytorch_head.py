@@ -34,9 +34,9 @@ file, re-expressed as plain functions of weight lists (no `higher`, no modules):
     `torch.norm` (the Euclidean distance, not squared); the mean cross-entropy.
 
 What is ours, not theirs (as in `benchmarks/authors_pytorch.py`): the networks
-(`authors_pytorch.conv4` and `mlp`: 'SAME' padding as XLA pads it, batch norm eps
-1e-5, here without scale and offset as their `CNN(bn_affine=False)`, and any filter
-count), the likelihood of regression (our Gaussian NLL, theirs `MSELoss`), the
+(`authors_pytorch.conv4` and `mlp`: batch norm eps 1e-5 as theirs, here without scale
+and offset and padded 1 on each side as their `CNN(bn_affine=False)`, and any filter
+count; `padding="same"` pads as XLA, our `Conv4`'s default), the likelihood of regression (our Gaussian NLL, theirs `MSELoss`), the
 weights (ours, converted) and the tasks (ours, NCHW).
 """
 

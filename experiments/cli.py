@@ -79,6 +79,7 @@ GROUPS = {
     "hidden_sizes",
     "batch_norm_affine",
     "batch_norm_epsilon",
+    "conv_padding",
   ),
   "data": (
     "dataset",

@@ -102,6 +102,7 @@ def make_problem(
     batch_norm_affine=config.batch_norm_affine,
     batch_norm_epsilon=config.batch_norm_epsilon,
     kernel_init_gain=config.kernel_init_gain,
+    padding=config.conv_padding,
   )
   return vj.Problem(
     model=model,

@@ -10,8 +10,9 @@ meta-step's loss and meta-gradient, before the optimiser, of
 of cnguyen10/few_shot_meta_learning at d797d9d) equal our `make_meta_gradient`'s, to
 float32 rounding:
   - Vampire2 first order (their default) and second order (`--no-first-order`), on a
-    Conv4 without batch-norm scale and offset (their `CNN(bn_affine=False)`) and on the
-    regression MLP. Their loss carries a constant ours does not (their KL subtracts n
+    Conv4 as their `CNN(bn_affine=False)`: no batch-norm scale and offset, stride-2
+    convolutions padded 1 on each side (`Conv4(padding="symmetric")`; once with XLA's
+    'SAME', our default, on both sides), and on the regression MLP. Their loss carries a constant ours does not (their KL subtracts n
     per tensor pair, n pairs): the test adds it back, `authors_kl_constant`.
   - ProtoNet's logits, loss and gradient, with their Euclidean distance and with
     Snell et al.'s squared one; and with training episodes of more classes than the
@@ -58,18 +59,30 @@ def _tasks(setting, num_tasks=None):
   return tasks, jax.random.split(jax.random.key(3), num_tasks or setting.tasks)
 
 
-def _network(setting, num_classes):
-  """Our network and its PyTorch twin: Conv4 without batch-norm scale and offset, or the MLP."""
+def _network(setting, num_classes, padding="symmetric"):
+  """Our network and its PyTorch twin: Conv4 without batch-norm scale and offset, padded as
+  the authors' `CommonModels.CNN` (1 on each side of every stride-2 convolution) unless
+  `padding="same"` (XLA's, our default), or the MLP."""
   if setting.kind == "regression":
     model = vj.MLP((100, 100, 100), 1)
     input_shape = (1, 1)
     net = ap.mlp((100, 100, 100), 1, 1)
   else:
     model = vj.Conv4(
-      num_classes=num_classes, num_filters=setting.num_filters, batch_norm_affine=False
+      num_classes=num_classes,
+      num_filters=setting.num_filters,
+      batch_norm_affine=False,
+      padding=padding,
     )
     input_shape = (1,) + setting.image
-    net = ap.conv4(num_classes, setting.image, setting.num_filters, False, batch_norm_affine=False)
+    net = ap.conv4(
+      num_classes,
+      setting.image,
+      setting.num_filters,
+      False,
+      batch_norm_affine=False,
+      padding=padding,
+    )
   return model, vj.init_params(model, jax.random.key(0), input_shape), net
 
 
@@ -78,12 +91,17 @@ def _relative(ours: float, theirs: float) -> float:
 
 
 @pytest.mark.parametrize(
-  "setting, first_order",
-  [(OMNIGLOT, True), (OMNIGLOT, False), (REGRESSION, True)],
-  ids=["conv4-first-order", "conv4-second-order", "mlp-first-order"],
+  "setting, first_order, padding",
+  [
+    (OMNIGLOT, True, "symmetric"),
+    (OMNIGLOT, False, "symmetric"),
+    (OMNIGLOT, True, "same"),
+    (REGRESSION, True, None),
+  ],
+  ids=["conv4-first-order", "conv4-second-order", "conv4-xla-padding", "mlp-first-order"],
 )
-def test_vampire2_meta_step_equals_the_authors(setting, first_order):
-  model, params, net = _network(setting, setting.ways)
+def test_vampire2_meta_step_equals_the_authors(setting, first_order, padding):
+  model, params, net = _network(setting, setting.ways, padding)
   nll = vj.gaussian_nll(0.3) if setting.kind == "regression" else vj.categorical_nll
   learner = vj.vampire(
     vj.pure_apply(model),
@@ -138,6 +156,24 @@ def test_vampire2_meta_step_equals_the_authors(setting, first_order):
   assert abs(constant) > 1e-3 * abs(ours_loss)  # the constant is there, and shows
   assert _relative(ours_loss, their_loss - constant) < RTOL
   assert _worst_error(grads, theirs) < RTOL
+
+
+def test_the_authors_padding_is_not_xlas_and_the_port_sees_it():
+  # Stride 2 on 28 x 28: theirs pads 1 on each side, XLA's 'SAME' 0 before and 1 after. The
+  # same weights give other embeddings, so the tests above, padded as theirs, check it.
+  setting = OMNIGLOT
+  x = jax.random.uniform(jax.random.key(4), (3,) + setting.image)
+  ours = {}
+  for padding in ("same", "symmetric"):
+    model, params, net = _network(setting, None, padding)
+    channels, height, width = net.head_input  # ours flattens NHWC, the port NCHW
+    embedding = np.asarray(vj.pure_apply(model)(params, x)).reshape(3, height, width, channels)
+    embedding = embedding.transpose(0, 3, 1, 2).reshape(3, -1)
+    torch_x = torch.tensor(np.ascontiguousarray(np.asarray(x).transpose(0, 3, 1, 2)))
+    port = net.apply(ap.torch_weights(net, params), torch_x).detach().numpy()
+    np.testing.assert_allclose(port, embedding, rtol=1e-4, atol=1e-4)
+    ours[padding] = embedding
+  assert np.abs(ours["same"] - ours["symmetric"]).max() > 0.1
 
 
 @pytest.mark.parametrize("distance", ["euclidean", "squared_euclidean"])

@@ -43,10 +43,11 @@ def _regression():
 
 def _omniglot():
   setting = suite.Setting("classification", tasks=NUM_TASKS, mc_samples=1, ways=3, query=2)
-  model = vj.Conv4(num_classes=3, num_filters=4, conv_impl="loop_safe")
+  # Padded as the authors' CommonModels.CNN pads (1 on each side), on both sides.
+  model = vj.Conv4(num_classes=3, num_filters=4, conv_impl="loop_safe", padding="symmetric")
   params = vj.init_params(model, jax.random.key(0), (1, 28, 28, 1))
   tasks = suite.random_tasks(setting, jax.random.key(2), NUM_TASKS)
-  net = ap.conv4(3, (28, 28, 1), 4, max_pool=False)
+  net = ap.conv4(3, (28, 28, 1), 4, max_pool=False, padding="symmetric")
   return vj.pure_apply(model), params, vj.categorical_nll, tasks, net, ap.categorical_nll
 
 

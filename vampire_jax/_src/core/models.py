@@ -88,6 +88,7 @@ class PatchConv(nn.Module):
   kernel_size: tuple[int, int] = (3, 3)
   strides: int = 1
   kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
+  padding: str = "same"  # see `PADDINGS`
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -103,7 +104,7 @@ class PatchConv(nn.Module):
       x,
       self.kernel_size,
       (self.strides, self.strides),
-      "SAME",
+      conv_padding(self.padding, self.kernel_size),
       dimension_numbers=("NHWC", "OIHW", "NHWC"),
     )
     matrix = jnp.transpose(kernel, (2, 0, 1, 3)).reshape(-1, self.features)
@@ -111,7 +112,7 @@ class PatchConv(nn.Module):
 
 
 class LoopSafeConv(nn.Module):
-  """`nn.Conv` ('SAME', a stride) whose gradients run fast inside loops on a CPU.
+  """`nn.Conv` (a stride, `PADDINGS`) whose gradients run fast inside loops on a CPU.
 
   Same parameters ('kernel' `[kh, kw, in, out]`, 'bias') and outputs as
   `nn.Conv`; the convolution is `convolution.conv2d`, whose gradients are
@@ -126,6 +127,7 @@ class LoopSafeConv(nn.Module):
   kernel_size: tuple[int, int] = (3, 3)
   strides: int = 1
   kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
+  padding: str = "same"  # see `PADDINGS`
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -135,7 +137,9 @@ class LoopSafeConv(nn.Module):
       self.kernel_size + (x.shape[-1], self.features),
     )
     bias = self.param("bias", nn.initializers.zeros, (self.features,))
-    padding = convolution.same_padding(x.shape[1], x.shape[2], self.kernel_size, self.strides)
+    padding = conv_padding(self.padding, self.kernel_size)
+    if padding == "SAME":
+      padding = convolution.same_padding(x.shape[1], x.shape[2], self.kernel_size, self.strides)
     kernel = kernel.astype(x.dtype)
     if x.shape[-1] == 3:  # a zero fourth channel: the same sums, a faster XLA:CPU convolution
       x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, 1)))
@@ -145,6 +149,22 @@ class LoopSafeConv(nn.Module):
 
 
 CONV_IMPLS = ("xla", "patches", "loop_safe")
+
+# How Conv4 pads its 3x3 convolutions. "same": XLA's 'SAME', what the output size needs with
+# an odd total's extra row after: a stride-2 layer on an even size pads 0 before and 1 after
+# (28 -> 14, 14 -> 7, 4 -> 2), on an odd size 1 on each side (7 -> 4). "symmetric": k // 2 on
+# each side, PyTorch's `padding=1`, as the authors' `CommonModels.CNN` pads: the same sizes,
+# on an even size every window one pixel earlier. With stride 1 they are the same.
+PADDINGS = ("same", "symmetric")
+
+
+def conv_padding(padding: str, kernel_size: tuple[int, int]):
+  """`lax`'s padding of a `padding` (`PADDINGS`) convolution: 'SAME', or `((lo, hi), (lo, hi))`."""
+  if padding == "same":
+    return "SAME"
+  if padding == "symmetric":
+    return tuple((k // 2, k // 2) for k in kernel_size)
+  raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
 
 
 def max_pool_2x2(x: jax.Array) -> jax.Array:
@@ -205,6 +225,9 @@ class Conv4(nn.Module):
   mini-ImageNet: `num_filters=32, max_pool=True`: stride-1 convolutions each
   followed by 2x2 max-pooling, 84x84x3 input. `batch_norm_affine=False`:
   batch norm without scale and offset, as in the authors' code.
+  `padding`: "same" (XLA's 'SAME', the default: a stride-2 layer on an even size pads 0
+  before and 1 after) or "symmetric" (1 on each side, as the authors' `CommonModels.CNN`);
+  see `PADDINGS`.
   `kernel_init_gain`: the kernels' Xavier-normal gain (the authors' 2019 code: 1).
   `batch_norm_epsilon`: added to the batch variance (the authors' 2019 code: 0).
   `num_classes=None`: no dense head, the flattened features are the output
@@ -221,6 +244,7 @@ class Conv4(nn.Module):
   batch_norm_affine: bool = True
   kernel_init_gain: float = DEFAULT_KERNEL_INIT_GAIN
   batch_norm_epsilon: float = 1e-5
+  padding: str = "same"  # a run recorded before the field existed had this padding
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -230,20 +254,17 @@ class Conv4(nn.Module):
     for block in range(4):
       stride = 1 if self.max_pool else 2
       gain = self.kernel_init_gain
+      conv = dict(strides=stride, kernel_init_gain=gain, padding=self.padding, name=f"conv{block}")
       if self.conv_impl == "patches":
-        x = PatchConv(self.num_filters, strides=stride, kernel_init_gain=gain, name=f"conv{block}")(
-          x
-        )
+        x = PatchConv(self.num_filters, **conv)(x)
       elif self.conv_impl == "loop_safe":
-        x = LoopSafeConv(
-          self.num_filters, strides=stride, kernel_init_gain=gain, name=f"conv{block}"
-        )(x)
+        x = LoopSafeConv(self.num_filters, **conv)(x)
       elif self.conv_impl == "xla":
         x = nn.Conv(
           self.num_filters,
           (3, 3),
           strides=stride,
-          padding="SAME",
+          padding=conv_padding(self.padding, (3, 3)),
           kernel_init=xavier_normal(gain),
           name=f"conv{block}",
         )(x)

@@ -6,9 +6,8 @@ The presets (`get_config(experiment, preset, algorithm)`) and the commands
 that run them are the experiments' (`experiments/presets.py`, in the
 repository), which re-exports these classes. Nothing here loads data.
 
-Runs recorded before these classes moved here name them
-`experiments.configs.<Class>`; `recorded_class_name` maps such a name to
-this module's.
+Runs recorded before these classes moved here name them `experiments.configs.<Class>`;
+`recorded_class_name` maps such a name to this module's.
 """
 
 import dataclasses
@@ -16,6 +15,7 @@ import math
 from typing import Optional
 
 from vampire_jax._src import deprecations
+from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import ConfigError
 from vampire_jax._src.runs.protonet_settings import check_train_ways
 from vampire_jax._src.runs.run_config import RunConfig, setting
@@ -78,7 +78,6 @@ class ConvNetConfig(RunConfig):
       raise ConfigError(f"--batch-norm-epsilon must be a finite number >= 0, got {eps!r}")
 
 
-# Open-set episodes: a test-time setting of every classification config.
 _CACHE_HELP = (
   "cache folder (default: $VAMPIRE_JAX_CACHE, else $XDG_CACHE_HOME/vampire_jax, else "
   "~/.cache/vampire_jax)"
@@ -235,6 +234,11 @@ class OmniglotConfig(ConvNetConfig):
     choices=episodes.CLASS_SAMPLING,
   )
   num_filters: int = setting(64, "Conv4 filters per layer")
+  conv_padding: str = setting(
+    "same",
+    "stride-2 padding: same (XLA's: 0, 1 on even sizes) or symmetric (1, 1: the authors')",
+    choices=models.PADDINGS,
+  )
   data_dir: Optional[str] = setting(
     None,
     "folder with the Omniglot zips (default: $OMNIGLOT_DIR; none: TFDS downloads)",

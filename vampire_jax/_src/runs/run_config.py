@@ -112,8 +112,9 @@ class RunConfig:
   )
   protonet_distance: str = setting(
     "squared_euclidean",
-    "ProtoNet: the logits' distance to the prototypes: squared_euclidean (Snell et al.) "
-    "or euclidean (the authors' ProtoNet.py)",
+    "ProtoNet: the logits' distance to the prototypes: squared_euclidean (Snell et al.'s, "
+    "under which a class's mean embedding is its best prototype) or euclidean (the VAMPIRE "
+    "authors' ProtoNet.py, torch.norm; user guide, 'Where the experiments differ')",
     choices=("squared_euclidean", "euclidean"),
   )
   # The meta-optimiser.
