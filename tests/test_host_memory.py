@@ -83,6 +83,7 @@ def _train(workdir: Path, monkeypatch, setting: str) -> tuple[list[dict], list[b
   return rows + [{"test": results["test"]}], released
 
 
+@pytest.mark.slow  # two tiny runs: 37 s of CPU (12.5 min niced on the shared 2 cores)
 def test_a_run_logs_the_same_rows_with_and_without_the_release(tmp_path, monkeypatch):
   rows_on, released_on = _train(tmp_path / "on", monkeypatch, "1")
   rows_off, released_off = _train(tmp_path / "off", monkeypatch, "0")
