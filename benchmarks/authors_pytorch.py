@@ -66,8 +66,9 @@ kernels; a dense kernel transposed; the head's rows reordered from our NHWC
 flattening to PyTorch's NCHW one).
 
 Each row reports the first step apart and the mean and each of --repeats
-timed steps after it (s/step; s/call for episodes), and the process's peak
-resident memory (`ru_maxrss`). Each row, and each task count of an episode
+timed steps after it (s/step; s/call for episodes), the process's peak
+resident memory and its peak during the timed steps (`stepping_peak_mb`, as
+`benchmarks.suite` measures ours). Each row, and each task count of an episode
 row, runs in a fresh process (unless --same-process), so that peak is its own.
 """
 
@@ -77,7 +78,6 @@ import dataclasses
 import json
 import math
 import multiprocessing
-import resource
 import sys
 import time
 from pathlib import Path
@@ -514,22 +514,27 @@ def episode(config: Config, mean, log_std, tasks: Sequence[Task], noise=torch.ra
 # -- Timing -------------------------------------------------------------------------------
 
 
-def peak_mb() -> float:
-  """The process's peak resident memory so far, MB (Linux `ru_maxrss` is in KiB)."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _timed(fn, repeats: int) -> tuple[float, list[float], object, "suite.MemoryPeaks"]:
+  """`(first_s, [s of each of `repeats` further calls], last result, peak RSS)`.
 
+  The peaks (MB) are the process's and the further calls' alone (`suite.measure_stepping`,
+  nothing released between: PyTorch compiles nothing), as ours report them.
+  """
+  out = {"each": []}
 
-def _timed(fn, repeats: int) -> tuple[float, list[float], object]:
-  """`(first_s, [s of each of `repeats` further calls], last result)`."""
-  start = time.perf_counter()
-  result = fn()
-  first_s = time.perf_counter() - start
-  each = []
-  for _ in range(repeats):
+  def first():
     start = time.perf_counter()
-    result = fn()
-    each.append(time.perf_counter() - start)
-  return first_s, each, result
+    out["result"] = fn()
+    out["first_s"] = time.perf_counter() - start
+
+  def further():
+    for _ in range(repeats):
+      start = time.perf_counter()
+      out["result"] = fn()
+      out["each"].append(time.perf_counter() - start)
+
+  memory = suite.measure_stepping(first, further, release=False)
+  return out["first_s"], out["each"], out["result"], memory
 
 
 def _steps_label(steps: Optional[int]) -> str:
@@ -591,7 +596,7 @@ def run_train_row(row: str, options: dict) -> dict:
     step = make_meta_step(
       lambda task: vampire_task_loss(config, means, log_stds, task), [means, log_stds]
     )
-  first_s, each, (loss, nan_tasks) = _timed(lambda: step(tasks), options["repeats"])
+  first_s, each, (loss, nan_tasks), memory = _timed(lambda: step(tasks), options["repeats"])
   return {
     "row": row,
     "setting": name,
@@ -604,7 +609,8 @@ def run_train_row(row: str, options: dict) -> dict:
     "first_s": first_s,
     "step_s": float(np.mean(each)) if each else None,
     "step_s_each": each,
-    "peak_mb": peak_mb(),
+    "peak_mb": memory.process,
+    "stepping_peak_mb": memory.stepping,
     "loss": loss,
     "loss_finite": math.isfinite(loss) and not nan_tasks,
     **_environment(options),
@@ -619,7 +625,7 @@ def run_episode_row(row: str, num_tasks: int, options: dict) -> dict:
   config = row_config(row, setting, options)
   tasks = random_tasks(setting, num_tasks)
   means, log_stds = init_means(config.net), init_log_stds(config.net)
-  first_s, each, (accuracies, _) = _timed(
+  first_s, each, (accuracies, _), memory = _timed(
     lambda: episode(config, means, log_stds, tasks), options["repeats"]
   )
   mean_s = float(np.mean(each)) if each else None
@@ -635,7 +641,8 @@ def run_episode_row(row: str, num_tasks: int, options: dict) -> dict:
     "episode_s": mean_s,
     "episode_s_each": each,
     "ms_per_task": None if mean_s is None else 1000 * mean_s / num_tasks,
-    "peak_mb": peak_mb(),
+    "peak_mb": memory.process,
+    "stepping_peak_mb": memory.stepping,
     "score_finite": bool(torch.isfinite(accuracies).all()),
     **_environment(options),
   }
@@ -668,7 +675,8 @@ def _line(result: dict) -> str:
   return (
     f"  {result['row']:30s} T={result['tasks']:<3d} L={result['mc_samples']:<4d}"
     f" first {result['first_s']:7.2f} s  {mean:8.3f} {unit}"
-    f" ({', '.join(f'{s:.3f}' for s in seconds)})  peak {result['peak_mb']:7.0f} MB"
+    f" ({', '.join(f'{s:.3f}' for s in seconds)})  peak {suite.fmt(result['peak_mb'], '7.0f')} MB"
+    f" (stepping {suite.fmt(result['stepping_peak_mb'], '.0f')} MB)"
   )
 
 

@@ -190,9 +190,10 @@ def measure(lever: Lever, quick: bool) -> dict:
   data = suite.random_data(setting, jax.random.key(2))
   step = build_step(lever, learner, optimizer, suite.task_sampler(setting), setting.tasks)
   calls = max(1, (QUICK_TIMED_STEPS if quick else TIMED_STEPS) // lever.steps_per_call)
-  _, metrics, first_s, call_s = suite.time_calls(step, state, data, jax.random.key(3), calls)
+  timed = suite.time_calls(step, state, data, jax.random.key(3), calls)
+  metrics, first_s, call_s = timed.metrics, timed.first_s, timed.call_s
   step_s = call_s / lever.steps_per_call
-  peak_mb, peak_source = suite.peak_memory()
+  peak_mb, peak_source = suite.device_peak_mb(timed.memory.process), suite.peak_memory()[1]
   device = jax.devices()[0]
   return dict(
     _empty_row(lever),

@@ -53,7 +53,11 @@ Each row runs in a fresh process and reports:
                   (`memory_analysis()`), per device
   peak MB         the device's `memory_stats()['peak_bytes_in_use']` (GPU)
                   or the process's peak resident memory (CPU, or a device
-                  without memory statistics)
+                  without memory statistics), compile included
+  stepping MB     the process's peak resident memory during the timed steps,
+                  after the compile's freed memory went back to the system
+                  (`host_memory`; `VAMPIRE_JAX_MEMORY_RELEASE=0`: not): what
+                  a run holds while it steps, as the authors' harness reports
 then one markdown table. Cost and memory analyses are optional in JAX (the
 GPU backend may give none): a number a backend does not give is None in the
 row and "n/a" in the table.
@@ -91,7 +95,7 @@ import os
 import resource
 import tempfile
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 from vampire_jax._src.core import sharding
 
 SETTINGS_HELP = "omniglot_5w1s, omniglot_20w1s, mini_imagenet_5w1s, regression"
@@ -179,6 +183,7 @@ def peak_memory() -> tuple[Optional[float], Optional[str]]:
   source is 'device' (`memory_stats()['peak_bytes_in_use']`, accelerators
   that report it), 'rss' (the process's peak resident memory: CPUs, and
   devices without memory statistics) or None with MB None if neither is known.
+  After `reset_peak_rss` the RSS is the peak since the reset.
   """
   import jax
 
@@ -189,8 +194,77 @@ def peak_memory() -> tuple[Optional[float], Optional[str]]:
       stats = None
     if stats and "peak_bytes_in_use" in stats:
       return stats["peak_bytes_in_use"] / 2**20, "device"
-  max_rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
-  return (max_rss_kib / 1024, "rss") if max_rss_kib > 0 else (None, None)
+  peak = peak_rss_mb()
+  return (peak, "rss") if peak else (None, None)
+
+
+def device_peak_mb(process_peak_mb: Optional[float]) -> Optional[float]:
+  """The device's peak memory in use where it reports one (GPU), else `process_peak_mb`."""
+  peak, source = peak_memory()
+  return peak if source == "device" else process_peak_mb
+
+
+def _status_kib(field: str) -> Optional[int]:
+  """A `VmXXX:` line of `/proc/self/status` in KiB, or None off Linux."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1])
+  except OSError:
+    pass
+  return None
+
+
+def peak_rss_mb() -> Optional[float]:
+  """The process's peak resident memory (since the last `reset_peak_rss`), MB.
+
+  Linux's `VmHWM`; elsewhere `ru_maxrss` (KiB on Linux, bytes on macOS; taken as KiB).
+  """
+  kib = _status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return kib / 1024 if kib and kib > 0 else None
+
+
+def reset_peak_rss() -> bool:
+  """Sets the process's peak RSS to its current RSS (Linux 4.0+); False where it cannot.
+
+  Writing 5 to `/proc/self/clear_refs` resets `VmHWM`, and `ru_maxrss` with it: read the
+  peak before (`peak_rss_mb`) to keep it.
+  """
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+  except OSError:
+    return False
+  return True
+
+
+class MemoryPeaks(NamedTuple):
+  """Resident memory of a benchmark process in its two phases, MB (None where unknown)."""
+
+  process: Optional[float]  # the whole process: imports, compile, first call, stepping
+  stepping: Optional[float]  # the timed calls after the first (and the memory release)
+
+
+def measure_stepping(first_call, timed_calls, release: bool = True) -> MemoryPeaks:
+  """Runs `first_call()` (compile), releases the freed memory, then `timed_calls()`.
+
+  The stepping peak is what a user feels for the length of a run, and what the authors'
+  harness reports beside its process peak (`benchmarks/authors_pytorch.py`, with
+  `release=False`: PyTorch compiles nothing); the release is
+  `host_memory.release_freed_memory` (off with `VAMPIRE_JAX_MEMORY_RELEASE=0`).
+  """
+  first_call()
+  if release:
+    from vampire_jax._src.core import host_memory
+
+    host_memory.release_freed_memory()
+  before = peak_rss_mb()
+  reset = reset_peak_rss()
+  timed_calls()
+  stepping = peak_rss_mb() if reset else None
+  process = max((p for p in (before, stepping) if p is not None), default=None)
+  return MemoryPeaks(process, stepping)
 
 
 def random_data(setting: Setting, key):
@@ -375,26 +449,41 @@ def build_train_step(
   return jax.jit(step, donate_argnums=0 if donate else ())
 
 
-def time_calls(step, state, data, key, calls: int):
+class Timed(NamedTuple):
+  """What `time_calls` measured."""
+
+  state: object  # the last call's
+  metrics: object
+  first_s: float  # the first call: compilation included
+  call_s: float  # the mean of the later calls
+  memory: MemoryPeaks  # the process's peak RSS, and its peak while stepping
+
+
+def time_calls(step, state, data, key, calls: int) -> Timed:
   """Calls `step(state, data, key)` once, then `calls` more times, each on the last state.
 
-  Returns:
-    `(state, metrics, first_s, call_s)`: the last call's state and metrics,
-    the first call's seconds (compilation included) and the mean seconds of
-    the others. Every call starts from the state the previous one returned,
-    so a donated state is never reused.
+  Every call starts from the state the previous one returned, so a donated
+  state is never reused. Between the first call and the others the compile's
+  freed memory goes back to the system (`measure_stepping`).
   """
   import jax
 
-  start = time.perf_counter()
-  state, metrics = step(state, data, key)
-  jax.block_until_ready((state, metrics))
-  first_s = time.perf_counter() - start
-  start = time.perf_counter()
-  for _ in range(calls):
-    state, metrics = step(state, data, key)
-  jax.block_until_ready((state, metrics))
-  return state, metrics, first_s, (time.perf_counter() - start) / calls
+  out = {}
+
+  def first():
+    start = time.perf_counter()
+    out["state"], out["metrics"] = jax.block_until_ready(step(state, data, key))
+    out["first_s"] = time.perf_counter() - start
+
+  def timed():
+    start = time.perf_counter()
+    for _ in range(calls):
+      out["state"], out["metrics"] = step(out["state"], data, key)
+    jax.block_until_ready((out["state"], out["metrics"]))
+    out["call_s"] = (time.perf_counter() - start) / calls
+
+  memory = measure_stepping(first, timed)
+  return Timed(out["state"], out["metrics"], out["first_s"], out["call_s"], memory)
 
 
 RANDOM_OPS = ("threefry", "_uniform", "_normal", "random_bits")  # names of the RNG's loops
@@ -561,9 +650,8 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   step = build_train_step(
     learner, optimizer, sample_tasks, num_tasks=num_tasks, strategy=strategy, chunk=chunk, mesh=mesh
   )
-  state, metrics, compile_s, step_s = time_calls(
-    step, state, data, jax.random.key(3), options["repeats"]
-  )
+  timed = time_calls(step, state, data, jax.random.key(3), options["repeats"])
+  state, metrics, compile_s, step_s = timed.state, timed.metrics, timed.first_s, timed.call_s
 
   # FLOPs, two ways. `compiled`: XLA's cost analysis of what ran (see
   # `_compiled_costs`). It counts a loop body once, and a fused producer once
@@ -614,7 +702,8 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     "peak_fraction": _times(hlo_flops, 1 / step_s / peak),
     "peak_source": peak_source,
     "xla_mb": xla_mb,
-    "peak_mb": peak_memory()[0],
+    "peak_mb": device_peak_mb(timed.memory.process),
+    "stepping_peak_mb": timed.memory.stepping,
     "loss": float(losses[-1]),
     "loss_finite": bool(np.all(np.isfinite(losses))),
   }
@@ -664,14 +753,22 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
   else:
     evaluator = vj.make_classification_evaluator(learner, task_batching=strategy, chunk_size=chunk)
   key = jax.random.key(3)
-  start = time.perf_counter()
-  episode = jax.jit(evaluator).lower(meta_params, tasks, key).compile()
-  compile_s = time.perf_counter() - start
-  jax.block_until_ready(episode(meta_params, tasks, key))
-  start = time.perf_counter()
-  for _ in range(options["repeats"]):
-    result = jax.block_until_ready(episode(meta_params, tasks, key))
-  episode_s = (time.perf_counter() - start) / options["repeats"]
+  out = {}
+
+  def first():
+    start = time.perf_counter()
+    out["episode"] = jax.jit(evaluator).lower(meta_params, tasks, key).compile()
+    out["compile_s"] = time.perf_counter() - start
+    jax.block_until_ready(out["episode"](meta_params, tasks, key))
+
+  def timed():
+    start = time.perf_counter()
+    for _ in range(options["repeats"]):
+      out["result"] = jax.block_until_ready(out["episode"](meta_params, tasks, key))
+    out["episode_s"] = (time.perf_counter() - start) / options["repeats"]
+
+  memory = measure_stepping(first, timed)
+  compile_s, episode_s, result = out["compile_s"], out["episode_s"], out["result"]
   score = result.accuracy if setting.kind == "classification" else result.mse
   return {
     "setting": name,
@@ -685,7 +782,8 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
     "episode_s": episode_s,
     "ms_per_task": 1000 * episode_s / num_tasks,
     "tasks_per_s": num_tasks / episode_s,
-    "peak_mb": peak_memory()[0],
+    "peak_mb": device_peak_mb(memory.process),
+    "stepping_peak_mb": memory.stepping,
     "score_finite": bool(np.all(np.isfinite(np.asarray(score)))),
   }
 
@@ -694,14 +792,15 @@ def format_episode_table(rows: list[dict]) -> str:
   """Episode rows as one markdown table."""
   lines = [
     "| setting | T | L | S | batching | conv | compile (s) | s/call | ms/task | tasks/s |"
-    " peak MB |",
-    "|---|---|---|---|---|---|---|---|---|---|---|",
+    " peak MB | stepping MB |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     lines.append(
       f"| {r['setting']} | {r['tasks']} | {r['mc_samples']} | {r['inner_steps']} |"
       f" {r['batching']} | {r['conv_impl']} | {r['compile_s']:.1f} | {r['episode_s']:.3f} |"
       f" {r['ms_per_task']:.1f} | {r['tasks_per_s']:.1f} | {fmt(r['peak_mb'], '.0f')} |"
+      f" {fmt(r.get('stepping_peak_mb'), '.0f')} |"
     )
   return "\n".join(lines)
 
@@ -733,8 +832,9 @@ def format_table(rows: list[dict]) -> str:
   """The rows as one markdown table; "n/a" where a backend gave no number."""
   lines = [
     "| setting | algorithm | T | L | batching | compile (s) | s/step | steps/s | tasks/s |"
-    " GFLOP/step (HLO) | GFLOP/step (compiled) | GFLOP/s | % peak | XLA MB | peak MB |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    " GFLOP/step (HLO) | GFLOP/step (compiled) | GFLOP/s | % peak | XLA MB | peak MB |"
+    " stepping MB |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     compiled = fmt(r["compiled_gflop_per_step"], ".2f") + (
@@ -746,6 +846,7 @@ def format_table(rows: list[dict]) -> str:
       f" {r['tasks_per_s']:.1f} | {fmt(r['gflop_per_step'], '.2f')} | {compiled} |"
       f" {fmt(r['gflop_per_s'], '.1f')} | {fmt(_percent(r['peak_fraction']), '.1f')} |"
       f" {fmt(r['xla_mb'], '.0f')} | {fmt(r['peak_mb'], '.0f')} |"
+      f" {fmt(r.get('stepping_peak_mb'), '.0f')} |"
     )
   return "\n".join(lines)
 
@@ -760,6 +861,7 @@ def _row_line(row: dict) -> str:
     f"  {fmt(row['gflop_per_s'], '7.1f')} GFLOP/s"
     f" ({fmt(_percent(row['peak_fraction']), '.1f')}% of peak)"
     f"  XLA {fmt(row['xla_mb'], '6.0f')} MB  peak {fmt(row['peak_mb'], '6.0f')} MB"
+    f" (stepping {fmt(row.get('stepping_peak_mb'), '.0f')} MB)"
   )
 
 

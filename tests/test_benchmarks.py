@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from benchmarks import gpu_sweep, meta_step, suite
@@ -88,6 +89,26 @@ def test_suite_row_without_cost_or_memory_analysis(monkeypatch, keep_cache_confi
   data_line = table.splitlines()[2]
   assert data_line.startswith("| regression | maml | 2 |")
   assert data_line.count("n/a") == 5  # HLO and compiled GFLOP, GFLOP/s, % peak, XLA MB
+  if sys.platform == "linux":  # the peak while stepping, after the compile, is within the peak
+    assert 0 < row["stepping_peak_mb"] <= row["peak_mb"]
+    assert data_line.endswith(f" {row['peak_mb']:.0f} | {row['stepping_peak_mb']:.0f} |")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the peak is reset through /proc")
+def test_the_stepping_peak_leaves_out_the_first_call():
+  held = []
+
+  def first():  # a compile's worth of memory, touched, then freed (numpy: an mmap)
+    held.append(np.ones(300 * 2**20 // 8))
+    held.clear()
+
+  def timed():
+    held.append(np.ones(50 * 2**20 // 8))
+
+  memory = suite.measure_stepping(first, timed, release=False)
+  held.clear()
+  assert memory.process - memory.stepping > 200, memory
+  assert memory.stepping >= 50, memory
 
 
 def test_suite_number_formatting():

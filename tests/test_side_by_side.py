@@ -52,7 +52,8 @@ def test_both_sides_get_the_authors_truncation_and_the_same_sizes():
 
 def test_the_table_pairs_rounds_and_marks_a_failed_process():
   def train(seconds, peak):
-    return [{"tasks": 32, "mc_samples": 1, "step_s": seconds, "peak_mb": peak, "compile_s": 9.0}]
+    row = {"tasks": 32, "mc_samples": 1, "step_s": seconds, "peak_mb": peak, "compile_s": 9.0}
+    return [dict(row, stepping_peak_mb=peak - 100.0)]
 
   def episodes(one, many):
     return [
@@ -74,10 +75,12 @@ def test_the_table_pairs_rounds_and_marks_a_failed_process():
   assert train_entry["round_ratios"] == [2.0, 2.5 / 1.5]
   assert train_entry["ratio"] == 2.25 / 1.25
   assert (train_entry["torch_peak_mb"], train_entry["ours_peak_mb"]) == (520.0, 950.0)
+  assert (train_entry["torch_stepping_mb"], train_entry["ours_stepping_mb"]) == (420.0, 850.0)
   assert [e["tasks"] for e in entries[1:]] == [1, 32]
   table = side_by_side.format_table(entries).splitlines()
   assert table[2] == (
     "| omniglot_vampire | 32 | 1 | 2.000 / 2.500 | 1.000 / 1.500 | 1.80 (2.00 / 1.67) | 520 / 950 |"
+    " 420 / 850 |"
   )
   assert table[4].startswith("| episode_vampire_omniglot (s/call) | 32 | 10 | 8.000 / failed |")
   assert "failed / failed" in table[4]

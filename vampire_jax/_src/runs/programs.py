@@ -5,7 +5,8 @@
 and the devices (`backend_defaults.task_mesh_for`), and jits
 `meta_step.make_train_step` (or its host-chunked or NaN-checked variants);
 `build_evaluator`, `split_evaluator` and `open_set_evaluator` do the same for
-the scores of a split.
+the scores of a split. Each gives the memory its compile freed back to the
+system after the call that compiled it (`host_memory.releasing_after_compiles`).
 """
 
 from typing import Callable, NamedTuple, Optional
@@ -13,7 +14,8 @@ from typing import Callable, NamedTuple, Optional
 import jax
 from jax.sharding import Mesh
 
-from vampire_jax._src.core import backend_defaults, diagnostics, host_chunked, meta_step
+from vampire_jax._src.core import backend_defaults, diagnostics, host_chunked, host_memory
+from vampire_jax._src.core import meta_step
 from vampire_jax._src.core.errors import ConfigError
 from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import evaluation
@@ -65,7 +67,7 @@ def build_train_step(
       chunk_size=chunk,
       metrics_fn=metrics_fn,
     )
-    return lambda state, key: step(state, data, key)
+    return host_memory.releasing_after_compiles(lambda state, key: step(state, data, key))
   train_step = meta_step.make_train_step(
     learner,
     optimizer,
@@ -81,7 +83,7 @@ def build_train_step(
     step = diagnostics.debug_nonfinite(train_step)
   else:
     step = jax.jit(train_step, donate_argnums=0)
-  return lambda state, key: step(state, data, key)
+  return host_memory.releasing_after_compiles(lambda state, key: step(state, data, key))
 
 
 def eval_batch_size(config, mesh: Optional[Mesh] = None) -> int:
@@ -98,7 +100,7 @@ def build_evaluator(
   evaluate = kinds.get(kind).make_evaluator(
     learner, noise_std, task_batching=strategy, chunk_size=chunk, mesh=mesh
   )
-  return jax.jit(evaluate)
+  return host_memory.releasing_after_compiles(jax.jit(evaluate))
 
 
 def _eval_batching(config, mesh: Optional[Mesh]) -> tuple[str, int]:
@@ -136,8 +138,12 @@ def open_set_evaluator(
   if problem.sample_open_set_tasks is None:  # only classification samplers have them
     return None
   strategy, chunk = _eval_batching(config, mesh)
-  evaluate = jax.jit(
-    evaluation.make_open_set_evaluator(learner, task_batching=strategy, chunk_size=chunk, mesh=mesh)
+  evaluate = host_memory.releasing_after_compiles(
+    jax.jit(
+      evaluation.make_open_set_evaluator(
+        learner, task_batching=strategy, chunk_size=chunk, mesh=mesh
+      )
+    )
   )
   return evaluation.make_split_evaluator(
     evaluate, problem.sample_open_set_tasks, problem.splits["test"], mesh=mesh

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vampire_jax._src.core import input_checks as checks
-from vampire_jax._src.core import models
+from vampire_jax._src.core import host_memory, models
 from vampire_jax._src.core.errors import InputError, MissingDataError
 from vampire_jax._src.core.learners import MetaLearner, adapt_to_task
 from vampire_jax._src.metrics import predictive
@@ -121,7 +121,9 @@ class Run:
     parts = (workdir, record, config, meta_params, learner)
     raw = self if calibration is None else uncalibrated
     self._uncalibrated = raw or Run(*parts, model=self.model, step=step, tested_step=tested_step)
-    self._predict_outputs = jax.jit(self._predict_outputs_one, static_argnums=5)
+    self._predict_outputs = host_memory.releasing_after_compiles(  # the compile's memory back
+      jax.jit(self._predict_outputs_one, static_argnums=5)
+    )
 
   def __reduce__(self):
     """Pickled as its record, meta-parameters (host arrays) and steps, not its folder."""
