@@ -59,24 +59,14 @@ def _seeds(text: str) -> list[int]:
   return seeds
 
 
-def _kl_samples(text: str) -> int:
-  """`--kl-samples`: at least 2 (the KL lower bound's estimate needs two draws)."""
-  try:
-    count = int(text)
-  except ValueError:
-    count = 0
-  if count < 2:
-    raise argparse.ArgumentTypeError(
-      f"a count of at least 2 (SImPa's KL estimate needs two draws), not {text!r}"
-    )
-  return count
-
-
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--seeds", type=_seeds, default="0,1", help="comma-separated (default: 0,1)")
   parser.add_argument(
-    "--kl-samples", type=_kl_samples, default=512, help="draws in each KL estimate (default: 512)"
+    "--kl-samples",
+    type=cli.count_at_least(2, "SImPa's KL estimate needs two draws"),
+    default=512,
+    help="draws in each KL estimate (default: 512)",
   )
   args = parser.parse_args(argv)
   print(f"SImPa, regression `cpu` preset, {args.kl_samples} KL draws, {jax.default_backend()}")

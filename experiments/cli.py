@@ -321,6 +321,26 @@ def parse(
   return config, args
 
 
+def count_at_least(minimum: int, why: str, of: str = ""):
+  """An argparse type: an integer of at least `minimum`, refused in one line saying `why`.
+
+  e.g. `count_at_least(2, "SImPa's KL estimate needs two draws")` refuses "1" with "a count
+  of at least 2 (SImPa's KL estimate needs two draws), not '1'"; `of` names what is counted
+  (" of test tasks").
+  """
+
+  def parse(text: str) -> int:
+    try:
+      count = int(text)
+    except ValueError:
+      count = minimum - 1
+    if count < minimum:
+      raise argparse.ArgumentTypeError(f"a count{of} of at least {minimum} ({why}), not {text!r}")
+    return count
+
+  return parse
+
+
 def init_from_folder(text: Optional[str]) -> Optional[Path]:
   """`--init-from`: a run folder (or a comparison's), else a cell of `zoo/` by name (None: none).
 

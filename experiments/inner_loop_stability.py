@@ -134,19 +134,6 @@ def summary(m: dict) -> dict:
   )
 
 
-def _task_count(text: str) -> int:
-  """`--tasks`: a count of at least 2 (the summary's rank correlation needs two)."""
-  try:
-    count = int(text)
-  except ValueError:
-    count = 0
-  if count < 2:
-    raise argparse.ArgumentTypeError(
-      f"a count of test tasks of at least 2 (the summary's rank correlation needs two), not {text!r}"
-    )
-  return count
-
-
 def load_checked_run(run_dir: str) -> vj.Run:
   """The run in `run_dir`, refused in one line unless its inner loop can be measured here: a
   sine/line run (`experiments.regression`) of a learner with gradient inner steps."""
@@ -178,7 +165,11 @@ def main(argv=None) -> dict:
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
   parser.add_argument("run_dirs", nargs="+", help="run folders of experiments.regression")
-  parser.add_argument("--tasks", type=_task_count, default=2000)
+  parser.add_argument(
+    "--tasks",
+    type=cli.count_at_least(2, "the summary's rank correlation needs two", " of test tasks"),
+    default=2000,
+  )
   parser.add_argument("--seed", type=int, default=50)
   parser.add_argument("--json", help="also write every number here")
   parser.add_argument("--npz", help="also write every task's numbers here")

@@ -212,7 +212,10 @@ def run(
   return combined
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None):
+  """`(config, args)` from the command line: `config` the first method's, `args.algorithms`
+  the methods (flags as `--help` lists them)."""
+
   def add_flags(parser):
     parser.add_argument(
       "--algorithms",
@@ -220,7 +223,7 @@ def main(argv=None) -> dict:
       help="comma-separated, trained in turn (default: vampire,maml)",
     )
 
-  config, args = cli.parse(
+  return cli.parse(
     argv,
     __doc__,
     PRESETS,
@@ -229,6 +232,10 @@ def main(argv=None) -> dict:
     algorithm_flag=False,
     add_flags=add_flags,
   )
+
+
+def main(argv=None) -> dict:
+  config, args = parse_args(argv)
   algorithms = compare.parse_algorithms(args.algorithms)
   workdir = args.workdir or Path("runs") / f"regression_{args.preset}_seed{config.seed}"
   print(

@@ -35,6 +35,10 @@ os.environ.setdefault(
 # A size limit turns on JAX's file lock around every read and write of the cache, so no
 # process reads an entry another one is writing.
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 * 2**30))
+# Every program, not only those that take a second to compile (JAX's default): the tests
+# and their fresh processes build the same small programs again and again (each module's
+# are freed when it ends, below), and reading one back takes milliseconds.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 OMNIGLOT_DIR = Path(
   os.environ.get("OMNIGLOT_DIR") or Path(__file__).resolve().parents[2] / "shared/data/omniglot"
@@ -47,8 +51,20 @@ needs_omniglot = pytest.mark.skipif(
 
 def pytest_configure(config):
   config.addinivalue_line(
-    "markers", "slow: long-running; excluded from CI, run with `pytest -m slow`"
+    "markers",
+    "slow: needs minutes by nature; the slow tier (`pytest -m slow`), which CI runs after the "
+    "README's test command",
   )
+
+
+# Doctest files that need minutes, in the slow tier: the user guide trains and loads runs.
+SLOW_DOCTEST_FILES = ("user_guide.md",)
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if Path(str(item.fspath)).name in SLOW_DOCTEST_FILES:
+      item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -128,6 +128,7 @@ def test_every_experiment_keeps_the_kl_term_of_variational_methods_only():
   assert regression.get_config("cpu", "abml").kl_weight == 1.0
 
 
+@pytest.mark.slow  # two Omniglot runs with open-set episodes and figures
 @needs_omniglot
 def test_tiny_omniglot_comparison_sets_the_open_set_aurocs_side_by_side(omniglot_cache, tmp_path):
   # MAML (a point estimate) and VAMPIRE, a few meta-steps each: both get open-set episodes,

@@ -138,6 +138,7 @@ def test_cli_presets():
   assert config.hidden_sizes == (64, 16)
 
 
+@pytest.mark.slow  # a run that must learn: minutes
 def test_short_maml_run_learns_and_scores_combinations(leo_root, tmp_path):
   root, _ = leo_root
   config = dataclasses.replace(

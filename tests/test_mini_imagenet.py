@@ -202,6 +202,7 @@ def test_cli_presets():
   assert args.calibration_tasks == -1 and args.calibration_only
 
 
+@pytest.mark.slow  # a mini-ImageNet run and the calibration protocol's command
 def test_tiny_run_and_calibration_protocol(sample, cache_dir, tmp_path):
   config = dataclasses.replace(
     mini_imagenet.get_config("quick", "maml"),

@@ -211,6 +211,7 @@ def test_the_number_check_catches_a_runaway_mean():
   assert any("but the table gives" in p for p in problems)  # the sentence's difference
 
 
+@pytest.mark.slow  # each notebook runs top to bottom in a kernel: minutes
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
   if (

@@ -19,6 +19,7 @@ from experiments import omniglot
 pytestmark = needs_omniglot
 
 
+@pytest.mark.slow  # a run that must learn: minutes
 def test_quick_maml_run_learns(omniglot_cache, tmp_path):
   config = dataclasses.replace(
     omniglot.get_config("quick", "maml"),

@@ -20,14 +20,7 @@ def _configs_of(cell, flags) -> list[dict]:
   """The configs the cell's child process trains with (regression: one per method)."""
   if cell.group == "omniglot":
     return [dataclasses.asdict(omniglot.parse_args(flags)[0])]
-  _, args = cli.parse(
-    flags,
-    "",
-    regression.PRESETS,
-    regression.get_config,
-    algorithm_flag=False,
-    add_flags=lambda parser: parser.add_argument("--algorithms"),
-  )
+  _, args = regression.parse_args(flags)
   return [
     dataclasses.asdict(cli.apply_overrides(regression.get_config(args.preset, name), args))
     for name in args.algorithms.split(",")

@@ -25,19 +25,17 @@ from vampire_jax._src.runs import run_folder
 from vampire_jax._src.runs.run_folder import checkpoints as run_folder_checkpoints
 from vampire_jax._src.core.errors import RunFolderError
 
-# Short enough for CI, long enough to tell: batching each device's tasks with vmap (the
-# regression default before) already gave another loss at the first logged row on 8 devices.
-REGRESSION = [
-  "--preset", "quick", "--algorithms", "vampire", "--tasks-per-step", "8",
-  "--hidden-sizes", "40", "40", "40", "--num-meta-steps", "30", "--log-every", "10",
-  "--eval-every", "15", "--checkpoint-every", "15", "--num-val-tasks", "8",
-  "--num-test-tasks", "16", "--eval-batch-tasks", "8", "--num-mc-test", "8",
-  "--no-progress", "--no-compilation-cache",
-]  # fmt: skip
 # The issue's run: the drift grew to 1 % of the loss by step 120.
 REGRESSION_300 = [
   "--preset", "quick", "--algorithms", "vampire", "--tasks-per-step", "8",
-  "--num-meta-steps", "300", "--log-every", "20", "--no-progress", "--no-compilation-cache",
+  "--num-meta-steps", "300", "--log-every", "20", "--no-progress",
+]  # fmt: skip
+# A run to load elsewhere: the shortest that checkpoints and tests.
+SHORT_REGRESSION = [
+  "--preset", "quick", "--algorithms", "vampire", "--tasks-per-step", "8",
+  "--hidden-sizes", "8", "8", "--num-meta-steps", "2", "--log-every", "1", "--eval-every", "2",
+  "--checkpoint-every", "2", "--num-val-tasks", "8", "--num-test-tasks", "8",
+  "--eval-batch-tasks", "8", "--num-mc-test", "8", "--no-progress",
 ]  # fmt: skip
 
 
@@ -54,7 +52,7 @@ def run_command(args, devices=None, cwd=REPO, timeout=900) -> subprocess.Complet
   )
 
 
-def regression_run(workdir: Path, devices, flags=REGRESSION, stop_after=None):
+def regression_run(workdir: Path, devices, flags=REGRESSION_300, stop_after=None):
   """`python -m experiments.regression` on `devices`; SIGTERM right after `stop_after`."""
   if stop_after is None:
     args = ["-m", "experiments.regression"]
@@ -98,17 +96,13 @@ def check_same_run_on_every_device_count(tmp_path, flags, stop_after, counts=(1,
   assert resumed_test == test
 
 
-@pytest.mark.slow  # 1 to 2.5 min on 2 cores; `pytest -m slow` runs it
-def test_a_regression_run_is_the_same_on_1_and_8_devices_and_resumed_across_them(tmp_path):
-  """Before: on 8 devices the loss differed from 1 device's at the first row (10 steps),
-  and the first row after a resume averaged only the steps since the checkpoint. (Two
-  devices: the slow twin below, and conftest's shared run, trained on one per core.)"""
-  check_same_run_on_every_device_count(tmp_path, REGRESSION, stop_after=13, counts=(1, 8))
-
-
 @pytest.mark.slow
 def test_the_issues_300_step_regression_run_is_the_same_on_1_2_and_8_devices(tmp_path):
-  """The run the issue measured (1 % apart in the loss by step 120); about 15 min on 2 cores."""
+  """The run the issue measured (1 % apart in the loss by step 120). Before: on 8 devices the
+  loss differed from 1 device's at the first logged row (batching each device's tasks with
+  vmap, the regression default then), and the first row after a resume averaged only the
+  steps since the checkpoint. The runs of one device count share their compiled programs
+  (the test processes' compilation cache)."""
   check_same_run_on_every_device_count(tmp_path, REGRESSION_300, stop_after=150)
 
 
@@ -132,10 +126,11 @@ np.savez(
 """
 
 
+@pytest.mark.slow  # command lines across device counts
 def test_a_run_trained_on_8_devices_loads_and_predicts_alike_on_1_and_on_2(tmp_path):
   """Before: "no checkpoint ... restores" (orbax: "Topology mismatch") on 1 and 2 devices."""
   workdir = tmp_path / "trained_on_8"
-  done = regression_run(workdir, 8)
+  done = regression_run(workdir, 8, SHORT_REGRESSION)
   assert done.returncode == 0, done.stderr[-3000:]
   assert json.loads((workdir / "vampire" / "results.json").read_text())["task_mesh_devices"] == 8
   outputs = {}

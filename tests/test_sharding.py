@@ -512,13 +512,13 @@ def _multihost_measurements(process_id: int, port: int) -> dict:
   local_tasks = jax.tree_util.tree_map(lambda x: x[local], tasks)
   global_tasks = vj.shard_tasks(local_tasks, mesh)
   global_keys = vj.shard_tasks(jax.random.key_data(task_keys)[local], mesh)
-  gradient = jax.jit(
-    lambda p, t, k: vj.make_meta_gradient(learner, mesh=mesh)(p, t, jax.random.wrap_key_data(k))
-  )
+  # Each task alone (`map`), as the loop's CPU default: a device's share of 2 tasks and one
+  # device's 8 then run the same program per task. Vmapped, the two batch sizes compile to
+  # other vector code, whose sums round apart in the last bit on some CPUs (AVX-512).
+  meta_gradient = functools.partial(vj.make_meta_gradient, learner, task_batching="map")
+  gradient = jax.jit(lambda p, t, k: meta_gradient(mesh=mesh)(p, t, jax.random.wrap_key_data(k)))
   grads, metrics = gradient(vj.replicate(meta_params, mesh), global_tasks, global_keys)
-  local_grads, local_metrics = jax.jit(vj.make_meta_gradient(learner))(
-    meta_params, tasks, task_keys
-  )
+  local_grads, local_metrics = jax.jit(meta_gradient())(meta_params, tasks, task_keys)
   return {
     "process_count": jax.process_count(),
     "mesh_size": mesh.size,

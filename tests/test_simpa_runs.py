@@ -32,6 +32,7 @@ def simpa_run(omniglot_cache, tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow  # SImPa's command line, then a fresh process
 @needs_omniglot
 def test_the_omniglot_command_trains_tests_draws_and_loads_on_one_device(simpa_run, tmp_path):
   results = json.loads((simpa_run / "results.json").read_text())
@@ -60,6 +61,7 @@ def test_the_omniglot_command_trains_tests_draws_and_loads_on_one_device(simpa_r
   np.testing.assert_allclose(here, probs, atol=1e-5)
 
 
+@pytest.mark.slow  # SImPa's regression run
 def test_regression_runs_simpa_and_loads(tmp_path):
   overrides = dict(TINY_REGRESSION, simpa_kl_samples=16)
   assert compare.parse_algorithms("vampire2,simpa") == ["vampire2", "simpa"]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from experiments import cli, compare, paper_runs, regression, training_cells
+from experiments import compare, paper_runs, regression, training_cells
 from vampire_jax._src.runs import reporting, run_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,14 +33,7 @@ def _cell_flags(workdir: Path) -> list[str]:
 
 def _train_the_method(flags: list[str]) -> None:
   """What the cell's child trains (`regression.main`), less the comparison's joint figures."""
-  _, args = cli.parse(
-    flags,
-    "",
-    regression.PRESETS,
-    regression.get_config,
-    algorithm_flag=False,
-    add_flags=lambda parser: parser.add_argument("--algorithms"),
-  )
+  _, args = regression.parse_args(flags)
   compare.run_methods(regression, ["vampire"], args.preset, args.workdir, args, progress=False)
 
 
@@ -86,6 +79,7 @@ def _committed_and_cloned(tmp_path: Path, kept_from: Path) -> Path:
   return tmp_path / "clone"
 
 
+@pytest.mark.slow  # two tiny regression runs in this process and one resumed fresh: ~1 min
 def test_a_cell_resumes_from_a_fresh_clone_bit_for_bit(tmp_path, monkeypatch, capsys):
   full = tmp_path / "full" / CELL  # the uninterrupted run
   _train_the_method(_cell_flags(full))

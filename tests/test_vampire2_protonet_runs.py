@@ -72,6 +72,7 @@ def omniglot_runs(omniglot_cache, tmp_path_factory):
   return runs
 
 
+@pytest.mark.slow  # each method's Omniglot command line on two devices
 @needs_omniglot
 @pytest.mark.parametrize("algorithm", list(FLAGS))
 def test_the_omniglot_command_trains_tests_and_draws(omniglot_runs, algorithm):
@@ -95,6 +96,7 @@ def test_the_omniglot_command_trains_tests_and_draws(omniglot_runs, algorithm):
   assert record["model"]["fields"]["num_classes"] == (None if algorithm == "protonet" else 5)
 
 
+@pytest.mark.slow  # each method's Omniglot command line, then a fresh process
 @needs_omniglot
 @pytest.mark.parametrize("algorithm", list(FLAGS))
 def test_a_run_trained_on_two_devices_loads_on_one_and_predicts(omniglot_runs, algorithm, tmp_path):

@@ -351,12 +351,7 @@ def vampire2(
   num_mc_query: int = 1,
   first_order: bool = True,
   log_std_init: tuple[float, float] = (-4.0, -3.0),
-  sample_batching: batching.Batching = "vmap",
-  unroll_steps: bool = False,
-  remat: bool = False,
-  second_order_steps: Optional[int] = None,
-  draw_outputs: Optional[adaptation.OutputSampler] = None,
-  backtracking: bool = False,
+  **options,
 ) -> MetaLearner:
   """Vampire2, the authors' VAMPIRE of 2021-2022 (`Vampire2.py`), with their defaults.
 
@@ -381,8 +376,9 @@ def vampire2(
     num_mc_train: L_t, weight draws per inner step.
     num_mc_query: L_v, weight draws on the query set (and for prediction).
     first_order: stop gradients through the inner updates (theirs: True).
-    **options: `log_std_init`, `sample_batching`, `unroll_steps`, `remat`,
-      `second_order_steps`, `draw_outputs`, `backtracking`, as in `vampire`.
+    log_std_init: the range of the initial log-stds (theirs: U[-4, -3]).
+    **options: `vampire`'s other keyword arguments (`sample_batching`, `unroll_steps`,
+      `remat`, `second_order_steps`, `draw_outputs`, `backtracking`).
 
   Examples:
     >>> model = vj.MLP((16,), 1)
@@ -400,14 +396,9 @@ def vampire2(
     num_mc_query=num_mc_query,
     first_order=first_order,
     log_std_init=log_std_init,
-    sample_batching=sample_batching,
-    unroll_steps=unroll_steps,
-    remat=remat,
-    second_order_steps=second_order_steps,
-    draw_outputs=draw_outputs,
     kl_target="standard_normal",
     outer_kl_weight=kl_weight if outer_kl_weight is None else outer_kl_weight,
-    backtracking=backtracking,
+    **options,
   )
 
 

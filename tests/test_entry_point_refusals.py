@@ -1,6 +1,9 @@
-"""No silent answers, fourth sweep (issue 49), and what a newcomer met (issue 50).
+"""What the entry points refuse: the optimizer's task count through a wrapper, a donated
+step, the device helpers, `vj.train_and_evaluate`'s problem and config,
+`vj.check_inner_loop`'s causes, the caches' folders (found by the fourth sweep, issue 49,
+and a newcomer, issue 50; old import paths are in `test_old_import_paths.py`).
 
-Issue 49: the optimizer's task count through a wrapper (item 5), old import paths (11),
+Issue 49: the optimizer's task count through a wrapper (item 5),
 `vj.train_and_evaluate`'s problem and config (13), `vj.check_inner_loop`'s causes (14) and
 the device helpers (15). Issue 50: `vj.init_meta_state` and donated steps (item 2), the
 caches under `XDG_CACHE_HOME` (7). Each case was silent, or refused in a poor message,
@@ -8,8 +11,6 @@ before: its test says what happened ("Before: ..."), and a refusal is one line t
 the function, the argument and the fix.
 """
 
-import importlib
-import sys
 from pathlib import Path
 
 import jax
@@ -19,7 +20,6 @@ import optax
 import pytest
 
 import vampire_jax as vj
-from vampire_jax._src import deprecations
 from vampire_jax._src.core.errors import InputError
 from vampire_jax._src.core.host_chunked import (
   make_host_chunked_meta_step,
@@ -170,71 +170,6 @@ def test_a_donated_train_step_leaves_the_params_given_to_init_meta_state_usable(
   central = getattr(fresh.meta_params, "mean", fresh.meta_params)
   for leaf, saved in zip(jax.tree_util.tree_leaves(central), jax.tree_util.tree_leaves(before)):
     np.testing.assert_array_equal(np.asarray(leaf), saved)
-
-
-# -- Issue 49, item 11: old import paths of names that left their module --------------------
-
-
-@pytest.fixture
-def fresh_warnings(monkeypatch):
-  """Each old path warns once per process: forget which warned already."""
-  monkeypatch.setattr(deprecations, "_warned", set())
-
-
-@pytest.mark.parametrize(
-  "statement, name, home",
-  [
-    (
-      "from vampire_jax.meta_step import make_host_chunked_train_step",
-      "make_host_chunked_train_step",
-      "vampire_jax._src.core.host_chunked",
-    ),
-    (
-      "from vampire_jax.meta_step import make_host_chunked_meta_step",
-      "make_host_chunked_meta_step",
-      "vampire_jax._src.core.host_chunked",
-    ),
-    (
-      "from vampire_jax.calibration import PAPER_QUANTILE_LEVELS",
-      "PAPER_QUANTILE_LEVELS",
-      "vampire_jax._src.metrics.quantile_calibration",
-    ),
-    (
-      "from vampire_jax.data.mini_imagenet import mini_imagenet_builder_class",
-      "mini_imagenet_builder_class",
-      "vampire_jax.data",
-    ),
-  ],
-)
-def test_a_name_that_left_its_old_module_warns_and_works(fresh_warnings, statement, name, home):
-  """Before: AttributeError (module 'vampire_jax._src.core.meta_step' has no attribute
-  'make_host_chunked_train_step'): the module's old path worked, its moved names did not."""
-  namespace = {}
-  with pytest.warns(FutureWarning, match=rf"\.{name} is deprecated: use {home}\.{name} "):
-    exec(statement, namespace)
-  assert namespace[name] is getattr(importlib.import_module(home), name)
-
-
-def test_the_old_module_path_vampire_jax_predictive_serves_its_names_and_keeps_the_function(
-  fresh_warnings,
-):
-  """Before: `import vampire_jax.predictive` and `from vampire_jax.predictive import
-  predictive_interval` (the module's path until 0.3) raised ModuleNotFoundError."""
-  namespace = {}
-  with pytest.warns(
-    FutureWarning,
-    match=r"vampire_jax\.predictive\.predictive_interval is deprecated: use "
-    r"vampire_jax\.predictive_interval ",
-  ):
-    exec("from vampire_jax.predictive import predictive_interval", namespace)
-  assert namespace["predictive_interval"] is vj.predictive_interval
-  exec("import vampire_jax.predictive", namespace)
-  # The top-level name stays the function, as in every release.
-  assert namespace["vampire_jax"].predictive is vj.predictive and callable(vj.predictive)
-  with pytest.raises(ImportError, match="cannot import name 'no_such_name'"):
-    exec("from vampire_jax.predictive import no_such_name", namespace)
-  with pytest.raises(AttributeError, match="an old path of vampire_jax._src.metrics.predictive"):
-    sys.modules["vampire_jax.predictive"].no_such_name
 
 
 # -- Issue 49, item 15: the device helpers ---------------------------------------------------

@@ -1,4 +1,4 @@
-"""No silent answers, fourth sweep (issue 49): the distributions API and `vj.summarise`.
+"""The distributions API and `vj.summarise`: no silent answers (the fourth sweep, issue 49).
 
 Each case below was a silent answer or a poor refusal before: a predictive's `log_prob`
 that broadcast targets of another shape, an interval of zero width or NaN, log-stds of
