@@ -318,11 +318,10 @@ class Run:
       `log_prob(query_y)` (`[num_query, 1]`, and no other shape) is the log
       of the predictive the test's NLL scores, samples include the noise,
       and `variance()` is the draws' spread plus noise_std^2 (`vj.predictive_interval` gives its central
-      intervals). On a run recalibrated by a quantile map R
-      (`vj.recalibrate(..., method="quantile")`), that (variance-scaled)
-      mixture under R: a `RecalibratedPredictive`, whose `cdf`, `log_prob`,
-      `quantile`, samples, `mean`, `variance` and intervals are those of the
-      CDF R(F(y)). See `vj.predictive_distribution`.
+      intervals). On a run recalibrated by a quantile map R (`method="quantile"`),
+      that (variance-scaled) mixture under R: a `RecalibratedPredictive`, whose
+      `cdf`, `log_prob`, `quantile`, samples, `mean`, `variance` and intervals
+      are those of the CDF R(F(y)). See `vj.predictive_distribution`.
     """
     outputs = self._outputs(support_x, support_y, query_x, key, "Run.predictive", transductive)
     return predictive.predictive_distribution(outputs, self.learner.nll)
