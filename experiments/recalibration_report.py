@@ -5,19 +5,24 @@
         --num-val-tasks 100 --num-test-tasks 300                    # the issue's done-when
     python -m experiments.recalibration_report --num-val-tasks 4 --num-test-tasks 4   # minutes
 
-For each cell (`zoo/`), a map is fitted on its first validation tasks (a temperature for a
-classifier, a variance scale of the predictive, noise included, for a regressor:
-`vj.recalibrate`) and its first test tasks are scored raw and recalibrated: NLL, the ECE
-the README reports (the paper's quantile ECE for regression, the confidence ECE for
-classification), the PIT ECE and the central 90 % interval's coverage and width
-(regression). Then, for the regression cells of one seed that are VAMPIRE and MAML, both
-recalibrated by the same one-parameter map: does VAMPIRE's per-input spread beat MAML's
-constant one? The test points are binned by VAMPIRE's recalibrated predictive standard
-deviation (quintiles) and by the input x; each bin gives each method's coverage and NLL.
+For each cell (`zoo/`), a map is fitted on its first validation tasks (`vj.recalibrate`'s
+default: a temperature for a classifier; for a regressor a quantile map over a variance
+scale of the predictive, noise included) and its first test tasks are scored raw and
+recalibrated: NLL, the ECE the README reports (the paper's quantile ECE for regression,
+the confidence ECE for classification), the PIT ECE and the central 90 % interval's
+coverage and width (regression). A regressor is also scored under the variance scale
+alone and under the quantile map alone (Kuleshov et al.'s R of the raw predictive), to
+choose the default. Then, for the regression cells of one seed that are VAMPIRE and MAML,
+both recalibrated by the same one-parameter map (a variance scale): does VAMPIRE's
+per-input spread beat MAML's constant one? The test points are binned by VAMPIRE's
+recalibrated predictive standard deviation (quintiles) and by the input x; each bin gives
+each method's coverage and NLL.
 
-A point estimate's paper quantile ECE does not move under the map: the paper computes it
-from the quantiles of the network's outputs, without the likelihood's noise, and one
-output has the same quantile at every level (`vj.paper_quantile_calibration`).
+The paper's quantile ECE takes the quantiles of the network's outputs, without the
+likelihood's noise (`vj.paper_quantile_calibration`), so a point estimate's does not move
+under a variance scale. Under a quantile map the outputs are no longer the predictive's
+quantiles: its ECE is taken of the recalibrated predictive's own quantiles, noise included
+(`predictive_quantile_calibration`); the raw whole predictive's is given beside it.
 
 Writes a JSON file (`--out`) with every number and prints the tables, with the seconds each
 cell took (the full measurement's time scales with the task counts).
@@ -36,11 +41,9 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import cli, zoo, zoo_recalibrate, zoo_verify
-from vampire_jax._src.metrics import evaluation
-from vampire_jax._src.metrics import quantile_calibration
+from vampire_jax._src.metrics import evaluation, quantile_calibration, quantile_map
 from vampire_jax._src.metrics import recalibration as maps
-from vampire_jax._src.metrics.normal_cdf import normal_cdf
-from vampire_jax._src.runs import programs
+from vampire_jax._src.runs import programs, recalibration
 
 DEFAULT_CELLS = "regression_*,omniglot_*"
 NUM_BINS = 5
@@ -69,65 +72,54 @@ def test_inputs(run: vj.Run, problem: vj.Problem, num_tasks: int) -> np.ndarray:
   return np.asarray(tasks.query_x)[..., 0]
 
 
-def _predictive_quantile_ece(draws, noise_std: float, truth, data_noise: float, levels) -> float:
-  """The paper's quantile ECE (11 levels 0, 0.1, .., 1) of the whole predictive's quantiles.
-
-  As `vj.paper_quantile_calibration`, but each level's quantile is the predictive
-  mixture's, noise included (`levels`: the mixture levels that give the 9 inner ones),
-  not that of the network's outputs alone: observed_p = mean_x Phi((q_p(x) - y0(x)) / sigma).
-  The levels 0 and 1 have quantiles -inf and inf, observed exactly.
-  """
-  levels = np.clip(levels, 1e-6, 1 - 1e-6)
-  quantiles = quantile_calibration.mixture_quantile(levels, draws, noise_std, tol=1e-4)
-  observed = np.mean(normal_cdf((quantiles - truth[None]) / data_noise).reshape(9, -1), axis=1)
-  return float(np.sum(np.abs(observed - np.linspace(0.1, 0.9, 9))) / 11)
-
-
 def regression_extras(run: vj.Run, result) -> dict:
-  """Beside the variance scale: quantile recalibration (Kuleshov et al. 2018), measured only,
-  and the paper's quantile ECE of the whole predictive, raw, scaled and isotonic.
+  """Beside the cell's map (the default, a quantile map over a variance scale): the variance
+  scale alone and R alone (the quantile map of the raw predictive, s = 1), fitted on the
+  same validation tasks and scored on the same test tasks; and the paper's quantile ECE of
+  the raw whole predictive (its quantiles, noise included), beside the paper's own of the
+  network's outputs."""
+  sigma = run.noise_std
+  scored = {k: v for k, v in result.per_task.items() if k in _REGRESSION_FIELDS}
+  scale = maps.fit("regression", result.val_per_task, sigma, "report", maps.VARIANCE_SCALE)
+  # R alone: the map of the raw predictive's PIT values (no scale), as Kuleshov et al.
+  val_pit = maps.predictive_pit(
+    result.val_per_task["predictions"], result.val_per_task["targets"], sigma
+  )
+  alone = maps.Calibration(
+    maps.QUANTILE, 1.0, scale.num_tasks, scale.nll_before, float("nan"),
+    quantile_map.fit(val_pit, quantile_map.num_bins(val_pit.size)),
+  )  # fmt: skip
+  extras = {}
+  for name, calibration in (("variance_scale", scale), ("quantile_map_alone", alone)):
+    summary = recalibration.recalibrated_summary(
+      "regression", calibration, scored, run.config.num_bins, sigma
+    )
+    extras[name] = {k: float(summary.metrics[k]) for k in _KEPT if k in summary.metrics}
+    extras[name]["map"] = maps.describe(calibration)
+  raw_whole = quantile_calibration.predictive_quantile_calibration(
+    np.asarray(scored["predictions"])[..., 0], np.asarray(scored["truth"])[..., 0], sigma, sigma
+  )
+  extras["raw_predictive_quantile_ece"] = raw_whole.ece
+  return extras
 
-  The isotonic map is the empirical CDF R of the validation tasks' PIT values F(y): the
-  recalibrated CDF is R(F(y)), its p-quantile F^{-1}(R^{-1}(p)).
-  """
-  sigma, levels = run.noise_std, np.linspace(0.1, 0.9, 9)
 
-  def draws_and_pit(per_task, noise):
-    draws = np.moveaxis(np.asarray(per_task["predictions"], np.float64)[..., 0], 1, 0)
-    targets = np.asarray(per_task["targets"], np.float64)[..., 0]
-    return draws, quantile_calibration.mixture_cdf(targets, draws, noise)
+_REGRESSION_FIELDS = ("mse", "predictive_mean_mse", "nll", "predictions", "targets", "truth")
+_KEPT = ("nll", "ece", "pit_ece", "interval_90_coverage", "interval_90_width")
 
-  _, val_pit = draws_and_pit(result.val_per_task, sigma)
-  draws, test_pit = draws_and_pit(result.per_task, sigma)
-  ranked = np.sort(val_pit.reshape(-1))
-  recalibrated = np.searchsorted(ranked, test_pit, side="right") / ranked.size  # R(F(y))
-  observed = np.mean(recalibrated.reshape(1, -1) <= levels[:, None], axis=1)
-  truth = np.asarray(result.per_task["truth"], np.float64)[..., 0]
-  scaled = maps.recalibrated_per_task(result.calibration, result.per_task, sigma)
-  scaled_noise = maps.calibrated_noise_std(result.calibration, sigma)
-  scaled_draws, _ = draws_and_pit(scaled, scaled_noise)
+
+def _points(run: vj.Run, calibration, per_task: dict) -> dict:
+  """Per test point under `calibration`: covered (90 %), log density, predictive std."""
+  noise = maps.calibrated_noise_std(calibration, run.noise_std)
+  scored = maps.recalibrated_per_task(calibration, per_task, run.noise_std)
+  qmap = calibration.quantile_map
+  log_density = point_log_density(scored["predictions"], scored["targets"], noise)
+  if qmap is not None:
+    log_density += qmap.log_slope(
+      maps.predictive_pit(scored["predictions"], scored["targets"], noise)
+    )
   return {
-    "isotonic": {
-      "interval_90_coverage": float(np.mean((recalibrated >= 0.05) & (recalibrated <= 0.95))),
-      "pit_ece": float(np.mean(np.abs(observed - levels))),
-      "predictive_quantile_ece": _predictive_quantile_ece(
-        draws, sigma, truth, sigma, np.quantile(ranked, levels)
-      ),
-    },
-    "predictive_quantile_ece": {
-      "raw": _predictive_quantile_ece(draws, sigma, truth, sigma, levels),
-      "recalibrated": _predictive_quantile_ece(scaled_draws, scaled_noise, truth, sigma, levels),
-    },
-  }
-
-
-def _recalibrated_points(run: vj.Run, result) -> dict:
-  """Per test point under the cell's map: covered (90 %), log density, predictive std."""
-  noise = maps.calibrated_noise_std(result.calibration, run.noise_std)
-  scored = maps.recalibrated_per_task(result.calibration, result.per_task, run.noise_std)
-  return {
-    "covered": maps.interval_coverage(scored["predictions"], scored["targets"], noise),
-    "log_density": point_log_density(scored["predictions"], scored["targets"], noise),
+    "covered": maps.interval_coverage(scored["predictions"], scored["targets"], noise, qmap=qmap),
+    "log_density": log_density,
     "std": predictive_std(scored["predictions"], noise),
   }
 
@@ -154,18 +146,29 @@ def _binned(points: dict, bins: np.ndarray, edges: np.ndarray) -> list[dict]:
 
 
 def compare_methods(runs: dict, results: dict, problem: vj.Problem, num_tasks: int) -> dict:
-  """VAMPIRE and MAML recalibrated, per bin of VAMPIRE's spread and of the input x."""
-  points = {m: _recalibrated_points(runs[m], results[m]) for m in runs}
+  """VAMPIRE and MAML, both recalibrated by the same one-parameter map (a variance scale,
+  each fitted on its own validation tasks), per bin of VAMPIRE's spread and of the input x;
+  and overall under each one's default map (the quantile map) too."""
+  scales = {
+    m: maps.fit("regression", results[m].val_per_task, runs[m].noise_std, "report", maps.VARIANCE_SCALE)
+    for m in runs
+  }  # fmt: skip
+  points = {m: _points(runs[m], scales[m], results[m].per_task) for m in runs}
   spread = points["vampire"]["std"]
   edges = np.quantile(spread, np.linspace(0, 1, NUM_BINS + 1))
   by_spread = np.clip(np.searchsorted(edges, spread, side="right") - 1, 0, NUM_BINS - 1)
   x = test_inputs(runs["vampire"], problem, num_tasks)
   x_edges = np.linspace(x.min(), x.max(), NUM_BINS + 1)
   by_x = np.clip(np.searchsorted(x_edges, x, side="right") - 1, 0, NUM_BINS - 1)
+  default = {m: _points(runs[m], results[m].calibration, results[m].per_task) for m in runs}
   return {
     "overall": {
       m: {"coverage": float(np.mean(p["covered"])), "nll": float(-np.mean(p["log_density"]))}
       for m, p in points.items()
+    },
+    "overall_default_map": {
+      m: {"coverage": float(np.mean(p["covered"])), "nll": float(-np.mean(p["log_density"]))}
+      for m, p in default.items()
     },
     "by_vampire_spread": _binned(points, by_spread, edges),
     "by_input": _binned(points, by_x, x_edges),
@@ -187,12 +190,17 @@ def _cell_table(cells: dict) -> str:
     return f"{scale * raw:.{digits}f} → {scale * recal:.{digits}f}"
 
   for name, cell in cells.items():
-    if "isotonic" in cell:
-      iso, whole = cell["isotonic"], cell["predictive_quantile_ece"]
+    if "variance_scale" in cell:
+      scale, alone = cell["variance_scale"], cell["quantile_map_alone"]
+
+      def four(m):
+        return (
+          f"{m['nll']:.3f} | {m.get('ece', float('nan')):.3f} | {m['pit_ece']:.3f} "
+          f"| {100 * m['interval_90_coverage']:.1f}"
+        )
+
       notes.append(
-        f"| {name} | {whole['raw']:.3f} → {whole['recalibrated']:.3f} "
-        f"| {iso['predictive_quantile_ece']:.3f} | {iso['pit_ece']:.3f} "
-        f"| {100 * iso['interval_90_coverage']:.1f} |"
+        f"| {name} | {cell['raw_predictive_quantile_ece']:.3f} | {four(scale)} | {four(alone)} |"
       )
     if "skipped" in cell:
       lines.append(f"| {name} | none: {cell['skipped']} | | | | | {cell['num_val_tasks']}/– | |")
@@ -205,9 +213,9 @@ def _cell_table(cells: dict) -> str:
   if notes:
     lines += [
       "",
-      "| cell | whole predictive's quantile ECE, raw → scaled | isotonic: its quantile ECE "
-      "| isotonic: PIT ECE | isotonic: 90 % coverage |",
-      "|---|---|---|---|---|",
+      "| cell | raw whole predictive's quantile ECE | variance scale alone: NLL | ECE | PIT ECE "
+      "| 90 % coverage | R alone (s = 1): NLL | ECE | PIT ECE | 90 % coverage |",
+      "|---|---|---|---|---|---|---|---|---|---|",
       *notes,
     ]
   return "\n".join(lines)
@@ -296,6 +304,7 @@ def main(argv=None) -> dict:
   if "vampire_vs_maml" in report:
     comparison = report["vampire_vs_maml"]
     print("\nVAMPIRE and MAML, each recalibrated by a variance scale:", comparison["overall"])
+    print("each by its default map:", comparison["overall_default_map"])
     print(_bins_table(comparison["by_vampire_spread"], "VAMPIRE's std"))
     print(_bins_table(comparison["by_input"], "input x"))
   args.out.parent.mkdir(parents=True, exist_ok=True)

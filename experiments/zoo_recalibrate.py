@@ -6,9 +6,14 @@ on the run's first validation tasks, as its training loop does after its test: t
 split and keys (`programs.run_keys(config.seed).val`: the tasks and draws its validations
 scored), the tested meta-parameters. Then it scores the first test tasks as the loop and
 `zoo verify` do (`zoo_verify.score_test_split`), raw and under the map
-(`runs.recalibration.recalibrated_summary`), from one evaluation.
+(`runs.recalibration.recalibrated_summary`), from one evaluation. A classifier's cell that
+keeps its test's probabilities (`test_per_task.npz`, every field a temperature needs) is
+not run again: its stored per-task results are the test's own (what `zoo verify` checks),
+and a temperature needs nothing else. A regressor's file keeps no predictions, so its test
+is scored again.
 """
 
+from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -17,7 +22,7 @@ import vampire_jax as vj
 from experiments import zoo_verify
 from vampire_jax._src.core import backend_defaults
 from vampire_jax._src.metrics import recalibration as maps
-from vampire_jax._src.runs import programs, recalibration
+from vampire_jax._src.runs import kinds, programs, recalibration, run_folder
 
 # What a cell's manifest entry keeps of each summary (beside the raw test it already has).
 KEPT = (
@@ -66,7 +71,13 @@ def recalibrate_cell(
   if run.calibration is not None:
     raise vj.InputError("zoo recalibrate: pass the raw run (vj.load_run without recalibrated)")
   calibration, val_per_task = fit_on_validation(run, problem, num_val_tasks)
-  per_task, raw = zoo_verify.score_test_split(run, problem, num_test_tasks, on_batch)
+  stored = stored_test(run, num_test_tasks)
+  if stored is None:
+    per_task, raw = zoo_verify.score_test_split(run, problem, num_test_tasks, on_batch)
+  else:
+    per_task = stored
+    summary = kinds.summarise(run.kind, per_task, num_bins=run.config.num_bins)
+    raw = {k: float(v) for k, v in summary.metrics.items() if isinstance(v, (int, float))}
   fields = ("accuracy", "nll", "probabilities", "mse", "predictive_mean_mse", "predictions")
   scored = {k: v for k, v in per_task.items() if k in fields + ("targets", "truth")}
   if run.kind == "regression":
@@ -76,6 +87,21 @@ def recalibrate_cell(
   )
   recalibrated = {k: float(v) for k, v in summary.metrics.items() if isinstance(v, (int, float))}
   return CellRecalibration(calibration, raw, recalibrated, per_task, val_per_task)
+
+
+STORED_FIELDS = ("accuracy", "nll", "probabilities", "targets")
+
+
+def stored_test(run: vj.Run, num_tasks: int) -> Optional[dict]:
+  """A classifier's first `num_tasks` test results from its `test_per_task.npz`, or None
+  (a regressor, or a file without the probabilities or with fewer tasks)."""
+  path = Path(run.workdir) / run_folder.PER_TASK_FILE
+  if run.kind != "classification" or not path.is_file():
+    return None
+  with np.load(path) as saved:
+    if not all(k in saved.files for k in STORED_FIELDS) or len(saved["nll"]) < num_tasks:
+      return None
+    return {k: saved[k][:num_tasks] for k in STORED_FIELDS}
 
 
 def manifest_fields(result: CellRecalibration, num_val_tasks: int) -> dict:

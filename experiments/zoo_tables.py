@@ -42,7 +42,13 @@ ECE_DEFINITIONS = (
   "around the noiseless truth y₀ that falls below the p-quantile of the network outputs "
   "over the weight draws (`vj.paper_quantile_calibration`). Each shows raw / recalibrated: "
   "the recalibrated ECE is the test's under the map that `python -m experiments.zoo "
-  "recalibrate` fits on the cell's validation tasks (– where none has been fitted)."
+  "recalibrate` fits on the cell's validation tasks (– where none has been fitted): a "
+  "temperature for a classifier; for a regressor a quantile map (Kuleshov et al. 2018) over a "
+  "variance scale of the predictive, whose quantile ECE is taken of the recalibrated "
+  "predictive's own quantiles, noise included. **NLL**: the mean over test tasks of the "
+  "predictive's negative log-likelihood of the query targets, raw / recalibrated. **90 % "
+  "interval coverage**: the share of the test targets inside the predictive's central 90 % "
+  "interval, raw / recalibrated (90 % is calibrated)."
 )
 RATE_DEFINITION = (
   "**training**: meta-steps, the median of the steps per second the run's own loop logged "
@@ -148,6 +154,29 @@ def ece(entry: dict) -> str:
   return text
 
 
+def nll(entry: dict) -> str:
+  """`raw / recalibrated` mean test NLL ("–" for what the manifest does not have)."""
+  recalibrated = entry.get("test_recalibrated") or {}
+  text = _pair(entry["test"].get("nll"), recalibrated.get("nll"), 3)
+  tasks = recalibrated.get("num_tasks")
+  if tasks is not None and tasks != entry["test"].get("num_tasks"):
+    text += f" ({tasks} tasks)"
+  return text
+
+
+def coverage(entry: dict) -> str:
+  """A regressor's `raw / recalibrated` 90 % interval coverage, in %."""
+  raw = (entry.get("test_raw_interval") or {}).get("interval_90_coverage")
+  recalibrated = (entry.get("test_recalibrated") or {}).get("interval_90_coverage")
+  scale = lambda v: None if v is None else 100 * v  # noqa: E731
+  return _pair(scale(raw), scale(recalibrated), 1, " %")
+
+
+def _pair(raw, recalibrated, digits: int, unit: str = "") -> str:
+  show = lambda v: "–" if v is None else f"{v:.{digits}f}{unit}"  # noqa: E731
+  return f"{show(raw)} / {show(recalibrated)}"
+
+
 def rate(entry: dict) -> str:
   """The training cell: "15000 steps, 28 steps/s, T = 32, gpu: NVIDIA H200 x1"."""
   training = entry.get("training") or {}
@@ -172,6 +201,8 @@ def _table(manifest: dict, names: list[str], with_paper: bool) -> list[str]:
   kinds = [k for k in ECE_COLUMNS if any(manifest["cells"][n]["kind"] == k for n in names)]
   header = ["cell", *(["paper"] if with_paper else []), "measured"]
   header += [f"{ECE_COLUMNS[k]}: raw / recalibrated" for k in kinds]
+  header += ["NLL: raw / recalibrated"]
+  header += ["90 % interval coverage: raw / recalibrated"] if "regression" in kinds else []
   header += ["training", "in `zoo/`"]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for name in names:
@@ -179,6 +210,9 @@ def _table(manifest: dict, names: list[str], with_paper: bool) -> list[str]:
     row = [label(entry), *([paper_text(entry)] if with_paper else [])]
     row.append(zoo_verify.headline(entry["kind"], entry["test"]))
     row += [ece(entry) if entry["kind"] == k else "" for k in kinds]
+    row += [nll(entry)]
+    if "regression" in kinds:
+      row += [coverage(entry) if entry["kind"] == "regression" else ""]
     row += [rate(entry), f"`{name}`"]
     lines.append("| " + " | ".join(row) + " |")
   return lines

@@ -151,3 +151,22 @@ def test_every_zoo_cell_that_differs_from_the_paper_says_why_or_that_it_is_open(
   block = zoo_tables.readme_table(manifest)
   for name in differing:
     assert f"- `{name}`: " in block
+
+
+def test_the_nll_and_a_regressors_interval_coverage_sit_raw_beside_recalibrated():
+  """Issue 61: the README's results show raw and recalibrated side by side."""
+  entry = _entry(test={**_entry()["test"], "nll": 0.0642}, test_recalibrated={"nll": 0.0611})
+  assert zoo_tables.nll(entry) == "0.064 / 0.061"
+  fewer = dict(entry, test_recalibrated={"nll": 0.0611, "num_tasks": 30})
+  assert zoo_tables.nll(fewer) == "0.064 / 0.061 (30 tasks)"
+  regression = _entry(
+    kind="regression", paper="1.96",
+    test={"mse": 1.675, "mse_ci95": 0.203, "ece": 0.27, "nll": 5.1, "num_tasks": 1000},
+    test_raw_interval={"interval_90_coverage": 0.664},
+    test_recalibrated={"ece": 0.02, "nll": 1.9, "interval_90_coverage": 0.901, "num_tasks": 1000},
+  )  # fmt: skip
+  assert zoo_tables.coverage(regression) == "66.4 % / 90.1 %"
+  assert zoo_tables.coverage(_entry()) == "– / –"
+  header, _, row = zoo_tables._table({"cells": {"r": regression}}, ["r"], with_paper=True)
+  assert "90 % interval coverage: raw / recalibrated" in header
+  assert "| 5.100 / 1.900 | 66.4 % / 90.1 % |" in row

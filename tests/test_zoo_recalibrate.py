@@ -55,3 +55,24 @@ def test_recalibrate_writes_the_map_beside_the_cell_and_its_numbers_in_the_manif
   variance = np.mean(np.square(per_task["predictions"][:, 0] - per_task["targets"]))
   assert fitted["value"] == pytest.approx(variance / raw.noise_std**2, rel=1e-6)
   assert fitted["nll_after"] == pytest.approx(0.5 * (1 + math.log(2 * math.pi * variance)), 1e-6)
+
+
+def test_a_classifiers_stored_test_is_scored_without_running_it_again():
+  """A classifier's `test_per_task.npz` holds what a temperature needs: its summary of the
+  stored probabilities is the cell's recorded test; a regressor's keeps no predictions."""
+  from types import SimpleNamespace
+
+  from experiments import zoo_recalibrate
+  from vampire_jax._src.runs import kinds
+
+  name = "omniglot_original_quick_protonet"
+  entry = json.loads((zoo.ZOO / zoo.MANIFEST).read_text())["cells"][name]
+  cell = SimpleNamespace(kind="classification", workdir=zoo.ZOO / name)
+  stored = zoo_recalibrate.stored_test(cell, 200)
+  metrics = kinds.summarise("classification", stored, num_bins=15).metrics
+  for field in ("accuracy", "nll", "ece"):
+    assert metrics[field] == pytest.approx(entry["test"][field], rel=1e-6), field
+  assert len(zoo_recalibrate.stored_test(cell, 7)["nll"]) == 7
+  assert zoo_recalibrate.stored_test(cell, 201) is None  # more tasks than it keeps
+  regressor = SimpleNamespace(kind="regression", workdir=zoo.ZOO / CELL)
+  assert zoo_recalibrate.stored_test(regressor, 3) is None

@@ -193,3 +193,17 @@ def mixture_log_prob_gaussian(means: jax.Array, targets: jax.Array, noise_std: f
   log_pdf = -0.5 * jnp.square(z) - math.log(noise_std) - 0.5 * math.log(2.0 * math.pi)
   log_pdf = jnp.sum(log_pdf, axis=-1)
   return jax.nn.logsumexp(log_pdf, axis=0) - math.log(means.shape[0])
+
+
+def mixture_cdf_gaussian(means: jax.Array, targets: jax.Array, noise_std: float) -> jax.Array:
+  """The predictive mixture's CDF at the targets, mean_l Phi((y - means_l) / noise_std).
+
+  Args:
+    means: `[num_samples, batch, 1]` network outputs.
+    targets: `[batch, 1]`.
+    noise_std: the likelihood's noise standard deviation.
+
+  Returns:
+    `[batch]` PIT values F(y) (one output per example).
+  """
+  return jnp.mean(jax.scipy.stats.norm.cdf((targets[None] - means) / noise_std), axis=0)[..., 0]

@@ -182,15 +182,25 @@ def make_regression_evaluator(
   chunk_size: int = 1,
   mesh: Optional[Mesh] = None,
 ):
-  """Builds `evaluate(meta_params, tasks, keys) -> RegressionEval`; arguments as above."""
+  """Builds `evaluate(meta_params, tasks, keys) -> RegressionEval`; arguments as above.
+
+  The NLL is that of the predictive mixture mean_l N(f_l, noise_std^2); where the
+  learner's likelihood carries a quantile map R (`learner.nll.quantile_map`: a run
+  recalibrated by `vj.recalibrate(..., method="quantile")`), that of the recalibrated
+  predictive, whose density is R'(F(y)) times the mixture's (`quantile_map`).
+  """
+  quantile_map = getattr(learner.nll, "quantile_map", None)
 
   def score(means, targets):
     # The paper's MSE (App. A) averages the squared error over the draws; the
     # predictive mean's error (what the mean prediction scores) is the extra.
     mse = jnp.mean(jnp.square(means - targets[None]))
     mean_mse = jnp.mean(jnp.square(jnp.mean(means, axis=0) - targets))
-    nll = -jnp.mean(losses.mixture_log_prob_gaussian(means, targets, noise_std))
-    return RegressionEval(mse, mean_mse, nll, means)
+    log_density = losses.mixture_log_prob_gaussian(means, targets, noise_std)
+    if quantile_map is not None:
+      pit = losses.mixture_cdf_gaussian(means, targets, noise_std)
+      log_density = log_density + quantile_map.log_slope(pit, xp=jnp)
+    return RegressionEval(mse, mean_mse, -jnp.mean(log_density), means)
 
   def evaluate(meta_params, tasks: Task, keys: jax.Array) -> RegressionEval:
     return _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_size, mesh)

@@ -56,7 +56,11 @@ def predictive_distribution(outputs: jax.Array, nll: losses.Likelihood):
     `vj.categorical_nll`, whose `log_prob` takes `[num_query]` integer
     labels; else a `PredictiveMixture` (a `distrax.MixtureSameFamily`) over
     the draws whose event is one query's target (`[outputs]`), whose
-    `log_prob` takes `[num_query, outputs]` float targets. Either refuses
+    `log_prob` takes `[num_query, outputs]` float targets; under a likelihood
+    with a quantile map (a run recalibrated by `vj.recalibrate(...,
+    method="quantile")`), that mixture under the map, a
+    `RecalibratedPredictive` (its CDF R(F(y)), with `log_prob`, `cdf`,
+    `quantile`, `sample`, `mean`, `variance`). Either refuses
     (`InputError`) a value of another shape or dtype, which distrax would
     broadcast.
 
@@ -99,7 +103,9 @@ def predictive_distribution(outputs: jax.Array, nll: losses.Likelihood):
       f"(batch shape {tuple(per_query.shape)}), got {type(family).__name__} of batch shape "
       f"{tuple(family.batch_shape)}; for class labels use vj.categorical_nll"
     )
-  return dists.mixture(components, jnp.result_type(per_query))
+  mixture = dists.mixture(components, jnp.result_type(per_query))
+  quantile_map = getattr(nll, "quantile_map", None)  # a recalibrated run's (vj.recalibrate)
+  return mixture if quantile_map is None else dists.recalibrated(mixture, quantile_map)
 
 
 def _refuse_probabilities(where: str, logits: jax.Array) -> None:
@@ -169,7 +175,8 @@ def predictive_interval(distribution, level: float = 0.9, num_bisections: int = 
   For a mixture whose components have a `cdf` (a regression predictive of
   `vj.gaussian_nll`, or of a `vj.distribution_nll` family with one), the
   interval's ends are the (1 - level) / 2 and (1 + level) / 2 quantiles,
-  found by bisection on the mixture's CDF. The bracket starts at the
+  found by bisection on the mixture's CDF; under a quantile map R (a
+  recalibrated run's predictive), F^-1(R^-1((1 -+ level) / 2)). The bracket starts at the
   components' means +- 12 standard deviations (where they are finite: a
   Student-t of df <= 2 has an infinite one) and is widened until the
   mixture's CDF brackets the level, so heavy tails get their true interval.
@@ -196,7 +203,11 @@ def predictive_interval(distribution, level: float = 0.9, num_bisections: int = 
   where = "vj.predictive_interval"
   _check_level(where, level)
   checks.step_count(where, "num_bisections", num_bisections, 1)
-  components = getattr(distribution, "components_distribution", None)
+  quantile_map = getattr(distribution, "quantile_map", None)
+  mixture = (
+    getattr(distribution, "base", distribution) if quantile_map is not None else distribution
+  )
+  components = getattr(mixture, "components_distribution", None)
   inner = getattr(components, "distribution", components)
   if components is None or not hasattr(inner, "cdf"):
     raise checks.fail(
@@ -208,46 +219,12 @@ def predictive_interval(distribution, level: float = 0.9, num_bisections: int = 
     )
   if hasattr(distribution, "check_shapes"):
     distribution.check_shapes(where)
-  level = float(level)
-  draw_axis = len(distribution.batch_shape)  # components: batch + [draws] + event
-  event_ndim = len(distribution.event_shape)
-  weights = jax.nn.softmax(distribution.mixture_distribution.logits, axis=-1)
-  weights = weights.reshape(weights.shape + (1,) * event_ndim)  # batch + [draws] + 1s
+  from vampire_jax._src.metrics import predictive_distributions as dists
 
-  def mixture_cdf(y):  # batch + event
-    return jnp.sum(weights * inner.cdf(jnp.expand_dims(y, draw_axis)), axis=draw_axis)
-
-  centres, spreads = _finite_moments(inner, components)
-  low0 = jnp.min(centres - 12.0 * spreads, axis=draw_axis)
-  high0 = jnp.max(centres + 12.0 * spreads, axis=draw_axis)
-
-  def quantile(q):
-    def misses(low, high):
-      return (mixture_cdf(low) > q) | (mixture_cdf(high) < q)
-
-    def widen(state):  # each miss at least doubles the bracket: ~130 reach float32's range
-      low, high, count = state
-      width = high - low
-      low = jnp.where(mixture_cdf(low) > q, low - width, low)
-      high = jnp.where(mixture_cdf(high) < q, high + width, high)
-      return low, high, count + 1
-
-    def keep_widening(state):
-      low, high, count = state
-      return (count < 256) & jnp.any(misses(low, high))
-
-    low, high, _ = jax.lax.while_loop(keep_widening, widen, (low0, high0, 0))
-
-    def halve(_, bracket):
-      low, high = bracket
-      middle = 0.5 * (low + high)
-      below = mixture_cdf(middle) < q
-      return jnp.where(below, middle, low), jnp.where(below, high, middle)
-
-    low, high = jax.lax.fori_loop(0, num_bisections, halve, (low, high))
-    return 0.5 * (low + high)
-
-  return quantile(0.5 * (1.0 - level)), quantile(0.5 * (1.0 + level))
+  ends = (0.5 * (1.0 - float(level)), 0.5 * (1.0 + float(level)))
+  if quantile_map is not None:  # the recalibrated CDF R(F) reaches p where F reaches R^-1(p)
+    ends = tuple(float(u) for u in quantile_map.inverse(np.asarray(ends)))
+  return tuple(dists.mixture_quantile(mixture, q, num_bisections) for q in ends)
 
 
 def _check_level(where: str, level) -> None:
@@ -266,16 +243,3 @@ def _check_level(where: str, level) -> None:
     raise checks.fail(where, "level", "a number in (0, 1), e.g. 0.9", checks.describe(level))
   if not 0.0 < float(level) < 1.0:
     raise checks.fail(where, "level", "a number in (0, 1), e.g. 0.9", repr(float(level)))
-
-
-def _finite_moments(inner, components):
-  """Each component's mean and standard deviation where finite (else 0 and 1), for a bracket."""
-  shape = components.batch_shape + components.event_shape
-  try:
-    centres, spreads = inner.mean(), inner.stddev()
-  except NotImplementedError:
-    centres, spreads = jnp.zeros(shape), jnp.ones(shape)
-  centres = jnp.broadcast_to(jnp.where(jnp.isfinite(centres), centres, 0.0), shape)
-  usable = jnp.isfinite(spreads) & (spreads > 0)
-  spreads = jnp.broadcast_to(jnp.where(usable, spreads, 1.0), shape)
-  return centres, spreads

@@ -227,3 +227,55 @@ def paper_quantile_calibration(
   observed = np.mean(normal_cdf((quantiles - truth[None]) / noise_std), axis=1)
   gap = np.abs(observed - levels)
   return QuantileCalibration(levels, observed, float(np.mean(gap)), float(np.max(gap)))
+
+
+def pit_calibration(
+  pit: ArrayLike, levels: ArrayLike = np.linspace(0.1, 0.9, 9)
+) -> QuantileCalibration:
+  """`regression_quantile_calibration` of PIT values given (e.g. R(F(y)) under a quantile map).
+
+  observed_p is the fraction of PIT values at or below p; ECE and MCE as there.
+  """
+  pit = np.asarray(pit, np.float64).reshape(-1)
+  levels = np.array(levels, dtype=np.float64)
+  observed = np.mean(pit[None, :] <= levels[:, None], axis=1)
+  gap = np.abs(observed - levels)
+  return QuantileCalibration(levels, observed, float(np.mean(gap)), float(np.max(gap)))
+
+
+def predictive_quantile_calibration(
+  predictions: ArrayLike,
+  truth: ArrayLike,
+  noise_std: float,
+  data_noise_std: float,
+  inverse_map=None,
+  levels: ArrayLike = PAPER_QUANTILE_LEVELS,
+) -> QuantileCalibration:
+  """The paper's quantile calibration of a whole predictive's quantiles, noise included.
+
+  As `paper_quantile_calibration`, observed_p = mean_x Phi((q_p(x) - y0(x)) / sigma_data),
+  but q_p(x) is the p-quantile of the predictive mixture mean_l N(f_l(x), noise_std^2)
+  itself (under a quantile map R, given as `inverse_map` = R^-1, the quantile
+  F^-1(R^-1(p)) of the recalibrated CDF R(F)), not that of the network's outputs alone.
+  A recalibrated predictive is scored this way: its quantiles are no longer its draws'.
+  The levels 0 and 1 have the quantiles -inf and +inf, observed 0 and 1 exactly.
+
+  Args:
+    predictions: `[tasks, draws, points]` component means (or `[draws, N]`).
+    truth: `[tasks, points]` (or `[N]`) noiseless targets y0.
+    noise_std: the predictive's noise (the components' standard deviation).
+    data_noise_std: the data's noise sigma, as the paper's metric assumes it.
+    inverse_map: None, or R^-1 (`QuantileMap.inverse`).
+    levels: the quantile levels, each in [0, 1].
+  """
+  predictions, truth = _pool_regression(predictions, truth)
+  data_noise_std = _check_noise_std(data_noise_std)
+  levels = np.array(levels, dtype=np.float64)
+  inner = (levels > 0.0) & (levels < 1.0)
+  observed = np.where(levels >= 1.0, 1.0, 0.0)
+  if inner.any():
+    mapped = levels[inner] if inverse_map is None else np.asarray(inverse_map(levels[inner]))
+    quantiles = mixture_quantile(np.clip(mapped, 1e-12, 1 - 1e-12), predictions, noise_std, 1e-4)
+    observed[inner] = np.mean(normal_cdf((quantiles - truth[None]) / data_noise_std), axis=1)
+  gap = np.abs(observed - levels)
+  return QuantileCalibration(levels, observed, float(np.mean(gap)), float(np.max(gap)))

@@ -14,11 +14,20 @@ it to every later prediction:
       p_s(y | x) = mean_l N(y; m(x) + sqrt(s) (f_l(x) - m(x)), s sigma^2),
   so its mean stays m(x) and its variance becomes s (Var_l f_l(x) + sigma^2). A point
   estimate (MAML: one draw, a predictive of the noise alone) is rescaled too.
+- regression, quantile recalibration (Kuleshov et al. 2018): the variance scale s first,
+  then a piecewise-linear monotone map R of the scaled predictive's CDF F_s, fitted on the
+  same tasks' PIT values F_s(y) (`quantile_map` has the maths): the recalibrated CDF is
+  R(F_s(y)), its density R'(F_s(y)) f_s(y), its p-quantile F_s^-1(R^-1(p)). The scale
+  sets the tails' width, where held-out targets are too few to fit R; R corrects the
+  shape (R alone, on the raw F, left the NLL of the zoo's cells 1.6 to 3.9 nats worse:
+  BUILD_NOTES.md, "Recalibration"). The regressor's default where the tasks hold at
+  least `quantile_map.MIN_PER_BIN` * 2 query targets, else the variance scale alone.
 
 Both act on the network's outputs under each weight draw, so the predictive, its samples
 and every score of it follow from the outputs as for a run that was never recalibrated
 (`calibrate_outputs`): a regressor's draws become m + sqrt(s) (f_l - m) and its noise
-sqrt(s) sigma; a classifier's draws become distributions whose mean is p_T (see
+sqrt(s) sigma (a quantile map applies R on top of them, in the predictive's CDF and
+density: `quantile_map`); a classifier's draws become distributions whose mean is p_T (see
 `calibrate_outputs` for how). The fit is on the host, in float64: a grid over log T or
 log s, then a golden-section search about the best grid point; the NLL of either family
 is smooth and (in practice) unimodal in its parameter.
@@ -36,15 +45,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from vampire_jax._src.core.errors import InputError
-from vampire_jax._src.metrics import quantile_calibration, summary_inputs
+from vampire_jax._src.metrics import quantile_calibration, quantile_map, summary_inputs
+from vampire_jax._src.metrics.quantile_map import QuantileMap
 
 TEMPERATURE = "temperature"
 VARIANCE_SCALE = "variance_scale"
-METHODS = {"classification": TEMPERATURE, "regression": VARIANCE_SCALE}
+QUANTILE = "quantile"
+# The methods of each kind; `fit` picks the first that the tasks can fit (`default_method`).
+METHODS = {"classification": (TEMPERATURE,), "regression": (QUANTILE, VARIANCE_SCALE)}
 
 # The range searched, wide enough for any predictive worth recalibrating: a fit at its edge
 # is refused (the data do not pin the parameter down, or the predictive is degenerate).
-SEARCH_RANGE = {TEMPERATURE: (1e-2, 1e2), VARIANCE_SCALE: (1e-4, 1e4)}
+SEARCH_RANGE = {TEMPERATURE: (1e-2, 1e2), VARIANCE_SCALE: (1e-4, 1e4)}  # QUANTILE: s's
 # Why the NLL of these tasks has no minimum inside the range: at its low edge, at its high.
 _EDGE_REASONS = {
   TEMPERATURE: (
@@ -65,12 +77,14 @@ class Calibration(NamedTuple):
   """A fitted recalibration map (`vj.recalibrate`, `Run.calibration`).
 
   Attributes:
-    method: 'temperature' (classification) or 'variance_scale' (regression).
-    value: the temperature T, or the variance scale s.
+    method: 'temperature' (classification), 'quantile' or 'variance_scale' (regression).
+    value: the temperature T, or the variance scale s (of a quantile map too: the scale
+      it maps).
     num_tasks: how many tasks it was fitted on.
     nll_before: the mean NLL of those tasks' queries under the raw predictive.
-    nll_after: under the recalibrated one (never above `nll_before`, T = 1 or s = 1
-      being in the search range).
+    nll_after: under the recalibrated one (for T or s never above `nll_before`, T = 1 or
+      s = 1 being in the search range).
+    quantile_map: a quantile map's knots (`quantile_map.QuantileMap`), else None.
   """
 
   method: str
@@ -78,23 +92,31 @@ class Calibration(NamedTuple):
   num_tasks: int
   nll_before: float
   nll_after: float
+  quantile_map: Optional[QuantileMap] = None
 
 
 def describe(calibration: Calibration) -> str:
-  """'temperature 1.42' or 'variance scale 3.05', with the tasks it was fitted on."""
-  name = calibration.method.replace("_", " ")
-  return f"{name} {calibration.value:.4g} (fitted on {calibration.num_tasks} tasks)"
+  """'temperature 1.42', 'variance scale 3.05' or 'quantile map (20 bins) of variance
+  scale 3.05', with the tasks it was fitted on."""
+  fitted = f"(fitted on {calibration.num_tasks} tasks)"
+  if calibration.method == QUANTILE:
+    bins = calibration.quantile_map.num_bins
+    return f"quantile map ({bins} bins) of variance scale {calibration.value:.4g} {fitted}"
+  return f"{calibration.method.replace('_', ' ')} {calibration.value:.4g} {fitted}"
 
 
 def to_record(calibration: Calibration) -> dict:
   """JSON-ready fields; `from_record` reads them back."""
-  return {
+  record = {
     "method": calibration.method,
     "value": float(calibration.value),
     "num_tasks": int(calibration.num_tasks),
     "nll_before": float(calibration.nll_before),
     "nll_after": float(calibration.nll_after),
   }
+  if calibration.quantile_map is not None:
+    record["quantile_map"] = quantile_map.to_record(calibration.quantile_map)
+  return record
 
 
 def from_record(record: dict, where: str) -> Calibration:
@@ -106,16 +128,20 @@ def from_record(record: dict, where: str) -> Calibration:
       int(record["num_tasks"]),
       float(record["nll_before"]),
       float(record["nll_after"]),
+      None
+      if record.get("quantile_map") is None
+      else quantile_map.from_record(record["quantile_map"]),
     )
   except (KeyError, TypeError, ValueError) as error:
     raise InputError(f"{where}: not a calibration record ({type(error).__name__}: {error})")
-  if calibration.method not in SEARCH_RANGE or not (
-    math.isfinite(calibration.value) and calibration.value > 0
-  ):
+  known = calibration.method in (TEMPERATURE, VARIANCE_SCALE, QUANTILE)
+  if not known or not (math.isfinite(calibration.value) and calibration.value > 0):
     raise InputError(
-      f"{where}: a calibration must be a temperature or a variance scale, a finite number "
-      f"> 0, got {calibration.method!r} {calibration.value!r}"
+      f"{where}: a calibration must be a temperature, a variance scale or a quantile map "
+      f"with a finite value > 0, got {calibration.method!r} {calibration.value!r}"
     )
+  if (calibration.method == QUANTILE) != (calibration.quantile_map is not None):
+    raise InputError(f"{where}: a quantile map, and only it, holds its knots ('quantile_map')")
   return calibration
 
 
@@ -234,6 +260,60 @@ def fit_variance_scale(
   return Calibration(VARIANCE_SCALE, scale, num_tasks, nll(1.0), nll(scale))
 
 
+def _pooled(predictions: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """`[tasks, draws, query, 1]` and `[tasks, query, 1]` as `[N, draws]` and `[N]` (float64)."""
+  predictions = np.asarray(predictions, np.float64)
+  draws = np.moveaxis(predictions[..., 0], 1, -1).reshape(-1, predictions.shape[1])
+  return draws, np.asarray(targets, np.float64).reshape(-1)
+
+
+def _log_density(draws: np.ndarray, targets: np.ndarray, noise_std: float) -> np.ndarray:
+  """`[N]`: log mean_l N(y; f_l, noise_std^2) of `[N, draws]` outputs and `[N]` targets."""
+  log_pdf = -0.5 * np.square((targets[:, None] - draws) / noise_std)
+  log_pdf -= math.log(noise_std) + 0.5 * math.log(2.0 * math.pi)
+  return _logsumexp(log_pdf, axis=1) - math.log(draws.shape[1])
+
+
+def fit_quantile(
+  predictions, targets, noise_std: float, where: str = "fit_quantile"
+) -> Calibration:
+  """Quantile recalibration (Kuleshov et al. 2018) of the variance-scaled predictive.
+
+  The variance scale s first (`fit_variance_scale`), then the piecewise-linear map R of
+  the scaled predictive's PIT values F_s(y) on the same tasks (`quantile_map.fit`, with
+  `quantile_map.num_bins` bins). Arguments as `fit_variance_scale`.
+
+  Returns:
+    A `Calibration` of method 'quantile': `value` s, `quantile_map` R, `nll_after` the
+    mean of -log f_s(y) - log R'(F_s(y)) over the tasks' queries.
+
+  Raises:
+    InputError: as `fit_variance_scale`, or fewer than 2 * `quantile_map.MIN_PER_BIN`
+      query targets (too few for two bins).
+  """
+  scale = fit_variance_scale(predictions, targets, noise_std, where)
+  draws, targets = _pooled(predictions, targets)
+  draws = _scaled(draws, scale.value, axis=1)
+  noise = calibrated_noise_std(scale, noise_std)
+  pit = quantile_calibration.mixture_cdf(targets, draws.T, noise)
+  bins = quantile_map.num_bins(pit.size)
+  if bins < 2:
+    raise InputError(
+      f"{where}: {pit.size} query targets are too few for a quantile map (at least "
+      f"{2 * quantile_map.MIN_PER_BIN}, {quantile_map.MIN_PER_BIN} a bin): fit on more "
+      "tasks, or method='variance_scale'"
+    )
+  fitted = quantile_map.fit(pit, bins)
+  nll = -float(np.mean(_log_density(draws, targets, noise) + fitted.log_slope(pit)))
+  return Calibration(QUANTILE, scale.value, scale.num_tasks, scale.nll_before, nll, fitted)
+
+
+def _scaled(draws, scale: float, axis: int):
+  """Draws stretched about their mean by sqrt(scale): m + sqrt(s) (f_l - m)."""
+  mean = np.mean(draws, axis=axis, keepdims=True)
+  return mean + math.sqrt(scale) * (draws - mean)
+
+
 def _check_fit_inputs(where: str, values: np.ndarray, targets: np.ndarray, shapes_fit) -> int:
   if not shapes_fit:
     raise InputError(
@@ -253,11 +333,37 @@ def _check_fit_inputs(where: str, values: np.ndarray, targets: np.ndarray, shape
   return num_tasks
 
 
-def fit(kind: str, per_task: dict, noise_std: Optional[float], where: str) -> Calibration:
-  """The map of a `kind` problem fitted on an evaluator's per-task results (with 'targets')."""
+def default_method(kind: str, num_targets: int) -> str:
+  """A classifier's temperature; a regressor's quantile map where `num_targets` query
+  targets fill two bins or more (`quantile_map.num_bins`), else its variance scale."""
   if kind == "classification":
+    return TEMPERATURE
+  return QUANTILE if quantile_map.num_bins(num_targets) >= 2 else VARIANCE_SCALE
+
+
+def check_method(where: str, kind: str, method: Optional[str]) -> None:
+  """InputError unless `method` is None or one of `kind`'s `METHODS`."""
+  if method is not None and method not in METHODS[kind]:
+    choices = " or ".join(map(repr, METHODS[kind]))
+    raise InputError(
+      f"{where}: method must be {choices} for a {kind} run (or None), got {method!r}"
+    )
+
+
+def fit(
+  kind: str, per_task: dict, noise_std: Optional[float], where: str, method: Optional[str] = None
+) -> Calibration:
+  """The map of a `kind` problem fitted on an evaluator's per-task results (with 'targets').
+
+  `method` None: `default_method`'s.
+  """
+  check_method(where, kind, method)
+  if method is None:
+    method = default_method(kind, int(np.size(per_task["targets"])))
+  if method == TEMPERATURE:
     return fit_temperature(per_task["probabilities"], per_task["targets"], where)
-  return fit_variance_scale(per_task["predictions"], per_task["targets"], noise_std, where)
+  fit_one = fit_quantile if method == QUANTILE else fit_variance_scale
+  return fit_one(per_task["predictions"], per_task["targets"], noise_std, where)
 
 
 # -- Applying ------------------------------------------------------------------------------
@@ -265,7 +371,7 @@ def fit(kind: str, per_task: dict, noise_std: Optional[float], where: str) -> Ca
 
 def calibrated_noise_std(calibration: Optional[Calibration], noise_std):
   """The predictive's noise under `calibration`: sqrt(s) sigma (the same if none)."""
-  if calibration is None or calibration.method != VARIANCE_SCALE or noise_std is None:
+  if calibration is None or calibration.method == TEMPERATURE or noise_std is None:
     return noise_std
   return float(noise_std) * math.sqrt(calibration.value)
 
@@ -273,8 +379,9 @@ def calibrated_noise_std(calibration: Optional[Calibration], noise_std):
 def calibrate_outputs(calibration: Optional[Calibration], outputs: jax.Array) -> jax.Array:
   """One task's network outputs under each weight draw, `[draws, num_query, ...]`, recalibrated.
 
-  Regression (variance scale s): f_l -> m + sqrt(s) (f_l - m), m = mean_l f_l, to go with
-  the noise sqrt(s) sigma (`calibrated_noise_std`).
+  Regression (variance scale s, and a quantile map's s): f_l -> m + sqrt(s) (f_l - m),
+  m = mean_l f_l, to go with the noise sqrt(s) sigma (`calibrated_noise_std`). A quantile
+  map's R is applied in the predictive's CDF and density, not here (`calibrated_learner`).
 
   Classification (temperature T), on logits: each draw's distribution p_l = softmax(f_l)
   keeps its offset from their mean p, moved to the tempered mean p_T = softmax(log p / T):
@@ -287,7 +394,7 @@ def calibrate_outputs(calibration: Optional[Calibration], outputs: jax.Array) ->
   """
   if calibration is None:
     return outputs
-  if calibration.method == VARIANCE_SCALE:
+  if calibration.method in (VARIANCE_SCALE, QUANTILE):
     mean = jnp.mean(outputs, axis=0, keepdims=True)
     return mean + math.sqrt(calibration.value) * (outputs - mean)
   draws = jax.nn.softmax(outputs, axis=-1)  # [draws, query, classes]
@@ -308,8 +415,8 @@ def recalibrated_per_task(
 
   Classification: `probabilities` tempered (p_T), `nll` of p_T, `accuracy` as it was.
   Regression: `predictions` m + sqrt(s) (f_l - m), and `mse`, `predictive_mean_mse` and
-  `nll` recomputed from them under the noise sqrt(s) sigma. Other fields (targets, truth)
-  are kept. The same numbers as the recalibrated run's evaluator gives, up to float32
+  `nll` recomputed from them under the noise sqrt(s) sigma; under a quantile map R, the
+  NLL is that of its density R'(F_s(y)) f_s(y). Other fields (targets, truth) are kept. The same numbers as the recalibrated run's evaluator gives, up to float32
   rounding.
   """
   per_task = dict(per_task)
@@ -322,43 +429,61 @@ def recalibrated_per_task(
     per_task["probabilities"] = tempered
     per_task["nll"] = -np.mean(np.log(np.maximum(picked, 1e-300)), axis=-1)
     return per_task
-  predictions = np.asarray(per_task["predictions"], np.float64)
-  mean = np.mean(predictions, axis=1, keepdims=True)
-  predictions = mean + math.sqrt(calibration.value) * (predictions - mean)
-  scores = summary_inputs.regression_scores(
-    predictions, per_task["targets"], calibrated_noise_std(calibration, noise_std)
-  )
+  predictions = _scaled(np.asarray(per_task["predictions"], np.float64), calibration.value, 1)
+  noise = calibrated_noise_std(calibration, noise_std)
+  scores = summary_inputs.regression_scores(predictions, per_task["targets"], noise)
+  if calibration.method == QUANTILE:
+    pit = predictive_pit(predictions, per_task["targets"], noise)  # [tasks, query]
+    scores["nll"] = scores["nll"] - np.mean(calibration.quantile_map.log_slope(pit), axis=1)
   return {**per_task, **scores, "predictions": predictions}
 
 
+def predictive_pit(predictions, targets, noise_std: float, qmap: Optional[QuantileMap] = None):
+  """`[tasks, num_query]`: each target's PIT value F(y) under the mixture (R(F(y)) with `qmap`).
+
+  Args:
+    predictions: `[tasks, draws, num_query, 1]` component means; `targets` `[tasks, num_query, 1]`.
+  """
+  predictions = np.asarray(predictions, np.float64)[..., 0]  # [tasks, draws, query]
+  pit = quantile_calibration.mixture_cdf(
+    np.asarray(targets, np.float64)[..., 0], np.moveaxis(predictions, 1, 0), noise_std
+  )
+  return pit if qmap is None else qmap(pit)
+
+
 def interval_coverage(
-  predictions, targets, noise_std: float, level: float = INTERVAL_LEVEL
+  predictions,
+  targets,
+  noise_std: float,
+  level: float = INTERVAL_LEVEL,
+  qmap: Optional[QuantileMap] = None,
 ) -> np.ndarray:
   """`[tasks, num_query]`: whether each target lies in the predictive's central `level` interval.
 
-  The mixture's CDF F is continuous and increasing, so y lies between its (1 - level) / 2
-  and (1 + level) / 2 quantiles exactly when F(y) does: one CDF per target, no bisection.
+  The mixture's CDF F (and R(F) under a quantile map R) is continuous and increasing, so y
+  lies between its (1 - level) / 2 and (1 + level) / 2 quantiles exactly when its PIT value
+  does: one CDF per target, no bisection.
 
   Args:
     predictions: `[tasks, draws, num_query, 1]` component means.
     targets: `[tasks, num_query, 1]`.
     noise_std: the components' noise.
     level: in (0, 1).
+    qmap: a quantile map's R (`Calibration.quantile_map`), or None.
   """
-  predictions = np.asarray(predictions, np.float64)[..., 0]  # [tasks, draws, query]
-  pit = quantile_calibration.mixture_cdf(
-    np.asarray(targets, np.float64)[..., 0], np.moveaxis(predictions, 1, 0), noise_std
-  )
+  pit = predictive_pit(predictions, targets, noise_std, qmap)
   return (pit >= 0.5 * (1.0 - level)) & (pit <= 0.5 * (1.0 + level))
 
 
-def interval_metrics(per_task: dict, noise_std: float) -> dict:
+def interval_metrics(per_task: dict, noise_std: float, qmap: Optional[QuantileMap] = None) -> dict:
   """`interval_90_coverage` (the fraction of targets in the central 90 % interval) and
-  `interval_90_width` (the interval's mean width, by bisection) of a regressor's results."""
-  covered = interval_coverage(per_task["predictions"], per_task["targets"], noise_std)
+  `interval_90_width` (the interval's mean width, by bisection) of a regressor's results
+  (under the quantile map `qmap`, if given: the ends F^-1(R^-1(0.05)), F^-1(R^-1(0.95)))."""
+  covered = interval_coverage(per_task["predictions"], per_task["targets"], noise_std, qmap=qmap)
   predictions = np.asarray(per_task["predictions"], np.float64)[..., 0]
+  ends = np.array([0.5 * (1 - INTERVAL_LEVEL), 0.5 * (1 + INTERVAL_LEVEL)])
   low, high = quantile_calibration.mixture_quantile(
-    [0.5 * (1 - INTERVAL_LEVEL), 0.5 * (1 + INTERVAL_LEVEL)],
+    ends if qmap is None else qmap.inverse(ends),
     np.moveaxis(predictions, 1, 0),
     noise_std,
     tol=1e-4,

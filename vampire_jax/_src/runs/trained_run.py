@@ -320,7 +320,10 @@ class Run:
       `log_prob(query_y)` (`[num_query, 1]`, and no other shape) is the log
       of the predictive the test's NLL scores, samples include the noise,
       and `variance()` is the draws' spread plus noise_std^2 (`vj.predictive_interval` gives its central
-      intervals). See `vj.predictive_distribution`.
+      intervals). On a run recalibrated by a quantile map R (`method="quantile"`),
+      that (variance-scaled) mixture under R: a `RecalibratedPredictive`, whose
+      `cdf`, `log_prob`, `quantile`, samples, `mean`, `variance` and intervals
+      are those of the CDF R(F(y)). See `vj.predictive_distribution`.
     """
     outputs = self._outputs(support_x, support_y, query_x, key, "Run.predictive", transductive)
     return predictive.predictive_distribution(outputs, self.learner.nll)
@@ -349,9 +352,14 @@ class Run:
     functions = self._outputs(support_x, support_y, query_x, key, where, transductive)
     if num_samples is None:
       num_samples = functions.shape[0]
-    which = jnp.arange(num_samples) % functions.shape[0]
     # The noise's own key: the weight draws stay those of the evaluator's split of `key`.
     noise_key = jax.random.fold_in(key, 1)
+    if getattr(self.learner.nll, "quantile_map", None) is not None:
+      # Under a quantile map the predictive is no mixture to draw a component of: its
+      # samples are its quantiles at uniform levels (inverse-CDF sampling).
+      distribution = predictive.predictive_distribution(functions, self.learner.nll)
+      return distribution.sample(seed=noise_key, sample_shape=num_samples)
+    which = jnp.arange(num_samples) % functions.shape[0]
     noise = jax.random.normal(noise_key, (num_samples,) + functions.shape[1:], functions.dtype)
     return functions[which] + self.noise_std * noise
 
