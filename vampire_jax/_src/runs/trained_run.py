@@ -7,10 +7,9 @@
     draws = run.predict_draws(support_x, support_y, query_x, key)  # [num_mc_test, num_query, ways]
     u = vj.uncertainty(draws)      # total, aleatoric, epistemic uncertainty per query
 
-The run folder's `run.json` names the network (class and fields), the input
-shape, the likelihood and the config; the meta-parameters come from `best/`
-(the best validation) or else the latest checkpoint. Nothing here reads the
-data set or imports TensorFlow.
+The run folder's `run.json` names the network (class and fields), the input shape, the
+likelihood and the config; the meta-parameters come from `best/` (the best validation) or
+else the latest checkpoint. Nothing here reads the data set or imports TensorFlow.
 """
 
 import functools
@@ -121,9 +120,8 @@ class Run:
     parts = (workdir, record, config, meta_params, learner)
     raw = self if calibration is None else uncalibrated
     self._uncalibrated = raw or Run(*parts, model=self.model, step=step, tested_step=tested_step)
-    self._predict_outputs = host_memory.releasing_after_compiles(  # the compile's memory back
-      jax.jit(self._predict_outputs_one, static_argnums=5)
-    )
+    predict_outputs = jax.jit(self._predict_outputs_one, static_argnums=5)
+    self._predict_outputs = host_memory.releasing_after_compiles(predict_outputs)  # memory back
 
   def __reduce__(self):
     """Pickled as its record, meta-parameters (host arrays) and steps, not its folder."""
