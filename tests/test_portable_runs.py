@@ -33,7 +33,7 @@ REGRESSION_300 = [
 # A run to load elsewhere: the shortest that checkpoints and tests.
 SHORT_REGRESSION = [
   "--preset", "quick", "--algorithms", "vampire", "--tasks-per-step", "8",
-  "--hidden-sizes", "8", "8", "--num-meta-steps", "2", "--log-every", "1", "--eval-every", "2",
+  "--hidden-sizes", "8", "8", "8", "--num-meta-steps", "2", "--log-every", "1", "--eval-every", "2",
   "--checkpoint-every", "2", "--num-val-tasks", "8", "--num-test-tasks", "8",
   "--eval-batch-tasks", "8", "--num-mc-test", "8", "--no-progress",
 ]  # fmt: skip
