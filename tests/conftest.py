@@ -142,6 +142,30 @@ def tiny_regression_config(algorithm: str = "vampire", **changes):
   return dataclasses.replace(regression.get_config("quick", algorithm), **{**settings, **changes})
 
 
+def untrained_regression_run(folder: Path, num_tasks: int):
+  """An untrained VAMPIRE regression `vj.Run` (its record as training writes it) in `folder`,
+  and `num_tasks` of its validation tasks: what the recalibration tests fit maps on."""
+  import json
+
+  import jax
+
+  import vampire_jax as vj
+  from experiments import regression
+  from vampire_jax._src.core import models
+  from vampire_jax._src.runs import run_folder, run_from_record
+
+  config = tiny_regression_config("vampire", num_mc_test=4)
+  problem = regression.make_problem(config)
+  record = json.loads(json.dumps(run_folder.run_record(problem, config)))
+  network = models.module_from_spec(record["model"])
+  learner = run_from_record.test_learner(
+    network, record, run_from_record.config_from_record(record)
+  )
+  meta_params = learner.init(vj.init_params(network, jax.random.key(0), (1, 1)), jax.random.key(1))
+  run = vj.Run(folder, record, config, meta_params, learner, step=0)
+  return run, vj.draw_tasks(problem, "val", jax.random.key(2), num_tasks)
+
+
 # A regression comparison of 4 meta-steps on an 8-8 MLP (the run tests of Vampire2, SImPa and
 # the other algorithms: test_compare).
 TINY_REGRESSION = dict(

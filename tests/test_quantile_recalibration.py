@@ -15,14 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_regression_config
+from conftest import untrained_regression_run
 
 import vampire_jax as vj
-from vampire_jax._src.core import models
 from vampire_jax._src.metrics import evaluation, predictive_distributions
 from vampire_jax._src.metrics import quantile_map as qm
 from vampire_jax._src.metrics import recalibration as maps
-from vampire_jax._src.runs import recalibration, run_folder, run_from_record
+from vampire_jax._src.runs import recalibration
 
 # -- The map -----------------------------------------------------------------------------------
 
@@ -166,18 +165,7 @@ def test_the_recalibrated_predictive_jits_and_vmaps_over_tasks():
 @pytest.fixture(scope="module")
 def regression_run(tmp_path_factory):
   """An untrained VAMPIRE regression `vj.Run` and 10 validation tasks (100 targets)."""
-  from experiments import regression
-
-  config = tiny_regression_config("vampire", num_mc_test=4)
-  problem = regression.make_problem(config)
-  record = json.loads(json.dumps(run_folder.run_record(problem, config)))
-  network = models.module_from_spec(record["model"])
-  learner = run_from_record.test_learner(
-    network, record, run_from_record.config_from_record(record)
-  )
-  meta_params = learner.init(vj.init_params(network, jax.random.key(0), (1, 1)), jax.random.key(1))
-  run = vj.Run(tmp_path_factory.mktemp("run"), record, config, meta_params, learner, step=0)
-  return run, vj.draw_tasks(problem, "val", jax.random.key(2), 10)
+  return untrained_regression_run(tmp_path_factory.mktemp("run"), 10)
 
 
 def test_a_run_recalibrated_by_a_quantile_map_predicts_and_scores_its_predictive(

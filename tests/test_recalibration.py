@@ -6,7 +6,6 @@ a recalibrated run's predict, predict_draws, predictive and evaluator against ea
 and against `recalibrated_per_task`; the file it saves; the loop's `test_recalibrated`.
 """
 
-import json
 import math
 import shutil
 
@@ -14,12 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import needs_omniglot, tiny_regression_config
+from conftest import needs_omniglot, untrained_regression_run
 
 import vampire_jax as vj
-from vampire_jax._src.core import models
 from vampire_jax._src.metrics import recalibration as maps
-from vampire_jax._src.runs import recalibration, run_folder, run_from_record
+from vampire_jax._src.runs import recalibration, run_folder
 
 # -- Fits on predictives of known miscalibration ------------------------------------------------
 
@@ -141,19 +139,7 @@ def test_a_variance_scale_scales_the_predictive_variance_about_its_mean():
 @pytest.fixture(scope="module")
 def regression_run(tmp_path_factory):
   """An untrained VAMPIRE regression `vj.Run` (its record as training writes it), and tasks."""
-  from experiments import regression
-
-  config = tiny_regression_config("vampire", num_mc_test=4)
-  problem = regression.make_problem(config)
-  record = json.loads(json.dumps(run_folder.run_record(problem, config)))
-  network = models.module_from_spec(record["model"])
-  learner = run_from_record.test_learner(
-    network, record, run_from_record.config_from_record(record)
-  )
-  weights = vj.init_params(network, jax.random.key(0), (1, 1))
-  meta_params = learner.init(weights, jax.random.key(1))
-  run = vj.Run(tmp_path_factory.mktemp("run"), record, config, meta_params, learner, step=0)
-  return run, vj.draw_tasks(problem, "val", jax.random.key(2), 6)
+  return untrained_regression_run(tmp_path_factory.mktemp("run"), 6)
 
 
 def test_a_recalibrated_run_predicts_what_its_map_makes_of_the_raw_run(regression_run):
