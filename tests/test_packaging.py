@@ -23,6 +23,7 @@ import numpy as np
 import setuptools
 
 import vampire_jax as vj
+from vampire_jax._src import deprecations
 from vampire_jax._src.runs import experiment_configs as configs_lib
 from vampire_jax._src.runs import run_folder
 from experiments import regression
@@ -207,10 +208,17 @@ def test_the_zoo_stays_out_of_the_wheel_and_the_sdist(tmp_path):
 
 
 def test_all_lists_every_public_name_once():
+  """Order-independent: an old module path imported earlier in this process
+  (`import vampire_jax.meta_step`, tests/test_old_import_paths.py) is set on the package by
+  Python's import system, as for any submodule; it is a deprecated alias, not a public name.
+  CI failed on this when xdist ran that test first on the same worker (stop 63)."""
   assert len(vj.__all__) == len(set(vj.__all__))
   assert [n for n in vj.__all__ if not hasattr(vj, n)] == []
   public = {n for n in vars(vj) if not n.startswith("_")}
-  assert sorted(public - set(vj.__all__)) == []
+  old_paths = {
+    n for n in deprecations.MOVED_MODULES if vars(vj).get(n) is sys.modules.get(f"vampire_jax.{n}")
+  }
+  assert sorted(public - set(vj.__all__) - old_paths) == []
 
 
 def test_old_run_folders_name_the_library_configs():
