@@ -208,8 +208,8 @@ def test_the_zoo_stays_out_of_the_wheel_and_the_sdist(tmp_path):
 
 
 def test_all_lists_every_public_name_once():
-  """Order-independent: an old module path imported earlier in this process
-  (`import vampire_jax.meta_step`, tests/test_old_import_paths.py) is set on the package by
+  """Order-independent: an old module path (one of `deprecations.MOVED_MODULES`) imported
+  earlier in this process, as tests/test_old_import_paths.py does, is set on the package by
   Python's import system, as for any submodule; it is a deprecated alias, not a public name.
   CI failed on this when xdist ran that test first on the same worker (stop 63)."""
   assert len(vj.__all__) == len(set(vj.__all__))
