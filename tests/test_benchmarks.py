@@ -1,6 +1,7 @@
 """The benchmarks run on any backend, count FLOPs that scale with the work, and time what training runs."""
 
 import dataclasses
+import os
 import json
 import math
 import subprocess
@@ -340,3 +341,27 @@ def test_simpa_inner_loop_replays_the_runs_check_and_its_runaway():
   before, after = simpa_inner_loop.support_loss_change(0, 16, {})
   assert before == pytest.approx(3.339e4, rel=1e-3)  # seed 0's table entry: the same task
   assert after > 1e3 * before
+
+
+def test_suite_time_counts_a_tests_compiles_and_its_time(tmp_path):
+  """`benchmarks.suite_time` attributes XLA's compiles to the test that made them."""
+  (tmp_path / "test_two.py").write_text(
+    "import jax, jax.numpy as jnp\n"
+    "def test_compiles():\n"
+    "  assert float(jax.jit(lambda x: jnp.sin(x) * 2)(jnp.float32(0.5))) > 0\n"
+    "def test_compiles_nothing():\n"
+    "  assert 1 + 1 == 2\n"
+  )
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks.suite_time", str(tmp_path / "test_two.py"), "-p",
+     "no:cacheprovider", "--json", str(tmp_path / "times.json")],
+    cwd=REPO_ROOT, env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"},
+    capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+  rows = json.loads((tmp_path / "times.json").read_text())
+  compiled = next(row for name, row in rows.items() if name.endswith("::test_compiles"))
+  idle = next(row for name, row in rows.items() if name.endswith("::test_compiles_nothing"))
+  assert compiled["compiles"] >= 1 and 0 < compiled["compile"] <= compiled["wall"]
+  assert idle.get("compiles", 0) == 0 and idle["wall"] > 0
+  assert "| all tests |" in done.stdout

@@ -1,7 +1,7 @@
 """Where a test's time goes: tracing, lowering, XLA's compiles, and the rest (running).
 
-    python -m benchmarks.test_time tests/test_simpa.py
-    python -m benchmarks.test_time tests -m "not slow" --top 40 --json build/test_time.json
+    python -m benchmarks.suite_time tests/test_simpa.py
+    python -m benchmarks.suite_time tests -m "not slow" --top 40 --json build/suite_time.json
 
 Runs pytest in this one process (no xdist, so each test's time is its own) with a plugin
 that listens to JAX's monitoring events and, for each test (setup, call and teardown
@@ -67,7 +67,10 @@ def table(rows: dict, top: int) -> str:
     totals.update(row)
   for name, row in ordered[:top] + [("all tests", totals)]:
     rest = row["wall"] - sum(row[p] for p in parts)
-    cells = [f"{row[p]:.1f}" for p in ("wall", "cpu", *parts)] + [f"{row['compiles']:.0f}", f"{rest:.1f}"]
+    cells = [f"{row[p]:.1f}" for p in ("wall", "cpu", *parts)] + [
+      f"{row['compiles']:.0f}",
+      f"{rest:.1f}",
+    ]
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
