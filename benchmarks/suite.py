@@ -346,11 +346,13 @@ def make_learner(
   remat: bool,
   second_order_steps: Optional[int] = None,
   sample_batching: Optional[str] = None,
+  first_order: bool = False,
 ):
   """MAML, VAMPIRE, Vampire2 or ProtoNet in the setting; `second_order_steps=1` is the authors'
   code's meta-gradient.
 
-  `sample_batching` None: the draws as `backend_defaults` batches them (below).
+  `sample_batching` None: the draws as `backend_defaults` batches them (below);
+  `first_order` stops the meta-gradient at the inner updates (MAML and VAMPIRE).
   """
   import vampire_jax as vj
   from vampire_jax._src.core import backend_defaults
@@ -375,6 +377,7 @@ def make_learner(
     unroll_steps=unroll_steps,
     remat=remat,
     second_order_steps=second_order_steps,
+    first_order=first_order,
   )
   if algorithm == "maml":
     return vj.maml(apply_fn, nll, **options)

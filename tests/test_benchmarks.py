@@ -232,7 +232,8 @@ def test_gpu_sweep_child_timeout_and_failure_become_rows():
 def test_benchmarks_import_no_tensorflow_distrax_or_tensorboard():
   # The GPU machine has only jax, flax, optax, orbax and numpy.
   code = (
-    "import sys, vampire_jax, benchmarks.gpu_sweep, benchmarks.suite, benchmarks.meta_step; "
+    "import sys, vampire_jax, benchmarks.gpu_sweep, benchmarks.suite, benchmarks.meta_step, "
+    "benchmarks.compile_peak; "
     "print([m for m in ('tensorflow', 'tensorflow_datasets', 'distrax', 'tensorboardX') "
     "if m in sys.modules])"
   )
