@@ -67,7 +67,10 @@ def table(rows: dict, top: int) -> str:
     totals.update(row)
   for name, row in ordered[:top] + [("all tests", totals)]:
     rest = row["wall"] - sum(row[p] for p in parts)
-    cells = [f"{row[p]:.1f}" for p in ("wall", "cpu", *parts)] + [f"{row['compiles']:.0f}", f"{rest:.1f}"]
+    cells = [f"{row[p]:.1f}" for p in ("wall", "cpu", *parts)] + [
+      f"{row['compiles']:.0f}",
+      f"{rest:.1f}",
+    ]
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
