@@ -32,7 +32,7 @@ class TimeBreakdown:
 
   def __init__(self):
     self.current = None
-    self.rows = collections.defaultdict(lambda: collections.Counter())
+    self.rows = collections.defaultdict(collections.Counter)
     self.programs = collections.Counter()  # (test, program's name): compile seconds
     monitoring.register_event_duration_secs_listener(self._on_duration)
 

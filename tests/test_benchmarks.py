@@ -1,9 +1,9 @@
 """The benchmarks run on any backend, count FLOPs that scale with the work, and time what training runs."""
 
 import dataclasses
-import os
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
