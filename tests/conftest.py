@@ -32,9 +32,12 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "1")
 os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "vampire_jax_test_xla_cache")
 )
-# A size limit turns on JAX's file lock around every read and write of the cache, so no
-# process reads an entry another one is writing.
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 * 2**30))
+# No size limit (JAX's default): a limit turns on JAX's eviction, which on every write
+# lists, stats and reads the access time of every entry under one file lock. The suite
+# writes ~6,300 programs, so each write scanned up to 6,300 entries (0.44 s at the end,
+# measured) while the other worker waited on the lock: ~1,400 CPU-seconds of a 41-minute
+# run, growing with the square of the suite's size. Without the limit, a read racing a
+# write sees a truncated zlib stream, which JAX reports and compiles afresh.
 # Every program, not only those that take a second to compile (JAX's default): the tests
 # and their fresh processes build the same small programs again and again (each module's
 # are freed when it ends, below), and reading one back takes milliseconds.
