@@ -55,19 +55,43 @@ needs_omniglot = pytest.mark.skipif(
 def pytest_configure(config):
   config.addinivalue_line(
     "markers",
-    "slow: needs minutes by nature; the slow tier (`pytest -m slow`), which CI runs after the "
-    "README's test command",
+    "slow: needs minutes by nature, or 6.5 s or more of one core (tests/slow_tier.txt); the "
+    "slow tier (`pytest -m slow`), which CI runs after the README's test command",
   )
 
 
 # Doctest files that need minutes, in the slow tier: the user guide trains and loads runs.
 SLOW_DOCTEST_FILES = ("user_guide.md",)
 
+# Tests measured at 6.5 s or more each (idle, XLA's test cache empty; docs/development.md),
+# in the slow tier without a mark in their files: one test id a line, or a test's name
+# without its parameters for all of them.
+SLOW_TIER_LIST = Path(__file__).with_name("slow_tier.txt")
+
+
+def slow_tier_ids(path: Path = SLOW_TIER_LIST) -> set[str]:
+  lines = (line.strip() for line in path.read_text().splitlines())
+  return {line for line in lines if line and not line.startswith("#")}
+
 
 def pytest_collection_modifyitems(config, items):
+  listed = slow_tier_ids()
+  found = set()
   for item in items:
+    base = item.nodeid.split("[")[0]
     if Path(str(item.fspath)).name in SLOW_DOCTEST_FILES:
       item.add_marker(pytest.mark.slow)
+    for test_id in (item.nodeid, base):
+      if test_id in listed:
+        item.add_marker(pytest.mark.slow)
+        found.add(test_id)
+  # A listed test that was renamed or deleted would leave the tier without a word.
+  collected_files = {item.nodeid.split("::")[0] for item in items}
+  missing = sorted(
+    test_id for test_id in listed - found if test_id.split("::")[0] in collected_files
+  )
+  if missing:
+    raise pytest.UsageError(f"{SLOW_TIER_LIST.name} names tests that do not exist: {missing}")
 
 
 @pytest.fixture(autouse=True, scope="module")
