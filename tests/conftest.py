@@ -1,6 +1,7 @@
 """Shared test set-up: the XLA compilation cache, the Omniglot data, one tiny trained run."""
 
 import dataclasses
+import functools
 import gc
 import os
 import shutil
@@ -74,8 +75,15 @@ def slow_tier_ids(path: Path = SLOW_TIER_LIST) -> set[str]:
   return {line for line in lines if line and not line.startswith("#")}
 
 
+@functools.cache
 def _source(path: Path) -> str:
   return path.read_text() if path.exists() else ""
+
+
+def _defined_in_its_file(root: Path, test_id: str) -> bool:
+  """Whether the test `test_id` names ("file::name[parameters]") is defined in its file."""
+  file, name = test_id.split("::")[0], test_id.split("::")[1].split("[")[0]
+  return f"def {name}(" in _source(root / file)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -96,8 +104,7 @@ def pytest_collection_modifyitems(config, items):
   missing = sorted(
     test_id
     for test_id in listed - found
-    if test_id.split("::")[0] in collected_files
-    and f"def {test_id.split('::')[1].split('[')[0]}(" not in _source(root / test_id.split("::")[0])
+    if test_id.split("::")[0] in collected_files and not _defined_in_its_file(root, test_id)
   )
   if missing:
     raise pytest.UsageError(f"{SLOW_TIER_LIST.name} names tests that do not exist: {missing}")
