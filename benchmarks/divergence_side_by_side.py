@@ -43,6 +43,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 import subprocess
@@ -443,8 +444,26 @@ def run_theirs_simpa(config, steps: int, every: int, folder: Path) -> dict:
   logdir = tempfile.mkdtemp(prefix="authors_simpa_")
   Simpa = authors.Simpa
 
+  class BatchNormEps0(torch.nn.Module):
+    """Their PHI network's `BatchNorm1d(eps=0., momentum=1., affine=False,
+    track_running_stats=False)`, which torch 2.13 refuses in training ("eps must be
+    positive"); the batch's own statistics, as the torch of `Simpa.py` computed it."""
+
+    def forward(self, x):
+      return sp.batch_norm_eps0(x)
+
+  query_losses, skips = [], _PhiNaNCount()
+  logging.getLogger().addHandler(skips)
+  logging.getLogger().setLevel(logging.INFO)  # their `logging.info("Loss PHI is NaN.")`
+
   class OurStart(Simpa.Simpa):
-    """Their Simpa whose `load_model` puts our generator and PHI network in their classes."""
+    """Their Simpa whose `load_model` puts our generator and PHI network in their classes,
+    and whose `validation_loss` (each task's query loss) is kept as it is computed."""
+
+    def validation_loss(self, *args, **kwargs):
+      loss = super().validation_loss(*args, **kwargs)
+      query_losses.append(float(loss))
+      return loss
 
     def load_model(self, resume_epoch, eps_dataloader):
       base_net = _their_network(authors, config.hidden_sizes)
@@ -461,17 +480,12 @@ def run_theirs_simpa(config, steps: int, every: int, folder: Path) -> dict:
       for fan_in, fan_out in ((self.base_net_num_params, 512), (512, 256), (256, 128)):
         phi_layers += [
           torch.nn.Linear(fan_in, fan_out),
-          torch.nn.BatchNorm1d(
-            fan_out, eps=0.0, momentum=1.0, affine=False, track_running_stats=False
-          ),
+          BatchNormEps0(),  # theirs: BatchNorm1d(eps=0, momentum=1, affine=False, no stats)
           torch.nn.ReLU(),
         ]
       phi_net = torch.nn.Sequential(*phi_layers, torch.nn.Linear(128, 1))
       model["f_phi_base_net"] = authors.utils.torch_module_to_functional(torch_net=phi_net)
       model["phi_hyper_net"] = Simpa.IdentityNet(base_net=phi_net)
-      for m in model["f_phi_base_net"].modules():
-        if isinstance(m, torch.nn.BatchNorm1d):
-          m.running_mean = m.running_var = None
       with torch.no_grad():
         for hyper, ours in (
           (model["hyper_net"], sp.torch_generator(net, meta_params.generator)),
@@ -487,9 +501,43 @@ def run_theirs_simpa(config, steps: int, every: int, folder: Path) -> dict:
       )
       return model
 
-  episodes = Episodes(problem, config, steps)
+  marks = [0]  # len(query_losses) when each step began
+
+  def report(step, adapt_keys):  # before meta-step step + 1's tasks: step `step` as it went
+    done = query_losses[marks[-1] :]
+    marks.append(len(query_losses))
+    if step and step % every == 0:
+      losses = f"{min(done):.4g} to {max(done):.4g}" if done else "none"
+      print(
+        f"theirs step {step}: query loss of its {len(done)} unskipped tasks {losses}; "
+        f"tasks skipped for a NaN PHI loss so far {skips.count}; meta-updates so far "
+        f"{sum(tag in LOSS_TAGS for tag, _, _ in _Scalars.logged)}",
+        flush=True,
+      )
+
+  episodes = Episodes(problem, config, steps, on_step=report)
   their = OurStart(_their_config(config, "simpa", logdir, steps))
-  return _train_theirs(their, episodes, config, every, 0.0, "theirs (torch noise)")
+  summary = _train_theirs(their, episodes, config, every, 0.0, "theirs (torch noise)")
+  summary.update(tasks_skipped_for_nan_phi_loss=skips.count, query_losses=query_losses)
+  print(
+    f"theirs: {skips.count} of {len(query_losses) + skips.count} tasks skipped for a NaN PHI "
+    f"loss (their train() then `continue`s: no query loss, and no meta-update where it was a "
+    f"step's last task); {summary['steps_run']} meta-updates logged",
+    flush=True,
+  )
+  return summary
+
+
+class _PhiNaNCount(logging.Handler):
+  """Counts `Simpa.train`'s "Loss PHI is NaN." (it skips the task, and the step's update if
+  the task was the step's last)."""
+
+  def __init__(self):
+    super().__init__()
+    self.count = 0
+
+  def emit(self, record):
+    self.count += "Loss PHI is NaN" in record.getMessage()
 
 
 def main(argv=None) -> None:
