@@ -37,6 +37,10 @@ hard-coded `num_samples = 512` is replaced in the source as it is loaded).
 Each side prints one line per `--every` steps (the step's mean task loss) and its end: the
 first step whose loss is not finite (theirs: the step where `train()` raised "Loss is NaN"
 or "Adaptation loss is NaN"), or that it finished finite. `--json` writes every step's loss.
+SImPa's theirs logs a loss only where `Simpa.train` made a meta-update, which it skips when a
+step's last task is dropped for a NaN PHI loss: its end line counts those updates as its
+steps, and the harness prints, per step, the kept tasks' query losses, the tasks dropped and
+the updates so far (`benchmarks.simpa_step_tasks` looks into one step of ours task by task).
 """
 
 import argparse

@@ -11,7 +11,7 @@ import types
 import pytest
 
 import vampire_jax as vj
-from benchmarks import simpa_inner_loop
+from benchmarks import simpa_inner_loop, simpa_step_tasks
 from experiments import compare, inner_loop_stability, regression, zoo
 from vampire_jax._src.core.errors import ConfigError
 
@@ -118,3 +118,18 @@ def test_inner_loop_stability_refuses_too_few_tasks(capsys, tasks):
 def test_simpa_inner_loop_refuses_what_it_cannot_use(capsys, argv, says):
   """Before: a ValueError or SImPa's InputError as a traceback, after the data were built."""
   assert _argparse_error(capsys, lambda: simpa_inner_loop.main(argv)).endswith(says)
+
+
+@pytest.mark.parametrize(
+  "argv, says",
+  [
+    (
+      ["--stop", "3", "--kl-samples", "1"],
+      "argument --kl-samples: a count of at least 2 (SImPa's KL estimate needs two draws), not '1'",
+    ),
+    (["--stop", "-1"], "argument --stop: a count of at least 0 (the meta-steps to run before"),
+  ],
+)
+def test_simpa_step_tasks_refuses_what_it_cannot_use(capsys, argv, says):
+  """Refused in one line before any data are built."""
+  assert says in _argparse_error(capsys, lambda: simpa_step_tasks.main(argv))
