@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import types
 import time
 import warnings
 from pathlib import Path
@@ -282,6 +283,38 @@ def test_asyncio_logs_of_a_failed_restore_are_dropped_and_others_kept(caplog):
     abandon_a_future("a user's own future")
   logged = [record.getMessage() for record in caplog.records]
   assert len(logged) == 1 and "a user's own future" in logged[0], logged
+
+
+def test_the_unraisable_errors_of_a_failed_restore_are_dropped_and_others_passed_on(monkeypatch):
+  """What the garbage collector leaves after a failed restore reaches `sys.unraisablehook` only
+  when it happens to run then; here each kind is handed to the hook directly."""
+  from vampire_jax._src.runs.run_folder import restore_noise
+
+  passed_on = []
+  monkeypatch.setattr(sys, "unraisablehook", passed_on.append)  # pytest's own, in a session
+  monkeypatch.setattr(restore_noise, "_noise_filter_installed", False)
+  run_folder.drop_restore_noise()
+
+  async def _read_array_index_and_device_put():  # orbax's read coroutine, by name
+    pass
+
+  def unraisable(error, where=None):
+    return types.SimpleNamespace(
+      exc_type=type(error), exc_value=error, exc_traceback=None, err_msg=None, object=where
+    )
+
+  sys.unraisablehook(unraisable(RuntimeError("Event loop is closed")))
+  sys.unraisablehook(
+    unraisable(
+      ValueError("Encountered error while reading array index: OUT_OF_RANGE"),
+      _read_array_index_and_device_put,
+    )
+  )
+  users = unraisable(RuntimeError("a user's own error"))
+  sys.unraisablehook(users)
+  sys.unraisablehook(unraisable(ValueError("Encountered error while reading array index")))
+  assert [u.exc_value for u in passed_on[:1]] == [users.exc_value]
+  assert len(passed_on) == 2  # the same message from another object is not the restore's
 
 
 # -- Configuration conflicts: refused in one line, or said and not recorded -----------------------
