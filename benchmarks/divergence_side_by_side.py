@@ -457,8 +457,6 @@ def run_theirs_simpa(config, steps: int, every: int, folder: Path) -> dict:
       return sp.batch_norm_eps0(x)
 
   query_losses, skips = [], _PhiNaNCount()
-  logging.getLogger().addHandler(skips)
-  logging.getLogger().setLevel(logging.INFO)  # their `logging.info("Loss PHI is NaN.")`
 
   class OurStart(Simpa.Simpa):
     """Their Simpa whose `load_model` puts our generator and PHI network in their classes,
@@ -521,7 +519,15 @@ def run_theirs_simpa(config, steps: int, every: int, folder: Path) -> dict:
 
   episodes = Episodes(problem, config, steps, on_step=report)
   their = OurStart(_their_config(config, "simpa", logdir, steps))
-  summary = _train_theirs(their, episodes, config, every, 0.0, "theirs (torch noise)")
+  root = logging.getLogger()
+  level = root.level
+  root.addHandler(skips)
+  root.setLevel(logging.INFO)  # their `logging.info("Loss PHI is NaN.")`
+  try:
+    summary = _train_theirs(their, episodes, config, every, 0.0, "theirs (torch noise)")
+  finally:
+    root.removeHandler(skips)
+    root.setLevel(level)
   summary.update(tasks_skipped_for_nan_phi_loss=skips.count, query_losses=query_losses)
   print(
     f"theirs: {skips.count} of {len(query_losses) + skips.count} tasks skipped for a NaN PHI "

@@ -16,20 +16,18 @@ import importlib
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from experiments import cli
 from vampire_jax._src.core import meta_step
+from vampire_jax._src.core.adaptation import _all_finite as _finite
 from vampire_jax._src.runs import programs
 
 simpa = importlib.import_module("vampire_jax.baselines.simpa")  # the module, not the builder
 
 
-def _finite(tree) -> bool:
-  return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(tree))
-
-
 def _norm(tree) -> float:
-  return float(jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree))))
+  return float(optax.global_norm(tree))
 
 
 def main(argv=None) -> None:
@@ -66,19 +64,20 @@ def main(argv=None) -> None:
   tasks = jax.device_get(jax.jit(problem.sample_tasks)(problem.splits["train"], task_keys))
   loss_and_grad = jax.jit(jax.value_and_grad(lambda m, t, k: learner.meta_loss(m, t, k)[0]))
   draws = config.simpa_kl_samples
-  kl = jax.jit(lambda g, p, k: simpa.kl_lower_bound(g, p, k, draws))
-  kl_grad = jax.jit(jax.grad(lambda g, p, k: simpa.kl_lower_bound(g, p, k, draws), (0, 1)))
+  kl_and_grad = jax.jit(
+    jax.value_and_grad(lambda g, p, k: simpa.kl_lower_bound(g, p, k, draws), (0, 1))
+  )
   for t in range(config.tasks_per_step):
     task = jax.tree_util.tree_map(lambda a: a[t], tasks)
     loss, grads = loss_and_grad(meta, task, adapt_keys[t])
     # The task's own split of its key, as simpa.meta_loss splits it.
     adapt_key, _, phi_key, _ = jax.random.split(adapt_keys[t], 4)
     adapted = learner.adapt(meta, task.support_x, task.support_y, adapt_key)
-    estimate = kl(adapted.generator, adapted.phi, phi_key)
+    estimate, estimate_grads = kl_and_grad(adapted.generator, adapted.phi, phi_key)
     print(
       f"task {t}: meta-loss {float(loss):.6g}, its gradient finite {_finite(grads)}; adapted "
       f"parameters finite {_finite(adapted)}; KL estimate {float(estimate):.6g}, its gradient "
-      f"finite {_finite(kl_grad(adapted.generator, adapted.phi, phi_key))}"
+      f"finite {_finite(estimate_grads)}"
     )
 
 
