@@ -3,17 +3,19 @@ in git, holds its newest checkpoint, best/, run.json and metrics.jsonl; a fresh 
 `python -m experiments.paper_runs` resumes the cell from there and gives what an
 uninterrupted run gives, row for row and bit for bit."""
 
+import importlib
 import os
 import shutil
 import signal
 import subprocess
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 import vampire_jax as vj
-from experiments import compare, paper_runs, regression, training_cells
+from experiments import cli, compare, paper_runs, regression, training_cells
 from vampire_jax._src.runs import reporting, run_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -154,3 +156,45 @@ def test_keep_takes_a_paper_cells_name(tmp_path, capsys):
 def test_tiny_cells_are_never_kept_in_the_clones_tracked_folder():
   assert paper_runs.parse_args(["--tiny"]).training is None
   assert paper_runs.parse_args([]).training == training_cells.TRAINING == REPO / "training"
+
+
+def _cell_configs(cell: paper_runs.Cell, folder: Path) -> dict[Path, object]:
+  """`{run folder: config}` that the cell's child process would train in `folder`."""
+  flags = paper_runs.child_command(cell, folder, False, [])[3:]
+  if cell.group == "regression":  # a comparison: one run folder per method
+    config, args = regression.parse_args(flags)
+    return {
+      folder / name: cli.drop_ignored(
+        cli.apply_overrides(regression.get_config(args.preset, name), args), lambda line: None
+      )
+      for name in args.algorithms.split(",")
+    }
+  experiment = importlib.import_module(cell.module)
+  config, workdir, _ = experiment.parse_args(flags)
+  return {Path(workdir): config}
+
+
+TRACKED_CELLS = sorted(p for p in training_cells.TRAINING.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("kept", TRACKED_CELLS, ids=lambda p: p.name)
+def test_every_tracked_cell_is_one_the_next_gpu_run_resumes(kept):
+  """What a GPU session committed in training/ is what `paper_runs` resumes: a paper cell's
+  name, its record the settings of that cell's command (else the child would refuse it), a
+  whole newest checkpoint, and meta-parameters that load."""
+  cells = {cell.name: cell for cell in paper_runs.all_cells()}
+  assert kept.name in cells, f"{kept.name} is no cell of experiments.paper_runs"
+  assert sum(f.stat().st_size for f in kept.rglob("*") if f.is_file()) <= (
+    training_cells.SIZE_LIMIT_BYTES
+  )
+  configs = _cell_configs(cells[kept.name], kept)
+  assert set(configs) == set(training_cells.run_folders(kept))
+  for run, config in configs.items():
+    run_folder.check_resumable(run, config)  # raises, naming the difference
+    step = run_folder.latest_checkpoint_step(run)
+    assert step is not None and 0 < step < config.num_meta_steps
+    logged = [row["step"] for row in run_folder.read_metrics(run)]
+    assert logged and max(logged) <= step
+    loaded = vj.load_run(run)  # the best meta-parameters, as the zoo will take them
+    assert loaded.step <= step
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(loaded.meta_params))
