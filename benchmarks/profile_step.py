@@ -274,8 +274,11 @@ def profile(
   hlo = parse_hlo(compiled.as_text())
   with open(f"{folder}/hlo_instructions.json", "w") as f:  # to summarise the trace again
     json.dump(hlo, f)
-  result = summarise(exclusive_times(read_trace(folder)), hlo, top)
+  events = read_trace(folder)
+  result = summarise(exclusive_times(events), hlo, top)
+  executed = sum(1 for e in events if e["name"] in hlo and hlo[e["name"]]["opcode"] != "while")
   result.update(
+    operations_per_step=executed / repeats,  # thunks run, over every device's thread
     setting=name,
     algorithm=algorithm,
     episode=episode,
@@ -300,7 +303,8 @@ def format_report(result: dict, rows: int = 12) -> str:
     f" conv {result['conv_impl']}, remat {result['remat']}:"
     f" {result['repeats']} traced {'episode call' if result.get('episode') else 'step'}(s);"
     f" operations {result['traced_op_seconds']:.1f} s"
-    f" of {result['traced_step_s'] * result['repeats']:.1f} s traced"
+    f" of {result['traced_step_s'] * result['repeats']:.1f} s traced,"
+    f" {result['operations_per_step']:,.0f} run per step"
   )
   lines = [header, ""]
   for title, key in (

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -311,6 +312,68 @@ def test_profile_charges_each_operation_its_exclusive_time():
   assert len(summary["heaviest"]) == 3
 
 
+def test_the_pytorch_profile_groups_aten_operations_as_ours_and_charges_the_rest_outside():
+  """`benchmarks.profile_step_pytorch`'s grouping, on averages as torch's profiler gives them."""
+  from types import SimpleNamespace
+
+  from benchmarks import profile_step_pytorch as theirs
+
+  expected = {
+    "aten::convolution_backward": "convolution backward",
+    "aten::mkldnn_convolution": "convolution",
+    "aten::mm": "matrix product",
+    "aten::native_batch_norm_backward": "batch norm",
+    "aten::clamp_min": "element-wise",  # the ReLU, not a reduction
+    "aten::sum": "reduction",
+    "aten::_log_softmax_backward_data": "reduction",
+    "aten::copy_": "copy and layout",
+    "aten::_foreach_add_": "optimiser and clipping",
+    "aten::max_pool2d": "other",
+  }
+  assert {name: theirs.kind_of(name) for name in expected} == expected
+  averages = [
+    SimpleNamespace(key="aten::convolution_backward", self_cpu_time_total=60.0, count=2),
+    SimpleNamespace(key="aten::mul", self_cpu_time_total=20.0, count=5),
+    SimpleNamespace(key="ProfilerStep#1", self_cpu_time_total=5.0, count=1),  # not aten
+  ]
+  summary = theirs.summarise(averages, wall_us=100.0, top=1)
+  shares = {row["name"]: row["share"] for row in summary["by_kind"]}
+  assert shares == pytest.approx(
+    {"convolution backward": 0.6, "element-wise": 0.2, "outside the operators": 0.2}
+  )
+  assert summary["operator_calls"] == 7
+  assert [row["name"] for row in summary["heaviest"]] == ["aten::convolution_backward"]
+
+
+def test_the_concatenated_filter_gradient_is_the_librarys_to_second_order():
+  """`benchmarks.filter_gradient_cost`'s "concatenated" variant times the same gradient."""
+  from benchmarks import filter_gradient_cost
+  from vampire_jax._src.core import convolution
+
+  x = jax.random.normal(jax.random.key(0), (3, 9, 9, 4))
+  kernel = jax.random.normal(jax.random.key(1), (3, 3, 4, 6))
+  padding = convolution.same_padding(9, 9, (3, 3), 2)
+  grad = jax.random.normal(jax.random.key(2), (3, 5, 5, 6))
+  _, library = convolution._backward(2, padding, (x, kernel), grad)
+  ours = filter_gradient_cost.concatenated_filter_gradient(2, padding, x, kernel, grad)
+  np.testing.assert_allclose(ours, library, rtol=1e-5, atol=1e-5)
+
+  def second_order(filter_gradient):
+    return jax.grad(lambda x: jnp.sum(jnp.sin(filter_gradient(2, padding, x, kernel, grad))))(x)
+
+  def library_filter_gradient(stride, padding, x, kernel, grad):
+    return convolution._backward(stride, padding, (x, kernel), grad)[1]
+
+  np.testing.assert_allclose(
+    second_order(filter_gradient_cost.concatenated_filter_gradient),
+    second_order(library_filter_gradient),
+    rtol=1e-4,
+    atol=1e-4,
+  )
+  with pytest.raises(SystemExit):
+    filter_gradient_cost.main(["--variants", "default,fastest"])
+
+
 def test_profile_of_a_small_step(capsys):
   from benchmarks import profile_step
 
@@ -318,6 +381,7 @@ def test_profile_of_a_small_step(capsys):
     ["--settings", "regression", "--tasks", "2", "--mc-samples", "2", "--top", "3"]
   )
   assert result["traced_op_seconds"] > 0 and len(result["heaviest"]) == 3
+  assert result["operations_per_step"] > 10  # thunks run, each a traced event
   for grouping in ("by_kind", "by_source", "by_part"):
     assert sum(row["share"] for row in result[grouping]) == pytest.approx(1.0)
   assert "| by network part | share |" in capsys.readouterr().out
