@@ -31,7 +31,8 @@ Vampire2 `--noise ours` (the default) replays our weight draws into their
 `NormalVariationalNet.forward` (`torch.randn_like`), in the order their loops take them, so
 that the first steps equal ours to float rounding (checked: step 1's loss); `--noise torch`
 leaves their draws to torch. SImPa's sides draw their own noise (`Simpa.py`'s latent and
-prior draws); `--kl-samples` sets the draws of each KL estimate on both sides (their
+prior draws). Theirs are seeded by `torch.manual_seed(--seed)` since 2026-11-28; runs before
+that drew unseeded. `--kl-samples` sets the draws of each KL estimate on both sides (their
 hard-coded `num_samples = 512` is replaced in the source as it is loaded).
 
 Each side prints one line per `--every` steps (the step's mean task loss) and its end: the
@@ -369,6 +370,7 @@ def run_theirs_vampire2(config, steps: int, every: int, folder: Path, noise: str
   and Adam moments become theirs, and their train() runs the steps after it.
   """
   torch, ap, _ = _torch()
+  torch.manual_seed(config.seed)  # `--noise torch`: the same draws on every run of a seed
   authors = import_authors(folder, kl_samples=512)
   problem, _, _, initial, _ = initial_state(config)
   state = jax.device_get(initial if state is None else state)
@@ -441,6 +443,7 @@ def _train_theirs(their, episodes, config, every, constant, label, from_step=0) 
 def run_theirs_simpa(config, steps: int, every: int, folder: Path) -> dict:
   """Their `Simpa` class's `train()` from our initial generator and PHI network, on our tasks."""
   torch, ap, sp = _torch()
+  torch.manual_seed(config.seed)  # their latent and prior draws: the same on every run of a seed
   authors = import_authors(folder, kl_samples=config.simpa_kl_samples)
   problem, _, _, state, _ = initial_state(config)
   meta_params = jax.device_get(state.meta_params)
