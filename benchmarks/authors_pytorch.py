@@ -580,10 +580,11 @@ def row_config(row: str, setting: suite.Setting, options: dict) -> Config:
   )
 
 
-def run_train_row(row: str, options: dict) -> dict:
-  """Times one training row's meta-step (the first step apart)."""
+def train_row_step(row: str, options: dict):
+  """`(setting, config, step, tasks)` of a training row: `step(tasks)` is its meta-step, from
+  initial weights and tasks drawn after `torch.manual_seed(options["seed"])`."""
   torch.manual_seed(options["seed"])
-  name, algorithm = ROWS[row]
+  algorithm = ROWS[row][1]
   setting = row_setting(row, options)
   config = row_config(row, setting, options)
   net = config.net
@@ -596,6 +597,13 @@ def run_train_row(row: str, options: dict) -> dict:
     step = make_meta_step(
       lambda task: vampire_task_loss(config, means, log_stds, task), [means, log_stds]
     )
+  return setting, config, step, tasks
+
+
+def run_train_row(row: str, options: dict) -> dict:
+  """Times one training row's meta-step (the first step apart)."""
+  name, algorithm = ROWS[row]
+  setting, config, step, tasks = train_row_step(row, options)
   first_s, each, (loss, nan_tasks), memory = _timed(lambda: step(tasks), options["repeats"])
   return {
     "row": row,

@@ -20,36 +20,26 @@ the filter gradient costs. It changes nothing in the library.
 """
 
 import argparse
+import json
+import os
 import subprocess
 import sys
+import tempfile
 
 import jax.numpy as jnp
-from jax import lax
 
 VARIANTS = ("default", "zero", "concatenated")
 
 
 def concatenated_filter_gradient(stride: int, padding, x, kernel, grad):
   """`d kernel` of `convolution.conv2d`, its taps concatenated on the channel axis."""
-  kh, kw = kernel.shape[:2]
+  from vampire_jax._src.core import convolution
+
   (low_h, high_h), (low_w, high_w) = padding
   padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
-  out_h, out_w = grad.shape[1:3]
-  limit = (padded.shape[0], 0, 0, padded.shape[3])
-  taps = jnp.concatenate(
-    [
-      lax.slice(
-        padded,
-        (0, i, j, 0),
-        (limit[0], i + (out_h - 1) * stride + 1, j + (out_w - 1) * stride + 1, limit[3]),
-        (1, stride, stride, 1),
-      )
-      for i in range(kh)
-      for j in range(kw)
-    ],
-    axis=-1,
-  )  # [n, out_h, out_w, kh * kw * in], tap-major as the kernel's [kh, kw, in] flattened
-  rows = taps.shape[0] * out_h * out_w
+  taps = convolution.kernel_taps(padded, kernel.shape[:2], grad.shape[1:3], stride)
+  taps = jnp.concatenate(taps, axis=-1)  # [n, out_h, out_w, kh * kw * in], as the kernel's rows
+  rows = taps.shape[0] * taps.shape[1] * taps.shape[2]
   return (taps.reshape(rows, -1).T @ grad.reshape(rows, -1)).reshape(kernel.shape)
 
 
@@ -80,34 +70,32 @@ def main(argv=None) -> None:
   parser.add_argument("--algorithms", default="maml")
   parser.add_argument("--repeats", default="5")
   parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # the child
+  parser.add_argument("--json", help=argparse.SUPPRESS)  # the child's rows, for the parent
   args = parser.parse_args(argv)
-  meta_step_args = ["--algorithms", args.algorithms, "--repeats", args.repeats]
+  from benchmarks import meta_step
+
   if args.one:
     use_variant(args.one)
-    from benchmarks import meta_step
-
-    meta_step.main(meta_step_args)
+    meta_step.main(
+      ["--algorithms", args.algorithms, "--repeats", args.repeats, "--json", args.json]
+    )
     return
   variants = [v.strip() for v in args.variants.split(",") if v.strip()]
   unknown = [v for v in variants if v not in VARIANTS]
   if unknown:
     parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
-  for variant in variants:
-    command = [sys.executable, "-m", "benchmarks.filter_gradient_cost", "--one", variant]
-    done = subprocess.run(
-      command + ["--algorithms", args.algorithms, "--repeats", args.repeats],
-      capture_output=True,
-      text=True,
-    )
-    rows = [
-      line for line in done.stdout.splitlines() if line.startswith("|") and "s/step" not in line
-    ]
-    rows = [row for row in rows if not set(row) <= set("|-")]
-    if done.returncode != 0:
-      print(f"{variant}: failed\n{done.stderr[-2000:]}")
-      continue
-    for row in rows:
-      print(f"{variant:>12} {row}", flush=True)
+  with tempfile.TemporaryDirectory() as folder:
+    for variant in variants:
+      rows_path = os.path.join(folder, f"{variant}.json")
+      command = [sys.executable, "-m", "benchmarks.filter_gradient_cost", "--one", variant]
+      command += ["--algorithms", args.algorithms, "--repeats", args.repeats, "--json", rows_path]
+      done = subprocess.run(command, capture_output=True, text=True)
+      if done.returncode != 0:
+        print(f"{variant}: failed\n{done.stderr[-2000:]}")
+        continue
+      with open(rows_path) as f:
+        for row in json.load(f):  # meta_step's table row for it, the variant named first
+          print(f"{variant:>12} {meta_step.format_table([row]).splitlines()[-1]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -100,25 +100,11 @@ def profile(row: str, options: dict, repeats: int, top: int) -> dict:
 
   from benchmarks import authors_pytorch
 
-  torch.manual_seed(options["seed"])
   torch.set_num_threads(options["threads"])
   name, algorithm = authors_pytorch.ROWS[row]
   if algorithm == "episode":
     raise SystemExit(f"--row {row}: a test episode; profile a training row")
-  setting = authors_pytorch.row_setting(row, options)
-  config = authors_pytorch.row_config(row, setting, options)
-  tasks = authors_pytorch.random_tasks(setting, setting.tasks)
-  means = authors_pytorch.init_means(config.net)
-  if algorithm == "maml":
-    step = authors_pytorch.make_meta_step(
-      lambda task: authors_pytorch.maml_task_loss(config, means, task), [means]
-    )
-  else:
-    log_stds = authors_pytorch.init_log_stds(config.net)
-    step = authors_pytorch.make_meta_step(
-      lambda task: authors_pytorch.vampire_task_loss(config, means, log_stds, task),
-      [means, log_stds],
-    )
+  setting, _, step, tasks = authors_pytorch.train_row_step(row, options)
   step(tasks)  # the first step (allocations, oneDNN's kernel choice) is not traced
   untraced = time.perf_counter()
   step(tasks)

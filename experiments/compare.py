@@ -92,6 +92,13 @@ def _check_init_from(init_from, config) -> None:
     run_start.check_algorithm(init_from, algorithm, config)
 
 
+def method_config(experiment, preset: str, algorithm: str, overrides, print_fn=lambda line: None):
+  """The config `run_methods` trains `algorithm` with: the preset's, the overrides applied, the
+  fields the algorithm never reads dropped (each said to `print_fn`)."""
+  config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
+  return cli.drop_ignored(config, print_fn=print_fn)
+
+
 def run_methods(
   experiment,
   algorithms,
@@ -120,14 +127,14 @@ def run_methods(
     others still run.
   """
   for algorithm in algorithms:  # every method's settings, before the first one trains
-    config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
-    config = cli.drop_ignored(config, print_fn=lambda line: None)
+    config = method_config(experiment, preset, algorithm, overrides)
     algorithm_registry.check_config(config)
     _check_init_from(method_init_from(init_from, algorithm), config)
   methods = {}
   for algorithm in algorithms:
-    config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
-    config = cli.drop_ignored(config, print_fn=lambda line: print(f"   {line}"))
+    config = method_config(
+      experiment, preset, algorithm, overrides, lambda line: print(f"   {line}")
+    )
     # An algorithm without a KL term (MAML, BMAML) ignores kl_weight, whatever the overrides set.
     kl = f", KL weight {config.kl_weight}" if algorithm_registry.get(algorithm).has_kl else ""
     print(

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from experiments import cli, compare, paper_runs, regression, training_cells
+from experiments import compare, paper_runs, regression, training_cells
 from vampire_jax._src.runs import reporting, run_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,11 +162,9 @@ def _cell_configs(cell: paper_runs.Cell, folder: Path) -> dict[Path, object]:
   """`{run folder: config}` that the cell's child process would train in `folder`."""
   flags = paper_runs.child_command(cell, folder, False, [])[3:]
   if cell.group == "regression":  # a comparison: one run folder per method
-    config, args = regression.parse_args(flags)
+    _, args = regression.parse_args(flags)
     return {
-      folder / name: cli.drop_ignored(
-        cli.apply_overrides(regression.get_config(args.preset, name), args), lambda line: None
-      )
+      folder / name: compare.method_config(regression, args.preset, name, args)
       for name in args.algorithms.split(",")
     }
   experiment = importlib.import_module(cell.module)

@@ -75,30 +75,34 @@ def _forward(x, kernel, stride, padding):
   return conv2d(x, kernel, stride, padding), (x, kernel)
 
 
+def kernel_taps(padded, kernel_size: tuple[int, int], out_size: tuple[int, int], stride: int):
+  """The window of `padded` (`[n, h, w, in]`) each kernel tap sees, tap by tap (row-major):
+  from (i, j) on, every `stride`-th pixel, `out_size` of them; each `[n, out_h, out_w, in]`."""
+  (kh, kw), (out_h, out_w) = kernel_size, out_size
+  return [
+    lax.slice(
+      padded,
+      (0, i, j, 0),
+      (
+        padded.shape[0],
+        i + (out_h - 1) * stride + 1,
+        j + (out_w - 1) * stride + 1,
+        padded.shape[3],
+      ),
+      (1, stride, stride, 1),
+    )
+    for i in range(kh)
+    for j in range(kw)
+  ]
+
+
 def _backward(stride, padding, residuals, grad):
   x, kernel = residuals
   kh, kw = kernel.shape[:2]
   (low_h, high_h), (low_w, high_w) = padding
   padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
   out_h, out_w = grad.shape[1:3]
-  # Each kernel tap sees the padded input from (i, j) on, every `stride`-th pixel.
-  taps = jnp.stack(
-    [
-      lax.slice(
-        padded,
-        (0, i, j, 0),
-        (
-          padded.shape[0],
-          i + (out_h - 1) * stride + 1,
-          j + (out_w - 1) * stride + 1,
-          padded.shape[3],
-        ),
-        (1, stride, stride, 1),
-      )
-      for i in range(kh)
-      for j in range(kw)
-    ]
-  )  # [kh * kw, n, out_h, out_w, in]
+  taps = jnp.stack(kernel_taps(padded, (kh, kw), (out_h, out_w), stride))  # [kh*kw, n, oh, ow, in]
   # One matrix product for all taps. Nine products stacked (one per tap) gave a wrong
   # second-order meta-gradient under jit on XLA:CPU (its algebraic simplifier; correct
   # op by op): tests/test_convolution.py, `test_loop_safe_conv4_equals_xla_conv4`.
