@@ -1,22 +1,28 @@
 """What the loop-safe convolution's filter gradient costs a CPU meta-step (issue 62, item 5).
 
-    python -m benchmarks.filter_gradient_cost                      # MAML, the three variants
+    python -m benchmarks.filter_gradient_cost                      # MAML, the four variants
     python -m benchmarks.filter_gradient_cost --variants default,concatenated --algorithms vampire
 
 On a CPU, Conv4's convolution is `conv_impl="loop_safe"` (`vampire_jax/_src/core/
 convolution.py`): its filter gradient stacks the nine kernel taps' strided slices of the
-padded input and takes one matrix product, and a second-order meta-gradient differentiates
-that again. `benchmarks.profile_step` charges those operations 43-48 % of the traced MAML
-step, but tracing slows XLA:CPU about 5x; this measures the cost untraced, by removal. Each
-variant runs `benchmarks.meta_step` in a fresh process with `conv2d`'s backward replaced:
+padded input and takes one matrix product; a second-order meta-gradient differentiates it
+by its own rule (a forward convolution and an input gradient). `benchmarks.profile_step`
+charged the filter gradient 43-48 % of the traced MAML step when autodiff differentiated
+the taps, but tracing slows XLA:CPU about 5x; this measures the cost untraced, by removal.
+Each variant runs `benchmarks.meta_step` in a fresh process with `conv2d`'s backward
+replaced:
 
   default       the library's, unchanged
   zero          the filter gradient replaced by zeros (WRONG numbers: a cost, not a run)
   concatenated  the taps concatenated on the channel axis, then one [9c, NHW] @ [NHW, d]
-                product (the same values to float rounding, second order included)
+                product, differentiated by autodiff (the same values to float rounding,
+                second order included)
+  autodiff      both gradients differentiated by autodiff, not by their rules: the
+                library before issue 62's rules (the same values to float rounding)
 
 and prints `benchmarks.meta_step`'s row for each. The difference default - zero is what
-the filter gradient costs. It changes nothing in the library.
+the filter gradient costs; autodiff - default is what the rules save. It changes nothing
+in the library.
 """
 
 import argparse
@@ -28,7 +34,7 @@ import tempfile
 
 import jax.numpy as jnp
 
-VARIANTS = ("default", "zero", "concatenated")
+VARIANTS = ("default", "zero", "concatenated", "autodiff")
 
 
 def concatenated_filter_gradient(stride: int, padding, x, kernel, grad):
@@ -51,6 +57,11 @@ def use_variant(variant: str) -> None:
 
   def backward(stride, padding, residuals, grad):
     x, kernel = residuals
+    if variant == "autodiff":  # the rules' functions, undecorated: autodiff differentiates them
+      return (
+        convolution.input_gradient.fun(kernel, grad, x.shape, stride, padding),
+        convolution.filter_gradient.fun(x, grad, kernel.shape, stride, padding),
+      )
     d_x, d_kernel = library_backward(stride, padding, residuals, grad)
     if variant == "zero":  # XLA drops the unused filter gradient as dead code
       d_kernel = jnp.zeros_like(kernel)

@@ -374,6 +374,30 @@ def test_the_concatenated_filter_gradient_is_the_librarys_to_second_order():
     filter_gradient_cost.main(["--variants", "default,fastest"])
 
 
+def test_the_autodiff_variant_is_the_librarys_rules_to_second_order():
+  """`filter_gradient_cost`'s "autodiff" (the gradients' functions differentiated by autodiff,
+  the library before its rules) computes what the rules compute, to the second order."""
+  from vampire_jax._src.core import convolution
+
+  x = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
+  kernel = jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+  padding = convolution.same_padding(8, 8, (3, 3), 2)
+  grad = jax.random.normal(jax.random.key(2), (2, 4, 4, 4))
+
+  def second_order(filter_gradient, input_gradient):
+    def readout(x, kernel, grad):
+      d_kernel = filter_gradient(x, grad, kernel.shape, 2, padding)
+      d_x = input_gradient(kernel, grad, x.shape, 2, padding)
+      return jnp.sum(jnp.sin(d_kernel)) + jnp.sum(jnp.cos(d_x))
+
+    return jax.grad(readout, argnums=(0, 1, 2))(x, kernel, grad)
+
+  rules = second_order(convolution.filter_gradient, convolution.input_gradient)
+  autodiff = second_order(convolution.filter_gradient.fun, convolution.input_gradient.fun)
+  for ours, theirs in zip(rules, autodiff):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
 def test_profile_of_a_small_step(capsys):
   from benchmarks import profile_step
 

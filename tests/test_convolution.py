@@ -3,7 +3,7 @@
 The cases cover what the custom gradient has to get right: 'SAME', 'VALID' and
 asymmetric padding, strides 1 to 4, odd sizes and non-square kernels (where the
 padded input has rows or columns past the last window: the re-padding branch
-of `convolution._backward`), and second order through two layers and a
+of `convolution.input_gradient`), and second order through two layers and a
 max-pool, where the meta-gradient runs through the input gradient.
 """
 

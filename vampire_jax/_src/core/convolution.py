@@ -12,15 +12,17 @@ input, HWIO kernel, explicit padding, a stride) with a custom gradient:
 
   d kernel[i, j] = sum over (n, h, w) of the input window at tap (i, j),
                    strided, times the output gradient: the taps stacked, one
-                   matrix product;
-  d input        = a stride-1, unpadded forward convolution (`conv2d` again)
-                   of the output gradient, dilated by the stride and padded by
-                   the kernel size less one, with the kernel flipped and its
-                   channels swapped.
+                   matrix product (`filter_gradient`);
+  d input        = a stride-1, unpadded forward convolution of the output
+                   gradient, dilated by the stride and padded by the kernel
+                   size less one, with the kernel flipped and its channels
+                   swapped (`input_gradient`).
 
-Every gradient is built from `conv2d`, slices, pads and matrix products, so
-the gradient of the gradient (the meta-gradient's second-order terms) is too.
-The values equal XLA's up to float rounding, tested to the third derivative
+Both gradients are bilinear, and each has its own rule: its gradients are
+`conv2d`, `filter_gradient` and `input_gradient` again. So the gradient of
+the gradient (the meta-gradient's second-order terms), and every order past
+it, is these three operations, never autodiff of slices and pads. The values
+equal XLA's up to float rounding, tested to the third derivative
 (`tests/test_convolution.py`).
 
 Reverse mode only: `conv2d` is a `jax.custom_vjp`, which JAX cannot
@@ -98,35 +100,100 @@ def kernel_taps(padded, kernel_size: tuple[int, int], out_size: tuple[int, int],
 
 def _backward(stride, padding, residuals, grad):
   x, kernel = residuals
-  kh, kw = kernel.shape[:2]
+  return (
+    input_gradient(kernel, grad, x.shape, stride, padding),
+    filter_gradient(x, grad, kernel.shape, stride, padding),
+  )
+
+
+# The two gradients are bilinear, so each one's own gradient is a convolution, the other
+# gradient, or both: with c a cotangent of the result,
+#   filter_gradient(x, g):  d/dx <c, .> = input_gradient(c, g),   d/dg = conv2d(x, c);
+#   input_gradient(K, g):   d/dK <c, .> = filter_gradient(c, g),  d/dg = conv2d(c, K).
+# Written as rules, every order of the meta-gradient is these three operations. Left to
+# autodiff, the second order differentiated the taps' slices (a padded copy of the input
+# per tap, summed) and the dilated gradient: 45 % of a MAML step (docs/performance.md).
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def filter_gradient(x, grad, kernel_shape, stride: int, padding: Padding) -> jax.Array:
+  """d kernel of `conv2d(x, kernel, stride, padding)` at output cotangent `grad`.
+
+  d kernel[i, j] = sum over (n, h, w) of the input window at tap (i, j),
+  strided, times `grad`: the taps stacked, one matrix product.
+  """
+  kh, kw = kernel_shape[:2]
   (low_h, high_h), (low_w, high_w) = padding
   padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
-  out_h, out_w = grad.shape[1:3]
-  taps = jnp.stack(kernel_taps(padded, (kh, kw), (out_h, out_w), stride))  # [kh*kw, n, oh, ow, in]
+  taps = jnp.stack(kernel_taps(padded, (kh, kw), grad.shape[1:3], stride))  # [kh*kw, n, oh, ow, in]
   # One matrix product for all taps. Nine products stacked (one per tap) gave a wrong
   # second-order meta-gradient under jit on XLA:CPU (its algebraic simplifier; correct
   # op by op): tests/test_convolution.py, `test_loop_safe_conv4_equals_xla_conv4`.
-  d_kernel = jnp.einsum("tnhwc,nhwd->tcd", taps, grad).reshape(kernel.shape)
-  # Full correlation of the stride-dilated gradient with the flipped kernel.
+  return jnp.einsum("tnhwc,nhwd->tcd", taps, grad).reshape(kernel_shape)
+
+
+def _filter_gradient_forward(x, grad, kernel_shape, stride, padding):
+  return filter_gradient(x, grad, kernel_shape, stride, padding), (x, grad)
+
+
+def _filter_gradient_backward(kernel_shape, stride, padding, residuals, cotangent):
+  x, grad = residuals
+  return (
+    input_gradient(cotangent, grad, x.shape, stride, padding),
+    conv2d(x, cotangent, stride, padding),
+  )
+
+
+filter_gradient.defvjp(_filter_gradient_forward, _filter_gradient_backward)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def input_gradient(kernel, grad, x_shape, stride: int, padding: Padding) -> jax.Array:
+  """d x of `conv2d(x, kernel, stride, padding)` (x of shape `x_shape`) at output cotangent `grad`.
+
+  The full correlation of the stride-dilated `grad` with the flipped kernel,
+  its channels swapped: a stride-1 forward convolution.
+  """
+  kh, kw = kernel.shape[:2]
+  (low_h, high_h), (low_w, high_w) = padding
+  padded_h, padded_w = x_shape[1] + low_h + high_h, x_shape[2] + low_w + high_w
   dilated = lax.pad(
     grad,
     jnp.zeros((), grad.dtype),
     ((0, 0, 0), (kh - 1, kh - 1, stride - 1), (kw - 1, kw - 1, stride - 1), (0, 0, 0)),
   )
   flipped = jnp.flip(kernel, (0, 1)).swapaxes(2, 3)
+  # `conv2d`, not XLA's convolution: the same values, and differentiated without this
+  # rule (`input_gradient.fun`, as `benchmarks.filter_gradient_cost`'s `autodiff`) it
+  # still never runs XLA's gradient convolutions.
   d_padded = conv2d(dilated, flipped, 1, ((0, 0), (0, 0)))
   # Padded rows past the last window get no gradient; then drop the padding.
   d_padded = jnp.pad(
     d_padded,
     (
       (0, 0),
-      (0, padded.shape[1] - d_padded.shape[1]),
-      (0, padded.shape[2] - d_padded.shape[2]),
+      (0, padded_h - d_padded.shape[1]),
+      (0, padded_w - d_padded.shape[2]),
       (0, 0),
     ),
   )
-  d_x = d_padded[:, low_h : low_h + x.shape[1], low_w : low_w + x.shape[2]]
-  return d_x, d_kernel
+  return d_padded[:, low_h : low_h + x_shape[1], low_w : low_w + x_shape[2]]
+
+
+def _input_gradient_forward(kernel, grad, x_shape, stride, padding):
+  return input_gradient(kernel, grad, x_shape, stride, padding), (kernel, grad)
+
+
+def _input_gradient_backward(x_shape, stride, padding, residuals, cotangent):
+  kernel, grad = residuals
+  # <c, input_gradient(K, g)> = <conv2d(c, K), g>: the adjoint of the convolution.
+  return (
+    filter_gradient(cotangent, grad, kernel.shape, stride, padding),
+    conv2d(cotangent, kernel, stride, padding),
+  )
+
+
+input_gradient.defvjp(_input_gradient_forward, _input_gradient_backward)
 
 
 conv2d.defvjp(_forward, _backward)
