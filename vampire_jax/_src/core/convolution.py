@@ -73,8 +73,12 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, padding: Padding) -> ja
   )
 
 
-def _forward(x, kernel, stride, padding):
-  return conv2d(x, kernel, stride, padding), (x, kernel)
+def _keeping_inputs(fn):
+  """The forward rule of a custom-VJP `fn(a, b, *static)`: its value, with `(a, b)` kept."""
+  return lambda a, b, *static: (fn(a, b, *static), (a, b))
+
+
+_forward = _keeping_inputs(conv2d)
 
 
 def kernel_taps(padded, kernel_size: tuple[int, int], out_size: tuple[int, int], stride: int):
@@ -132,10 +136,6 @@ def filter_gradient(x, grad, kernel_shape, stride: int, padding: Padding) -> jax
   return jnp.einsum("tnhwc,nhwd->tcd", taps, grad).reshape(kernel_shape)
 
 
-def _filter_gradient_forward(x, grad, kernel_shape, stride, padding):
-  return filter_gradient(x, grad, kernel_shape, stride, padding), (x, grad)
-
-
 def _filter_gradient_backward(kernel_shape, stride, padding, residuals, cotangent):
   x, grad = residuals
   return (
@@ -144,7 +144,7 @@ def _filter_gradient_backward(kernel_shape, stride, padding, residuals, cotangen
   )
 
 
-filter_gradient.defvjp(_filter_gradient_forward, _filter_gradient_backward)
+filter_gradient.defvjp(_keeping_inputs(filter_gradient), _filter_gradient_backward)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
@@ -180,10 +180,6 @@ def input_gradient(kernel, grad, x_shape, stride: int, padding: Padding) -> jax.
   return d_padded[:, low_h : low_h + x_shape[1], low_w : low_w + x_shape[2]]
 
 
-def _input_gradient_forward(kernel, grad, x_shape, stride, padding):
-  return input_gradient(kernel, grad, x_shape, stride, padding), (kernel, grad)
-
-
 def _input_gradient_backward(x_shape, stride, padding, residuals, cotangent):
   kernel, grad = residuals
   # <c, input_gradient(K, g)> = <conv2d(c, K), g>: the adjoint of the convolution.
@@ -193,7 +189,7 @@ def _input_gradient_backward(x_shape, stride, padding, residuals, cotangent):
   )
 
 
-input_gradient.defvjp(_input_gradient_forward, _input_gradient_backward)
+input_gradient.defvjp(_keeping_inputs(input_gradient), _input_gradient_backward)
 
 
 conv2d.defvjp(_forward, _backward)
