@@ -41,7 +41,7 @@ The authors' `maml.py` of the same era truncates as VAMPIRE does
 first order by default.
 
 What is ours, not theirs, so that both sides compute the same thing:
-  - The networks of `benchmarks.suite` (`vampire_jax._src.core.models`): Omniglot
+  - The networks of `benchmarks.suite` (`vj.Conv4`, `vj.MLP`): Omniglot
     Conv4-64 with stride-2 convolutions and no pooling, 28x28x1;
     mini-ImageNet Conv4-32 with stride-1 convolutions and 2x2 max-pooling,
     84x84x3; batch norm on the batch's statistics with a scale and an offset
@@ -84,8 +84,19 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
-import torch
-import torch.nn.functional as F
+
+try:
+  import torch
+  import torch.nn.functional as F
+except ModuleNotFoundError as missing:  # run as a command without PyTorch: one line, status 2
+  if __name__ != "__main__":
+    raise
+  sys.stderr.write(
+    f"authors_pytorch: error: it runs the authors' algorithm in PyTorch and needs {missing.name}, not "
+    f"installed in this Python ({sys.executable}): pip install torch, or run it with a Python "
+    "that has it (benchmarks.side_by_side's --torch-python)\n"
+  )
+  raise SystemExit(2) from None
 
 if __package__ in (None, ""):  # run by path: the repository root makes `benchmarks` importable
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -143,7 +154,7 @@ def conv4(
   batch_norm_affine: bool = True,
   padding: str = "symmetric",
 ) -> Network:
-  """`vampire_jax._src.core.models.Conv4` (scale and offset in batch norm), on NCHW inputs.
+  """`vampire_jax.Conv4` (scale and offset in batch norm), on NCHW inputs.
 
   Four [conv 3x3 -> batch norm (batch statistics) -> ReLU (-> 2x2 max-pool)] blocks and a
   dense head. Stride 2 without pooling (Omniglot), stride 1 with pooling (mini-ImageNet).
@@ -198,7 +209,7 @@ def conv4(
 
 
 def mlp(hidden_sizes: Sequence[int], num_inputs: int, num_outputs: int) -> Network:
-  """`vampire_jax._src.core.models.MLP`: ReLU layers, then a linear output (flax names Dense_i)."""
+  """`vampire_jax.MLP`: ReLU layers, then a linear output (flax names Dense_i)."""
   sizes = [num_inputs, *hidden_sizes, num_outputs]
   names, shapes = [], []
   for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
@@ -389,7 +400,7 @@ def expected_nll(config: Config, mean, log_std, x, y, num_draws: int, noise: Noi
 
 
 def _differentiated(config: Config, step: int) -> bool:
-  return config.second_order_steps is None or step < config.second_order_steps
+  return config.algorithm.second_order_steps is None or step < config.algorithm.second_order_steps
 
 
 def _nll_grads(config: Config, loss, mean, log_std, create_graph: bool):
@@ -405,19 +416,21 @@ def _nll_grads(config: Config, loss, mean, log_std, create_graph: bool):
 def vampire_adapt(config: Config, prior_mean, prior_log_std, x, y, noise: Noise = torch.randn_like):
   """The authors' `adapt_to_task`: S steps from q = prior; returns q's (mean, log_std)."""
   mean, log_std = list(prior_mean), list(prior_log_std)
-  for step in range(config.num_inner_steps):
-    loss = expected_nll(config, mean, log_std, x, y, config.num_mc_train, noise)
+  for step in range(config.algorithm.num_inner_steps):
+    loss = expected_nll(config, mean, log_std, x, y, config.algorithm.num_mc_train, noise)
     grad_mean, grad_log_std = _nll_grads(config, loss, mean, log_std, _differentiated(config, step))
     if step > 0:  # at step 1 q = prior: the KL and its gradient are zero, and the authors skip them
       # KL(q || p) = sum[s_p - s_q + (exp(2 s_q) + (m_q - m_p)^2) / (2 exp(2 s_p)) - 1/2], so
       # d/d m_q = (m_q - m_p) exp(-2 s_p) and d/d s_q = exp(2 (s_q - s_p)) - 1.
       for i, (pm, ps) in enumerate(zip(prior_mean, prior_log_std)):
-        grad_mean[i] = grad_mean[i] + config.kl_weight * (mean[i] - pm) * torch.exp(-2 * ps)
-        grad_log_std[i] = grad_log_std[i] + config.kl_weight * (
+        grad_mean[i] = grad_mean[i] + config.algorithm.kl_weight * (mean[i] - pm) * torch.exp(
+          -2 * ps
+        )
+        grad_log_std[i] = grad_log_std[i] + config.algorithm.kl_weight * (
           torch.exp(2 * (log_std[i] - ps)) - 1
         )
-    mean = [m - config.inner_lr * g for m, g in zip(mean, grad_mean)]
-    log_std = [s - config.inner_lr * g for s, g in zip(log_std, grad_log_std)]
+    mean = [m - config.algorithm.inner_lr * g for m, g in zip(mean, grad_mean)]
+    log_std = [s - config.algorithm.inner_lr * g for s, g in zip(log_std, grad_log_std)]
   return mean, log_std
 
 
@@ -437,22 +450,24 @@ def vampire_task_loss(
   mean, log_std = vampire_adapt(
     config, prior_mean, prior_log_std, task.support_x, task.support_y, noise
   )
-  outputs = vampire_predict(config, mean, log_std, task.query_x, config.num_mc_query, noise)
+  outputs = vampire_predict(
+    config, mean, log_std, task.query_x, config.algorithm.num_mc_query, noise
+  )
   loss = 0
-  for draw in range(config.num_mc_query):
+  for draw in range(config.algorithm.num_mc_query):
     loss = loss + config.nll(outputs[draw], task.query_y)
-  return loss / config.num_mc_query
+  return loss / config.algorithm.num_mc_query
 
 
 def maml_adapt(config: Config, params, x, y):
   """MAML's S SGD steps, `create_graph` in the first `second_order_steps` (all if None)."""
   weights = list(params)
-  for step in range(config.num_inner_steps):
+  for step in range(config.algorithm.num_inner_steps):
     loss = config.nll(config.net.apply(weights, x), y)
     grads = torch.autograd.grad(
       loss, weights, create_graph=_differentiated(config, step), retain_graph=True
     )
-    weights = [w - config.inner_lr * g for w, g in zip(weights, grads)]
+    weights = [w - config.algorithm.inner_lr * g for w, g in zip(weights, grads)]
   return weights
 
 
@@ -503,7 +518,9 @@ def episode(config: Config, mean, log_std, tasks: Sequence[Task], noise=torch.ra
   accuracies, all_probs = [], []
   for task in tasks:
     q_mean, q_log_std = vampire_adapt(config, mean, log_std, task.support_x, task.support_y, noise)
-    logits = vampire_predict(config, q_mean, q_log_std, task.query_x, config.num_mc_query, noise)
+    logits = vampire_predict(
+      config, q_mean, q_log_std, task.query_x, config.algorithm.num_mc_query, noise
+    )
     # Kept detached: a task's graph (the prior requires gradients, as theirs does) goes with it.
     probs = torch.softmax(logits, dim=-1).mean(dim=0).detach()
     accuracies.append((probs.argmax(dim=-1) == task.query_y).float().mean())
@@ -612,7 +629,7 @@ def run_train_row(row: str, options: dict) -> dict:
     "tasks": setting.tasks,
     "mc_samples": setting.mc_samples,
     "inner_steps": setting.inner_steps,
-    "second_order_steps": _steps_label(config.second_order_steps),
+    "second_order_steps": _steps_label(config.algorithm.second_order_steps),
     "inner_grad": options["inner_grad"] if algorithm == "vampire" else "one call",
     "first_s": first_s,
     "step_s": float(np.mean(each)) if each else None,
@@ -693,21 +710,33 @@ def _second_order(value: str) -> Optional[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+  from benchmarks import arguments
+
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
   parser.add_argument("--rows", default="all", help=f"comma list of {', '.join(ROWS)}, or all")
-  parser.add_argument("--repeats", type=int, default=3, help="timed steps after the first")
   parser.add_argument(
-    "--tasks", type=int, default=0, help="T of the training rows (0: the setting's)"
+    "--repeats", type=arguments.count(1), default=3, help="timed steps after the first"
   )
   parser.add_argument(
-    "--mc-samples", type=int, default=0, help="L of the VAMPIRE training rows (0: the setting's)"
+    "--tasks",
+    type=arguments.count(0, " (0: the setting's)"),
+    default=0,
+    help="T of the training rows (0: the setting's)",
+  )
+  parser.add_argument(
+    "--mc-samples",
+    type=arguments.count(0, " (0: the setting's)"),
+    default=0,
+    help="L of the VAMPIRE training rows (0: the setting's)",
   )
   parser.add_argument(
     "--episode-tasks", default="1,32", help="comma list of tasks per episode call"
   )
-  parser.add_argument("--episode-mc-samples", type=int, default=10, help="L of the episodes")
+  parser.add_argument(
+    "--episode-mc-samples", type=arguments.count(1), default=10, help="L of the episodes"
+  )
   parser.add_argument(
     "--second-order-steps",
     type=_second_order,

@@ -10,8 +10,8 @@ queries per class, the backend's task batching and convolutions, the inner loop 
 `lax.scan` (`--unroll-inner-steps`: unrolled), T tasks drawn inside the step; one driver at a time is changed by the flags.
 Phases, each with the peak resident memory reset before it (Linux `VmHWM`,
 `suite.reset_peak_rss`): tracing and lowering (`jax.jit(step).lower`), XLA's compile
-(`.compile()`), then the compile's freed memory given back (`host_memory`), then stepping
-(`--repeats` calls of the compiled step). With `--eval` the run's evaluator
+(`.compile()`), then the compile's freed memory given back (`backend.release_freed_memory`),
+then stepping (`--repeats` calls of the compiled step). With `--eval` the run's evaluator
 (`make_classification_evaluator`, the test learner's `--eval-mc-samples` draws on
 `--eval-tasks` tasks) is lowered and compiled after that, as a run does at its first
 validation. Beside each peak: the compiled program's size (lines of its optimised HLO,
@@ -26,7 +26,7 @@ import json
 import time
 from typing import Optional
 
-from vampire_jax._src.core import sharding
+from vampire_jax import backend
 
 ORDERS = ("second", "truncated", "first")  # all steps, --second-order-steps, first order
 
@@ -90,11 +90,9 @@ def measure(
 
   import vampire_jax as vj
   from benchmarks import meta_step, suite
-  from vampire_jax._src.core import backend_defaults, host_memory
-  from vampire_jax._src.metrics import evaluation
 
-  strategy, chunk = backend_defaults.task_batching("auto", 0, tasks)
-  conv_impl = backend_defaults.conv_impl(
+  strategy, chunk = backend.task_batching("auto", 0, tasks)
+  conv_impl = backend.conv_impl(
     task_batching=strategy, inner_steps_unrolled=unroll_steps, draws_mapped=False
   )
   setting = dataclasses.replace(
@@ -130,7 +128,7 @@ def measure(
     "inner_loop": "unrolled" if unroll_steps else "scan",
     "batching": f"{strategy}:{chunk}",
     "conv_impl": conv_impl,
-    "memory_release": host_memory.enabled(),
+    "memory_release": backend.memory_release_enabled(),
     "before_mb": _rss_mb(),
   }
   key = jax.random.key(3)
@@ -138,7 +136,7 @@ def measure(
   compiled, row["compile_s"], row["compile_peak_mb"], row["after_compile_mb"] = _phase(
     lowered.compile
   )
-  host_memory.release_freed_memory()
+  backend.release_freed_memory()
   row["after_release_mb"] = _rss_mb()
   row.update(_program(lowered, compiled))
   del lowered  # the program's text is not kept alive into stepping
@@ -156,9 +154,9 @@ def measure(
     test_learner = suite.make_learner(
       test_setting, algorithm, apply_fn, nll, unroll_steps=unroll_steps, remat=False
     )
-    eval_strategy, eval_chunk = backend_defaults.task_batching("auto", 0, eval_tasks)
+    eval_strategy, eval_chunk = backend.task_batching("auto", 0, eval_tasks)
     evaluator = jax.jit(
-      evaluation.make_classification_evaluator(
+      vj.make_classification_evaluator(
         test_learner, task_batching=eval_strategy, chunk_size=eval_chunk
       )
     )
@@ -170,7 +168,7 @@ def measure(
     eval_compiled, row["eval_compile_s"], row["eval_compile_peak_mb"], _ = _phase(
       eval_lowered.compile
     )
-    host_memory.release_freed_memory()
+    backend.release_freed_memory()
     row["eval_program"] = _program(eval_lowered, eval_compiled)
     del eval_lowered
     _, _, row["eval_peak_mb"], _ = _phase(
@@ -183,12 +181,14 @@ def measure(
 
 
 def main(argv=None) -> dict:
-  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core, as benchmarks.meta_step
+  from benchmarks import arguments
+
+  backend.default_to_all_cpu_cores()  # one XLA:CPU device per core, as benchmarks.meta_step
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
   parser.add_argument("--algorithm", default="vampire", choices=("maml", "vampire"))
-  parser.add_argument("--inner-steps", type=int, default=5, help="S")
+  parser.add_argument("--inner-steps", type=arguments.count(0), default=5, help="S")
   parser.add_argument(
     "--order",
     default=None,
@@ -198,17 +198,24 @@ def main(argv=None) -> dict:
     "--second-order-steps is given, else second)",
   )
   parser.add_argument(
-    "--second-order-steps", type=int, default=None, help="1: the authors' code's truncation"
+    "--second-order-steps",
+    type=arguments.count(0),
+    default=None,
+    help="1: the authors' code's truncation",
   )
-  parser.add_argument("--tasks", type=int, default=32, help="T")
-  parser.add_argument("--mc-samples", type=int, default=1, help="L_t = L_v (VAMPIRE)")
+  parser.add_argument("--tasks", type=arguments.count(1), default=32, help="T")
+  parser.add_argument(
+    "--mc-samples", type=arguments.count(1), default=1, help="L_t = L_v (VAMPIRE)"
+  )
   parser.add_argument(
     "--unroll-inner-steps", action="store_true", help="unroll the inner loop instead of lax.scan"
   )
-  parser.add_argument("--repeats", type=int, default=2, help="steps after the first")
+  parser.add_argument("--repeats", type=arguments.count(0), default=2, help="steps after the first")
   parser.add_argument("--eval", action="store_true", help="also compile the evaluator after")
-  parser.add_argument("--eval-tasks", type=int, default=20, help="eval_batch_tasks")
-  parser.add_argument("--eval-mc-samples", type=int, default=10, help="num_mc_test (VAMPIRE)")
+  parser.add_argument("--eval-tasks", type=arguments.count(1), default=20, help="eval_batch_tasks")
+  parser.add_argument(
+    "--eval-mc-samples", type=arguments.count(1), default=10, help="num_mc_test (VAMPIRE)"
+  )
   parser.add_argument("--json", default=None, help="also write the row to this file")
   args = parser.parse_args(argv)
   order = args.order or ("second" if args.second_order_steps is None else "truncated")

@@ -5,7 +5,7 @@
 
 XLA:CPU runs the gradient convolutions of `lax.conv_general_dilated` many
 times slower inside a `lax.scan` / `lax.map` body than at the top level of a
-program; `convolution.conv2d` (`conv_impl="loop_safe"`) builds its
+program; `backend.conv2d` (`conv_impl="loop_safe"`) builds its
 gradients from forward convolutions and matrix products, which keep their
 speed in loops. This prints, for one 3x3 'SAME' convolution layer of the
 given input shape (NHWC; default: a mini-ImageNet query batch after the
@@ -21,8 +21,7 @@ import flax.linen as nn
 import jax
 from jax import lax
 
-from vampire_jax._src.core import convolution
-from vampire_jax._src.core import sharding
+from vampire_jax import backend
 
 
 def _milliseconds(fn, args, trips: int, repeats: int) -> float:
@@ -52,12 +51,12 @@ def measure(shape: tuple[int, int, int, int], features: int, repeats: int) -> li
   """Rows `{operation, top_ms, loop_ms}` for one layer of input `shape`."""
   x = jax.random.normal(jax.random.key(0), shape)
   kernel = jax.random.normal(jax.random.key(1), (3, 3, shape[-1], features))
-  padding = convolution.same_padding(shape[1], shape[2], (3, 3), 1)
+  padding = backend.same_padding(shape[1], shape[2], (3, 3), 1)
   convs = {
     "xla": lambda x, k: lax.conv_general_dilated(
       x, k, (1, 1), padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
     ),
-    "loop_safe": lambda x, k: convolution.conv2d(x, k, 1, padding),
+    "loop_safe": lambda x, k: backend.conv2d(x, k, 1, padding),
   }
   out_grad = jax.random.normal(jax.random.key(2), shape[:3] + (features,))
   rows = []
@@ -74,7 +73,7 @@ def measure(shape: tuple[int, int, int, int], features: int, repeats: int) -> li
 
 
 def main(argv=None) -> list[dict]:
-  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
+  backend.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )

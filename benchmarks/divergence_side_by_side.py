@@ -45,7 +45,6 @@ the updates so far (`benchmarks.simpa_step_tasks` looks into one step of ours ta
 """
 
 import argparse
-import dataclasses
 import functools
 import json
 import logging
@@ -63,16 +62,16 @@ import numpy as np
 if __package__ in (None, ""):  # run by path: the repository root makes `benchmarks` importable
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vampire_jax._src.core import sharding  # noqa: E402
+from vampire_jax import backend  # noqa: E402
 
-sharding.default_to_all_cpu_cores()  # as the experiments: one XLA:CPU device per core
+backend.default_to_all_cpu_cores()  # as the experiments: one XLA:CPU device per core
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from experiments import regression  # noqa: E402
-from vampire_jax._src.core import backend_defaults, gaussian, meta_step  # noqa: E402
-from vampire_jax._src.runs import algorithms, loop, programs  # noqa: E402
+import vampire_jax as vj  # noqa: E402
+from vampire_jax.runs import algorithms, loop, programs  # noqa: E402
 
 AUTHORS_HEAD = "d797d9d"  # the commit whose Vampire2.py and Simpa.py these runs use
 SIDES = ("ours", "ours-plain-adam", "theirs")
@@ -81,13 +80,20 @@ SIDES = ("ours", "ours-plain-adam", "theirs")
 # -- Our run -----------------------------------------------------------------------------
 
 
+def step_keys(key: jax.Array, step: jax.Array, num_tasks: int) -> tuple[jax.Array, jax.Array]:
+  """`(task_keys, adapt_keys)` of meta-step `step` (0 before step 1), each `[num_tasks]`: the
+  keys `vj.make_train_step` draws and adapts that step's tasks with, from the run's `key`."""
+  task_key, adapt_key = jax.random.split(jax.random.fold_in(key, step))
+  return jax.random.split(task_key, num_tasks), jax.random.split(adapt_key, num_tasks)
+
+
 def run_config(algorithm: str, seed: int, kl_samples: int, plain_adam: bool = False):
   """The `cpu` regression preset for `algorithm` and `seed` (their optimiser if `plain_adam`)."""
-  config = dataclasses.replace(regression.get_config("cpu", algorithm), seed=seed)
+  config = regression.get_config("cpu", algorithm).replace(seed=seed)
   if algorithm == "simpa":
-    config = dataclasses.replace(config, simpa_kl_samples=kl_samples)
+    config = config.replace(num_kl_samples=kl_samples)
   if plain_adam:
-    config = dataclasses.replace(config, meta_grad_clip_norm=None, meta_lr_decay=1.0)
+    config = config.replace(meta_grad_clip_norm=None, meta_lr_decay=1.0)
   return config
 
 
@@ -96,7 +102,7 @@ def initial_state(config):
   problem = regression.make_problem(config)
   learner = loop.learner_for(problem, config)
   optimizer = algorithms.make_optimizer(config)
-  mesh = backend_defaults.task_mesh_for(config, config.tasks_per_step)
+  mesh = backend.task_mesh_for(config, config.schedule.tasks_per_step)
   init_key = programs.run_keys(config.seed).init
   state = loop._initial_state(problem, config, learner, optimizer, init_key, mesh)
   return problem, learner, optimizer, state, mesh
@@ -241,19 +247,19 @@ def _their_config(config, algorithm: str, logdir: str, steps: int) -> dict:
   torch, ap, _ = _torch()
   return {
     "ml_algorithm": algorithm,
-    "first_order": config.first_order,
-    "KL_weight": config.kl_weight,
+    "first_order": config.algorithm.first_order,
+    "KL_weight": config.algorithm.kl_weight,
     "num_ways": 1,
     "k_shot": config.num_support,
-    "num_inner_updates": config.num_inner_steps,
-    "inner_lr": config.inner_lr,
-    "meta_lr": config.meta_lr,
-    "minibatch": config.tasks_per_step,
-    "minibatch_print": config.tasks_per_step,  # log every meta-step (main.py: lcm(T, 1000))
-    "num_episodes_per_epoch": steps * config.tasks_per_step,
+    "num_inner_updates": config.algorithm.num_inner_steps,
+    "inner_lr": config.algorithm.inner_lr,
+    "meta_lr": config.schedule.meta_lr,
+    "minibatch": config.schedule.tasks_per_step,
+    "minibatch_print": config.schedule.tasks_per_step,  # log every meta-step (main.py: lcm(T, 1000))
+    "num_episodes_per_epoch": steps * config.schedule.tasks_per_step,
     "num_epochs": 1,
     "resume_epoch": 0,
-    "num_models": config.num_mc_train,
+    "num_models": config.algorithm.num_mc_train,
     "train_flag": True,
     "network_architecture": "FcNet",
     "batchnorm": False,
@@ -274,13 +280,13 @@ class Episodes:
     self.sample = jax.jit(problem.sample_tasks)
     self.data = problem.splits["train"]
     self.key = programs.run_keys(config.seed).train
-    self.tasks_per_step, self.steps, self.on_step = config.tasks_per_step, steps, on_step
+    self.tasks_per_step, self.steps, self.on_step = config.schedule.tasks_per_step, steps, on_step
     self.start, self.yielded = start, 0
 
   def __iter__(self):
     torch, _, _ = _torch()
     for step in range(self.start, self.start + self.steps):  # state.step: 0 before step 1
-      task_keys, adapt_keys = meta_step.step_keys(self.key, jnp.int32(step), self.tasks_per_step)
+      task_keys, adapt_keys = step_keys(self.key, jnp.int32(step), self.tasks_per_step)
       tasks = jax.device_get(self.sample(self.data, task_keys))
       if self.on_step is not None:
         self.on_step(step, adapt_keys)
@@ -323,10 +329,13 @@ class ReplayedNormals:
 
   @functools.cached_property
   def _draws(self):
+    zeros = jax.tree.map(jnp.zeros_like, self.mean_tree)
+    standard = vj.Gaussian(zeros, zeros)  # N(0, I): `vj.sample`'s draws of it are its noise
+
     def per_task(key):  # each inner step's key, then the query's
       adapt_key, query_key = jax.random.split(key)
       keys = jnp.concatenate([jax.random.split(adapt_key, self.num_steps), query_key[None]])
-      draw = lambda k: gaussian._normal_like(k, self.mean_tree, self.num_draws)  # noqa: E731
+      draw = lambda k: vj.sample(standard, k, self.num_draws)  # noqa: E731
       return jax.vmap(draw)(keys)
 
     return jax.jit(jax.vmap(per_task))
@@ -413,7 +422,9 @@ def run_theirs_vampire2(config, steps: int, every: int, folder: Path, noise: str
       np.testing.assert_allclose(theirs, np.asarray(ours), rtol=1e-5, atol=1e-6)
       return {"hyper_net": hyper_net, "f_base_net": f_base_net, "optimizer": optimizer}
 
-  replay = ReplayedNormals(net, meta_params.mean, config.num_inner_steps, config.num_mc_train)
+  replay = ReplayedNormals(
+    net, meta_params.mean, config.algorithm.num_inner_steps, config.algorithm.num_mc_train
+  )
   load = replay.load if noise == "ours" else None
   episodes = Episodes(problem, config, steps - from_step, load, start=from_step)
   if noise == "ours":
@@ -421,7 +432,9 @@ def run_theirs_vampire2(config, steps: int, every: int, folder: Path, noise: str
   their = OurStart(_their_config(config, "vampire2", logdir, steps - from_step))
   # Their loss carries KL_weight * (number of weights - n^2) / 2 more than ours (their KL's
   # constant, `authors_pytorch_head.authors_kl_constant`): taken off, so the losses compare.
-  constant = config.kl_weight * (sum(math.prod(s) for s in net.shapes) - len(net.shapes) ** 2) / 2
+  constant = (
+    config.algorithm.kl_weight * (sum(math.prod(s) for s in net.shapes) - len(net.shapes) ** 2) / 2
+  )
   label = f"theirs ({noise} noise)"
   return _train_theirs(their, episodes, config, every, constant, label, from_step)
 
@@ -434,7 +447,10 @@ def _train_theirs(their, episodes, config, every, constant, label, from_step=0) 
     their.train(train_dataloader=episodes, val_dataloader=None)
   except ValueError as error:  # "Loss is NaN." / "Adaptation loss is NaN"
     done = episodes.yielded - 1
-    step, task = from_step + done // config.tasks_per_step + 1, done % config.tasks_per_step + 1
+    step, task = (
+      from_step + done // config.schedule.tasks_per_step + 1,
+      done % config.schedule.tasks_per_step + 1,
+    )
     raised = f"{error} (task {task} of step {step})"
   losses = [value - constant for tag, _, value in _Scalars.logged if tag in LOSS_TAGS]
   return _summary(label, losses, time.perf_counter() - start, raised, first=from_step + 1)
@@ -444,7 +460,7 @@ def run_theirs_simpa(config, steps: int, every: int, folder: Path) -> dict:
   """Their `Simpa` class's `train()` from our initial generator and PHI network, on our tasks."""
   torch, ap, sp = _torch()
   torch.manual_seed(config.seed)  # their latent and prior draws: the same on every run of a seed
-  authors = import_authors(folder, kl_samples=config.simpa_kl_samples)
+  authors = import_authors(folder, kl_samples=config.algorithm.num_kl_samples)
   problem, _, _, state, _ = initial_state(config)
   meta_params = jax.device_get(state.meta_params)
   net = ap.mlp(tuple(config.hidden_sizes), 1, 1)
@@ -553,21 +569,49 @@ class _PhiNaNCount(logging.Handler):
     self.count += "Loss PHI is NaN" in record.getMessage()
 
 
+def authors_repo_problem(path: str) -> str:
+  """Why `path` cannot be --authors-repo ('' if it can): neither their code nor a git directory
+  holding AUTHORS_HEAD."""
+  folder = Path(path)
+  if not folder.is_dir():
+    return "does not exist"
+  if (folder / "Vampire2.py").exists():
+    return ""
+  if not ((folder / "HEAD").is_file() and (folder / "objects").is_dir()):
+    return (
+      "holds neither their code (Vampire2.py) nor a git directory: give a checkout of "
+      "cnguyen10/few_shot_meta_learning or its .git folder"
+    )
+  found = subprocess.run(
+    ["git", f"--git-dir={folder}", "cat-file", "-e", f"{AUTHORS_HEAD}^{{commit}}"],
+    capture_output=True,
+  )
+  return "" if found.returncode == 0 else f"is a git directory without commit {AUTHORS_HEAD}"
+
+
 def main(argv=None) -> None:
+  from benchmarks import arguments
+
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--algorithm", choices=("vampire2", "simpa"), required=True)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--steps", type=int, required=True, help="meta-steps to run at most")
+  parser.add_argument(
+    "--steps", type=arguments.count(1), required=True, help="meta-steps to run at most"
+  )
   parser.add_argument("--side", action="append", choices=SIDES, help="repeatable (default: all)")
   parser.add_argument(
     "--noise", choices=("ours", "torch"), default="ours", help="Vampire2's theirs"
   )
-  parser.add_argument("--kl-samples", type=int, default=512, help="SImPa: draws per KL estimate")
-  parser.add_argument("--every", type=int, default=100, help="print every this many steps")
+  parser.add_argument(
+    "--kl-samples", type=arguments.count(2), default=512, help="SImPa: draws per KL estimate"
+  )
+  parser.add_argument(
+    "--every", type=arguments.count(1), default=100, help="print every this many steps"
+  )
   parser.add_argument("--authors-repo", default=os.environ.get("VAMPIRE_AUTHORS_REPO"))
   parser.add_argument(
     "--theirs-from-step",
-    type=int,
+    type=arguments.count(0),
     default=0,
     help="Vampire2: start theirs from the state of ours with their optimiser after this step",
   )
@@ -576,6 +620,11 @@ def main(argv=None) -> None:
   sides = args.side or list(SIDES)
   if "theirs" in sides and not args.authors_repo:
     parser.error("--side theirs needs --authors-repo (or $VAMPIRE_AUTHORS_REPO)")
+  if "theirs" in sides:  # before either side runs
+    problem = authors_repo_problem(args.authors_repo)
+    if problem:
+      parser.error(f"--authors-repo {args.authors_repo}: {problem}")
+    arguments.needs_modules(parser, "--side theirs (the authors' code)", "torch", "higher")
   print(
     f"{args.algorithm}, regression `cpu` preset, seed {args.seed}, {args.steps} steps"
     + (f", {args.kl_samples} KL draws" if args.algorithm == "simpa" else "")

@@ -3,8 +3,8 @@
     python -m benchmarks.filter_gradient_cost                      # MAML, the four variants
     python -m benchmarks.filter_gradient_cost --variants default,concatenated --algorithms vampire
 
-On a CPU, Conv4's convolution is `conv_impl="loop_safe"` (`vampire_jax/_src/core/
-convolution.py`): its filter gradient stacks the nine kernel taps' strided slices of the
+On a CPU, Conv4's convolution is `conv_impl="loop_safe"` (`vampire_jax.backend.conv2d`):
+its filter gradient stacks the nine kernel taps' strided slices of the
 padded input and takes one matrix product; a second-order meta-gradient differentiates it
 by its own rule (a forward convolution and an input gradient). `benchmarks.profile_step`
 charged the filter gradient 43-48 % of the traced MAML step when autodiff differentiated
@@ -20,7 +20,8 @@ replaced:
   autodiff      both gradients differentiated by autodiff, not by their rules: the
                 library before issue 62's rules (the same values to float rounding)
 
-and prints `benchmarks.meta_step`'s row for each. The difference default - zero is what
+and prints `benchmarks.meta_step`'s row for each (a variant whose process failed: its
+error, and the command exits with status 1 at the end). The difference default - zero is what
 the filter gradient costs; autodiff - default is what the rules save. It changes nothing
 in the library.
 """
@@ -38,53 +39,65 @@ VARIANTS = ("default", "zero", "concatenated", "autodiff")
 
 
 def concatenated_filter_gradient(stride: int, padding, x, kernel, grad):
-  """`d kernel` of `convolution.conv2d`, its taps concatenated on the channel axis."""
-  from vampire_jax._src.core import convolution
+  """`d kernel` of `backend.conv2d`, its taps concatenated on the channel axis."""
+  from vampire_jax import backend
 
   (low_h, high_h), (low_w, high_w) = padding
   padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
-  taps = convolution.kernel_taps(padded, kernel.shape[:2], grad.shape[1:3], stride)
+  taps = backend.kernel_taps(padded, kernel.shape[:2], grad.shape[1:3], stride)
   taps = jnp.concatenate(taps, axis=-1)  # [n, out_h, out_w, kh * kw * in], as the kernel's rows
   rows = taps.shape[0] * taps.shape[1] * taps.shape[2]
   return (taps.reshape(rows, -1).T @ grad.reshape(rows, -1)).reshape(kernel.shape)
 
 
 def use_variant(variant: str) -> None:
-  """Replaces `convolution.conv2d`'s backward in this process (not for `default`)."""
-  from vampire_jax._src.core import convolution
+  """Replaces `backend.conv2d`'s backward in this process (not for `default`).
 
-  library_backward = convolution._backward
+  The library's rule is `(input_gradient, filter_gradient)` of the inputs kept by the
+  forward pass; a variant replaces one or both (`conv2d.defvjp` patches the library's own
+  function, which `vj.Conv4(conv_impl="loop_safe")` calls).
+  """
+  from vampire_jax import backend
+
+  def forward(x, kernel, stride, padding):  # the library's: its value, (x, kernel) kept
+    return backend.conv2d(x, kernel, stride, padding), (x, kernel)
 
   def backward(stride, padding, residuals, grad):
     x, kernel = residuals
     if variant == "autodiff":  # the rules' functions, undecorated: autodiff differentiates them
       return (
-        convolution.input_gradient.fun(kernel, grad, x.shape, stride, padding),
-        convolution.filter_gradient.fun(x, grad, kernel.shape, stride, padding),
+        backend.input_gradient.fun(kernel, grad, x.shape, stride, padding),
+        backend.filter_gradient.fun(x, grad, kernel.shape, stride, padding),
       )
-    d_x, d_kernel = library_backward(stride, padding, residuals, grad)
-    if variant == "zero":  # XLA drops the unused filter gradient as dead code
+    d_x = backend.input_gradient(kernel, grad, x.shape, stride, padding)
+    if variant == "zero":  # what the filter gradient costs: none computed
       d_kernel = jnp.zeros_like(kernel)
     elif variant == "concatenated":
       d_kernel = concatenated_filter_gradient(stride, padding, x, kernel, grad)
+    else:
+      d_kernel = backend.filter_gradient(x, grad, kernel.shape, stride, padding)
     return d_x, d_kernel
 
   if variant != "default":
-    convolution.conv2d.defvjp(convolution._forward, backward)
+    backend.conv2d.defvjp(forward, backward)
 
 
 def main(argv=None) -> None:
+  from benchmarks import arguments
+
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
   parser.add_argument("--variants", default=",".join(VARIANTS))
   parser.add_argument("--algorithms", default="maml")
-  parser.add_argument("--repeats", default="5")
+  parser.add_argument("--repeats", type=arguments.count(1), default=5)
   parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # the child
   parser.add_argument("--json", help=argparse.SUPPRESS)  # the child's rows, for the parent
   args = parser.parse_args(argv)
   from benchmarks import meta_step
 
+  arguments.names(parser, "--algorithms", args.algorithms, meta_step.ALGORITHMS)
+  args.repeats = str(args.repeats)  # passed on to meta_step's command line
   if args.one:
     use_variant(args.one)
     meta_step.main(
@@ -95,6 +108,7 @@ def main(argv=None) -> None:
   unknown = [v for v in variants if v not in VARIANTS]
   if unknown:
     parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+  failed = []
   with tempfile.TemporaryDirectory() as folder:
     for variant in variants:
       rows_path = os.path.join(folder, f"{variant}.json")
@@ -103,10 +117,13 @@ def main(argv=None) -> None:
       done = subprocess.run(command, capture_output=True, text=True)
       if done.returncode != 0:
         print(f"{variant}: failed\n{done.stderr[-2000:]}")
+        failed.append(variant)
         continue
       with open(rows_path) as f:
         for row in json.load(f):  # meta_step's table row for it, the variant named first
           print(f"{variant:>12} {meta_step.format_table([row]).splitlines()[-1]}", flush=True)
+  if failed:  # the others' rows are printed: the exit status says the table is incomplete
+    raise SystemExit(f"filter_gradient_cost: the variants {', '.join(failed)} failed (above)")
 
 
 if __name__ == "__main__":

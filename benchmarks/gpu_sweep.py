@@ -44,7 +44,8 @@ A child that fails, or runs past its limit (--child-timeout-s), becomes a
 row that says why; once the sweep's budget (--budget-s, 450 s) is spent the
 remaining rows are skipped with a note, so the sweep ends within 8 minutes.
 GPU-only rows are skipped on other backends. The table goes to stdout as
-markdown, and with `--json PATH` the rows to PATH. BUILD_NOTES.md records
+markdown, and with `--json PATH` the rows to PATH; then, if a child failed,
+the sweep exits with status 1 naming its rows. BUILD_NOTES.md records
 the numbers.
 
 The children need only the repository and jax, flax, optax, orbax and numpy.
@@ -60,7 +61,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
-from vampire_jax._src.core import sharding
+from vampire_jax.backend import default_to_all_cpu_cores
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMED_STEPS, QUICK_TIMED_STEPS = 30, 2
@@ -396,7 +397,7 @@ def _parse_args(argv):
 
 
 def main(argv=None) -> Optional[list[dict]]:
-  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
+  default_to_all_cpu_cores()  # one XLA:CPU device per core
   args, levers = _parse_args(argv)
   if args.child:  # one row, in this fresh process
     row = measure(LEVERS_BY_NAME[args.child], args.quick)
@@ -423,6 +424,9 @@ def main(argv=None) -> Optional[list[dict]]:
   print(format_table(rows))
   if args.json:
     Path(args.json).write_text(json.dumps(rows, indent=2))
+  failed = [f"{row['config']} ({row['note']})" for row in rows if row["status"] == "error"]
+  if failed:  # every row is printed: the exit status says that some have no numbers
+    raise SystemExit(f"gpu_sweep: {len(failed)} row(s) failed: {'; '.join(failed)}")
   return rows
 
 

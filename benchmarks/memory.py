@@ -20,7 +20,7 @@ import concurrent.futures
 import multiprocessing
 import resource
 import time
-from vampire_jax._src.core import sharding
+from vampire_jax import backend
 
 
 def _hlo_gflop(setting, algorithm, apply_fn, nll, remat, optimizer, state, tasks) -> float:
@@ -86,21 +86,30 @@ def measure(
   return row
 
 
+# The algorithms it measures: `suite.make_learner`'s that train with Adam (not SImPa).
+ALGORITHMS = ("maml", "vampire", "vampire2", "protonet")
+
+
 def main(argv=None) -> list[dict]:
-  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
+  from benchmarks import arguments
+
+  backend.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
-  parser.add_argument("--algorithms", default="maml,vampire")
-  parser.add_argument("--shots", default="1,5")
+  parser.add_argument(
+    "--algorithms", default="maml,vampire", help=f"comma list of {', '.join(ALGORITHMS)}"
+  )
+  parser.add_argument("--shots", type=arguments.counts(1), default="1,5")
   parser.add_argument("--no-run", action="store_true", help="compile only: XLA's analysis")
-  parser.add_argument("--mc-samples", type=int, default=10, help="L for VAMPIRE")
+  parser.add_argument("--mc-samples", type=arguments.count(1), default=10, help="L for VAMPIRE")
   parser.add_argument(
     "--unroll-inner-steps",
     action="store_true",
     help="unroll the inner loop (the CPU path) instead of lax.scan",
   )
   args = parser.parse_args(argv)
+  algorithms = arguments.names(parser, "--algorithms", args.algorithms, ALGORITHMS)
   import jax
 
   from benchmarks import suite
@@ -113,8 +122,8 @@ def main(argv=None) -> list[dict]:
   )
   rows = []
   context = multiprocessing.get_context("spawn")
-  for algorithm in args.algorithms.split(","):
-    for shots in [int(s) for s in args.shots.split(",")]:
+  for algorithm in algorithms:
+    for shots in args.shots:
       for remat in (False, True):
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
           row = pool.submit(

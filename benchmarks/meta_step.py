@@ -9,11 +9,11 @@ call draws its T tasks inside the step from per-task keys, out of random
 uint8 class images (`make_train_step`, jitted with the state donated;
 `make_host_chunked_train_step` for `host_chunked`). A chunk that does not
 divide T becomes the largest divisor of T below it
-(`vampire_jax._src.core.backend_defaults.task_batching`), so `--tasks 2` runs
+(`vampire_jax.backend.task_batching`), so `--tasks 2` runs
 `host_chunked:4` as `host_chunked:2`. The defaults are the library's: the
 backend's task batching (`map` on a CPU, `vmap` elsewhere), the inner loop in
 `lax.scan` (`--unroll-inner-steps` unrolls it) and `--conv-impl auto`
-(`vampire_jax._src.core.backend_defaults.conv_impl`: `loop_safe` on a CPU unless nothing is
+(`vampire_jax.backend.conv_impl`: `loop_safe` on a CPU unless nothing is
 in a loop).
 
 For each algorithm and task batching strategy it prints compile time (first
@@ -34,14 +34,12 @@ from typing import Optional
 import jax
 
 import vampire_jax as vj
-from vampire_jax._src.core.batching import BATCHING_STRATEGIES
 from benchmarks import suite
-from vampire_jax._src.core import backend_defaults
-from vampire_jax._src.core import host_memory
-from vampire_jax._src.core import models
-from vampire_jax._src.core import sharding
+from vampire_jax import backend
 
 SETTING = suite.SETTINGS["omniglot_5w1s"]
+# The algorithms this step times: `suite.make_learner`'s with Adam and the classifier network.
+ALGORITHMS = ("maml", "vampire", "vampire2")
 
 
 def resolve_strategies(spec: Optional[str], num_tasks: int) -> list[tuple[str, int]]:
@@ -54,11 +52,11 @@ def resolve_strategies(spec: Optional[str], num_tasks: int) -> list[tuple[str, i
       most the one asked for.
   """
   if spec is None:
-    return [backend_defaults.task_batching("auto", 0, num_tasks)]
+    return [backend.task_batching("auto", 0, num_tasks)]
   resolved = []
   for item in spec.split(","):
     name, _, chunk = item.strip().partition(":")
-    resolved.append(backend_defaults.task_batching(name, int(chunk or 1), num_tasks))
+    resolved.append(backend.task_batching(name, int(chunk or 1), num_tasks))
   return resolved
 
 
@@ -74,7 +72,7 @@ def time_step(
 ) -> dict:
   """Compiles and times the training step of one algorithm and task batching."""
   if conv_impl == "auto":
-    conv_impl = backend_defaults.conv_impl(
+    conv_impl = backend.conv_impl(
       task_batching=strategy, inner_steps_unrolled=unroll_steps, draws_mapped=False
     )
   setting = dataclasses.replace(SETTING, tasks=num_tasks, conv_impl=conv_impl)
@@ -113,7 +111,7 @@ def time_step(
     "ms_per_task": 1000 * step_s / num_tasks,
     "peak_mb": suite.device_peak_mb(timed.memory.process),
     "stepping_peak_mb": timed.memory.stepping,
-    "memory_release": host_memory.enabled(),
+    "memory_release": backend.memory_release_enabled(),
   }
 
 
@@ -134,38 +132,52 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> list[dict]:
-  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
+  from benchmarks import arguments
+
+  backend.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
-  parser.add_argument("--algorithms", default="maml,vampire")
+  parser.add_argument(
+    "--algorithms", default="maml,vampire", help=f"comma list of {', '.join(ALGORITHMS)}"
+  )
   parser.add_argument(
     "--strategies",
     default=None,
     help="comma list of STRATEGY[:CHUNK]; STRATEGY is host_chunked or one of "
-    f"{BATCHING_STRATEGIES}; default: the backend's choice",
+    f"{backend.BATCHING_STRATEGIES}; default: the backend's choice",
   )
-  parser.add_argument("--tasks", type=int, default=32)
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--tasks", type=arguments.count(1), default=32)
+  parser.add_argument("--repeats", type=arguments.count(1), default=3)
   parser.add_argument(
     "--unroll-inner-steps", action="store_true", help="unroll the inner loop instead of lax.scan"
   )
   parser.add_argument(
     "--conv-impl",
     default="auto",
-    choices=("auto",) + models.CONV_IMPLS,
+    choices=("auto",) + backend.CONV_IMPLS,
     help="auto: the library's choice for each row's loop structure",
   )
   parser.add_argument(
     "--second-order-steps",
-    type=int,
+    type=arguments.count(0),
     default=None,
     help="differentiate the likelihood's gradient in the first K inner steps "
     "only (1: the authors' code); default: all",
   )
   parser.add_argument("--json", default=None, help="also write the rows to this file")
   args = parser.parse_args(argv)
-  strategies = resolve_strategies(args.strategies, args.tasks)
+  algorithms = arguments.names(parser, "--algorithms", args.algorithms, ALGORITHMS)
+  try:
+    strategies = resolve_strategies(args.strategies, args.tasks)
+  except ValueError:  # a chunk that is not a count
+    strategies = [("", 0)]
+  known = ("host_chunked",) + tuple(backend.BATCHING_STRATEGIES)
+  if any(strategy not in known for strategy, _ in strategies):
+    parser.error(
+      f"--strategies: {args.strategies!r} is not a comma list of STRATEGY[:CHUNK], STRATEGY "
+      f"one of {', '.join(known)}"
+    )
 
   device = jax.devices()[0]
   print(
@@ -176,7 +188,7 @@ def main(argv=None) -> list[dict]:
     " tasks sampled inside the step"
   )
   rows = []
-  for algorithm in args.algorithms.split(","):
+  for algorithm in algorithms:
     for strategy, chunk in strategies:
       row = time_step(
         algorithm,

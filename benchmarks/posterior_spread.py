@@ -25,10 +25,8 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import zoo_verify
-from vampire_jax._src.core.learners import adapt_to_task
-from vampire_jax._src.metrics import evaluation
-from vampire_jax._src.metrics import recalibration as maps
-from vampire_jax._src.runs import kinds, programs
+from vampire_jax.metrics import evaluate_split, interval_metrics
+from vampire_jax.runs import kinds, programs
 
 
 def _flat(tree, leading: int = 0) -> np.ndarray:
@@ -85,16 +83,22 @@ def load_at(folder: Path, step: str, scratch: Path) -> vj.Run:
   return run
 
 
+def adapt_to_task(run: vj.Run, support_x, support_y, key: jax.Array):
+  """The posterior of one task's support, from `key` as the evaluators and `Run.predict`
+  split it (the first of its two keys adapts; the second draws the predictions)."""
+  adapt_key, _ = jax.random.split(key)
+  return run.learner.adapt(run.meta_params, support_x, support_y, adapt_key)
+
+
 def measure(run: vj.Run, num_tasks: int) -> dict:
   problem = zoo_verify.make_problem(run)
   tasks = vj.draw_tasks(problem, "test", jax.random.key(0), num_tasks)
   keys = jax.random.split(jax.random.key(1), num_tasks)
-  adapt = jax.jit(
-    jax.vmap(lambda sx, sy, k: adapt_to_task(run.learner, run.meta_params, sx, sy, k)[0])
-  )
+  adapt = jax.jit(jax.vmap(lambda sx, sy, k: adapt_to_task(run, sx, sy, k)))
   posteriors = adapt(tasks.support_x, tasks.support_y, keys)
-  evaluator = programs.split_evaluator(problem, run._evaluator, "test")
-  per_task = evaluation.evaluate_split(
+  evaluate = programs.build_evaluator(run.kind, run.noise_std, run.config, run.learner)
+  evaluator = programs.split_evaluator(problem, evaluate, "test")
+  per_task = evaluate_split(
     evaluator, run.meta_params, programs.run_keys(run.config.seed).test, num_tasks,
     programs.eval_batch_size(run.config),
   )  # fmt: skip
@@ -103,7 +107,7 @@ def measure(run: vj.Run, num_tasks: int) -> dict:
     "step": run.step,
     **spread_summary(run.meta_params, posteriors, num_tasks),
     **predictive_summary(per_task, run.noise_std),
-    "coverage_90": maps.interval_metrics(per_task, run.noise_std)["interval_90_coverage"],
+    "coverage_90": interval_metrics(per_task, run.noise_std)["interval_90_coverage"],
     "paper_ece": float(metrics["ece"]),
     "pit_ece": float(metrics["pit_ece"]),
     "nll": float(metrics["nll"]),
@@ -111,16 +115,42 @@ def measure(run: vj.Run, num_tasks: int) -> dict:
   }
 
 
+def checkpoint_of(spec: str) -> tuple[Path, str]:
+  """`(folder, step)` of a `FOLDER:STEP` argument, or the reason it names no checkpoint."""
+  folder, colon, step = spec.rpartition(":")
+  if not colon or not folder or not step:
+    raise ValueError("must be FOLDER:STEP, a run folder and the step of one of its checkpoints")
+  if not step.isdigit():
+    raise ValueError(f"its STEP {step!r} is not a step number (checkpoints/STEP)")
+  missing = [name for name in ("run.json", "metrics.jsonl") if not (Path(folder) / name).is_file()]
+  if missing:
+    raise ValueError(f"no run folder at {folder} (no {' or '.join(missing)})")
+  checkpoints = Path(folder) / "checkpoints"
+  if not (checkpoints / step).is_dir():
+    kept = sorted(p.name for p in checkpoints.iterdir()) if checkpoints.is_dir() else []
+    raise ValueError(
+      f"no checkpoint {checkpoints / step} (its checkpoints: {', '.join(kept) or 'none'})"
+    )
+  return Path(folder), step
+
+
 def main(argv=None) -> list[dict]:
+  from benchmarks import arguments
+
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("checkpoints", nargs="+", metavar="FOLDER:STEP")
-  parser.add_argument("--num-tasks", type=int, default=100)
+  parser.add_argument("--num-tasks", type=arguments.count(1), default=100)
   args = parser.parse_args(argv)
+  found = []
+  for spec in args.checkpoints:  # every one, before any run is loaded
+    try:
+      found.append((spec, *checkpoint_of(spec)))
+    except ValueError as error:
+      parser.error(f"FOLDER:STEP {spec!r}: {error}")
   rows = []
   with tempfile.TemporaryDirectory() as scratch:
-    for spec in args.checkpoints:
-      folder, _, step = spec.rpartition(":")
-      row = {"run": spec, **measure(load_at(Path(folder), step, Path(scratch)), args.num_tasks)}
+    for spec, folder, step in found:
+      row = {"run": spec, **measure(load_at(folder, step, Path(scratch)), args.num_tasks)}
       print(json.dumps(row), flush=True)
       rows.append(row)
   return rows

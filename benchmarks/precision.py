@@ -14,11 +14,11 @@ bfloat16`.
 import argparse
 import tempfile
 from pathlib import Path
-from vampire_jax._src.core import sharding
+from vampire_jax import backend
 
 
 def main(argv=None) -> dict:
-  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
+  backend.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )

@@ -38,7 +38,6 @@ them; `benchmarks.filter_gradient_cost` measures one part's cost untraced, by re
 """
 
 import argparse
-from vampire_jax._src.core.batching import MAPPED_STRATEGIES
 import collections
 import dataclasses
 import glob
@@ -50,7 +49,7 @@ import time
 from typing import Optional
 
 from benchmarks import suite
-from vampire_jax._src.core import sharding
+from vampire_jax import backend
 
 _INSTRUCTION = re.compile(
   r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\S+(?:\[[^\]]*\])?(?:\{[^}]*\})?\s+([\w\-]+)\("
@@ -204,7 +203,6 @@ def profile(
   """
   import jax
   import vampire_jax as vj
-  from vampire_jax._src.core import backend_defaults
 
   if algorithm == "maml":
     mc_samples = 1
@@ -213,14 +211,14 @@ def profile(
   )
   draws = suite.draw_batching(setting, {"sample_batching": sample_batching})
   strategy, chunk = suite.choose_batching(setting, batching)
-  strategy, chunk = backend_defaults.task_batching(strategy, chunk, tasks)
+  strategy, chunk = backend.task_batching(strategy, chunk, tasks)
   if setting.conv_impl == "auto":
     setting = dataclasses.replace(
       setting,
-      conv_impl=backend_defaults.conv_impl(
+      conv_impl=backend.conv_impl(
         task_batching=strategy,
         inner_steps_unrolled=False,
-        draws_mapped=mc_samples > 1 and draws in MAPPED_STRATEGIES,
+        draws_mapped=mc_samples > 1 and draws in backend.MAPPED_STRATEGIES,
       ),
     )
   apply_fn, params, nll = suite.network(setting)
@@ -328,14 +326,16 @@ def format_report(result: dict, rows: int = 12) -> str:
 
 
 def main(argv=None) -> dict:
-  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
+  from benchmarks import arguments
+
+  backend.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
   parser.add_argument("--settings", default="mini_imagenet_5w1s", choices=tuple(suite.SETTINGS))
-  parser.add_argument("--tasks", type=int, default=2)
-  parser.add_argument("--mc-samples", type=int, default=10)
-  parser.add_argument("--repeats", type=int, default=1)
+  parser.add_argument("--tasks", type=arguments.count(1), default=2)
+  parser.add_argument("--mc-samples", type=arguments.count(1), default=10)
+  parser.add_argument("--repeats", type=arguments.count(1), default=1)
   parser.add_argument("--remat", action="store_true")
   parser.add_argument("--top", type=int, default=15, help="heaviest operations listed")
   parser.add_argument(
@@ -359,7 +359,7 @@ def main(argv=None) -> dict:
   )
   parser.add_argument(
     "--second-order-steps",
-    type=int,
+    type=arguments.count(0),
     default=None,
     help="inner steps differentiated at second order (default all; 1: the authors' code)",
   )

@@ -153,15 +153,20 @@ def format_report(result: dict) -> str:
 
 
 def main(argv=None) -> dict:
-  from benchmarks import authors_pytorch
+  from benchmarks import arguments
 
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
+  arguments.needs_modules(parser, "this benchmark of the authors' PyTorch step", "torch")
+  from benchmarks import authors_pytorch
+
   training_rows = [r for r, (_, a) in authors_pytorch.ROWS.items() if a != "episode"]
   parser.add_argument("--row", default="omniglot_maml", choices=training_rows)
   parser.add_argument("--repeats", type=int, default=3, help="traced steps after two untraced")
-  parser.add_argument("--tasks", type=int, default=None, help="T (default: the row's)")
+  parser.add_argument(
+    "--tasks", type=arguments.count(1), default=None, help="T (default: the row's)"
+  )
   parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
   parser.add_argument("--top", type=int, default=15, help="heaviest operations listed")
   parser.add_argument("--seed", type=int, default=0)

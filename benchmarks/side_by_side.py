@@ -35,7 +35,8 @@ largest peak resident memory of the rounds, MB, of the whole process and of
 its timed steps alone: ours after the compile's freed memory went back to the
 system, `benchmarks.suite.measure_stepping`) and writes every result, the
 commands and each process's log under --log-dir. Our compile time is left
-out of s/step (as PyTorch's first step is), and reported in the JSON.
+out of s/step (as PyTorch's first step is), and reported in the JSON. A process that
+failed is "failed" in the table, and then the command exits with status 1 naming it.
 """
 
 import argparse
@@ -251,18 +252,25 @@ def _second_order(value: str) -> Optional[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+  from benchmarks import arguments
+
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
   parser.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)}")
-  parser.add_argument("--rounds", type=int, default=2)
-  parser.add_argument("--repeats", type=int, default=3, help="timed steps (calls) after the first")
+  parser.add_argument("--rounds", type=arguments.count(1), default=2)
   parser.add_argument(
-    "--tasks", type=int, default=0, help="T of the training rows (0: the setting's)"
+    "--repeats", type=arguments.count(1), default=3, help="timed steps (calls) after the first"
+  )
+  parser.add_argument(
+    "--tasks",
+    type=arguments.count(0, " (0: the setting's)"),
+    default=0,
+    help="T of the training rows (0: the setting's)",
   )
   parser.add_argument(
     "--mc-samples",
-    type=int,
+    type=arguments.count(0, " (0: the setting's)"),
     default=0,
     help="L of the mini-ImageNet and regression rows (0: the setting's)",
   )
@@ -351,6 +359,11 @@ def main(argv=None) -> list[dict]:
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"options": options, "entries": entries, "runs": runs}, f, indent=2)
+  failed = [f"{r['row']} {r['side']} round {r['round']}" for r in runs if not r["ok"]]
+  if failed:  # the table is printed: the exit status says it is incomplete
+    raise SystemExit(
+      f"side_by_side: {len(failed)} process(es) failed (logs above): {'; '.join(failed)}"
+    )
   return entries
 
 

@@ -13,14 +13,13 @@ the MSE, i.e. --likelihood-std 0.7071).
 """
 
 import argparse
-import dataclasses
 import sys
 import time
 
 import jax
 
 from experiments import cli, regression
-from vampire_jax._src.runs import algorithms, inner_loop_check, loop, programs
+from vampire_jax.runs import algorithms, inner_loop_check, loop, programs
 
 VARIANTS = {
   "preset (MLP 100-100-100, NLL sigma 0.3, inner lr 1e-3)": {},
@@ -35,8 +34,8 @@ VARIANTS = {
 
 def support_loss_change(seed: int, kl_samples: int, changes: dict) -> tuple[float, float]:
   """The support loss before and after SImPa's inner loop, as the run's check measures it."""
-  config = dataclasses.replace(
-    regression.get_config("cpu", "simpa"), seed=seed, simpa_kl_samples=kl_samples, **changes
+  config = regression.get_config("cpu", "simpa").replace(
+    seed=seed, num_kl_samples=kl_samples, **changes
   )
   problem = regression.make_problem(config)
   learner = loop.learner_for(problem, config)

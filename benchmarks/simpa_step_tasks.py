@@ -19,11 +19,14 @@ import jax.numpy as jnp
 import optax
 
 from experiments import cli
-from vampire_jax._src.core import meta_step
-from vampire_jax._src.core.adaptation import _all_finite as _finite
-from vampire_jax._src.runs import programs
+from vampire_jax.runs import programs
 
 simpa = importlib.import_module("vampire_jax.baselines.simpa")  # the module, not the builder
+
+
+def _finite(tree) -> bool:
+  """Whether every leaf of `tree` is finite."""
+  return all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree_util.tree_leaves(tree))
 
 
 def _norm(tree) -> float:
@@ -54,20 +57,22 @@ def main(argv=None) -> None:
     f"after step {args.stop}: meta-parameters finite {_finite(meta)}; generator norm "
     f"{_norm(meta.generator):.6g} (at the start {_norm(first.generator):.6g})"
   )
-  hyper_prior = simpa.hyper_prior_term(meta.generator, config.tasks_per_step, simpa.EPSILON)
+  hyper_prior = simpa.hyper_prior_term(
+    meta.generator, config.schedule.tasks_per_step, simpa.EPSILON
+  )
   print(f"hyper-prior term {float(hyper_prior):.6g}")
 
   train_key = programs.run_keys(config.seed).train
-  task_keys, adapt_keys = meta_step.step_keys(
-    train_key, jnp.int32(args.stop), config.tasks_per_step
+  task_keys, adapt_keys = side_by_side.step_keys(
+    train_key, jnp.int32(args.stop), config.schedule.tasks_per_step
   )
   tasks = jax.device_get(jax.jit(problem.sample_tasks)(problem.splits["train"], task_keys))
   loss_and_grad = jax.jit(jax.value_and_grad(lambda m, t, k: learner.meta_loss(m, t, k)[0]))
-  draws = config.simpa_kl_samples
+  draws = config.algorithm.num_kl_samples
   kl_and_grad = jax.jit(
     jax.value_and_grad(lambda g, p, k: simpa.kl_lower_bound(g, p, k, draws), (0, 1))
   )
-  for t in range(config.tasks_per_step):
+  for t in range(config.schedule.tasks_per_step):
     task = jax.tree_util.tree_map(lambda a: a[t], tasks)
     loss, grads = loss_and_grad(meta, task, adapt_keys[t])
     # The task's own split of its key, as simpa.meta_loss splits it.

@@ -56,7 +56,7 @@ Each row runs in a fresh process and reports:
                   without memory statistics), compile included
   stepping MB     the process's peak resident memory during the timed steps,
                   after the compile's freed memory went back to the system
-                  (`host_memory`; `VAMPIRE_JAX_MEMORY_RELEASE=0`: not): what
+                  (`backend.release_freed_memory`; `VAMPIRE_JAX_MEMORY_RELEASE=0`: not): what
                   a run holds while it steps, as the authors' harness reports
 then one markdown table. Cost and memory analyses are optional in JAX (the
 GPU backend may give none): a number a backend does not give is None in the
@@ -83,9 +83,6 @@ batching above) scores them all. Each row reports the compile time
 """
 
 import argparse
-from vampire_jax._src.core.batching import BATCHING_STRATEGIES
-from vampire_jax._src.core.batching import MAPPED_STRATEGIES
-from vampire_jax._src.core.host_chunked import make_host_chunked_train_step
 import concurrent.futures
 import dataclasses
 import json
@@ -96,11 +93,14 @@ import resource
 import tempfile
 import time
 from typing import NamedTuple, Optional
-from vampire_jax._src.core import sharding
+
+from vampire_jax import backend
 
 SETTINGS_HELP = "omniglot_5w1s, omniglot_20w1s, mini_imagenet_5w1s, regression"
 # --sample-batching: how VAMPIRE's L draws are batched (auto: the backend's choice).
 DRAW_BATCHINGS = ("auto", "vmap", "map", "remat_map", "unroll")
+# What `make_learner` builds (`--algorithms`; the module docstring says what each is).
+ALGORITHMS = ("maml", "vampire", "vampire2", "protonet", "simpa")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,13 +252,11 @@ def measure_stepping(first_call, timed_calls, release: bool = True) -> MemoryPea
   The stepping peak is what a user feels for the length of a run, and what the authors'
   harness reports beside its process peak (`benchmarks/authors_pytorch.py`, with
   `release=False`: PyTorch compiles nothing); the release is
-  `host_memory.release_freed_memory` (off with `VAMPIRE_JAX_MEMORY_RELEASE=0`).
+  `vampire_jax.backend.release_freed_memory` (off with `VAMPIRE_JAX_MEMORY_RELEASE=0`).
   """
   first_call()
   if release:
-    from vampire_jax._src.core import host_memory
-
-    host_memory.release_freed_memory()
+    backend.release_freed_memory()
   before = peak_rss_mb()
   reset = reset_peak_rss()
   timed_calls()
@@ -310,7 +308,6 @@ def network(setting: Setting, algorithm: str = "maml"):
   """`(apply_fn, params, nll)` of the setting's network (ProtoNet's: no head)."""
   import jax
   import vampire_jax as vj
-  from vampire_jax._src.core import backend_defaults
 
   if setting.kind == "regression":
     if algorithm == "protonet":
@@ -323,7 +320,7 @@ def network(setting: Setting, algorithm: str = "maml"):
     )
   conv_impl = setting.conv_impl
   if conv_impl == "auto":  # callers that know their loops resolve it first (run_row)
-    conv_impl = backend_defaults.conv_impl(
+    conv_impl = backend.conv_impl(
       task_batching="map", inner_steps_unrolled=False, draws_mapped=True
     )
   model = vj.Conv4(
@@ -351,12 +348,13 @@ def make_learner(
   """MAML, VAMPIRE, Vampire2 or ProtoNet in the setting; `second_order_steps=1` is the authors'
   code's meta-gradient.
 
-  `sample_batching` None: the draws as `backend_defaults` batches them (below);
+  `sample_batching` None: the draws as `backend.sample_batching` batches them (below);
   `first_order` stops the meta-gradient at the inner updates (MAML and VAMPIRE).
   """
   import vampire_jax as vj
-  from vampire_jax._src.core import backend_defaults
 
+  if algorithm not in ALGORITHMS:  # never time VAMPIRE under another name
+    raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
   if algorithm == "protonet":  # no inner loop, no draws; apply_fn is the embedding
     return vj.baselines.protonet(apply_fn, num_classes=setting.ways)
   if algorithm == "simpa":  # first order, L generated networks, 512 KL draws (Simpa.py's)
@@ -381,8 +379,8 @@ def make_learner(
   )
   if algorithm == "maml":
     return vj.maml(apply_fn, nll, **options)
-  # Draws batched as `backend_defaults` decides for the network (the MLP has no convolution).
-  draws = backend_defaults.sample_batching(dense_only=setting.kind == "regression")
+  # Draws batched as `backend.sample_batching` decides for the network (the MLP has no convolution).
+  draws = backend.sample_batching(dense_only=setting.kind == "regression")
   if algorithm == "vampire2":  # the authors' defaults, as the registry builds it
     options = dict(options, first_order=True, second_order_steps=None)
     kl = dict(kl_weight=1e-6, kl_target="standard_normal", outer_kl_weight=1e-6)
@@ -400,13 +398,11 @@ def make_learner(
 
 
 def choose_batching(setting: Setting, requested: Optional[str]) -> tuple[str, int]:
-  """`requested` (STRATEGY[:CHUNK]), else what `backend_defaults` picks for the setting."""
-  from vampire_jax._src.core import backend_defaults
-
+  """`requested` (STRATEGY[:CHUNK]), else what `backend.task_batching` picks for the setting."""
   if requested:
     name, _, chunk = requested.partition(":")
     return name, int(chunk or 1)
-  return backend_defaults.task_batching(
+  return backend.task_batching(
     "auto",
     0,
     setting.tasks,
@@ -436,7 +432,7 @@ def build_train_step(
   import vampire_jax as vj
 
   if strategy == "host_chunked":
-    return make_host_chunked_train_step(
+    return backend.make_host_chunked_train_step(
       learner, optimizer, sample_tasks, tasks_per_step=num_tasks, chunk_size=chunk
     )
   step = vj.make_train_step(
@@ -598,9 +594,7 @@ def _row_setting(name: str, options: dict) -> Setting:
 
 def draw_batching(setting: Setting, options: dict) -> str:
   """How the row batches VAMPIRE's draws: --sample-batching, else the backend's choice."""
-  from vampire_jax._src.core import backend_defaults
-
-  return backend_defaults.sample_batching(
+  return backend.sample_batching(
     options.get("sample_batching") or "auto", dense_only=setting.kind == "regression"
   )
 
@@ -611,21 +605,20 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   import jax
   import numpy as np
   import vampire_jax as vj
-  from vampire_jax._src.core import backend_defaults
 
   setting = _row_setting(name, options)
   num_tasks = setting.tasks
   strategy, chunk = choose_batching(setting, options["batching"])
-  strategy, chunk = backend_defaults.task_batching(strategy, chunk, num_tasks)
+  strategy, chunk = backend.task_batching(strategy, chunk, num_tasks)
   unroll_steps = options["unroll_inner_steps"]
   draws = draw_batching(setting, options)
   if setting.conv_impl == "auto":
     setting = dataclasses.replace(
       setting,
-      conv_impl=backend_defaults.conv_impl(
+      conv_impl=backend.conv_impl(
         task_batching=strategy,
         inner_steps_unrolled=unroll_steps,
-        draws_mapped=setting.mc_samples > 1 and draws in MAPPED_STRATEGIES,
+        draws_mapped=setting.mc_samples > 1 and draws in backend.MAPPED_STRATEGIES,
       ),
     )
   apply_fn, params, nll = network(setting, algorithm)
@@ -724,7 +717,6 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
   import jax
   import numpy as np
   import vampire_jax as vj
-  from vampire_jax._src.core import backend_defaults
 
   setting = dataclasses.replace(SETTINGS[name], tasks=num_tasks)
   if options.get("mc_samples"):
@@ -733,13 +725,13 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
   if strategy == "host_chunked":
     raise ValueError(
       "--batching host_chunked is for training steps; an episode row needs one of"
-      f" {BATCHING_STRATEGIES}"
+      f" {backend.BATCHING_STRATEGIES}"
     )
-  strategy, chunk = backend_defaults.task_batching(strategy, chunk, num_tasks)
+  strategy, chunk = backend.task_batching(strategy, chunk, num_tasks)
   if setting.conv_impl == "auto":
     setting = dataclasses.replace(
       setting,
-      conv_impl=backend_defaults.conv_impl(
+      conv_impl=backend.conv_impl(
         task_batching=strategy,
         inner_steps_unrolled=options["unroll_inner_steps"],
         draws_mapped=setting.mc_samples > 1,
@@ -869,15 +861,27 @@ def _row_line(row: dict) -> str:
 
 
 def main(argv=None) -> list[dict]:
-  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
+  from benchmarks import arguments
+
+  backend.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
   parser.add_argument("--quick", action="store_true", help="fewer tasks, 2 timed steps")
   parser.add_argument("--settings", default=",".join(SETTINGS), help=SETTINGS_HELP)
   parser.add_argument("--algorithms", default="maml,vampire")
-  parser.add_argument("--tasks", type=int, default=0, help="T for every setting (0: its own)")
-  parser.add_argument("--repeats", type=int, default=None, help="timed steps (default 5, quick 2)")
+  parser.add_argument(
+    "--tasks",
+    type=arguments.count(0, " (0: the setting's)"),
+    default=0,
+    help="T for every setting (0: its own)",
+  )
+  parser.add_argument(
+    "--repeats",
+    type=arguments.count(1),
+    default=None,
+    help="timed steps (default 5, quick 2)",
+  )
   parser.add_argument(
     "--batching", default=None, help="STRATEGY[:CHUNK] for every row (default: see above)"
   )
@@ -893,7 +897,7 @@ def main(argv=None) -> list[dict]:
   )
   parser.add_argument(
     "--mc-samples",
-    type=int,
+    type=arguments.count(0, " (0: the setting's)"),
     default=0,
     help="L of every VAMPIRE row (0: the setting's, or --quick's); not --episodes'",
   )
@@ -924,16 +928,18 @@ def main(argv=None) -> list[dict]:
   )
   parser.add_argument(
     "--episode-tasks",
+    type=arguments.counts(1),
     default="1,32",
     help="comma list of task counts per episode call (with --episodes)",
   )
   parser.add_argument(
     "--episode-mc-samples",
-    type=int,
+    type=arguments.count(1),
     default=10,
     help="L, weight draws to adapt and to predict (with --episodes)",
   )
   args = parser.parse_args(argv)
+  algorithms = arguments.names(parser, "--algorithms", args.algorithms, ALGORITHMS)
   options = {
     "quick": args.quick,
     "tasks": args.tasks,
@@ -967,7 +973,7 @@ def main(argv=None) -> list[dict]:
   )
   rows, start = [], time.time()
   for name in names:
-    for algorithm in args.algorithms.split(","):
+    for algorithm in algorithms:
       run = run_row if args.same_process else _in_fresh_process
       rows.append(run(name, algorithm, options))
       print(_row_line(rows[-1]), flush=True)
@@ -985,7 +991,7 @@ def main(argv=None) -> list[dict]:
 def _episodes(names: list[str], args, options: dict) -> list[dict]:
   import jax
 
-  counts = [int(n) for n in args.episode_tasks.split(",") if n.strip()]
+  counts = args.episode_tasks  # a list of counts >= 1 (`arguments.counts`)
   options = dict(options, mc_samples=args.episode_mc_samples)
   print(
     f"backend {jax.default_backend()}, jax {jax.__version__}; VAMPIRE test episodes,"

@@ -22,13 +22,12 @@ in units of their 95 % half-width (the tolerance is `zoo_verify.CI_FRACTION` of 
 
 import argparse
 import copy
-import dataclasses
 import json
 import sys
 import time
 
 from experiments import zoo, zoo_verify
-from vampire_jax._src.runs import algorithms, run_folder
+from vampire_jax.runs import algorithms, run_folder
 
 STAND_INS = {
   "vmap": {"eval_task_batching": "vmap"},
@@ -39,14 +38,14 @@ STAND_INS = {
 def rescored(run, changes: dict):
   """`run` with its config changed and its test learner rebuilt from that config."""
   other = copy.copy(run)
-  other.config = dataclasses.replace(run.config, **changes)
+  other.config = run.config.replace(**changes)
   other.learner = algorithms.make_learner(
     run.model,
     run.kind,
     run.noise_std,
     other.config,
-    num_mc_train=other.config.num_mc_test,
-    num_mc_query=other.config.num_mc_test,
+    num_mc_train=other.config.algorithm.num_mc_test,
+    num_mc_query=other.config.algorithm.num_mc_test,
   )
   return other
 
@@ -59,7 +58,7 @@ def measure(zoo_dir, name: str, num_tasks=None) -> list[dict]:
   results = json.loads((zoo_dir / name / run_folder.RESULTS_FILE).read_text())
   count = int(results["test"]["num_tasks"])
   num_tasks = count if num_tasks is None else min(num_tasks, count)
-  num_bins = run.config.num_bins
+  num_bins = run.config.evaluation.num_bins
   reference = zoo_verify.reference(results, zoo.per_task_file(zoo_dir / name), num_tasks, num_bins)
   if reference is None:
     raise ValueError(f"{name} keeps no per-task scores: measure it on all its {count} tasks")

@@ -6,7 +6,7 @@
 Modules are the .py files under vampire_jax/ and experiments/ (a package's
 `__init__` is left out: it only re-exports). An arrow A -> B means A imports
 B. Each module belongs to a layer folder (`LAYERS`: _src/deprecations, _src/core,
-data and baselines, _src/metrics, _src/runs, experiments); an import of a later layer
+_src/metrics, data and baselines, runs with specs, backend and metrics, experiments); an import of a later layer
 from an earlier one is an upward arrow, and the script prints how many there
 are, and how many import cycles. Modules are placed in layers by their longest chain of imports, leaves at
 the bottom. To keep the picture readable, an import that a chain of other
@@ -24,9 +24,9 @@ PACKAGES = ("vampire_jax", "experiments")
 LAYERS = (
   ("vampire_jax._src.deprecations",),  # old paths' table: imports nothing of the library
   ("vampire_jax._src.core.",),
-  ("vampire_jax.data.", "vampire_jax.baselines."),
   ("vampire_jax._src.metrics.",),
-  ("vampire_jax._src.runs.",),
+  ("vampire_jax.data.", "vampire_jax.baselines."),
+  ("vampire_jax.runs.", "vampire_jax.specs", "vampire_jax.backend", "vampire_jax.metrics"),
   ("experiments.",),
 )
 COLOURS = ("#eeeeee", "#dbe9f6", "#e2f0d9", "#ede1f5", "#fbe3e3", "#fde7c8")

@@ -14,7 +14,6 @@ bins), `calibration_reliability.png` and `calibration_per_task.npz`.
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import time
@@ -27,9 +26,9 @@ import numpy as np
 import vampire_jax as vj
 from experiments import plots
 from vampire_jax import data
-from vampire_jax._src.metrics import calibration
-from vampire_jax._src.runs import experiment_configs as configs
-from vampire_jax._src.runs import kinds, programs
+from vampire_jax import metrics
+from vampire_jax.runs import experiment_configs as configs
+from vampire_jax.runs import config_records, kinds, programs
 
 
 def evaluate_combinations(
@@ -73,7 +72,7 @@ def evaluate_combinations(
   evaluate = programs.build_evaluator(run.kind, run.noise_std, config, run.learner)
   task_key, eval_key = jax.random.split(jax.random.key(seed))
   predict_keys = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(None, 0)))
-  batch, outputs = config.eval_batch_tasks, []
+  batch, outputs = config.evaluation.eval_batch_tasks, []
   for first in range(0, len(ids), batch):
     chunk = ids[first : first + batch]
     padded = np.concatenate([chunk, np.repeat(chunk[-1:], batch - len(chunk))])  # one shape
@@ -95,7 +94,7 @@ def evaluate_combinations(
       }
     )
   per_task = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
-  summary = kinds.summarise("classification", per_task, num_bins=config.num_bins)
+  summary = kinds.summarise("classification", per_task, num_bins=config.evaluation.num_bins)
   results = {
     **summary.metrics,
     "num_combinations": data.num_combinations(num_classes, config.ways),
@@ -104,8 +103,8 @@ def evaluate_combinations(
     "ways": config.ways,
     "shots": config.shots,
     "query": query,
-    "num_mc_test": config.num_mc_test,
-    "calibration": {k: calibration.to_record(v) for k, v in summary.calibration.items()},
+    "num_mc_test": config.algorithm.test_draws,  # None: an algorithm without draws
+    "calibration": {k: metrics.calibration_to_record(v) for k, v in summary.calibration.items()},
     "wall_time_s": time.time() - start,
   }
   if workdir is not None:
@@ -115,7 +114,7 @@ def evaluate_combinations(
 
 def _write(workdir: Path, results: dict, summary, per_task: dict, ids, config) -> None:
   workdir.mkdir(parents=True, exist_ok=True)
-  label = config.algorithm.upper()
+  label = config.algorithm.name.upper()
   results["plot"] = str(
     plots.plot_reliability_diagram(
       summary.calibration["reliability"],
@@ -128,7 +127,7 @@ def _write(workdir: Path, results: dict, summary, per_task: dict, ids, config) -
     combination_ids=ids,
     **{k: v for k, v in per_task.items() if k != "probabilities"},
   )
-  record = {"config": dataclasses.asdict(config), **results}
+  record = {"config": config_records.to_record(config), **results}
   (workdir / "calibration.json").write_text(json.dumps(record, indent=2, default=float))
 
 

@@ -12,19 +12,23 @@ exit code 2 (a traceback is kept for real bugs).
 
 import argparse
 import dataclasses
+import re
 import sys
 import typing
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
-from vampire_jax._src.core import sharding
-from vampire_jax._src.core.errors import ConfigError
-from vampire_jax._src.runs import algorithms, interrupts
+import vampire_jax as vj
+from vampire_jax import backend
+from vampire_jax import ConfigError, UserError
+from vampire_jax.runs import interrupts
+from vampire_jax.runs.config_records import OLD_NAMES
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"  # the clone's trained runs, by cell name
 
-# `--help`'s groups, in order, and the config fields each shows. A new config
-# field goes in one of them (tests/test_cli.py checks that every field has one).
+# `--help`'s groups, in order, and the config fields each shows (the fields of the config,
+# its parts and every algorithm's spec, by name). A new field goes in one of them
+# (tests/test_cli.py checks that every field has one).
 GROUPS = {
   "run": (
     "num_meta_steps",
@@ -47,25 +51,29 @@ GROUPS = {
     "num_mc_query",
     "first_order",
     "second_order_steps",
-    "inner_backtracking",
+    "backtracking",
     "log_std_init",
     "kernel_init_gain",
     "local_reparameterization",
     "num_particles",
-    "bmaml_meta_objective",
-    "bmaml_leader_steps",
-    "platipus_inference_data",
-    "abml_hyper_prior_weight",
-    "simpa_phi_lr",
-    "simpa_phi_inner_lr",
-    "simpa_epsilon",
-    "simpa_kl_samples",
+    "meta_objective",
+    "num_leader_steps",
+    "inference_data",
+    "step_size_init",
+    "hyper_prior_weight",
+    "mean_prior_std",
+    "precision_prior",
+    "phi_lr",
+    "phi_inner_lr",
+    "epsilon",
+    "num_kl_samples",
     "outer_kl_weight",
-    "protonet_distance",
+    "distance",
   ),
   "task": (
     "ways",
-    "train_ways",
+    "num_classes",
+    "train_num_classes",
     "shots",
     "query",
     "test_query",
@@ -132,9 +140,29 @@ _GROUP_TITLES = {
 }
 _GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 
+# The flags of the algorithms' options whose field names are too short to stand alone on a
+# command line: the algorithm's name before them (`--simpa-epsilon` sets Simpa's `epsilon`).
+FLAG_NAMES = {field: old for old, field in OLD_NAMES.items()}
 
-def _flag(name: str) -> str:
-  return "--" + name.replace("_", "-")
+
+def flag(name: str) -> str:
+  """The command line's flag of a config field: `tasks_per_step` -> `--tasks-per-step`."""
+  return "--" + FLAG_NAMES.get(name, name).replace("_", "-")
+
+
+_flag = flag
+
+
+def as_flags(error: UserError) -> UserError:
+  """The library's refusal, naming its fields, said in this command line's flags."""
+  message = str(error)
+  for name in sorted(getattr(error, "fields", ()), key=len, reverse=True):
+    # A field's name as a word: not in a possessive ("another algorithm's": prose), nor
+    # inside a path ("runs/workdir/...").
+    message = re.sub(rf"(?<![\w./-]){re.escape(name)}(?![\w/]|'s)", flag(name), message)
+  translated = type(error)(message)
+  translated.fields = ()
+  return translated
 
 
 def _field_type(field: dataclasses.Field):
@@ -150,7 +178,7 @@ def _field_type(field: dataclasses.Field):
 
 def _help(help_text: str, value) -> str:
   """The help text with the default, unless the text already says what the default means."""
-  if "default:" in help_text or (value is None and "none:" in help_text):
+  if "default:" in help_text or (value is None and "none:" in help_text.lower()):
     return help_text
   return f"{help_text} (default: {value!r})" if help_text else f"(default: {value!r})"
 
@@ -164,74 +192,115 @@ def _groups(parser: argparse.ArgumentParser) -> dict:
   return groups
 
 
+def config_fields(config) -> dict[str, tuple[dataclasses.Field, Any, str]]:
+  """`{name: (field, current value, note)}` over the config's own fields, its parts' and every
+  registered algorithm's options (the config's algorithm's first). The note says which
+  algorithms take an option that the config's algorithm does not."""
+  fields = {}
+  for f in dataclasses.fields(config):
+    if f.name == "algorithm":
+      continue
+    value = getattr(config, f.name)
+    if dataclasses.is_dataclass(value):  # a part
+      for g in dataclasses.fields(value):
+        fields[g.name] = (g, getattr(value, g.name), "")
+    else:
+      fields[f.name] = (f, value, "")
+  spec = config.algorithm
+  for g in dataclasses.fields(spec):
+    fields.setdefault(g.name, (g, getattr(spec, g.name), ""))
+  for name, cls in vj.specs.SPECS.items():
+    for g in dataclasses.fields(cls):
+      if g.name not in fields:
+        owners = [c.name for c in vj.specs.SPECS.values() if g.name in c.field_names()]
+        fields[g.name] = (g, g.default, f"an option of {', '.join(owners)}")
+  return fields
+
+
 def add_config_flags(parser: argparse.ArgumentParser, config) -> None:
-  """Adds `--field-name` for each field of `config`, with its help and current value as default.
+  """Adds a flag (`flag(name)`) for each field of `config`, of its parts and of every
+  algorithm's spec, with its help and current value as default.
 
   The flags go in `--help`'s groups (`GROUPS`); a field in none of them goes in "run".
   """
   groups = _groups(parser)
-  for field in dataclasses.fields(config):
-    if field.name == "algorithm":
-      continue
-    value = getattr(config, field.name)
+  for name, (field, value, note) in config_fields(config).items():
     kind = _field_type(field)
     help_text = field.metadata.get("help", "")
     choices = field.metadata.get("choices")
-    shown = _help(help_text, value)
-    group = groups[_GROUP_OF.get(field.name, "run")]
+    shown = f"{help_text} ({note})" if note else _help(help_text, value)
+    group = groups[_GROUP_OF.get(name, "run")]
+    options = dict(dest=name, default=None, help=shown.replace("%", "%%"))
     if typing.get_origin(kind) is tuple:
       item = typing.get_args(kind)[0]
       group.add_argument(
-        _flag(field.name),
+        flag(name),
         type=item,
         nargs=len(typing.get_args(kind)),
-        default=None,
         metavar=item.__name__.upper(),
-        help=shown,
+        **options,
       )
     elif kind is bool:
-      group.add_argument(
-        _flag(field.name), action=argparse.BooleanOptionalAction, default=None, help=shown
-      )
+      group.add_argument(flag(name), action=argparse.BooleanOptionalAction, **options)
+    elif kind is Any or kind is None:
+      continue
     else:
       group.add_argument(
-        _flag(field.name),
+        flag(name),
         type=kind,
-        default=None,
         choices=choices,
         metavar=None if choices else kind.__name__.upper(),
-        help=shown,
+        **options,
       )
 
 
-def apply_overrides(config, overrides: Union[argparse.Namespace, dict]):
-  """`config` with the given fields replaced.
+def apply_overrides(config, overrides: Union[argparse.Namespace, dict], *, print_fn=None):
+  """`config` with the given fields replaced (`RunConfig.replace`).
 
   Args:
     config: a RunConfig (subclass) instance.
     overrides: parsed flags (fields left at None are kept) or a dict such as
       `{"num_meta_steps": 300}` (from a notebook or script).
+    print_fn: with parsed flags, where a note goes for an option of another algorithm than
+      the config's, which is not applied (a comparison passes its flags to every method);
+      default: standard error.
 
   Raises:
-    ConfigError: if a dict names a field the config does not have.
+    ConfigError: a dict names a field the config, its parts and its algorithm do not have.
   """
-  names = {f.name for f in dataclasses.fields(config)}
+  names = config_fields(config)
   if isinstance(overrides, dict):
-    unknown = set(overrides) - names
+    # An option by its flag's name too (`inner_backtracking` for `backtracking`).
+    overrides = {OLD_NAMES.get(name, name): value for name, value in overrides.items()}
+    unknown = sorted(set(overrides) - set(names))
     if unknown:
-      raise ConfigError(f"unknown {type(config).__name__} fields {sorted(unknown)}")
-    overrides = argparse.Namespace(**overrides)
-  values = {
-    name: getattr(overrides, name)
-    for name in names
-    if name != "algorithm" and getattr(overrides, name, None) is not None
-  }
+      raise ConfigError(
+        f"unknown {type(config).__name__} fields {unknown}: no part of it, nor any "
+        "algorithm's spec, has them"
+      )
+    values = dict(overrides)
+  else:
+    values = {
+      name: getattr(overrides, name) for name in names if getattr(overrides, name, None) is not None
+    }
+  spec = config.algorithm
+  for name in list(values):
+    if names[name][2]:  # another algorithm's option
+      (print_fn or _stderr)(
+        f"note: --algorithm {spec.name} ignores {flag(name)} {values.pop(name)!r} "
+        f"({names[name][2]}); not applied"
+      )
   if values.get("meta_grad_clip_norm") == 0:
     values["meta_grad_clip_norm"] = None
   for name, value in values.items():
     if isinstance(value, list):
       values[name] = tuple(value)
-  return dataclasses.replace(config, **values)
+  try:
+    return config.replace(**values)
+  except ConfigError as error:
+    if isinstance(overrides, dict):
+      raise
+    raise as_flags(error) from None
 
 
 def parse(
@@ -256,15 +325,15 @@ def parse(
 
   Returns:
     `(config, args)`: the preset's config with the given flags applied, and
-    the parsed flags (`args.workdir`, `args.no_progress`, ...). With one
-    method (`algorithm_flag`), a flag that method ignores is said in a line
-    and not applied (`drop_ignored`).
+    the parsed flags (`args.workdir`, `args.no_progress`, ...). An option of
+    another algorithm than the one run is said in a line and not applied
+    (`apply_overrides`).
   """
   default_preset = default_preset or presets[0]
   first = argparse.ArgumentParser(add_help=False)
   first.add_argument("--preset", default=default_preset, choices=list(presets))
   if algorithm_flag:
-    first.add_argument("--algorithm", default="vampire", choices=list(algorithms.ALGORITHMS))
+    first.add_argument("--algorithm", default="vampire", choices=list(vj.specs.SPECS))
   known, _ = first.parse_known_args(argv)
   config = get_config(known.preset, getattr(known, "algorithm", "vampire"))
 
@@ -308,7 +377,7 @@ def parse(
     groups["algorithm"].add_argument(
       "--algorithm",
       default="vampire",
-      choices=list(algorithms.ALGORITHMS),
+      choices=list(vj.specs.SPECS),
       help="meta-learning algorithm (default: vampire)",
     )
   if add_flags is not None:
@@ -317,8 +386,6 @@ def parse(
   args = parser.parse_args(argv)
   args.init_from = init_from_folder(args.init_from)
   config = apply_overrides(config, args)
-  if algorithm_flag:  # one method: say what it ignores, and record only what acts
-    config = drop_ignored(config)
   return config, args
 
 
@@ -361,18 +428,6 @@ def init_from_folder(text: Optional[str]) -> Optional[Path]:
   )
 
 
-def drop_ignored(config, print_fn: Callable[[str], None] = None):
-  """`config` without the settings its algorithm ignores (`algorithms.drop_ignored`), each said
-  in one line: a run records only settings that act."""
-  config, ignored = algorithms.drop_ignored(config)
-  for name, (value, neutral, why) in ignored.items():
-    (print_fn or _stderr)(
-      f"note: --algorithm {config.algorithm} ignores {_flag(name)} {value!r} ({why}); "
-      f"recorded as {neutral!r}"
-    )
-  return config
-
-
 def _stderr(message: str) -> None:
   print(message, file=sys.stderr)
 
@@ -393,11 +448,9 @@ def enable_compilation_cache_or_say_why_not() -> None:
   """
   import os
 
-  from vampire_jax._src.core import backend_defaults
-
   folder = compilation_cache_dir()
   try:
-    backend_defaults.enable_compilation_cache(folder)
+    backend.enable_compilation_cache(folder)
     writable = os.access(folder, os.W_OK | os.X_OK)
     reason = "not writable"
   except OSError as error:
@@ -421,7 +474,7 @@ def main_entry(
   XLA gets one CPU device per core (`vj.use_all_cpu_cores`; a device count
   set in `JAX_NUM_CPU_DEVICES` or `XLA_FLAGS` wins). TensorFlow and absl stay
   quiet; the compilation cache is on unless `--no-compilation-cache`. How a
-  stop or a fault ends is `vampire_jax._src.runs.interrupts.run_command`'s: a
+  stop or a fault ends is `vampire_jax.runs.interrupts.run_command`'s: a
   `UserError` (bad flag, missing or corrupt data, a resumed run of another
   config, a run folder in use, full or read-only) prints `error: ...` and
   returns 2, as does any other error of the file system (a full disk while
@@ -430,11 +483,16 @@ def main_entry(
   the signal's number; divergence prints its message and returns 1.
   """
   argv = list(sys.argv[1:] if argv is None else argv)
-  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core (JAX_NUM_CPU_DEVICES=1: one)
+  backend.default_to_all_cpu_cores()  # one XLA:CPU device per core (JAX_NUM_CPU_DEVICES=1: one)
 
   def run() -> None:
     if "--no-compilation-cache" not in argv:
       enable_compilation_cache_or_say_why_not()
-    main(argv)
+    try:
+      main(argv)
+    except UserError as error:  # the library names fields: say them as flags
+      if not getattr(error, "fields", ()):
+        raise
+      raise as_flags(error) from None
 
   return interrupts.run_command(run)

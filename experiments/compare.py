@@ -8,7 +8,7 @@ driver that trains several methods (the regression experiment uses it too).
 
 Trains each of MAML, first-order MAML, PLATIPUS, BMAML, ABML and VAMPIRE with
 the benchmark's preset (each algorithm's own settings come from
-`vampire_jax._src.runs.algorithms`) in `<workdir>/<algorithm>/`, resuming finished or
+`vampire_jax.runs.algorithms`) in `<workdir>/<algorithm>/`, resuming finished or
 interrupted runs, and writes to `<workdir>`:
 
   comparison.png       every method's reliability diagram (regression: one
@@ -29,7 +29,6 @@ A point estimate (MAML, FOMAML) has zero mutual information: its MI AUROC is
 """
 
 import argparse
-import dataclasses
 import importlib
 import json
 import os
@@ -39,11 +38,13 @@ from pathlib import Path
 import jax
 
 from experiments import cli, plots
-from vampire_jax._src.core.errors import ConfigError
-from vampire_jax._src.metrics import calibration
-from vampire_jax._src.runs import algorithms as algorithm_registry
-from vampire_jax._src.runs import init_from as run_start
-from vampire_jax._src.runs import kinds, run_folder
+from vampire_jax import ConfigError
+from vampire_jax import metrics
+import vampire_jax as vj
+from vampire_jax.runs import algorithms as algorithm_registry
+from vampire_jax.runs import config_records
+from vampire_jax.runs import init_from as run_start
+from vampire_jax.runs import kinds, run_folder
 
 ALGORITHMS = ("maml", "fomaml", "platipus", "bmaml", "abml", "vampire")
 BENCHMARKS = {
@@ -58,11 +59,9 @@ POINT_ESTIMATES = ("maml", "fomaml", "protonet")
 def parse_algorithms(names: str) -> list[str]:
   """'maml,vampire' -> ['maml', 'vampire']; ConfigError for an unknown or repeated name."""
   chosen = [a.strip() for a in names.split(",") if a.strip()]
-  unknown = [a for a in chosen if a not in algorithm_registry.ALGORITHMS]
+  unknown = [a for a in chosen if a not in vj.specs.SPECS]
   if unknown or not chosen:
-    raise ConfigError(
-      f"--algorithms: unknown {unknown}; choose from {','.join(algorithm_registry.ALGORITHMS)}"
-    )
+    raise ConfigError(f"--algorithms: unknown {unknown}; choose from {','.join(vj.specs.SPECS)}")
   repeated = sorted({a for a in chosen if chosen.count(a) > 1})
   if repeated:  # each method has one folder: a repeat would train and test it twice
     raise ConfigError(f"--algorithms names {', '.join(repeated)} twice; name each method once")
@@ -80,23 +79,47 @@ def method_init_from(init_from, algorithm: str):
 
 
 def _check_init_from(init_from, config) -> None:
-  """Refuses, before the first method trains, a source of another algorithm than `config`'s."""
+  """Refuses, before the first method trains, a source of another algorithm than `config`'s,
+  and a folder that is neither a run folder nor a comparison holding `config`'s method's run
+  (`method_init_from`'s choice: a comparison without that method's run gives its own folder).
+
+  Raises:
+    ConfigError: either, in one line naming the method and the runs the folder holds.
+  """
   if init_from is None:
     return
   if isinstance(init_from, (str, os.PathLike)):
     record = run_folder.read_run_record(init_from)
-    algorithm = ((record or {}).get("config") or {}).get("algorithm")
+    if record is None:  # no run.json, no checkpoint's record: not a run folder
+      _refuse_no_run(Path(init_from), config.algorithm.name)
+    recorded = (record or {}).get("config") or {}
+    algorithm = config_records.flat_or_as_is(recorded).get("algorithm") if recorded else None
   else:
-    algorithm = init_from.config.algorithm
+    algorithm = init_from.config.algorithm.name
   if algorithm is not None:  # none recorded: load_run says why, when the method starts
     run_start.check_algorithm(init_from, algorithm, config)
+
+
+def _refuse_no_run(folder: Path, algorithm: str) -> None:
+  """Refuses `folder` as `algorithm`'s source: it holds no run record of its own."""
+  runs = (
+    sorted(p.name for p in folder.iterdir() if (p / run_folder.RUN_RECORD).is_file())
+    if folder.is_dir()
+    else []
+  )
+  held = f"its runs: {', '.join(runs)}" if runs else "it holds none"
+  raise ConfigError(
+    f"init_from: {folder} holds no {algorithm} run: it is neither a run folder (no "
+    f"{run_folder.RUN_RECORD}) nor a comparison holding {algorithm}/ ({held}); give "
+    f"{algorithm} a source of its own, or leave it out of algorithms",
+    fields=("init_from", "algorithms"),
+  )
 
 
 def method_config(experiment, preset: str, algorithm: str, overrides, print_fn=lambda line: None):
   """The config `run_methods` trains `algorithm` with: the preset's, the overrides applied, the
   fields the algorithm never reads dropped (each said to `print_fn`)."""
-  config = cli.apply_overrides(experiment.get_config(preset, algorithm), overrides)
-  return cli.drop_ignored(config, print_fn=print_fn)
+  return cli.apply_overrides(experiment.get_config(preset, algorithm), overrides, print_fn=print_fn)
 
 
 def run_methods(
@@ -136,10 +159,10 @@ def run_methods(
       experiment, preset, algorithm, overrides, lambda line: print(f"   {line}")
     )
     # An algorithm without a KL term (MAML, BMAML) ignores kl_weight, whatever the overrides set.
-    kl = f", KL weight {config.kl_weight}" if algorithm_registry.get(algorithm).has_kl else ""
+    kl = f", KL weight {config.algorithm.kl_weight}" if config.algorithm.has_kl else ""
     print(
-      f"== {algorithm}: {config.num_meta_steps} meta-steps of {config.tasks_per_step} tasks,"
-      f" inner lr {config.inner_lr}{kl}; {workdir / algorithm}"
+      f"== {algorithm}: {config.schedule.num_meta_steps} meta-steps of {config.schedule.tasks_per_step} tasks,"
+      f" inner lr {getattr(config.algorithm, 'inner_lr', None)}{kl}; {workdir / algorithm}"
     )
     try:
       source = method_init_from(init_from, algorithm)
@@ -147,7 +170,7 @@ def run_methods(
       results = experiment.run_experiment(config, workdir / algorithm, progress=progress, **start)
     except FloatingPointError as error:  # recorded, and the other methods still run
       print(f"   {algorithm}: {error}")
-      methods[algorithm] = {"diverged": str(error), "config": dataclasses.asdict(config)}
+      methods[algorithm] = {"diverged": str(error), "config": config_records.to_record(config)}
       continue
     methods[algorithm] = dict(
       results["test"],
@@ -241,7 +264,7 @@ def write_comparison(
   workdir = Path(workdir)
   finished = {name: m for name, m in methods.items() if "diverged" not in m}
   curves = {
-    name: {k: calibration.from_record(r) for k, r in m["calibration"].items()}
+    name: {k: metrics.calibration_from_record(r) for k, r in m["calibration"].items()}
     for name, m in finished.items()
   }
   figures, joint = {}, Path(figure_name).stem

@@ -31,10 +31,8 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import cli, regression
-from vampire_jax._src.core import sharding
-from vampire_jax._src.core.errors import ConfigError
-from vampire_jax._src.core.gaussian import Gaussian, sample
-from vampire_jax._src.runs import experiment_configs
+from vampire_jax import ConfigError, Gaussian, backend, sample
+from vampire_jax.runs import experiment_configs
 
 BINS = (0.0, 2.0, 5.0, 10.0, 15.0, 25.0)  # edges of the support's mean x^2 (at most 25)
 
@@ -48,7 +46,7 @@ def task_measures(run: vj.Run, tasks: vj.Task, key: jax.Array, chunk: int = 50) 
 
   def support_loss(params, task, draw_key):
     if isinstance(params, Gaussian):  # the same draws of the noise for prior and posterior
-      draws = sample(params, draw_key, run.config.num_mc_test)
+      draws = sample(params, draw_key, run.config.algorithm.num_mc_test)
       losses = jax.vmap(loss_fn, in_axes=(0, None, None))(draws, task.support_x, task.support_y)
       return jnp.mean(losses)
     return loss_fn(params, task.support_x, task.support_y)
@@ -152,7 +150,7 @@ def load_checked_run(run_dir: str) -> vj.Run:
   settings = run.learner.settings
   if settings is None or settings.num_inner_steps == 0 or not settings.inner_lr:
     raise ConfigError(
-      f"{where}: {run_dir} is a {run.config.algorithm} run, whose inner loop has no gradient "
+      f"{where}: {run_dir} is a {run.config.algorithm.name} run, whose inner loop has no gradient "
       "step of a support loss to measure; give a run of vampire, vampire2, abml, maml, fomaml "
       "or platipus"
     )
@@ -160,7 +158,7 @@ def load_checked_run(run_dir: str) -> vj.Run:
 
 
 def main(argv=None) -> dict:
-  sharding.default_to_all_cpu_cores()
+  backend.default_to_all_cpu_cores()
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
@@ -182,7 +180,7 @@ def main(argv=None) -> dict:
     m = task_measures(run, tasks, jax.random.key(args.seed + 1))
     s = summary(m)
     print(
-      f"== {run_dir}: {run.config.algorithm}, inner lr {run.learner.settings.inner_lr:g}, "
+      f"== {run_dir}: {run.config.algorithm.name}, inner lr {run.learner.settings.inner_lr:g}, "
       f"{json.dumps(s)}"
     )
     print(
@@ -200,7 +198,7 @@ def main(argv=None) -> dict:
       )
     out[run_dir] = dict(summary=s, table=rows)
     if args.npz:
-      np.savez(f"{args.npz}_{run.config.algorithm}.npz", **m)
+      np.savez(f"{args.npz}_{run.config.algorithm.name}.npz", **m)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(out, f, indent=1)

@@ -41,9 +41,9 @@ from experiments.presets import MINI_IMAGENET_PRESETS as PRESETS
 from experiments.presets import MiniImagenetConfig
 from experiments.presets import mini_imagenet_config as get_config
 from vampire_jax import data
-from vampire_jax._src.core import backend_defaults
-from vampire_jax._src.runs import algorithms, kinds, protonet_settings
-from vampire_jax._src.runs import experiment_configs as configs
+from vampire_jax import backend
+from vampire_jax.runs import algorithms, kinds
+from vampire_jax.runs import experiment_configs as configs
 
 
 def load_splits(config: MiniImagenetConfig) -> dict[str, data.MiniImagenetSplit]:
@@ -81,7 +81,7 @@ def make_problem(
   """Loads mini-ImageNet (unless `splits` is given) and puts it on the device."""
   splits = splits or load_splits(config)
   query = {name: configs.test_query(config) if name == "test" else config.query for name in splits}
-  train_ways = protonet_settings.train_ways(config)  # ProtoNet's --train-ways, else --ways
+  train_ways = config.algorithm.training_ways(config.ways)  # ProtoNet's --train-ways, else --ways
   for name, split in splits.items():  # partial copies: the images actually present
     data.check_episode_spec(
       len(split.wnids),
@@ -121,7 +121,7 @@ def make_problem(
     num_classes=algorithms.network_outputs(config),
     num_filters=config.num_filters,
     max_pool=True,
-    conv_impl=backend_defaults.config_conv_impl(config),
+    conv_impl=backend.config_conv_impl(config),
     batch_norm_affine=config.batch_norm_affine,
     batch_norm_epsilon=config.batch_norm_epsilon,
     kernel_init_gain=config.kernel_init_gain,
@@ -154,7 +154,7 @@ def _resize(images: np.ndarray, size: int) -> np.ndarray:
 
 
 def default_workdir(config: MiniImagenetConfig, preset: str) -> Path:
-  return Path("runs") / f"mini_imagenet_{preset}_{config.algorithm}_seed{config.seed}"
+  return Path("runs") / f"mini_imagenet_{preset}_{config.algorithm.name}_seed{config.seed}"
 
 
 def run_experiment(
@@ -188,7 +188,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
   config, workdir, args = parse_args(argv)
   print(
-    f"mini-ImageNet {config.ways}-way {config.shots}-shot, {config.algorithm}; "
+    f"mini-ImageNet {config.ways}-way {config.shots}-shot, {config.algorithm.name}; "
     f"workdir {workdir}; backend {jax.default_backend()}"
   )
   algorithms.check_config(config)

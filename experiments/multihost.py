@@ -36,9 +36,9 @@ def main(argv=None):
   parser.add_argument("experiment_args", nargs=argparse.REMAINDER)
   args = parser.parse_args(argv)
 
-  from vampire_jax._src.core import sharding
+  import vampire_jax as vj
 
-  sharding.initialize_multihost(args.coordinator_address, args.num_processes, args.process_id)
+  vj.initialize_multihost(args.coordinator_address, args.num_processes, args.process_id)
   return importlib.import_module(f"experiments.{args.experiment}").main(args.experiment_args)
 
 

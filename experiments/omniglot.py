@@ -41,9 +41,9 @@ from experiments.presets import OMNIGLOT_PRESETS as PRESETS
 from experiments.presets import OmniglotConfig
 from experiments.presets import omniglot_config as get_config
 from vampire_jax import data
-from vampire_jax._src.core import backend_defaults
-from vampire_jax._src.runs import experiment_configs as configs
-from vampire_jax._src.runs import algorithms, kinds, protonet_settings
+from vampire_jax import backend
+from vampire_jax.runs import experiment_configs as configs
+from vampire_jax.runs import algorithms, kinds
 
 INPUT_SHAPE = (28, 28, 1)
 
@@ -87,7 +87,7 @@ def make_problem(
 
   def sample_train_tasks(images, task_keys):  # ProtoNet's --train-ways
     return data.tasks_from_keys(
-      task_keys, images, **dict(episode, ways=protonet_settings.train_ways(config))
+      task_keys, images, **dict(episode, ways=config.algorithm.training_ways(config.ways))
     )
 
   def sample_open_set_tasks(images, task_keys):
@@ -98,7 +98,7 @@ def make_problem(
   model = vj.Conv4(
     num_classes=algorithms.network_outputs(config),
     num_filters=config.num_filters,
-    conv_impl=backend_defaults.config_conv_impl(config),
+    conv_impl=backend.config_conv_impl(config),
     batch_norm_affine=config.batch_norm_affine,
     batch_norm_epsilon=config.batch_norm_epsilon,
     kernel_init_gain=config.kernel_init_gain,
@@ -113,13 +113,15 @@ def make_problem(
     data_info=dict(arrays.provenance, split=config.split),
     sample_open_set_tasks=(sample_open_set_tasks if configs.open_set_classes(config) else None),
     sample_train_tasks=(
-      sample_train_tasks if protonet_settings.train_ways(config) != config.ways else None
+      sample_train_tasks if config.algorithm.training_ways(config.ways) != config.ways else None
     ),
   )
 
 
 def default_workdir(config: OmniglotConfig, preset: str) -> Path:
-  return Path("runs") / f"omniglot_{preset}_{config.algorithm}_{config.split}_seed{config.seed}"
+  return (
+    Path("runs") / f"omniglot_{preset}_{config.algorithm.name}_{config.split}_seed{config.seed}"
+  )
 
 
 def run_experiment(
@@ -145,7 +147,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
   config, workdir, args = parse_args(argv)
   print(
-    f"Omniglot {config.ways}-way {config.shots}-shot, {config.algorithm}, split "
+    f"Omniglot {config.ways}-way {config.shots}-shot, {config.algorithm.name}, split "
     f"{config.split}; workdir {workdir}; backend {jax.default_backend()}"
   )
   results = run_experiment(config, workdir, progress=not args.no_progress, init_from=args.init_from)

@@ -41,12 +41,15 @@ best/, run.json and metrics.jsonl are written to `training/<cell>/` (tracked: co
 a cell whose run folder is absent (a fresh clone) resumes from there
 (`experiments.training_cells`; `--training DIR` puts it elsewhere; with --tiny, only where
 given). `python -m experiments.paper_runs keep RUN_DIR` puts a run folder there by hand.
+A kept cell is never replaced by an older run: where `training/<cell>/` is newer than the
+cell's run folder, the cell is refused (a failed cell, in one line naming both steps) and
+nothing is copied back.
 
 Ctrl-C or SIGTERM to this runner is passed on to the running child (which
 runs in its own session, so it gets the signal once): the child saves its
 checkpoint and exits (or is killed after --grace seconds), then the runner
 says so in one line and exits with 128 + the signal's number; no child is
-left behind holding its run folder's lock (`vampire_jax._src.runs.interrupts`).
+left behind holding its run folder's lock (`vampire_jax.runs.interrupts`).
 
 Exit status: 0 when every selected cell is done (cells skipped for a stated
 reason aside); 3 when the time budget stopped it first; 1 when a cell failed
@@ -66,8 +69,8 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from experiments import paper_table, training_cells
-from vampire_jax._src.core.errors import ConfigError, UserError
-from vampire_jax._src.runs import interrupts
+from vampire_jax import ConfigError, UserError
+from vampire_jax.runs import interrupts
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("omniglot", "regression", "mini_imagenet")
@@ -369,9 +372,10 @@ def run_cells(cells: list[Cell], root: Path, args: argparse.Namespace) -> dict[s
   """Runs each cell not done yet; returns `{cell name: outcome}`.
 
   Outcomes: 'done' (before or now), 'skipped: why', 'stopped' (by the
-  budget), 'not run' (no time left), 'failed'. With a tracked folder (`args.training`), a
-  cell resumes from its kept state where its run folder is absent, and is kept after its
-  call (`training_cells`).
+  budget), 'not run' (no time left), 'failed' (or 'failed: why', refused). With a tracked
+  folder (`args.training`), a cell resumes from its kept state where its run folder is
+  absent, is refused where its kept state is newer than its run folder, and is kept after its
+  call, never over a newer kept state (`training_cells`).
   """
   budget = math.inf if args.time_budget is None else args.time_budget
   stop_at = _now() + budget - args.grace
@@ -385,12 +389,30 @@ def run_cells(cells: list[Cell], root: Path, args: argparse.Namespace) -> dict[s
     elif _now() >= stop_at:
       outcomes[cell.name] = "not run"
     else:
-      if args.training is not None:
-        training_cells.restore(root / cell.name, args.training / cell.name)
-      outcomes[cell.name] = run_cell(cell, root, args, stop_at)
-      if args.training is not None and training_cells.newest_step(root / cell.name) is not None:
-        training_cells.keep_and_say(root / cell.name, args.training / cell.name)
+      outcomes[cell.name] = _run_and_keep(cell, root, args, stop_at)
   return outcomes
+
+
+def _run_and_keep(cell: Cell, root: Path, args: argparse.Namespace, stop_at: float) -> str:
+  """`run_cell`, resumed from its kept state and kept after its call where `args.training` is
+  set; 'failed: why' where a kept cell is newer than its run folder (`training_cells`): a
+  kept cell is never replaced by an older run, whatever the call's outcome."""
+  folder = root / cell.name
+  if args.training is None:
+    return run_cell(cell, root, args, stop_at)
+  try:
+    training_cells.restore(folder, args.training / cell.name)
+  except ConfigError as error:
+    print(f"== {cell.name}: not trained: {error}", flush=True)
+    return f"failed: {args.training / cell.name} is newer than {folder}"
+  outcome = run_cell(cell, root, args, stop_at)
+  if training_cells.newest_step(folder) is not None:
+    try:
+      training_cells.keep_and_say(folder, args.training / cell.name)
+    except ConfigError as error:
+      print(f"   not kept: {error}", flush=True)
+      return f"failed: not kept, {args.training / cell.name} is newer"
+  return outcome
 
 
 def report(cells: list[Cell], root: Path, outcomes: dict[str, str]) -> str:
@@ -403,6 +425,8 @@ def report(cells: list[Cell], root: Path, outcomes: dict[str, str]) -> str:
       state, detail = "skipped", outcome.removeprefix("skipped: ")
     elif outcome == "failed":
       state, detail = "failed", f"see {root / cell.name}.log" + (f"; {detail}" if detail else "")
+    elif outcome.startswith("failed: "):  # refused, for the reason it gives
+      state, detail = "failed", outcome.removeprefix("failed: ") + (f"; {detail}" if detail else "")
     groups[state].append(cell.name + (f" ({detail})" if detail else ""))
   lines = [f"== paper runs in {root}: " + ", ".join(f"{len(v)} {k}" for k, v in groups.items())]
   for state, names in groups.items():
@@ -412,7 +436,7 @@ def report(cells: list[Cell], root: Path, outcomes: dict[str, str]) -> str:
 
 def exit_code(outcomes: dict[str, str]) -> int:
   values = set(outcomes.values())
-  if "failed" in values:
+  if any(value == "failed" or value.startswith("failed: ") for value in values):
     return 1
   return EXIT_BUDGET if values & {"stopped", "not run"} else 0
 

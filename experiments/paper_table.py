@@ -27,7 +27,6 @@ with a line naming the file and the field.
 """
 
 import argparse
-import dataclasses
 import json
 import numbers
 import sys
@@ -35,7 +34,8 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from experiments import cli, presets
-from vampire_jax._src.core.errors import ConfigError, UserError
+from vampire_jax import ConfigError, UserError
+from vampire_jax.runs import config_records
 
 # The paper's published numbers (Nguyen et al., WACV 2020; paper/vampire_wacv2020.tex),
 # written as printed there: "mean±95% CI", or the mean alone.
@@ -267,6 +267,7 @@ def _problem(run: Run) -> str:
 
 
 def _make_run(folder: Path, config: dict, test: dict) -> Run:
+  config = config_records.flat_or_as_is(config)  # by name, from either format of record
   experiment = next(
     (name for field, name in EXPERIMENT_MARKERS.items() if field in config), "unknown"
   )
@@ -329,15 +330,16 @@ def protocol_differences(run: Run, key: tuple) -> dict:
   """
   preset = "paper" if run.experiment == "regression" else key[-1]
   paper = presets.get_config(run.experiment, preset, run.config["algorithm"])
+  # A field the run's record lacks (added since) counts as its default.
+  defaults = {**type(paper)().flat(), **type(paper.algorithm)().settings()}
   differences = {}
-  for field in dataclasses.fields(paper):
-    if field.name in NOT_PROTOCOL or field.name in _SETTING_FIELDS.get(run.experiment, ()):
+  for name, value in paper.flat().items():
+    if name in NOT_PROTOCOL or name in _SETTING_FIELDS.get(run.experiment, ()):
       continue  # the cell's own setting (the split, ways, shots) chose the cell
-    wanted = _as_json(getattr(paper, field.name))
-    default = None if field.default is dataclasses.MISSING else _as_json(field.default)
-    mine = _as_json(run.config.get(field.name, default))
+    wanted = _as_json(value)
+    mine = _as_json(run.config.get(name, defaults.get(name)))
     if mine != wanted:
-      differences[field.name] = (mine, wanted)
+      differences[name] = (mine, wanted)
   return differences
 
 

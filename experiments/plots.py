@@ -15,9 +15,8 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from vampire_jax._src.metrics import calibration
-from vampire_jax._src.metrics.calibration import QuantileCalibration, ReliabilityBins, RiskCoverage
-from vampire_jax._src.runs import kinds, reporting
+from vampire_jax import QuantileCalibration, ReliabilityBins, RiskCoverage, metrics
+from vampire_jax.runs import config_records, kinds, reporting
 
 PathLike = Union[str, os.PathLike]
 
@@ -63,7 +62,7 @@ def _new_grid(
 def _save(fig, path: PathLike, title: Optional[str]) -> PathLike:
   """Writes `fig` to `path` whole or not at all (`run_folder.write_atomic`: a full disk
   keeps the previous image and is a one-line `StorageError` naming the file)."""
-  from vampire_jax._src.runs import run_folder
+  from vampire_jax.runs import run_folder
 
   if title:
     fig.suptitle(title)
@@ -267,7 +266,7 @@ def risk_coverage_figure(
     coverage = np.linspace(1e-3, 1.0, 500)
     ax.plot(
       coverage,
-      calibration.oracle_risk(coverage, c.error_rate),
+      metrics.oracle_risk(coverage, c.error_rate),
       "--",
       color=colour,
       linewidth=1.0,
@@ -749,7 +748,7 @@ def run_figures(
   """
   workdir = Path(workdir)
   curves = {
-    name: calibration.from_record(record) for name, record in results["calibration"].items()
+    name: metrics.calibration_from_record(record) for name, record in results["calibration"].items()
   }
   # How long it trained, on every figure: a 200-step quick run's diagram is not a paper run's.
   tested = f"{_training_length(results)}, {results['test']['num_tasks']} test tasks"
@@ -766,10 +765,10 @@ def run_figures(
     )
   else:
     name = "quantile_calibration" if "quantile_calibration" in curves else "pit_calibration"
+    config = config_records.flat_or_as_is(results["config"])
     point = (
       [label]
-      if results["config"].get("num_mc_test", 1) == 1
-      or results["config"]["algorithm"] in ("maml", "fomaml")
+      if config.get("num_mc_test", 1) == 1 or config["algorithm"] in ("maml", "fomaml")
       else []
     )
     plots["quantile_calibration"] = plot_quantile_calibration(
@@ -801,15 +800,16 @@ def run_figures(
 
 def _training_length(results: dict) -> str:
   """'200 meta-steps of 8 tasks': how long the run of `results` (results.json) trained."""
-  steps = results.get("meta_steps", results["config"].get("num_meta_steps"))
-  return f"{steps} meta-steps of {results['config'].get('tasks_per_step', '?')} tasks"
+  config = config_records.flat_or_as_is(results["config"])
+  steps = results.get("meta_steps", config.get("num_meta_steps"))
+  return f"{steps} meta-steps of {config.get('tasks_per_step', '?')} tasks"
 
 
 def add_run_figures(
   workdir: PathLike, results: dict, label: str, setting: Optional[str] = None
 ) -> dict:
   """Draws `run_figures` and records them under 'plots' in results.json."""
-  from vampire_jax._src.runs import run_folder
+  from vampire_jax.runs import run_folder
 
   results["plots"] = run_figures(workdir, results, label, setting)
   run_folder.write_results(workdir, results)

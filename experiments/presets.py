@@ -1,11 +1,11 @@
 """Every experiment's presets, in one place.
 
 The config dataclasses (a `vampire_jax.RunConfig` plus the experiment's data
-and network fields) live in the library, `vampire_jax._src.runs.experiment_configs`, so that a
+and network fields) live in the library, `vampire_jax.runs.experiment_configs`, so that a
 trained run's config is read back (`vj.load_run`) with the library alone;
 they are re-exported here. `get_config(experiment, preset, algorithm)` gives
 a preset for an algorithm (the algorithm's own defaults come from
-`vampire_jax._src.runs.algorithms`). Each preset's docstring line gives the command
+`vampire_jax.runs.algorithms`). Each preset's docstring line gives the command
 that runs it.
 
 Paper presets use the paper's hyper-parameters (PAPER_NOTES.md). VAMPIRE,
@@ -27,9 +27,9 @@ split (`num_val_characters=0`); validation then draws tasks from the
 training characters (see `vampire_jax.data.split_indices`).
 """
 
-from vampire_jax._src.core.errors import ConfigError
-from vampire_jax._src.runs import algorithms
-from vampire_jax._src.runs.experiment_configs import (
+import vampire_jax as vj
+from vampire_jax import ConfigError
+from vampire_jax.runs.experiment_configs import (
   FEATURE_CLASSES,
   MINI_IMAGENET_CLASSES,
   MINI_IMAGENET_IMAGES,
@@ -42,7 +42,7 @@ from vampire_jax._src.runs.experiment_configs import (
   RegressionConfig,
   check_episodes,
 )
-from vampire_jax._src.runs.run_config import RunConfig
+from vampire_jax.runs.run_config import RunConfig
 
 # The authors' 2019 code (../shared/AUTHORS_CODE_2019.md; BUILD_NOTES.md, "The authors'
 # 2019 code"): the settings it used that the paper's text does not state.
@@ -51,6 +51,30 @@ AUTHORS_KERNEL_INIT_GAIN = 1.0  # torch.nn.init.xavier_normal_(gain=1.) for ever
 AUTHORS_MSE_LIKELIHOOD_STD = (
   0.5**0.5
 )  # the MSE loss is the Gaussian NLL at this std, up to a constant
+
+
+# The experiments' own setting of an option whose factory default differs: BMAML's particles.
+EXPERIMENT_OPTIONS = {"bmaml": {"num_particles": 8}}
+
+
+def for_algorithm(config: RunConfig, algorithm: str) -> RunConfig:
+  """`config` for `algorithm`: its spec converted (`vj.specs.convert`: the inner loop's steps
+  and rate, the draws... carried over; the options it does not take left behind), with the
+  experiments' own settings of its options (`EXPERIMENT_OPTIONS`)."""
+  spec = vj.specs.convert(config.algorithm, algorithm)
+  return config.replace(algorithm=spec, **EXPERIMENT_OPTIONS.get(algorithm, {}))
+
+
+def _build(cls, **settings) -> RunConfig:
+  """An experiment's config with the given fields set, wherever they live (`RunConfig.replace`)."""
+  return cls().replace(**settings)
+
+
+def _where_taken(config: RunConfig, **settings) -> RunConfig:
+  """`config` with those of `settings` that its algorithm's spec takes (the rest have no
+  effect on it: SImPa's generated weights have no Xavier gain, MAML no log-stds)."""
+  taken = set(config.algorithm.field_names())
+  return config.replace(**{k: v for k, v in settings.items() if k in taken})
 
 
 def follow_authors_code(config: RunConfig) -> RunConfig:
@@ -63,12 +87,14 @@ def follow_authors_code(config: RunConfig) -> RunConfig:
   (the learning-rate decay, L, the noise, second order against the code's
   truncation) the presets keep the text's.
   """
-  config.test_parameters = "final"
-  config.kernel_init_gain = AUTHORS_KERNEL_INIT_GAIN
-  if config.algorithm == "vampire":
-    config.log_std_weight_decay = AUTHORS_LOG_STD_WEIGHT_DECAY
-    config.meta_grad_clip_separately = True
-  return algorithms.drop_ignored(config)[0]  # e.g. SImPa's generated weights have no gain
+  config = config.replace(test_parameters="final")
+  if config.algorithm.name != "simpa":  # SImPa's generated weights have no Xavier gain
+    config = config.replace(kernel_init_gain=AUTHORS_KERNEL_INIT_GAIN)
+  if config.algorithm.name == "vampire":
+    config = config.replace(
+      log_std_weight_decay=AUTHORS_LOG_STD_WEIGHT_DECAY, meta_grad_clip_separately=True
+    )
+  return config
 
 
 # -- Omniglot --------------------------------------------------------------------
@@ -88,7 +114,8 @@ def omniglot_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Om
   """
   if preset in ("5way1shot", "5way5shot", "20way1shot", "20way5shot"):
     ways, shots = int(preset.split("way")[0]), int(preset[-5])
-    config = OmniglotConfig(
+    config = _build(
+      OmniglotConfig,
       ways=ways,
       shots=shots,
       tasks_per_step=32 if ways == 5 else 16,
@@ -98,7 +125,8 @@ def omniglot_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Om
       num_val_characters=0,
     )
   elif preset == "quick":
-    config = OmniglotConfig(
+    config = _build(
+      OmniglotConfig,
       ways=5,
       shots=1,
       tasks_per_step=8,
@@ -116,7 +144,7 @@ def omniglot_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Om
     )
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {OMNIGLOT_PRESETS}")
-  config = algorithms.configure(config, algorithm)
+  config = for_algorithm(config, algorithm)
   if preset != "quick":
     config = follow_authors_code(config)
     # Except the log-std weight decay: under Adam it widens the prior by about the meta lr
@@ -124,9 +152,9 @@ def omniglot_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Om
     # stalled at 35-40 % validation accuracy (log-std -3.45 -> -0.46 by step 4500); without
     # it the same seed learns (BUILD_NOTES.md, "The first GPU campaign"). `--log-std-weight-
     # decay 0.001` restores the authors' setting.
-    config.log_std_weight_decay = 0.0
-    if algorithms.get(algorithm).has_kl:
-      config.inner_lr = 0.01  # the authors' code; see the module docstring
+    config = _where_taken(config, log_std_weight_decay=0.0)
+    if config.algorithm.has_kl:
+      config = config.replace(inner_lr=0.01)  # the authors' code; see the module docstring
   return config
 
 
@@ -159,7 +187,8 @@ def mini_imagenet_config(
   (`follow_authors_code`).
   """
   if preset in ("5way1shot", "5way5shot"):
-    config = MiniImagenetConfig(
+    config = _build(
+      MiniImagenetConfig,
       shots=int(preset[4]),
       tasks_per_step=2,
       num_meta_steps=60_000,
@@ -176,7 +205,8 @@ def mini_imagenet_config(
       log_every=100,
     )
   elif preset == "quick":
-    config = MiniImagenetConfig(
+    config = _build(
+      MiniImagenetConfig,
       shots=1,
       query=5,
       tasks_per_step=2,
@@ -199,7 +229,8 @@ def mini_imagenet_config(
         f"--preset authors2019 is VAMPIRE's (vampire.py's commands); {algorithm!r} has "
         "no mini-ImageNet settings here: use --preset 5way1shot"
       )
-    config = MiniImagenetConfig(
+    config = _build(
+      MiniImagenetConfig,
       shots=1,
       query=15,
       test_query=20,
@@ -227,7 +258,7 @@ def mini_imagenet_config(
     )
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {MINI_IMAGENET_PRESETS}")
-  config = algorithms.configure(config, algorithm)
+  config = for_algorithm(config, algorithm)
   return config if preset in ("quick", "authors2019") else follow_authors_code(config)
 
 
@@ -244,7 +275,8 @@ def features_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Fe
   quick: 300 steps of 8 tasks with inner lr 0.1 and KL weight 0.001.
   """
   if preset in ("5way1shot", "5way5shot"):
-    config = FeaturesConfig(
+    config = _build(
+      FeaturesConfig,
       shots=int(preset[4]),
       tasks_per_step=16,
       num_meta_steps=30_000,
@@ -261,7 +293,8 @@ def features_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Fe
       log_every=100,
     )
   elif preset == "quick":
-    config = FeaturesConfig(
+    config = _build(
+      FeaturesConfig,
       tasks_per_step=8,
       num_meta_steps=300,
       inner_lr=0.1,
@@ -276,7 +309,7 @@ def features_config(preset: str = "5way1shot", algorithm: str = "vampire") -> Fe
     )
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {FEATURES_PRESETS}")
-  config = algorithms.configure(config, algorithm)
+  config = for_algorithm(config, algorithm)
   return config if preset == "quick" else follow_authors_code(config)
 
 
@@ -322,9 +355,10 @@ def regression_config(preset: str = "cpu", algorithm: str = "vampire") -> Regres
   paper trained it for regression.
   """
   if preset == "paper":
-    config = RegressionConfig(num_meta_steps=50_000, eval_every=2500, checkpoint_every=2500)
+    config = _build(RegressionConfig, num_meta_steps=50_000, eval_every=2500, checkpoint_every=2500)
   elif preset == "cpu":
-    config = RegressionConfig(
+    config = _build(
+      RegressionConfig,
       num_meta_steps=3000,
       num_mc_train=8,
       num_mc_query=8,
@@ -333,7 +367,8 @@ def regression_config(preset: str = "cpu", algorithm: str = "vampire") -> Regres
       checkpoint_every=500,
     )
   elif preset == "quick":
-    config = RegressionConfig(
+    config = _build(
+      RegressionConfig,
       num_meta_steps=500,
       num_mc_train=8,
       num_mc_query=8,
@@ -349,13 +384,13 @@ def regression_config(preset: str = "cpu", algorithm: str = "vampire") -> Regres
   else:
     raise ConfigError(f"--preset {preset!r} is unknown; choose one of {REGRESSION_PRESETS}")
   if preset != "authors2019":
-    config = algorithms.configure(config, algorithm)
+    config = for_algorithm(config, algorithm)
   if preset in ("paper", "cpu"):
     config = follow_authors_code(config)
   if algorithm == "abml":
     # The paper trained ABML for regression with a uniform hyper-posterior
     # (PAPER_NOTES.md), which is the flat hyper-prior: weight 0.
-    config.abml_hyper_prior_weight = 0.0
+    config = config.replace(hyper_prior_weight=0.0)
   return config
 
 
@@ -366,8 +401,9 @@ def _authors2019_regression(algorithm: str) -> RegressionConfig:
       f"{', '.join(AUTHORS2019_REGRESSION)}"
     )
   draws, clip_norm, clip_separately, weight_decay, steps = AUTHORS2019_REGRESSION[algorithm]
-  config = algorithms.configure(
-    RegressionConfig(
+  config = for_algorithm(
+    _build(
+      RegressionConfig,
       num_meta_steps=steps,
       num_query=15,
       data_noise_std=0.09,
@@ -385,13 +421,17 @@ def _authors2019_regression(algorithm: str) -> RegressionConfig:
     ),
     algorithm,
   )
-  config.meta_grad_clip_norm = clip_norm
-  config.meta_grad_clip_separately = clip_separately
-  config.log_std_weight_decay = weight_decay
-  config.num_mc_train = config.num_mc_query = draws
+  config = config.replace(meta_grad_clip_norm=clip_norm)
+  config = _where_taken(
+    config,
+    meta_grad_clip_separately=clip_separately,
+    log_std_weight_decay=weight_decay,
+    num_mc_train=draws,
+    num_mc_query=draws,
+  )
   if algorithm == "bmaml":
-    config.num_particles = 10
-  return algorithms.drop_ignored(config)[0]  # what the algorithm does not read, left neutral
+    config = config.replace(num_particles=10)
+  return config
 
 
 # -- Shared ---------------------------------------------------------------------------

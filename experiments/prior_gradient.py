@@ -20,8 +20,8 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import regression
-from vampire_jax._src.core import meta_step, sharding
-from vampire_jax._src.runs import algorithms
+from vampire_jax import backend
+from vampire_jax.runs import algorithms
 
 
 def flat(tree) -> np.ndarray:
@@ -29,7 +29,7 @@ def flat(tree) -> np.ndarray:
 
 
 def main(argv=None) -> dict:
-  sharding.default_to_all_cpu_cores()  # one XLA:CPU device per core
+  backend.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
@@ -52,10 +52,9 @@ def main(argv=None) -> dict:
       "regression",
       run.noise_std,
       config,
-      num_mc_train=num_draws,
-      num_mc_query=num_draws,
+      num_mc=num_draws,  # L draws on the support and on the query
     )
-    meta_gradient = jax.jit(meta_step.make_meta_gradient(learner, task_batching="map"))
+    meta_gradient = jax.jit(vj.make_meta_gradient(learner, task_batching="map"))
     grads, _ = meta_gradient(run.meta_params, tasks, draw_keys)
     gradients[num_draws] = flat(grads.log_std)
     g = gradients[num_draws]

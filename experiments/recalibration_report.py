@@ -41,9 +41,8 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import cli, zoo, zoo_recalibrate, zoo_verify
-from vampire_jax._src.metrics import evaluation, quantile_calibration, quantile_map
-from vampire_jax._src.metrics import recalibration as maps
-from vampire_jax._src.runs import programs, recalibration
+from vampire_jax import metrics
+from vampire_jax.runs import programs, recalibration
 
 DEFAULT_CELLS = "regression_*,omniglot_*"
 NUM_BINS = 5
@@ -67,7 +66,7 @@ def predictive_std(predictions, noise_std: float) -> np.ndarray:
 def test_inputs(run: vj.Run, problem: vj.Problem, num_tasks: int) -> np.ndarray:
   """`[tasks, query]`: the inputs x of the run's first test tasks (its test's own tasks)."""
   indices = jnp.arange(num_tasks, dtype=jnp.uint32)
-  sample_keys, _ = evaluation.index_keys(programs.run_keys(run.config.seed).test, indices)
+  sample_keys, _ = metrics.index_keys(programs.run_keys(run.config.seed).test, indices)
   tasks = jax.jit(problem.sample_tasks)(problem.splits["test"], sample_keys)
   return np.asarray(tasks.query_x)[..., 0]
 
@@ -80,23 +79,25 @@ def regression_extras(run: vj.Run, result) -> dict:
   network's outputs."""
   sigma = run.noise_std
   scored = {k: v for k, v in result.per_task.items() if k in _REGRESSION_FIELDS}
-  scale = maps.fit("regression", result.val_per_task, sigma, "report", maps.VARIANCE_SCALE)
+  scale = metrics.fit_recalibration(
+    "regression", result.val_per_task, sigma, "report", metrics.VARIANCE_SCALE
+  )
   # R alone: the map of the raw predictive's PIT values (no scale), as Kuleshov et al.
-  val_pit = maps.predictive_pit(
+  val_pit = metrics.predictive_pit(
     result.val_per_task["predictions"], result.val_per_task["targets"], sigma
   )
-  alone = maps.Calibration(
-    maps.QUANTILE, 1.0, scale.num_tasks, scale.nll_before, float("nan"),
-    quantile_map.fit(val_pit, quantile_map.num_bins(val_pit.size)),
+  alone = metrics.Calibration(
+    metrics.QUANTILE, 1.0, scale.num_tasks, scale.nll_before, float("nan"),
+    metrics.fit_quantile_map(val_pit, metrics.quantile_map_bins(val_pit.size)),
   )  # fmt: skip
   extras = {}
   for name, calibration in (("variance_scale", scale), ("quantile_map_alone", alone)):
     summary = recalibration.recalibrated_summary(
-      "regression", calibration, scored, run.config.num_bins, sigma
+      "regression", calibration, scored, run.config.evaluation.num_bins, sigma
     )
     extras[name] = {k: float(summary.metrics[k]) for k in _KEPT if k in summary.metrics}
-    extras[name]["map"] = maps.describe(calibration)
-  raw_whole = quantile_calibration.predictive_quantile_calibration(
+    extras[name]["map"] = metrics.describe_recalibration(calibration)
+  raw_whole = metrics.predictive_quantile_calibration(
     np.asarray(scored["predictions"])[..., 0], np.asarray(scored["truth"])[..., 0], sigma, sigma
   )
   extras["raw_predictive_quantile_ece"] = raw_whole.ece
@@ -109,16 +110,18 @@ _KEPT = ("nll", "ece", "pit_ece", "interval_90_coverage", "interval_90_width")
 
 def _points(run: vj.Run, calibration, per_task: dict) -> dict:
   """Per test point under `calibration`: covered (90 %), log density, predictive std."""
-  noise = maps.calibrated_noise_std(calibration, run.noise_std)
-  scored = maps.recalibrated_per_task(calibration, per_task, run.noise_std)
+  noise = metrics.calibrated_noise_std(calibration, run.noise_std)
+  scored = metrics.recalibrated_per_task(calibration, per_task, run.noise_std)
   qmap = calibration.quantile_map
   log_density = point_log_density(scored["predictions"], scored["targets"], noise)
   if qmap is not None:
     log_density += qmap.log_slope(
-      maps.predictive_pit(scored["predictions"], scored["targets"], noise)
+      metrics.predictive_pit(scored["predictions"], scored["targets"], noise)
     )
   return {
-    "covered": maps.interval_coverage(scored["predictions"], scored["targets"], noise, qmap=qmap),
+    "covered": metrics.interval_coverage(
+      scored["predictions"], scored["targets"], noise, qmap=qmap
+    ),
     "log_density": log_density,
     "std": predictive_std(scored["predictions"], noise),
   }
@@ -150,9 +153,11 @@ def compare_methods(runs: dict, results: dict, problem: vj.Problem, num_tasks: i
   each fitted on its own validation tasks), per bin of VAMPIRE's spread and of the input x;
   and overall under each one's default map (the quantile map) too."""
   scales = {
-    m: maps.fit("regression", results[m].val_per_task, runs[m].noise_std, "report", maps.VARIANCE_SCALE)
+    m: metrics.fit_recalibration(
+      "regression", results[m].val_per_task, runs[m].noise_std, "report", metrics.VARIANCE_SCALE
+    )
     for m in runs
-  }  # fmt: skip
+  }
   points = {m: _points(runs[m], scales[m], results[m].per_task) for m in runs}
   spread = points["vampire"]["std"]
   edges = np.quantile(spread, np.linspace(0, 1, NUM_BINS + 1))
@@ -245,7 +250,7 @@ def measure(zoo_dir: Path, pattern: str, num_val_tasks, num_test_tasks, print_fn
     start = time.perf_counter()
     run = vj.load_run(zoo_dir / name)
     problem = zoo_verify.make_problem(run)
-    num_val = num_val_tasks or run.config.num_val_tasks
+    num_val = num_val_tasks or run.config.evaluation.num_val_tasks
     count = int(manifest["cells"][name]["test"]["num_tasks"])
     num_test = count if num_test_tasks is None else min(num_test_tasks, count)
     try:
@@ -256,8 +261,8 @@ def measure(zoo_dir: Path, pattern: str, num_val_tasks, num_test_tasks, print_fn
       continue
     cells[name] = {
       "kind": run.kind,
-      "map": maps.describe(result.calibration),
-      "calibration": maps.to_record(result.calibration),
+      "map": metrics.describe_recalibration(result.calibration),
+      "calibration": metrics.recalibration_to_record(result.calibration),
       "raw": result.raw,
       "recalibrated": result.recalibrated,
       "num_val_tasks": num_val,
@@ -268,7 +273,7 @@ def measure(zoo_dir: Path, pattern: str, num_val_tasks, num_test_tasks, print_fn
       cells[name].update(regression_extras(run, result))
     print_fn(f"{zoo_recalibrate.line(name, run.kind, result)} ({cells[name]['seconds']:.0f} s)")
     if run.kind == "regression" and run.config.seed == 0:
-      algorithm = run.config.algorithm
+      algorithm = run.config.algorithm.name
       runs[algorithm], results[algorithm], problems[algorithm] = run, result, problem
   report = {"cells": cells}
   if {"vampire", "maml"} <= set(runs):

@@ -195,7 +195,7 @@ def run(
     methods,
     "regression",
     workdir,
-    f"{train.setting_name(config)} ({preset} preset), {config.num_test_tasks} test tasks",
+    f"{train.setting_name(config)} ({preset} preset), {config.evaluation.num_test_tasks} test tasks",
     figure_name="quantile_calibration.png",
   )
   figures["plots"]["tasks"] = str(

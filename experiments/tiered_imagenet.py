@@ -32,8 +32,8 @@ from experiments.presets import FEATURES_PRESETS as PRESETS
 from experiments.presets import FeaturesConfig
 from experiments.presets import features_config as get_config
 from vampire_jax import data
-from vampire_jax._src.runs import algorithms, kinds, protonet_settings
-from vampire_jax._src.runs import experiment_configs as configs
+from vampire_jax.runs import algorithms, kinds
+from vampire_jax.runs import experiment_configs as configs
 
 
 def load_splits(config: FeaturesConfig) -> dict[str, data.FeatureSplit]:
@@ -49,7 +49,7 @@ def make_problem(
 ) -> vj.Problem:
   """Loads the embeddings (unless `splits` is given) and puts them on the device."""
   splits = splits or load_splits(config)
-  train_ways = protonet_settings.train_ways(config)  # ProtoNet's --train-ways, else --ways
+  train_ways = config.algorithm.training_ways(config.ways)  # ProtoNet's --train-ways, else --ways
   for name, split in splits.items():
     ways = train_ways if name == "train" else config.ways
     data.check_class_counts(split.counts, ways=ways, shots=config.shots, query=config.query)
@@ -108,7 +108,9 @@ def make_problem(
 
 
 def default_workdir(config: FeaturesConfig, preset: str) -> Path:
-  return Path("runs") / f"{config.dataset}_features_{preset}_{config.algorithm}_seed{config.seed}"
+  return (
+    Path("runs") / f"{config.dataset}_features_{preset}_{config.algorithm.name}_seed{config.seed}"
+  )
 
 
 def run_experiment(
@@ -143,7 +145,7 @@ def main(argv=None) -> dict:
   config, workdir, args = parse_args(argv)
   print(
     f"{config.dataset}-ImageNet features {config.ways}-way {config.shots}-shot, "
-    f"{config.algorithm}; workdir {workdir}; backend {jax.default_backend()}"
+    f"{config.algorithm.name}; workdir {workdir}; backend {jax.default_backend()}"
   )
   algorithms.check_config(config)
   splits = load_splits(config)

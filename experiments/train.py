@@ -13,8 +13,8 @@ import jax
 
 import vampire_jax as vj
 from experiments import plots
-from vampire_jax._src.runs import experiment_configs as configs
-from vampire_jax._src.runs import reporting
+from vampire_jax.runs import experiment_configs as configs
+from vampire_jax.runs import reporting
 
 
 def run_experiment(
@@ -42,12 +42,14 @@ def run_experiment(
     note = kl_step_note(config)
     if note:
       print_fn(note)
-  if config.algorithm == "simpa":  # its cost, once the network is known, before it compiles
+  if config.algorithm.name == "simpa":  # its cost, once the network is known, before it compiles
     make_problem = with_simpa_cost_note(make_problem, config, print_fn)
   results = vj.train_and_evaluate(
     make_problem, config, workdir, init_from=init_from, progress=progress, print_fn=print_fn
   )
-  results = plots.add_run_figures(workdir, results, config.algorithm.upper(), setting_name(config))
+  results = plots.add_run_figures(
+    workdir, results, config.algorithm.name.upper(), setting_name(config)
+  )
   if jax.process_index() == 0:
     reporting.write_figures(workdir, results["plots"], step=results["meta_steps"])
   return results
@@ -63,22 +65,20 @@ def kl_step_note(config) -> str:
   N(0, I), sigma 1. Empty where the factor is below 2 or the algorithm's inner loop takes
   no KL step (MAML, PLATIPUS, BMAML, ProtoNet, SImPa).
   """
-  from vampire_jax._src.runs import algorithms
-
-  algorithm = algorithms.get(config.algorithm)
-  if not algorithm.inner_kl or not config.kl_weight:
+  spec = config.algorithm
+  if not spec.inner_kl or not spec.kl_weight or spec.inner_lr is None:
     return ""
-  if algorithm.kl_target == "standard_normal":
+  if spec.kl_target == "standard_normal":
     inverse_variance, where = 1.0, "N(0, I), the KL's target (sigma 1)"
   else:
-    inverse_variance = math.exp(-2 * config.log_std_init[0])
-    where = f"the prior's narrowest initial log-std ({config.log_std_init[0]:g})"
-  factor = config.inner_lr * config.kl_weight * inverse_variance
+    inverse_variance = math.exp(-2 * config.algorithm.log_std_init[0])
+    where = f"the prior's narrowest initial log-std ({config.algorithm.log_std_init[0]:g})"
+  factor = config.algorithm.inner_lr * config.algorithm.kl_weight * inverse_variance
   if factor < 2:
     return ""
-  stable = 1.9 / (config.inner_lr * inverse_variance)
+  stable = 1.9 / (config.algorithm.inner_lr * inverse_variance)
   return (
-    f"note: --inner-lr {config.inner_lr:g} and --kl-weight {config.kl_weight:g} give the KL "
+    f"note: --inner-lr {config.algorithm.inner_lr:g} and --kl-weight {config.algorithm.kl_weight:g} give the KL "
     f"step a factor inner_lr * kl_weight / sigma^2 of up to {factor:.2f} at {where}, above "
     "the stable 2, so the check below warns about it. The presets keep the paper's (and the "
     "authors' code's) values, and the runs in BUILD_NOTES.md trained with them "
@@ -98,15 +98,17 @@ SIMPA_SECONDS_PER_UNIT = 98.0 / (10 * 5 * 20501 * (512 + 64))
 
 def simpa_cost_note(config, num_weights: int) -> str:
   """What a SImPa run will cost on a 2-core CPU, from its KL draws and network's weights."""
-  draws = config.simpa_kl_samples
-  units = config.tasks_per_step * config.num_inner_steps * num_weights * (draws + 64)
+  draws = config.algorithm.num_kl_samples
+  units = (
+    config.schedule.tasks_per_step * config.algorithm.num_inner_steps * num_weights * (draws + 64)
+  )
   seconds = SIMPA_SECONDS_PER_UNIT * units
-  total = seconds * config.num_meta_steps
+  total = seconds * config.schedule.num_meta_steps
   total = f"{total / 3600:.1f} h" if total >= 3600 else f"{total / 60:.0f} min"
   return (
     f"note: SImPa takes {draws} draws in each KL estimate (--simpa-kl-samples) and its "
     f"network has {num_weights:,} weights: about {seconds:.3g} s a meta-step on a 2-core "
-    f"CPU, {total} for {config.num_meta_steps} steps (measured there on the regression "
+    f"CPU, {total} for {config.schedule.num_meta_steps} steps (measured there on the regression "
     "preset's MLP: 98 s a step at the authors' 512 draws, 13.6 s at 16)"
   )
 

@@ -31,8 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from vampire_jax._src.core.errors import ConfigError
-from vampire_jax._src.runs import run_folder
+from vampire_jax import ConfigError
+from vampire_jax.runs import run_folder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRAINING = REPO_ROOT / "training"
@@ -55,6 +55,19 @@ def newest_step(folder: Path) -> Optional[int]:
   newest), or None where one has none."""
   steps = [run_folder.latest_checkpoint_step(run) for run in run_folders(folder)]
   return None if not steps or None in steps else min(steps)
+
+
+def newer_kept(folder: Path, kept: Path) -> str:
+  """Where `kept` holds a run at a newer checkpoint than `folder`'s same run (or one `folder`
+  lacks), which is newer, in words ('' where none is): an older run is never put over it."""
+  newer = []
+  for run in run_folders(kept):
+    step, here = (run_folder.latest_checkpoint_step(run), folder / run.relative_to(kept))
+    here_step = run_folder.latest_checkpoint_step(here) if here.is_dir() else None
+    if step is not None and (here_step is None or here_step < step):
+      at = "none" if here_step is None else f"step {here_step}"
+      newer.append(f"{run} holds step {step}, newer than {here}'s {at}")
+  return "; ".join(newer)
 
 
 def _keep_run(run: Path, target: Path) -> None:
@@ -81,7 +94,8 @@ def keep(folder: Path, target: Path) -> int:
   """Writes `folder`'s run(s) into `target` (replacing what it held); returns its bytes.
 
   Raises:
-    ConfigError: `folder` holds no run, or a run without a checkpoint.
+    ConfigError: `folder` holds no run, or a run without a checkpoint, or `target` holds a
+      newer one (`newer_kept`): a kept cell is never replaced by an older run.
   """
   runs = run_folders(folder)
   if not runs:
@@ -91,6 +105,12 @@ def keep(folder: Path, target: Path) -> int:
       raise ConfigError(
         f"keep: {run} has no checkpoint to resume from (checkpoints/<step>/): nothing to keep"
       )
+  newer = newer_kept(folder, target)
+  if newer:
+    raise ConfigError(
+      f"keep: {newer}: not put over it; resume from {target} (remove {folder}), or "
+      f"git rm -r {target} to keep {folder} instead"
+    )
   target.parent.mkdir(parents=True, exist_ok=True)
   staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
   replaced = staging.with_name(staging.name + ".replaced")
@@ -121,19 +141,22 @@ def keep_and_say(folder: Path, target: Path) -> None:
 def restore(folder: Path, kept: Path) -> bool:
   """Copies a kept cell `kept` to its run folder `folder` where that is absent; says so.
 
-  Returns whether it did. Where both exist and the kept one is newer, says so in a line
-  (the run folder is used).
+  Returns whether it did. Where both exist, the run folder is used, unless the kept one is
+  newer (`newer_kept`).
+
+  Raises:
+    ConfigError: both exist and `kept` is newer: training the older folder would lose the
+      kept steps (it is kept after its call), naming both steps.
   """
   step = newest_step(kept)
   if step is None:
     return False
   if folder.exists():
-    here = newest_step(folder)
-    if here is None or here < step:
-      print(
-        f"   note: {kept} holds step {step}, newer than {folder}'s "
-        f"{here if here is not None else 'none'}; remove {folder} to resume from it",
-        flush=True,
+    newer = newer_kept(folder, kept)
+    if newer:
+      raise ConfigError(
+        f"{newer}: the older run folder is not trained over it; remove {folder} to resume "
+        f"from {kept}, or git rm -r {kept} to train {folder} on"
       )
     return False
   folder.parent.mkdir(parents=True, exist_ok=True)

@@ -24,8 +24,8 @@ from typing import Optional
 import numpy as np
 
 from experiments import plots
-from vampire_jax._src.core.errors import ConfigError, UserError
-from vampire_jax._src.runs import reporting
+from vampire_jax import ConfigError, UserError
+from vampire_jax.runs import config_records, reporting
 
 METRICS = ("ece", "mce", "nll", "mse", "median_mse")
 
@@ -53,7 +53,9 @@ def read_methods(folder: Path) -> dict[str, dict]:
   """
   folder = Path(folder)
   if (folder / "run.json").is_file():
-    config = json.loads((folder / "results.json").read_text())["config"]
+    config = config_records.flat_or_as_is(
+      json.loads((folder / "results.json").read_text())["config"]
+    )
     return {config["algorithm"]: _run_metrics(folder)}
   methods = {}
   for sub in sorted(folder.iterdir()) if folder.is_dir() else []:

@@ -53,8 +53,8 @@ from typing import Optional
 import numpy as np
 
 from experiments import cli, paper_table, presets, zoo_recalibrate, zoo_tables, zoo_verify
-from vampire_jax._src.core.errors import ConfigError, UserError
-from vampire_jax._src.runs import algorithms, run_folder
+from vampire_jax import ConfigError, UserError
+from vampire_jax.runs import run_folder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ZOO = REPO_ROOT / "zoo"
@@ -226,7 +226,7 @@ def matching_preset(experiment: str, config: dict) -> tuple[str, dict]:
       base = presets.get_config(experiment, preset, config["algorithm"])
     except ConfigError:
       continue  # a preset that is one algorithm's only (authors2019)
-    base = _json(dataclasses.asdict(algorithms.drop_ignored(base)[0]))
+    base = _json(base.flat())
     changed = {
       name: value
       for name, value in config.items()
@@ -240,9 +240,9 @@ def matching_preset(experiment: str, config: dict) -> tuple[str, dict]:
 
 
 def _flag(name: str, value) -> str:
-  flag = "--" + name.replace("_", "-")
+  flag = cli.flag(name)
   if isinstance(value, bool):
-    return flag if value else "--no-" + name.replace("_", "-")
+    return flag if value else "--no-" + flag[2:]
   if value is None and name == "meta_grad_clip_norm":
     return f"{flag} 0"
   if value is None:
@@ -321,8 +321,9 @@ def from_results(results: dict) -> dict:
 
 
 def numbers_disagree(zoo: Path, manifest: dict) -> list[str]:
-  """Where a manifest entry's numbers are not its cell's `results.json`'s, or its training
-  rate not its `metrics.jsonl`'s ([]: none).
+  """Where a manifest entry's numbers are not its cell's `results.json`'s, its training
+  rate not its `metrics.jsonl`'s, or its recalibrated numbers not its `recalibration.json`'s
+  (`zoo_recalibrate.numbers_disagree`) ([]: none).
 
   The tables are written from the manifest: an edited number there would reach the README.
   """
@@ -347,6 +348,7 @@ def numbers_disagree(zoo: Path, manifest: dict) -> list[str]:
         f"zoo/{name}: the manifest's training {entry.get('training')!r} is not what its "
         f"metrics.jsonl and run.json give, {rate!r}"
       )
+    problems += zoo_recalibrate.numbers_disagree(zoo / name, name, entry)
   return problems
 
 
@@ -560,7 +562,7 @@ def verify_cell(zoo: Path, name: str, entry: dict, num_tasks: Optional[int], mac
   with _progress_bar(name, num_tasks) as on_batch:
     per_task, numbers = zoo_verify.score_test_split(run, problem, num_tasks, on_batch)
   if num_tasks < count:
-    numbers = zoo_verify.numbers_from_arrays(run.kind, per_task, run.config.num_bins)
+    numbers = zoo_verify.numbers_from_arrays(run.kind, per_task, run.config.evaluation.num_bins)
   arrays = {k: v for k, v in per_task.items() if k in ref.arrays}
   comparison = zoo_verify.compare(run.kind, ref, numbers, arrays)
   return Verified(
@@ -706,9 +708,13 @@ def recalibrate(
   (`test_recalibrated`, and the raw 90 % interval as `test_raw_interval`), then the
   tables. `num_val_tasks` None: the run's own `num_val_tasks`; `num_test_tasks` None:
   every test task the cell scored. Returns one line per cell.
+
+  The README's table block and each cell's data are checked before any fit; a cell that
+  cannot be recalibrated keeps what it had (its line says why), and a run that recalibrated
+  no cell raises `ConfigError` with the reasons, having written nothing.
   """
   import vampire_jax as vj
-  from vampire_jax._src.runs import recalibration as run_recalibration
+  from vampire_jax.runs import recalibration as run_recalibration
 
   manifest = existing_manifest(zoo, "recalibrate")
   problems = check_cells(zoo, manifest)
@@ -717,24 +723,43 @@ def recalibrate(
       f"zoo recalibrate: the zoo does not match its manifest: {'; '.join(problems)}"
     )
   _refuse_table_problems(zoo, manifest, "recalibrate")
-  lines = []
-  for name in select(manifest, pattern):
-    entry = manifest["cells"][name]
+  block = (
+    table_block_problem(readme.read_text(), readme)
+    if readme.is_file()
+    else (f"{readme} does not exist; give the README holding the table (--readme)")
+  )
+  if block:  # before any fit: the tables are written at the end
+    raise ConfigError(f"zoo recalibrate: {block}")
+  lines, ready = [], []
+  for name in select(manifest, pattern):  # each cell's run and data, before any fit
     try:
       run = vj.load_run(zoo / name)
-      problem = zoo_verify.make_problem(run)
-      num_val = num_val_tasks or run.config.num_val_tasks
+      ready.append((name, run, zoo_verify.make_problem(run)))
+    except UserError as error:  # missing data, say: the cell keeps what it had
+      lines.append(f"{name}: not recalibrated: {type(error).__name__}: {error}")
+  done = 0
+  for name, run, problem in ready:
+    entry = manifest["cells"][name]
+    try:
+      num_val = num_val_tasks or run.config.evaluation.num_val_tasks
       count = int(entry["test"]["num_tasks"])
       num_test = count if num_test_tasks is None else min(num_test_tasks, count)
       with _progress_bar(name, num_test) as on_batch:
         result = zoo_recalibrate.recalibrate_cell(run, problem, num_val, num_test, on_batch)
-    except UserError as error:  # missing data, say: the cell keeps what it had
+    except UserError as error:  # the cell keeps what it had
       lines.append(f"{name}: not recalibrated: {type(error).__name__}: {error}")
       continue
-    run_recalibration.write_calibration(zoo / name, result.calibration, run.record, run.step)
-    entry.update(zoo_recalibrate.manifest_fields(result, num_val))
+    run_recalibration.write_calibration(  # its files recorded again below
+      zoo / name, result.calibration, run.record, run.step, recorded_again=True
+    )
+    fields = zoo_recalibrate.manifest_fields(result, num_val)
+    zoo_recalibrate.record_test(zoo / name, fields)  # what `zoo check` compares
+    entry.update(fields)
     entry["files"] = checksums(zoo / name)
     lines.append(zoo_recalibrate.line(name, run.kind, result))
+    done += 1
+  if not done:
+    raise ConfigError(f"zoo recalibrate: no cell recalibrated, nothing written: {'; '.join(lines)}")
   write_manifest(zoo, manifest)
   write_tables(zoo, readme, "recalibrate")
   return lines
@@ -844,6 +869,19 @@ def _task_count(text: str) -> Optional[int]:
   return count
 
 
+def _val_task_count(text: str) -> Optional[int]:
+  """`recalibrate --num-val-tasks`: a count a map can be fitted on, or 'all' (None: the run's
+  own `num_val_tasks`)."""
+  from vampire_jax.metrics import RECALIBRATION_MIN_TASKS as MIN_TASKS
+
+  if text != "all" and text.isdigit() and 0 < int(text) < MIN_TASKS:
+    raise argparse.ArgumentTypeError(
+      f"{text} validation task is too few to fit a map: a fit needs at least {MIN_TASKS} "
+      "(one task's queries share one adaptation, so a map fitted on them fits that task)"
+    )
+  return _task_count(text)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
     prog="python -m experiments.zoo",
@@ -874,7 +912,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   )
   recalibrating.add_argument("--cells", help="cell-name patterns, comma-separated (default: all)")
   recalibrating.add_argument(
-    "--num-val-tasks", type=_task_count, default=None, metavar="N",
+    "--num-val-tasks", type=_val_task_count, default=None, metavar="N",
     help="validation tasks to fit on (default: the run's num_val_tasks)",
   )  # fmt: skip
   recalibrating.add_argument(
@@ -924,6 +962,10 @@ def main(argv=None) -> int:
   problems += [block] if block else []
   for problem in problems:
     print(problem)
+  for name, cell in _with_folders(args.zoo, manifest)["cells"].items():
+    note = zoo_recalibrate.unchecked(args.zoo / name, name, cell)
+    if note:
+      print(note)
   print("zoo: " + ("problems above" if problems else "checksums and tables agree"))
   return 1 if problems else 0
 

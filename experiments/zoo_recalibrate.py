@@ -20,9 +20,8 @@ import numpy as np
 
 import vampire_jax as vj
 from experiments import zoo_verify
-from vampire_jax._src.core import backend_defaults
-from vampire_jax._src.metrics import recalibration as maps
-from vampire_jax._src.runs import kinds, programs, recalibration, run_folder
+from vampire_jax import backend, metrics
+from vampire_jax.runs import kinds, programs, recalibration, run_folder
 
 # What a cell's manifest entry keeps of each summary (beside the raw test it already has).
 KEPT = (
@@ -34,7 +33,7 @@ KEPT = (
 class CellRecalibration(NamedTuple):
   """One cell's map and its test scored both ways (on the same tasks and draws)."""
 
-  calibration: maps.Calibration
+  calibration: metrics.Calibration
   raw: dict  # the raw test's summary numbers (with a regressor's 90 % interval)
   recalibrated: dict  # under the map
   per_task: dict  # the raw test's per-task results
@@ -45,7 +44,7 @@ def fit_on_validation(run: vj.Run, problem: vj.Problem, num_tasks: int):
   """`(map, per-task results)` of the run's first `num_tasks` validation tasks, as its loop
   fits it."""
   config = run.config
-  mesh = backend_defaults.task_mesh_for(config, config.tasks_per_step)
+  mesh = backend.task_mesh_for(config, config.schedule.tasks_per_step)
   evaluate = programs.build_evaluator(run.kind, run.noise_std, config, run.learner, mesh)
   meta_params = run.meta_params if mesh is None else vj.replicate(run.meta_params, mesh)
   return recalibration.fit_on_split(
@@ -76,14 +75,14 @@ def recalibrate_cell(
     per_task, raw = zoo_verify.score_test_split(run, problem, num_test_tasks, on_batch)
   else:
     per_task = stored
-    summary = kinds.summarise(run.kind, per_task, num_bins=run.config.num_bins)
+    summary = kinds.summarise(run.kind, per_task, num_bins=run.config.evaluation.num_bins)
     raw = {k: float(v) for k, v in summary.metrics.items() if isinstance(v, (int, float))}
   fields = ("accuracy", "nll", "probabilities", "mse", "predictive_mean_mse", "predictions")
   scored = {k: v for k, v in per_task.items() if k in fields + ("targets", "truth")}
   if run.kind == "regression":
-    raw.update(maps.interval_metrics(scored, run.noise_std))
+    raw.update(metrics.interval_metrics(scored, run.noise_std))
   summary = recalibration.recalibrated_summary(
-    run.kind, calibration, scored, run.config.num_bins, run.noise_std
+    run.kind, calibration, scored, run.config.evaluation.num_bins, run.noise_std
   )
   recalibrated = {k: float(v) for k, v in summary.metrics.items() if isinstance(v, (int, float))}
   return CellRecalibration(calibration, raw, recalibrated, per_task, val_per_task)
@@ -108,7 +107,7 @@ def manifest_fields(result: CellRecalibration, num_val_tasks: int) -> dict:
   """What a cell's manifest entry records of its recalibration."""
   return {
     "recalibration": {
-      **maps.to_record(result.calibration),
+      **metrics.recalibration_to_record(result.calibration),
       "fitted_on": f"val: {num_val_tasks} tasks",
     },
     "test_raw_interval": {
@@ -126,4 +125,76 @@ def line(name: str, kind: str, result: CellRecalibration) -> str:
     for n in names
     if n in result.raw and n in result.recalibrated and np.isfinite(result.raw[n])
   ]
-  return f"{name}: {maps.describe(result.calibration)}; " + ", ".join(parts)
+  return f"{name}: {metrics.describe_recalibration(result.calibration)}; " + ", ".join(parts)
+
+
+# -- The numbers recorded in the cell, that `zoo check` compares the manifest's with --------
+
+# recalibration.json's field holding the test as `zoo recalibrate` scored it under the map
+# (the manifest's `test_recalibrated` and `test_raw_interval`, which the tables show).
+RECORDED_TEST = "zoo_test"
+TEST_SECTIONS = ("test_recalibrated", "test_raw_interval")
+# recalibration.json's fields that are not the map's (`metrics.recalibration_to_record`).
+NOT_THE_MAP = ("format", "kind", "run_id", "step", RECORDED_TEST)
+
+
+def record_test(cell: Path, fields: dict) -> None:
+  """Adds the test scored both ways (`manifest_fields`' test sections) to the cell's
+  recalibration.json, as the cell's own record of the numbers the manifest copies."""
+  path = Path(cell) / recalibration.RECALIBRATION_FILE
+  saved = run_folder.read_json(path)
+  saved[RECORDED_TEST] = {k: fields[k] for k in TEST_SECTIONS if k in fields}
+  run_folder.write_json(path, saved)
+
+
+def recorded(cell: Path) -> Optional[dict]:
+  """The cell's recalibration.json (None: none, or not a JSON object)."""
+  saved = run_folder.read_json(Path(cell) / recalibration.RECALIBRATION_FILE, default=None)
+  return saved if isinstance(saved, dict) else None
+
+
+def numbers_disagree(cell: Path, name: str, entry: dict) -> list[str]:
+  """Where the entry's recalibration numbers (its map, its test both ways) are not those its
+  cell's recalibration.json records ([]: none). A file written before the test was recorded
+  there (`unchecked`) has only its map compared."""
+  sections = ("recalibration", *TEST_SECTIONS)
+  if not any(entry.get(k) for k in sections):
+    return []
+  saved = recorded(cell)
+  if saved is None:
+    return [
+      f"zoo/{name}: the manifest holds its recalibrated numbers but the cell has no "
+      f"readable {recalibration.RECALIBRATION_FILE}"
+    ]
+  expected = {
+    "recalibration": {k: v for k, v in saved.items() if k not in NOT_THE_MAP},
+    **(saved.get(RECORDED_TEST) or {}),
+  }
+  problems = []
+  for section in sections:
+    if section != "recalibration" and RECORDED_TEST not in saved:
+      continue  # `unchecked`
+    have, want = entry.get(section) or {}, expected.get(section) or {}
+    for field in sorted((set(have) | set(want)) - {"fitted_on"}):
+      if have.get(field) != want.get(field):
+        problems.append(
+          f"zoo/{name}: the manifest's {section}.{field} {have.get(field)!r} is not its "
+          f"{recalibration.RECALIBRATION_FILE}'s {want.get(field)!r}"
+        )
+  return problems
+
+
+def unchecked(cell: Path, name: str, entry: dict) -> Optional[str]:
+  """A note for a cell whose recalibrated test numbers its recalibration.json does not
+  record (recalibrated before they were recorded there), so that `zoo check` cannot check
+  them (None: it records them, or the entry has none)."""
+  if not any(entry.get(k) for k in TEST_SECTIONS):
+    return None
+  saved = recorded(cell)
+  if saved is None or RECORDED_TEST in saved:
+    return None
+  return (
+    f"note: zoo/{name}'s {recalibration.RECALIBRATION_FILE} does not record its recalibrated "
+    "test numbers (written before they were), so they are not checked; `python -m "
+    f"experiments.zoo recalibrate --cells {name}` records them"
+  )

@@ -29,9 +29,9 @@ import jaxlib
 import numpy as np
 
 import vampire_jax as vj
-from vampire_jax._src.core import backend_defaults
-from vampire_jax._src.metrics import calibration, evaluation
-from vampire_jax._src.runs import kinds, programs
+from vampire_jax import backend
+from vampire_jax.metrics import evaluate_split
+from vampire_jax.runs import kinds, programs
 
 # Across platforms (trained on a GPU, verified on a CPU; or another CPU kind or jaxlib),
 # XLA compiles other kernels and the last bits differ. A mean score (accuracy or MSE) and
@@ -161,10 +161,10 @@ def score_test_split(
   take here), the run's test learner and meta-parameters (`vj.load_run`), the test key.
   """
   config = run.config
-  mesh = backend_defaults.task_mesh_for(config, config.tasks_per_step)
+  mesh = backend.task_mesh_for(config, config.schedule.tasks_per_step)
   evaluate = programs.build_evaluator(run.kind, run.noise_std, config, run.learner, mesh)
   meta_params = run.meta_params if mesh is None else vj.replicate(run.meta_params, mesh)
-  per_task = evaluation.evaluate_split(
+  per_task = evaluate_split(
     programs.split_evaluator(problem, evaluate, "test", mesh),
     meta_params,
     programs.run_keys(config.seed).test,
@@ -172,7 +172,9 @@ def score_test_split(
     programs.eval_batch_size(config, mesh),
     on_batch=on_batch,
   )
-  summary = kinds.summarise(run.kind, per_task, num_bins=config.num_bins, noise_std=run.noise_std)
+  summary = kinds.summarise(
+    run.kind, per_task, num_bins=config.evaluation.num_bins, noise_std=run.noise_std
+  )
   return per_task, _scalars(summary.metrics)
 
 
@@ -201,7 +203,7 @@ def numbers_from_arrays(kind: str, per_task: dict, num_bins: int) -> dict:
   names = [n for n in ("accuracy", "mse", "predictive_mean_mse", "nll") if n in per_task]
   numbers = {"num_tasks": float(len(per_task[names[0]]))}
   for name in names:
-    mean, half = calibration.mean_confidence_interval(per_task[name])
+    mean, half = vj.mean_confidence_interval(per_task[name])
     numbers.update({name: mean, f"{name}_ci95": half})
   return numbers
 

@@ -1,9 +1,9 @@
 """Shared test set-up: the XLA compilation cache, the Omniglot data, one tiny trained run."""
 
-import dataclasses
 import functools
 import gc
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -80,15 +80,52 @@ def _source(path: Path) -> str:
   return path.read_text() if path.exists() else ""
 
 
-def _defined_in_its_file(root: Path, test_id: str) -> bool:
-  """Whether the test `test_id` names ("file::name[parameters]") is defined in its file."""
-  file, name = test_id.split("::")[0], test_id.split("::")[1].split("[")[0]
-  return f"def {name}(" in _source(root / file)
+def stale_slow_tier_lines(
+  listed, collected, root: Path, partly_selected=()
+) -> list[tuple[str, str]]:
+  """The lines of the slow tier's list that name no test, each with what it names that is not.
+
+  A line ("file::name" or "file::name[parameters]") is stale when its file does not exist,
+  when the file defines no test `name`, or when it names parameters and this run collected
+  `name` (`collected`: the node ids) with others only. Checked by name in its file, so that
+  running some of a file's tests is no error; parameters are not checked for the tests in
+  `partly_selected` ("file::name", those the command line named with parameters).
+  """
+  collected = set(collected)
+  by_test: dict[str, list[str]] = {}
+  for node_id in sorted(collected):
+    by_test.setdefault(node_id.split("[")[0], []).append(node_id.split("::")[-1])
+  stale = []
+  for line in listed:
+    file, _, rest = line.partition("::")
+    base = line.split("[")[0]
+    name = base.split("::")[-1]
+    if not (root / file).is_file():
+      stale.append((line, f"no file {file}"))
+    elif not rest or not re.search(
+      rf"^\s*(async\s+)?(def|class)\s+{re.escape(name)}\b", _source(root / file), re.MULTILINE
+    ):
+      stale.append((line, f"{file} defines no test {name or '(no name)'}"))
+    elif line != base and line not in collected and base in by_test:
+      if base not in set(partly_selected):
+        stale.append((line, f"no such parameters: collected {', '.join(by_test[base])}"))
+  return stale
+
+
+def _partly_selected(config) -> set[str]:
+  """The tests ("file::name") that the command line named with parameters: only those ran."""
+  root = Path(str(config.rootpath))
+  chosen = set()
+  for arg in config.args:
+    if "::" in arg and "[" in arg:
+      path = Path(arg.split("::")[0]).resolve()
+      relative = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+      chosen.add(relative + "::" + arg.split("::", 1)[1].split("[")[0])
+  return chosen
 
 
 def pytest_collection_modifyitems(config, items):
   listed = slow_tier_ids()
-  found = set()
   for item in items:
     base = item.nodeid.split("[")[0]
     if Path(str(item.fspath)).name in SLOW_DOCTEST_FILES:
@@ -96,18 +133,17 @@ def pytest_collection_modifyitems(config, items):
     for test_id in (item.nodeid, base):
       if test_id in listed:
         item.add_marker(pytest.mark.slow)
-        found.add(test_id)
-  # A listed test that was renamed or deleted would fall back to the test command without a
-  # word. Checked by name in its file, so that running some of a file's tests is no error.
-  root = Path(str(config.rootpath))
-  collected_files = {item.nodeid.split("::")[0] for item in items}
-  missing = sorted(
-    test_id
-    for test_id in listed - found
-    if test_id.split("::")[0] in collected_files and not _defined_in_its_file(root, test_id)
+  # A listed test that was renamed or deleted, or whose parameters changed, would fall back to
+  # the test command without a word.
+  stale = stale_slow_tier_lines(
+    sorted(listed),
+    [item.nodeid for item in items],
+    Path(str(config.rootpath)),
+    partly_selected=_partly_selected(config),
   )
-  if missing:
-    raise pytest.UsageError(f"{SLOW_TIER_LIST.name} names tests that do not exist: {missing}")
+  if stale:
+    lines = "; ".join(f"{line} ({why})" for line, why in stale)
+    raise pytest.UsageError(f"{SLOW_TIER_LIST.name} has lines that name no test: {lines}")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -182,7 +218,7 @@ def tiny_regression_config(algorithm: str = "vampire", **changes):
     log_every=2,
     eval_batch_tasks=2,
   )
-  return dataclasses.replace(regression.get_config("quick", algorithm), **{**settings, **changes})
+  return regression.get_config("quick", algorithm).replace(**{**settings, **changes})
 
 
 def untrained_regression_run(folder: Path, num_tasks: int):
@@ -195,7 +231,7 @@ def untrained_regression_run(folder: Path, num_tasks: int):
   import vampire_jax as vj
   from experiments import regression
   from vampire_jax._src.core import models
-  from vampire_jax._src.runs import run_folder, run_from_record
+  from vampire_jax.runs import run_folder, run_from_record
 
   config = tiny_regression_config("vampire", num_mc_test=4)
   problem = regression.make_problem(config)
@@ -246,7 +282,7 @@ def tiny_omniglot_config(cache_dir, num_meta_steps: int = 6, **changes):
     data_dir=str(OMNIGLOT_DIR),
     cache_dir=str(cache_dir),
   )
-  return dataclasses.replace(omniglot.get_config("quick", "vampire"), **{**settings, **changes})
+  return omniglot.get_config("quick", "vampire").replace(**{**settings, **changes})
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -298,5 +334,7 @@ def tiny_omniglot_run(omniglot_cache, tmp_path_factory):
 
   workdir = made_once(tmp_path_factory, "tiny_run", train)
   results = json.loads((workdir / "results.json").read_text())
-  assert results["config"] == json.loads(json.dumps(dataclasses.asdict(config)))
+  from vampire_jax.runs import config_records
+
+  assert results["config"] == json.loads(json.dumps(config_records.to_record(config)))
   return workdir, config, results

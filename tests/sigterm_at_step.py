@@ -12,7 +12,7 @@ import runpy
 import signal
 import sys
 
-from vampire_jax._src.runs import reporting
+from vampire_jax.runs import reporting
 
 stop_after = int(sys.argv[1])
 module = sys.argv[2]

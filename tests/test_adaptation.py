@@ -440,9 +440,9 @@ print("ok")
 
 
 def test_backtracking_runs_with_tasks_split_over_devices():
-  """Under `shard_map` a loop's carry must vary over the devices in and out: the guard's
-  step scale, a constant 1.0 going in, was refused ("carry input and carry output must
-  have equal types") when the evaluator split tasks over two devices."""
+  """The backtracking guard runs when the evaluator splits tasks over two devices: under
+  `shard_map` a loop's carry must vary over the devices in and out, and the guard's step
+  scale (a constant 1.0 going in) does."""
   import subprocess
   import sys
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from vampire_jax._src.runs import algorithms
+from vampire_jax.runs import algorithms
 from vampire_jax._src.core import learners
 
 
@@ -33,11 +33,14 @@ def test_factory_defaults_keep_the_kl_step_factor_below_2(factory):
 
 def test_run_config_defaults_are_stable_too():
   config = vj.RunConfig()
-  assert (config.inner_lr, config.kl_weight) == (
+  model = vj.MLP((4,), 5)
+  settings = config.algorithm.learner(vj.pure_apply(model), vj.categorical_nll).settings
+  assert config.algorithm.inner_lr is None  # the factory's default, which the learner resolves
+  assert (settings.inner_lr, settings.kl_weight) == (
     learners.DEFAULT_INNER_LR,
     learners.DEFAULT_KL_WEIGHT,
   )
-  assert config.inner_lr * config.kl_weight * np.exp(8) < 2.0
+  assert settings.inner_lr * settings.kl_weight * np.exp(8) < 2.0
   # The paper's pair diverges: the warning's case.
   assert 0.1 * 0.1 * np.exp(8) > 2.0
 
@@ -70,7 +73,7 @@ def test_paper_pair_is_the_unstable_case():
   model = vj.Conv4(num_classes=5, num_filters=8)
   learner = vj.vampire(vj.pure_apply(model), vj.categorical_nll, inner_lr=0.1, kl_weight=0.1)
   meta = learner.init(vj.init_params(model, jax.random.key(0), (1, 28, 28, 1)), jax.random.key(1))
-  config = algorithms.configure(vj.RunConfig(inner_lr=0.1, kl_weight=0.1), "vampire")
+  config = vj.RunConfig(algorithm=vj.specs.Vampire(inner_lr=0.1, kl_weight=0.1))
   assert algorithms.stability_factor(config, meta) > 10  # the runner warns
   # And it does blow up, where the defaults stay near log 5 (the test above).
   x, y = jax.random.uniform(jax.random.key(2), (5, 28, 28, 1)), jnp.arange(5)
@@ -80,17 +83,11 @@ def test_paper_pair_is_the_unstable_case():
   assert float(jnp.mean(jax.vmap(vj.categorical_nll, in_axes=(0, None))(outputs, y))) > 1e3
   # PLATIPUS's KL is in its meta-loss only; MAML has none: no inner-loop limit.
   for other in ("platipus", "maml", "bmaml"):
-    assert algorithms.stability_factor(algorithms.configure(config, other), meta) is None
+    assert algorithms.stability_factor(config.replace(algorithm=other), meta) is None
 
 
-def test_registry_builds_each_algorithm_with_its_own_settings():
-  config = vj.RunConfig(
-    num_particles=3,
-    bmaml_meta_objective="mean_nll",
-    abml_hyper_prior_weight=0.0,
-    platipus_inference_data="query",
-  )
-  assert set(algorithms.ALGORITHMS) == {
+def test_each_spec_builds_its_algorithm_with_its_own_settings():
+  assert set(vj.specs.SPECS) == {
     "vampire",
     "maml",
     "fomaml",
@@ -101,19 +98,15 @@ def test_registry_builds_each_algorithm_with_its_own_settings():
     "protonet",
     "simpa",
   }
-  maml = algorithms.configure(config, "maml")
-  assert (maml.kl_weight, maml.num_mc_train, maml.num_mc_test) == (0.0, 1, 1)
-  assert algorithms.configure(config, "vampire").kl_weight == config.kl_weight
+  maml = vj.RunConfig(algorithm=vj.specs.Vampire(kl_weight=0.5)).replace(algorithm="maml")
+  assert not hasattr(maml.algorithm, "kl_weight") and maml.algorithm.test_draws is None
+  abml = vj.RunConfig(algorithm=vj.specs.Vampire(kl_weight=0.5)).replace(algorithm="abml")
+  assert abml.algorithm.kl_weight == 0.5  # a setting the two share is carried over
   model = vj.MLP((4,), 1)
   params = vj.init_params(model, jax.random.key(0), (1, 1))
-  bmaml = algorithms.learner_from_config(
-    algorithms.configure(config, "bmaml"),
-    vj.pure_apply(model),
-    vj.gaussian_nll(0.3),
-    num_mc_train=1,
-    num_mc_query=1,
-  )
+  config = vj.RunConfig(algorithm=vj.specs.Bmaml(num_particles=3, meta_objective="mean_nll"))
+  bmaml = algorithms.make_learner(model, "regression", 0.3, config)
   particles = bmaml.init(params, jax.random.key(1))
   assert jax.tree_util.tree_leaves(particles)[0].shape[0] == 3  # num_particles reached BMAML
   with pytest.raises(vj.ConfigError, match="is unknown"):
-    algorithms.get("reptile")
+    vj.specs.get("reptile")

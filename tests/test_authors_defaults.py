@@ -8,7 +8,6 @@ Their `CommonModels.CNN` pads its stride-2 convolutions with one row and column 
 network: tests/test_authors_pytorch_head.py and ..._simpa.py (torch only).
 """
 
-import dataclasses
 import json
 import re
 import types
@@ -23,7 +22,7 @@ import vampire_jax as vj
 from experiments import cli, omniglot, presets
 from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import ConfigError
-from vampire_jax._src.runs import run_config
+from vampire_jax.runs import config_records, run_config, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,22 +113,27 @@ def test_an_unknown_padding_is_refused():
     _conv4("reflect").apply(
       {"params": vj.init_params(_conv4("same"), jax.random.key(1), (1, 28, 28, 1))}, _images()
     )
-  with pytest.raises(ConfigError, match="--conv-padding must be one of same, symmetric"):
-    dataclasses.replace(presets.omniglot_config("quick"), conv_padding="reflect").validate()
+  with pytest.raises(
+    ConfigError, match="conv_padding must be one of same, symmetric, got 'reflect'"
+  ) as refused:
+    presets.omniglot_config("quick").replace(conv_padding="reflect").validate()
+  # A command says it in its flags.
+  assert "--conv-padding must be one of same, symmetric" in str(cli.as_flags(refused.value))
 
 
 def test_a_run_recorded_before_the_field_pads_as_it_did():
-  # A zoo cell's run.json has no `padding` in its network nor `conv_padding` in its config:
-  # it is rebuilt with XLA's padding, and the command's config equals its record.
+  # A zoo cell's run.json (its config recorded flat, the old format) has no `padding` in its
+  # network nor `conv_padding` in its config: it is rebuilt with XLA's padding, and the
+  # command's config equals its record there.
   record = json.loads((ROOT / "zoo/omniglot_original_quick_vampire/run.json").read_text())
   assert "padding" not in record["model"]["fields"]
   assert "conv_padding" not in record["config"]
   assert models.module_from_spec(record["model"]).padding == "same"
-  config = dataclasses.replace(
-    presets.omniglot_config("quick"),
+  config = presets.omniglot_config("quick").replace(
     **{k: v for k, v in record["config"].items() if k in ("seed",)},
   )
-  assert "conv_padding" not in run_config.config_differences(record["config"], config)
+  saved = config_records.flat(record["config"])
+  assert "conv_padding" not in run_config.config_differences(saved, config)
 
 
 def test_the_flag_reaches_the_network(monkeypatch):
@@ -164,8 +168,8 @@ def test_protonet_keeps_snells_squared_distance_and_says_the_authors_differ():
       if preset == "authors2019":
         continue  # VAMPIRE's only
       config = presets.get_config(experiment, preset, "protonet")
-      assert config.protonet_distance == "squared_euclidean"
-  help_text = run_config.field_help(run_config.RunConfig)["protonet_distance"]
+      assert config.algorithm.distance == "squared_euclidean"
+  help_text = settings.field_help(vj.specs.Protonet)["distance"]  # --protonet-distance
   assert "Snell" in help_text and "euclidean (the VAMPIRE authors' ProtoNet.py" in help_text
 
 
@@ -192,12 +196,14 @@ def test_the_user_guides_table_names_every_difference_and_real_flags():
   rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ")]
   flags = {flag for row in rows[1:] for flag in re.findall(r"`(--[a-z0-9-]+)", row[-1])}
   assert {"--protonet-distance", "--conv-padding", "--no-batch-norm-affine"} <= flags
-  known = {"--preset", "--algorithm"}  # and one flag per config field (`--no-` for a boolean)
+  # and one flag per field of the config, its parts and every algorithm's spec (`--no-` for a
+  # boolean)
+  known = {"--preset", "--algorithm"}
   for config_class in (
     presets.OmniglotConfig,
     presets.MiniImagenetConfig,
     presets.RegressionConfig,
   ):
-    for field in dataclasses.fields(config_class):
-      known |= {"--" + field.name.replace("_", "-"), "--no-" + field.name.replace("_", "-")}
+    for name in cli.config_fields(config_class()):
+      known |= {cli.flag(name), cli.flag(name).replace("--", "--no-", 1)}
   assert flags <= known, flags - known

@@ -20,7 +20,6 @@ float32 rounding:
 """
 
 import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np

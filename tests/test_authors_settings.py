@@ -3,7 +3,6 @@ tested parameters, the data's noise, the query grid, the initial gain, and the
 `authors2019` presets against docs/fidelity.md's tables."""
 
 import ast
-import dataclasses
 import json
 import math
 import re
@@ -17,7 +16,7 @@ import pytest
 import vampire_jax as vj
 from vampire_jax._src.core.meta_step import log_std_mask
 from vampire_jax._src.metrics.evaluation import evaluate_split
-from vampire_jax._src.runs import programs
+from vampire_jax.runs import programs
 from experiments import presets, regression
 from vampire_jax.baselines.platipus import PlatipusParams
 
@@ -204,11 +203,23 @@ def test_authors2019_presets_are_the_build_notes_table(experiment, title, page):
   assert len(table) >= 15, table  # one row per setting
   config = presets.get_config(experiment, "authors2019", "vampire")
   config.validate()
+  settings = config.flat()  # every part's fields and the spec's, by name
   for field, value in table.items():
-    got = getattr(config, field)
+    got = settings[field]
     got = list(got) if isinstance(got, tuple) else got
     value = list(value) if isinstance(value, tuple) else value
     assert got == pytest.approx(value) if isinstance(value, float) else got == value, field
+
+
+def _log_std_settings(config) -> tuple[bool, float]:
+  """`(meta_grad_clip_separately, log_std_weight_decay)` of the config's algorithm; one without
+  log-stds (MAML, BMAML) takes neither, which is (False, 0.0): no separate clipping, no decay."""
+  spec = config.algorithm
+  taken = {"meta_grad_clip_separately", "log_std_weight_decay"} & set(spec.field_names())
+  assert taken in (set(), {"meta_grad_clip_separately", "log_std_weight_decay"}), spec
+  if not taken:
+    return False, 0.0
+  return spec.meta_grad_clip_separately, spec.log_std_weight_decay
 
 
 def test_authors2019_regression_per_method():
@@ -217,11 +228,16 @@ def test_authors2019_regression_per_method():
     config.validate()
     assert config.data_noise_std == 0.09 and config.noise_std == 0.3
     assert config.likelihood_std == pytest.approx(math.sqrt(0.5))  # the MSE
-    assert (config.test_parameters, config.test_query_grid, config.num_query) == ("final", 100, 15)
-    assert (config.meta_grad_clip_norm, config.meta_grad_clip_separately) == (clip, separately)
-    assert (config.log_std_weight_decay, config.num_meta_steps) == (decay, steps)
+    assert (config.evaluation.test_parameters, config.test_query_grid, config.num_query) == (
+      "final",
+      100,
+      15,
+    )
+    assert config.schedule.meta_grad_clip_norm == clip
+    assert _log_std_settings(config) == (separately, decay)
+    assert config.schedule.num_meta_steps == steps
     if name in ("vampire", "platipus", "abml"):
-      assert config.num_mc_train == config.num_mc_query == draws
+      assert config.algorithm.num_mc_train == config.algorithm.num_mc_query == draws
   with pytest.raises(vj.ConfigError, match="authors2019"):
     presets.get_config("mini_imagenet", "authors2019", "maml")
 
@@ -234,24 +250,23 @@ def test_paper_presets_follow_the_code_where_the_text_is_silent():
   ):
     for algorithm in ("vampire", "maml", "platipus"):
       config = presets.get_config(experiment, preset, algorithm)
-      assert config.test_parameters == "final" and config.kernel_init_gain == 1.0
+      assert config.evaluation.test_parameters == "final" and config.kernel_init_gain == 1.0
       # Omniglot's presets leave the decay out: it stalled the 5-way 1-shot preset on a GPU.
       carries_decay = algorithm == "vampire" and experiment != "omniglot"
-      assert config.log_std_weight_decay == (1e-3 if carries_decay else 0.0)
-      assert config.meta_grad_clip_separately == (algorithm == "vampire")
-      # ...and the text where the two disagree: the decay of gamma, no truncation.
-      assert config.meta_lr_decay == 0.99 and config.second_order_steps is None
+      assert _log_std_settings(config) == (algorithm == "vampire", 1e-3 if carries_decay else 0.0)
+      # ...and the text where the two disagree: the decay of gamma, no truncation (PLATIPUS
+      # has no such option: it differentiates every step).
+      assert config.schedule.meta_lr_decay == 0.99
+      assert getattr(config.algorithm, "second_order_steps", None) is None
   quick = presets.get_config("omniglot", "quick", "vampire")
-  assert (quick.test_parameters, quick.log_std_weight_decay) == ("best", 0.0)
+  assert (quick.evaluation.test_parameters, quick.algorithm.log_std_weight_decay) == ("best", 0.0)
 
 
 # -- The data, the grid and the initial gain ------------------------------------------------
 
 
 def test_data_noise_is_separate_from_the_metric_noise():
-  config = dataclasses.replace(
-    presets.get_config("regression", "authors2019", "vampire"), num_query=400
-  )
+  config = presets.get_config("regression", "authors2019", "vampire").replace(num_query=400)
   problem = regression.make_problem(config)
   keys = jax.random.split(jax.random.key(0), 50)
   tasks = problem.sample_tasks(problem.splits["train"], keys)
@@ -286,8 +301,7 @@ def test_kernel_init_gain_is_xavier_normal(gain):
 
 @pytest.mark.parametrize("which", ["best", "final"])
 def test_results_record_which_parameters_were_tested(tmp_path, which):
-  config = dataclasses.replace(
-    presets.get_config("regression", "quick", "maml"),
+  config = presets.get_config("regression", "quick", "maml").replace(
     hidden_sizes=(8, 8, 8),
     tasks_per_step=2,
     num_meta_steps=6,
@@ -318,7 +332,7 @@ def test_results_record_which_parameters_were_tested(tmp_path, which):
     programs.split_evaluator(problem, evaluate, "test"),
     run.meta_params,
     test_key,
-    config.num_test_tasks,
+    config.evaluation.num_test_tasks,
     programs.eval_batch_size(config),
   )
   assert float(np.mean(per_task["mse"])) == pytest.approx(saved["test"]["mse"], rel=1e-6)

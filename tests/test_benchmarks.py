@@ -1,6 +1,7 @@
 """The benchmarks run on any backend, count FLOPs that scale with the work, and time what training runs."""
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -454,3 +455,219 @@ def test_suite_time_counts_a_tests_compiles_and_its_time(tmp_path):
   assert compiled["compiles"] >= 1 and 0 < compiled["compile"] <= compiled["wall"]
   assert idle.get("compiles", 0) == 0 and idle["wall"] > 0
   assert "| all tests |" in done.stdout
+
+
+# -- Refusals: a bad flag, a missing file or dependency, or a failed child, in one line -------
+
+
+def _refused(capsys, main, argv: list[str]) -> str:
+  """Runs `main(argv)`, which must exit with status 2 (argparse's refusal); returns stderr."""
+  with pytest.raises(SystemExit) as exited:
+    main(argv)
+  assert exited.value.code == 2, exited.value.code
+  return capsys.readouterr().err
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+  """Makes every benchmark's work (timing, compiling, children, loading runs) fail the test."""
+
+  def started(*args, **kwargs):
+    raise AssertionError("the benchmark started its work before refusing its arguments")
+
+  import concurrent.futures
+
+  from benchmarks import (
+    compile_peak,
+    divergence_side_by_side,
+    posterior_spread,
+    profile_step,
+    side_by_side,
+  )
+
+  monkeypatch.setattr(subprocess, "run", started)
+  monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", started)
+  monkeypatch.setattr(meta_step, "time_step", started)
+  monkeypatch.setattr(suite, "run_row", started)
+  monkeypatch.setattr(suite, "run_episode_row", started)
+  monkeypatch.setattr(compile_peak, "measure", started)
+  monkeypatch.setattr(profile_step, "profile", started)
+  monkeypatch.setattr(side_by_side, "run_process", started)
+  monkeypatch.setattr(divergence_side_by_side, "run_ours", started)
+  monkeypatch.setattr(posterior_spread, "load_at", started)
+
+
+def test_make_learner_refuses_an_algorithm_it_does_not_know():
+  """`suite.make_learner` refuses a name it does not know, naming those it knows."""
+  setting = suite.SETTINGS["regression"]
+  with pytest.raises(ValueError) as raised:
+    suite.make_learner(setting, "bogus", None, None, unroll_steps=False, remat=False)
+  message = str(raised.value)
+  assert "'bogus'" in message and all(name in message for name in suite.ALGORITHMS), message
+
+
+@pytest.mark.parametrize(
+  "module, argv, known",
+  [
+    ("filter_gradient_cost", ["--algorithms", "bogus"], ("maml", "vampire")),
+    ("meta_step", ["--algorithms", "maml,bogus"], ("maml", "vampire", "vampire2")),
+    ("memory", ["--algorithms", "bogus"], ("maml", "vampire", "protonet")),
+    ("suite", ["--algorithms", "vampire,bogus"], ("maml", "vampire", "simpa", "protonet")),
+  ],
+)
+def test_a_benchmark_refuses_an_unknown_algorithm_naming_those_it_knows(
+  capsys, no_work, module, argv, known
+):
+  """`--algorithms` with a name the benchmark does not know is refused before any work,
+  naming the flag, the name and the algorithms it knows."""
+  import importlib
+
+  err = _refused(capsys, importlib.import_module(f"benchmarks.{module}").main, argv)
+  assert "--algorithms" in err and "'bogus'" in err, err
+  assert all(name in err for name in known), err
+
+
+@pytest.mark.parametrize(
+  "module, argv, flag",
+  [
+    ("meta_step", ["--tasks", "0"], "--tasks"),
+    ("meta_step", ["--repeats", "0"], "--repeats"),
+    ("compile_peak", ["--tasks", "0"], "--tasks"),
+    ("compile_peak", ["--mc-samples", "0"], "--mc-samples"),
+    ("profile_step", ["--tasks", "0"], "--tasks"),
+    ("profile_step", ["--mc-samples", "-1"], "--mc-samples"),
+    ("suite", ["--tasks", "-1"], "--tasks"),
+    ("suite", ["--episodes", "--episode-tasks", "1,0"], "--episode-tasks"),
+    ("memory", ["--shots", "1,x"], "--shots"),
+    ("side_by_side", ["--tasks", "-2"], "--tasks"),
+    ("filter_gradient_cost", ["--repeats", "0"], "--repeats"),
+    ("posterior_spread", ["run:5", "--num-tasks", "0"], "--num-tasks"),
+  ],
+)
+def test_a_benchmark_refuses_a_count_out_of_range(capsys, no_work, module, argv, flag):
+  """A count flag out of its range (tasks, draws, repeats, shots) is refused before any work,
+  naming the flag and the value."""
+  import importlib
+
+  err = _refused(capsys, importlib.import_module(f"benchmarks.{module}").main, argv)
+  value = argv[argv.index(flag) + 1]
+  assert flag in err and repr(value) in err, err
+
+
+def test_filter_gradient_cost_fails_when_a_variant_fails(monkeypatch, capsys):
+  """A variant whose child process fails makes the benchmark exit non-zero, naming it."""
+  from benchmarks import filter_gradient_cost
+
+  def failing_child(command, **kwargs):
+    return subprocess.CompletedProcess(command, 1, "", "Traceback ...\nRuntimeError: boom")
+
+  monkeypatch.setattr(subprocess, "run", failing_child)
+  with pytest.raises(SystemExit) as exited:
+    filter_gradient_cost.main(["--variants", "default,zero"])
+  assert exited.value.code not in (0, None)
+  message = str(exited.value.code) + capsys.readouterr().err
+  assert "default" in message and "zero" in message and "failed" in message, message
+
+
+def test_side_by_side_fails_when_a_process_fails(monkeypatch, capsys, tmp_path):
+  """A run of `benchmarks.side_by_side` whose process failed still prints its table, then
+  exits non-zero naming the failed runs."""
+  from benchmarks import side_by_side
+
+  monkeypatch.setattr(side_by_side, "run_process", lambda command, log, timeout: (False, 0.0))
+  argv = ["--rows", "omniglot_maml", "--rounds", "1", "--torch-python", sys.executable]
+  with pytest.raises(SystemExit) as exited:
+    side_by_side.main(argv + ["--log-dir", str(tmp_path)])
+  assert exited.value.code not in (0, None)
+  assert "omniglot_maml" in str(exited.value.code) and "failed" in str(exited.value.code)
+  assert "| omniglot_maml" in capsys.readouterr().out  # the table, before the refusal
+
+
+def test_gpu_sweep_fails_when_a_row_failed(monkeypatch, capsys):
+  """`benchmarks.gpu_sweep` prints every row, then exits non-zero when a row's child failed."""
+  monkeypatch.setattr(
+    gpu_sweep, "probe_backend", lambda: {"backend": "cpu", "jax": "?", "device": "?"}
+  )
+  monkeypatch.setattr(
+    gpu_sweep,
+    "run_child",
+    lambda lever, quick, timeout_s: gpu_sweep._empty_row(lever, "error", "XLA aborted"),
+  )
+  with pytest.raises(SystemExit) as exited:
+    gpu_sweep.main(["--quick", "--configs", "baseline"])
+  assert exited.value.code not in (0, None)
+  assert "baseline" in str(exited.value.code) and "XLA aborted" in str(exited.value.code)
+  assert "| baseline |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+  "spec, cause",
+  [
+    ("{run}", "FOLDER:STEP"),
+    ("{run}:last", "'last'"),
+    ("{missing}:5", "no run folder"),
+    ("{run}:7", "checkpoints/7"),
+  ],
+  ids=["no-step", "step-not-a-number", "no-folder", "no-checkpoint"],
+)
+def test_posterior_spread_refuses_a_checkpoint_it_cannot_load(
+  capsys, no_work, tmp_path, spec, cause
+):
+  """Each FOLDER:STEP is checked before any run is loaded: its form, the folder (a run's
+  run.json) and the checkpoint folder, each refused naming the argument."""
+  from benchmarks import posterior_spread
+
+  run = tmp_path / "run"
+  (run / "checkpoints" / "5").mkdir(parents=True)
+  (run / "run.json").write_text("{}")
+  (run / "metrics.jsonl").write_text("")
+  argument = spec.format(run=run, missing=tmp_path / "missing")
+  err = _refused(capsys, posterior_spread.main, [f"{run}:5", argument])
+  assert argument in err and cause in err, err
+
+
+def test_divergence_side_by_side_refuses_an_authors_repo_that_is_not_there(
+  capsys, no_work, tmp_path
+):
+  """`--side theirs` with an --authors-repo that does not exist, or holds neither their code
+  nor a git directory, is refused naming it, before either side runs."""
+  from benchmarks import divergence_side_by_side
+
+  for repo in (tmp_path / "missing", tmp_path):
+    argv = ["--algorithm", "vampire2", "--steps", "2", "--side", "theirs", "--authors-repo"]
+    err = _refused(capsys, divergence_side_by_side.main, argv + [str(repo)])
+    assert "--authors-repo" in err and str(repo) in err, err
+
+
+TORCH = importlib.util.find_spec("torch") is not None
+
+
+@pytest.mark.skipif(TORCH, reason="checks the refusal where PyTorch is not installed")
+@pytest.mark.parametrize(
+  "argv",
+  [
+    ["benchmarks.authors_pytorch", "--rows", "omniglot_maml"],
+    ["benchmarks.authors_pytorch_simpa"],
+    ["benchmarks.profile_step_pytorch"],
+  ],
+  ids=lambda argv: argv[0],
+)
+def test_a_pytorch_benchmark_without_pytorch_says_so_in_one_line(argv):
+  """A benchmark of the authors' PyTorch code, run where torch is not installed, exits with
+  status 2 and one line naming torch and how to run it, not a traceback."""
+  done = subprocess.run(
+    [sys.executable, "-m", *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+  )
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert "Traceback" not in done.stderr and "torch" in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(TORCH, reason="checks the refusal where PyTorch is not installed")
+def test_divergence_side_by_side_refuses_theirs_without_pytorch(capsys, no_work, tmp_path):
+  """`--side theirs` where torch is not installed is refused naming it, before either side runs."""
+  from benchmarks import divergence_side_by_side
+
+  (tmp_path / "Vampire2.py").write_text("")
+  argv = ["--algorithm", "vampire2", "--steps", "2", "--side", "ours", "--side", "theirs"]
+  err = _refused(capsys, divergence_side_by_side.main, argv + ["--authors-repo", str(tmp_path)])
+  assert "torch" in err and "theirs" in err, err

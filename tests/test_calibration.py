@@ -455,7 +455,7 @@ def test_training_curves_have_y_labels_and_mark_the_best_checkpoint():
 
 
 def test_training_curves_fill_a_balanced_grid_with_readable_titles_and_a_legend_clear_of_data():
-  """Issue 41: 4 panels sat in a 2 x 3 grid, titles were raw keys, legends covered points."""
+  """4 panels fill a 2 x 2 grid, with readable titles, and one legend clear of every panel."""
   steps = list(range(0, 201, 10))
   history = {name: [1.0] * len(steps) for name in ("loss", "accuracy", "log_std")}
   validation = {"accuracy": ([100, 200], [0.5, 0.6]), "ece": ([100, 200], [0.1, 0.2])}
@@ -593,7 +593,8 @@ def test_records_round_trip():
 
 
 def test_regression_figures_keep_titles_inside_and_legends_off_the_data():
-  """Issue 41: notebook 01's calibration title was cut on the right, a legend covered data."""
+  """The calibration figure's title fits inside the figure, and its legend and the
+  predictions figure's lie outside the panels."""
   levels = np.linspace(0.05, 0.95, 10)
   result = cal.QuantileCalibration(levels, levels, 0.0, 0.0)
   title = "sine/line, quantile calibration of the predictive: VAMPIRE against BMAML and MAML"
@@ -648,8 +649,8 @@ def test_a_one_panel_regression_figure_keeps_its_legend_inside():
 
 
 def test_training_curve_panels_share_their_steps_and_a_log_std_panel_does_not_magnify_noise():
-  """training_curves.png: the ECE panel (validation only) had other x-ticks than the rest,
-  and a log-std that moved by 0.002 filled its panel."""
+  """training_curves.png: the ECE panel (validation only) shares the others' x-range and
+  ticks, and a log-std that moves by 0.002 gets a range of 0.1, not the whole panel."""
   steps = list(range(10, 201, 10))
   history = {
     "loss": list(np.linspace(1.6, 1.1, len(steps))),

@@ -1,7 +1,7 @@
 """A run folder whose files' sha256 are recorded beside it (a zoo cell) is checked when loaded.
 
 `vj.load_run("zoo/<cell>")` refuses a cell whose file is not the one `zoo/manifest.json`
-records, naming the file, before it is read (issue 60). The zoo here is a copy of one of
+records, naming the file, before it is read. The zoo here is a copy of one of
 the repository's cells with its manifest entry, in a temporary folder.
 """
 
@@ -35,9 +35,8 @@ def _largest_checkpoint_file(cell):
 
 
 def test_a_changed_byte_in_a_cells_checkpoint_is_refused_naming_the_file(cell):
-  """Before: one changed byte in a cell's checkpoint loaded without a word, and `run.predict`
-  returned NaN (or probabilities moved by 0.01), though the manifest beside it holds every
-  file's sha256."""
+  """One changed byte in a cell's checkpoint (whose sha256 the manifest beside it holds) is
+  refused naming the file, the manifest and the fix; a copy outside a zoo is not checked."""
   unchanged = vj.load_run(cell).meta_params
   data = _largest_checkpoint_file(cell)
   content = bytearray(data.read_bytes())
@@ -46,11 +45,11 @@ def test_a_changed_byte_in_a_cells_checkpoint_is_refused_naming_the_file(cell):
   with pytest.raises(vj.RunFolderError) as raised:
     vj.load_run(cell)
   message = str(raised.value)
-  assert message == (
-    f"{data} has changed since it was recorded (its sha256 is not the one "
-    f"{cell.parent.resolve() / 'manifest.json'} holds): restore it (git checkout -- {data}), "
-    "or load a copy of the folder made elsewhere, which is not checked"
-  )
+  assert len(message.splitlines()) == 1, message
+  assert message.startswith(f"{data} has changed since it was recorded")  # the file, the cause
+  assert f"its sha256 is not the one {cell.parent.resolve() / 'manifest.json'} holds" in message
+  assert f"restore it (git checkout -- {data})" in message  # the fix, or the way out:
+  assert "or load a copy of the folder made elsewhere, which is not checked" in message
   # Outside a zoo the folder is not checked: a copy loads as it is (here, other parameters).
   copy = cell.parent.parent / "copy"
   shutil.copytree(cell, copy)

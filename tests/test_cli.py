@@ -8,10 +8,12 @@ import time
 
 import pytest
 
+import vampire_jax as vj
 from conftest import OMNIGLOT_DIR, needs_omniglot
 from experiments import cli, omniglot
 from experiments.presets import OmniglotConfig
-from vampire_jax._src.runs.interrupts import TrainingInterrupted
+from vampire_jax.runs.run_config import PARTS
+from vampire_jax.runs.interrupts import TrainingInterrupted
 
 
 def _run(argv, capsys):
@@ -33,7 +35,8 @@ BAD_FLAGS = [  # (flags, what the one-line message must name)
   ),
   (
     ["--shots", "10", "--query", "15"],
-    "--shots 10 --query 15: each class needs shots + query = 25 distinct examples, but has only 20",
+    "--shots 10, --query 15: each class needs --shots + --query = 25 distinct examples, but "
+    "has only 20",
   ),
   (["--log-std-init", "-3", "-4"], "--log-std-init must be two finite numbers LOW <= HIGH"),
   (["--tasks-per-step", "0"], "--tasks-per-step must be an integer >= 1"),
@@ -99,7 +102,7 @@ def test_resuming_with_another_config_is_refused_naming_the_fields(tiny_omniglot
     capsys,
   )
   assert code == 2 and "holds a run with another config" in output
-  for field in ("algorithm: 'vampire' -> 'maml'", "ways: 5 -> 20", "num_filters: 8 -> 64"):
+  for field in ("--algorithm: 'vampire' -> 'maml'", "--ways: 5 -> 20", "--num-filters: 8 -> 64"):
     assert field in output
   assert "Traceback" not in output
   assert sorted(p.name for p in workdir.iterdir()) == before  # nothing written
@@ -113,24 +116,32 @@ def test_an_interrupted_run_says_how_to_resume_and_exits_128_plus_the_signal(tmp
   assert "SIGTERM: stopped at step 40" in capsys.readouterr().err
 
 
+def _every_field(config_class) -> list[dataclasses.Field]:
+  """The fields a command line has flags for: the config's own (not its parts nor its
+  algorithm), its parts' and every registered algorithm's spec's."""
+  fields = [f for f in dataclasses.fields(config_class) if f.name not in ("algorithm", *PARTS)]
+  for part in (vj.Schedule, vj.Evaluation, vj.Speed, *vj.specs.SPECS.values()):
+    fields += dataclasses.fields(part)
+  return fields
+
+
 def test_help_describes_every_flag_with_the_presets_default(capsys):
   with pytest.raises(SystemExit):
     omniglot.main(["--preset", "20way1shot", "--algorithm", "maml", "--help"])
   text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-  for field in dataclasses.fields(OmniglotConfig):
-    if field.name == "algorithm":
-      continue
-    flag = "--" + field.name.replace("_", "-")
+  for field in _every_field(OmniglotConfig):
+    flag = cli.flag(field.name)
     assert flag in text, flag
     assert field.metadata["help"].split()[0] in text, field.name
   # The defaults shown are the chosen preset's, for the chosen algorithm.
   assert "N, classes per task (default: 20)" in text
   assert "T, tasks per meta-update (default: 16)" in text
-  assert "against the mean NLL (default: 0.0)" in text  # MAML: no KL term
+  # MAML has no KL weight: the flag says which algorithms take it.
+  assert "against the mean NLL (an option of vampire, platipus, abml, vampire2)" in text
 
 
 def test_help_groups_every_flag_and_says_each_default_once(capsys):
-  from vampire_jax._src.runs import experiment_configs as configs
+  from vampire_jax.runs import experiment_configs as configs
 
   for config_class in (
     configs.OmniglotConfig,
@@ -140,8 +151,8 @@ def test_help_groups_every_flag_and_says_each_default_once(capsys):
   ):
     unplaced = [
       f.name
-      for f in dataclasses.fields(config_class)
-      if f.name != "algorithm" and not any(f.name in g for g in cli.GROUPS.values())
+      for f in _every_field(config_class)
+      if not any(f.name in g for g in cli.GROUPS.values())
     ]
     assert unplaced == [], f"{config_class.__name__}: give these fields a --help group"
   with pytest.raises(SystemExit):

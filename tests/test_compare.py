@@ -1,6 +1,8 @@
 """The comparison command: every algorithm through the training loop, joint figures and table."""
 
 import json
+import re
+import shutil
 
 import jax
 import numpy as np
@@ -92,8 +94,11 @@ def test_algorithms_train_through_the_loop_and_load_back(tmp_path, algorithms):
     per_task = np.load(tmp_path / name / "test_per_task.npz")
     np.testing.assert_allclose(method["mse"], per_task["mse"].mean(), rtol=1e-6)
     run = vj.load_run(tmp_path / name)
-    # --num-particles acts for BMAML only; the others do not record it (issue 31).
-    assert run.config.algorithm == name and (run.config.num_particles == 2) == (name == "bmaml")
+    # --num-particles acts for BMAML only; the others' specs have no such field, and their
+    # runs do not record it (issue 31).
+    assert run.config.algorithm.name == name
+    particles = run.config.flat().get("num_particles")
+    assert particles == (2 if name == "bmaml" else None), name
     samples = run.predict(x, np.sin(x), x, jax.random.key(0))
     members = {"bmaml": 2, "maml": 1, "fomaml": 1}.get(name, 3)  # particles, a point, or draws
     assert samples.shape == (members, 5, 1) and np.all(np.isfinite(samples)), name
@@ -120,12 +125,16 @@ def test_every_experiment_keeps_the_kl_term_of_variational_methods_only():
 
   for module in (omniglot, mini_imagenet, tiered_imagenet):
     for algorithm in ("vampire", "platipus", "abml"):
-      assert module.get_config("5way1shot", algorithm).kl_weight == 0.1, (module, algorithm)
+      spec = module.get_config("5way1shot", algorithm).algorithm
+      assert spec.has_kl and spec.kl_weight == 0.1, (module, algorithm)
     for algorithm in ("maml", "fomaml", "bmaml"):
-      assert module.get_config("5way1shot", algorithm).kl_weight == 0.0, (module, algorithm)
+      # A point estimate or particles: no KL term, and no kl_weight in its config.
+      config = module.get_config("5way1shot", algorithm)
+      assert not config.algorithm.has_kl, (module, algorithm)
+      assert "kl_weight" not in config.flat(), (module, algorithm)
     with pytest.raises(ValueError, match="is unknown"):
       module.get_config("5way1shot", "nonsense")
-  assert regression.get_config("cpu", "abml").kl_weight == 1.0
+  assert regression.get_config("cpu", "abml").algorithm.kl_weight == 1.0
 
 
 @pytest.mark.slow  # two Omniglot runs with open-set episodes and figures
@@ -171,3 +180,37 @@ def test_tiny_omniglot_comparison_sets_the_open_set_aurocs_side_by_side(omniglot
   assert (tmp_path / "open_set_roc.png").stat().st_size > 5000
   saved = json.loads((tmp_path / "comparison.json").read_text())
   assert saved["methods"]["vampire"]["open_set"]["auroc"] == vampire["auroc"]
+
+
+def test_init_from_a_comparison_without_a_methods_run_is_refused_before_any_trains(
+  tmp_path, monkeypatch, capsys
+):
+  """`--algorithms vampire,maml --init-from C`, C a comparison holding only `vampire/`: refused
+  in one line before VAMPIRE trains, naming the method without a source (the cause), the runs
+  C holds, and the way out; so is a folder that holds no run at all."""
+  from pathlib import Path
+
+  from experiments import cli, regression
+
+  zoo_vampire = Path(__file__).resolve().parents[1] / "zoo" / "regression_cpu_vampire"
+  source = tmp_path / "source"
+  (source / "vampire").mkdir(parents=True)
+  shutil.copy2(zoo_vampire / "run.json", source / "vampire" / "run.json")  # a record only
+  (tmp_path / "empty").mkdir()
+
+  def trains(*args, **kwargs):
+    pytest.fail("a method trained before every method's source was checked")
+
+  monkeypatch.setattr(regression, "run_experiment", trains)
+  flags = ["--preset", "quick", "--algorithms", "vampire,maml", "--no-compilation-cache"]
+  workdir = ["--workdir", str(tmp_path / "c")]
+  for folder, method, holds in (
+    (source, "maml", r"its runs: vampire\b"),
+    (tmp_path / "empty", "vampire", "it holds none"),  # the first method's source, then
+  ):
+    assert cli.main_entry(regression.main, flags + ["--init-from", str(folder)] + workdir) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: --init-from: {folder} ")  # the flag, said as a flag
+    assert f"holds no {method} run" in line and re.search(holds, line), line  # the cause
+    assert f"give {method} a source of its own, or leave it out of --algorithms" in line  # fix
+    assert not (tmp_path / "c" / "vampire").exists()

@@ -7,8 +7,6 @@ of `convolution.input_gradient`), and second order through two layers and a
 max-pool, where the meta-gradient runs through the input gradient.
 """
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -288,8 +286,6 @@ def test_auto_conv_impl_uses_loop_safe_where_gradients_run_in_loops():
     assert models.auto_conv_impl(**loops) == "loop_safe", loops
   quick = presets.omniglot_config("quick")
   assert backend_defaults.config_conv_impl(quick) == "loop_safe"
-  unrolled = dataclasses.replace(quick, task_batching="host_chunked", unroll_inner_steps=True)
+  unrolled = quick.replace(task_batching="host_chunked", unroll_inner_steps=True)
   assert backend_defaults.config_conv_impl(unrolled) == "xla"
-  assert (
-    backend_defaults.config_conv_impl(dataclasses.replace(quick, conv_impl="patches")) == "patches"
-  )
+  assert backend_defaults.config_conv_impl(quick.replace(conv_impl="patches")) == "patches"

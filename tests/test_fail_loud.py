@@ -1,11 +1,10 @@
-"""The library refuses what it cannot do right: each row of issue 20, as a table.
+"""The library refuses what it cannot do right: one row per case, as a table.
 
 Every bad input raises an `InputError` (a ValueError) naming the function and
 the argument; defaults stay finite for the likelihoods the library ships;
 non-finite training is flagged; the inner-loop check knows the likelihood.
 """
 
-import dataclasses
 import re
 
 import chex
@@ -22,7 +21,7 @@ from vampire_jax._src.metrics.evaluation import evaluate_split
 from conftest import needs_omniglot, tiny_regression_config
 from experiments import regression, train
 from vampire_jax._src.core import diagnostics
-from vampire_jax._src.runs import loop as training
+from vampire_jax.runs import loop as training
 from vampire_jax.data import sine_line
 from vampire_jax._src.core.errors import InputError
 
@@ -374,7 +373,7 @@ def test_training_refuses_an_inner_loop_that_diverges_at_initialisation(tmp_path
     regression.run_experiment(config, tmp_path, progress=False, print_fn=lambda m: None)
   # Nothing was trained, so no record is left to refuse the advised settings in this folder.
   assert not (tmp_path / "run.json").exists()
-  fixed = dataclasses.replace(config, inner_lr=1e-4)
+  fixed = config.replace(inner_lr=1e-4)
   results = regression.run_experiment(fixed, tmp_path, progress=False, print_fn=lambda m: None)
   assert results["meta_steps"] == 2 and np.isfinite(results["test"]["mse"])
 
@@ -398,13 +397,16 @@ def test_training_with_debug_nans_names_the_first_nan(tmp_path):
   "algorithm, guarded", [("maml", False), ("maml", True), ("platipus", False)]
 )
 def test_divergence_points_to_the_inner_loop_guard_where_it_exists(tmp_path, algorithm, guarded):
-  # The meta-step overflows at once: the run stops with the divergence, and names
-  # --inner-backtracking only for an algorithm that has it, and only while it is off.
+  # The meta-step overflows at once: the run stops with the divergence, and names the
+  # spec's backtracking only for an algorithm that has it (PLATIPUS has none), and only
+  # while it is off.
   changes = dict(meta_lr=1e30, num_meta_steps=2, log_every=1, eval_every=2, checkpoint_every=2)
-  config = tiny_regression_config(algorithm, inner_backtracking=guarded, **changes)
+  if "backtracking" in vj.specs.get(algorithm).field_names():
+    changes["backtracking"] = guarded
+  config = tiny_regression_config(algorithm, **changes)
   with pytest.raises(FloatingPointError, match="meta-training diverged at step") as raised:
     regression.run_experiment(config, tmp_path, progress=False, print_fn=lambda m: None)
-  named = "--inner-backtracking" in str(raised.value)
+  named = f"the {algorithm} spec's backtracking=True" in str(raised.value)
   assert named == (algorithm == "maml" and not guarded), str(raised.value)
 
 
@@ -468,8 +470,8 @@ def test_evaluate_split_refuses_non_finite_results_naming_the_tasks():
 
 
 def test_the_papers_kl_step_warning_is_explained_where_it_prints(tmp_path):
-  """Issue 50: the default regression preset started VAMPIRE with a warning about itself
-  (KL step factor 2.98, stable below 2). The experiment says why just before it."""
+  """The regression preset's VAMPIRE warns of its KL step factor (up to 2.98, stable below
+  2); a note just before the warning says why and which --kl-weight keeps it below 2."""
   lines = []
   config = tiny_regression_config("vampire", num_meta_steps=2, num_mc_test=2)
   regression.run_experiment(config, tmp_path, progress=False, print_fn=lines.append)

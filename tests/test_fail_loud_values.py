@@ -1,10 +1,9 @@
-"""A value is checked against what it means, not only its shape (issue 31, section 1).
+"""A value is checked against what it means, not only its shape.
 
-Each row of `ROWS` was a silent wrong answer or a poor error (a traceback, a
-tracer's repr, a flax scope error, the wrong argument blamed) before issue 31;
-now it is one `InputError` naming the function and the argument. Values under
-`jit` cannot be checked without a cost: those rows check the documented
-alternative (a NaN that `metrics["finite"]` flags).
+Each row of `ROWS` is one `InputError` naming the function and the argument, not a
+silent wrong answer or a traceback, a tracer's repr, a flax scope error or the wrong
+argument blamed. Values under `jit` cannot be checked without a cost: those rows
+check the documented alternative (a NaN that `metrics["finite"]` flags).
 """
 
 import os

@@ -2,6 +2,7 @@
 
 import ctypes
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 from conftest import tiny_regression_config
 from experiments import regression
 from vampire_jax._src.core import host_memory
+from vampire_jax._src.core.errors import ConfigError
 
 GLIBC = host_memory._glibc_malloc_trim() is not None
 needs_glibc = pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
@@ -91,3 +93,43 @@ def test_a_run_logs_the_same_rows_with_and_without_the_release(tmp_path, monkeyp
   # The train step and the evaluator each released after their first call, and only then.
   assert len(released_on) >= 2 and released_on == [GLIBC] * len(released_on)
   assert len(released_off) >= 2 and not any(released_off)
+
+
+@pytest.mark.parametrize(
+  "setting, on",
+  [("1", True), ("on", True), ("TRUE", True), (" Yes ", True), ("", True)]
+  + [("0", False), ("OFF", False), ("false", False), ("No", False)],
+)
+def test_the_switch_takes_the_documented_values_in_any_case(monkeypatch, setting, on):
+  """VAMPIRE_JAX_MEMORY_RELEASE: 1, on, true, yes turn the release on and 0, off, false, no
+  turn it off, in any case and with spaces around; set but empty is the default, on."""
+  monkeypatch.setenv(host_memory.ENV_VAR, setting)
+  assert host_memory.enabled() is on
+
+
+def test_the_switch_is_on_when_unset(monkeypatch):
+  """Without VAMPIRE_JAX_MEMORY_RELEASE the release is on."""
+  monkeypatch.delenv(host_memory.ENV_VAR, raising=False)
+  assert host_memory.enabled()
+
+
+@pytest.mark.parametrize("setting", ["disabled", "none", "n", "00", "2", "offf"])
+def test_the_switch_refuses_any_other_value_naming_it_and_the_values_it_takes(monkeypatch, setting):
+  """Any other value of VAMPIRE_JAX_MEMORY_RELEASE is refused in one line (a ConfigError)
+  naming the variable, the value and the values it takes: by `enabled`, by a release, and by
+  `releasing_after_compiles` when it wraps a function, before anything is compiled."""
+  monkeypatch.setenv(host_memory.ENV_VAR, setting)
+  compiled = []
+  for attempt in (
+    host_memory.enabled,
+    host_memory.release_freed_memory,
+    lambda: host_memory.releasing_after_compiles(lambda: compiled.append(1)),
+  ):
+    with pytest.raises(ConfigError) as raised:
+      attempt()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert host_memory.ENV_VAR in message and repr(setting) in message, message
+    for value in ("1", "on", "true", "yes", "0", "off", "false", "no"):
+      assert re.search(rf"\b{value}\b", message), (value, message)
+  assert not compiled

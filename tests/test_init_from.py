@@ -4,7 +4,6 @@ init_from=)` and `--init-from`. A fine-tune of a zoo cell writes a new run folde
 without starting from the cell again; a source whose meta-parameters do not fit is refused
 in one line before the data is loaded or the folder made."""
 
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -17,8 +16,8 @@ import pytest
 import vampire_jax as vj
 from conftest import needs_omniglot, tiny_regression_config
 from experiments import cli, omniglot, regression, zoo
-from vampire_jax._src.runs import init_from as run_start
-from vampire_jax._src.runs import run_folder
+from vampire_jax.runs import init_from as run_start
+from vampire_jax.runs import run_folder
 
 REPO = Path(__file__).resolve().parents[1]
 CELL = REPO / "zoo" / "regression_cpu_vampire"  # VAMPIRE, a 100-100-100 MLP, 3000 steps
@@ -32,10 +31,12 @@ def _files(folder: Path) -> dict:
   }
 
 
-def _config(**changes):
+def _config(algorithm="vampire", **changes):
   """Tiny settings on the cell's network; meta_lr 1e-20 keeps the start's values in sight."""
-  settings = dict(hidden_sizes=(100, 100, 100), num_meta_steps=2, num_mc_test=2, log_every=1)
-  return tiny_regression_config(**{**settings, "meta_lr": 1e-20, **changes})
+  settings = dict(hidden_sizes=(100, 100, 100), num_meta_steps=2, log_every=1)
+  if "num_mc_test" in vj.specs.get(algorithm).field_names():
+    settings["num_mc_test"] = 2
+  return tiny_regression_config(algorithm, **{**settings, "meta_lr": 1e-20, **changes})
 
 
 def _train(config, workdir, init_from, lines=None):
@@ -136,20 +137,21 @@ def _refused(config, init_from, tmp_path, error=vj.ConfigError, problem=None) ->
 
 
 def test_a_source_of_another_algorithm_is_refused(tmp_path):
-  maml = dataclasses.replace(_config(algorithm="maml"), num_mc_test=1)
-  assert _refused(maml, CELL, tmp_path) == (
+  message = _refused(_config("maml"), CELL, tmp_path)
+  assert message.startswith(
     f"init_from: {CELL.resolve()} is a run of vampire, and this run trains maml: its "
-    "meta-parameters are another algorithm's; start from a maml run, or train --algorithm "
-    "vampire"
+    "meta-parameters are another algorithm's; "
   )
+  assert message.endswith("start from a maml run, or train algorithm vampire")
+  assert "--" not in message  # the library names fields; the command line says flags
 
 
 def test_a_source_of_another_kind_is_refused(tmp_path):
   cell = REPO / "zoo" / "omniglot_original_quick_vampire"
-  assert _refused(_config(), cell, tmp_path) == (
-    f"init_from: {cell.resolve()} is a classification run, and this problem is regression: "
-    "its meta-parameters do not fit; start from a run of this kind"
-  )
+  message = _refused(_config(), cell, tmp_path)
+  assert message.startswith(f"init_from: {cell.resolve()} is a classification run")
+  assert "this problem is regression: its meta-parameters do not fit" in message  # the cause
+  assert message.endswith("start from a run of this kind")  # the fix
 
 
 def test_a_network_of_other_shapes_is_refused_naming_the_fields(tmp_path):
@@ -170,10 +172,11 @@ def test_another_network_class_is_refused(tmp_path):
   config = _config()
   problem = regression.make_problem(config)._replace(model=OtherMLP((100, 100, 100), 1))
   message = _refused(config, CELL, tmp_path, problem=problem)
-  assert message == (
-    f"init_from: {CELL.resolve()}'s network is vampire_jax._src.core.models.MLP, and this "
-    f"problem's is {OtherMLP.__module__}.OtherMLP: its meta-parameters do not fit"
+  assert message.startswith(
+    f"init_from: {CELL.resolve()}'s network is vampire_jax._src.core.models.MLP"
   )
+  assert f"this problem's is {OtherMLP.__module__}.OtherMLP" in message
+  assert "its meta-parameters do not fit" in message
 
 
 def test_a_run_whose_meta_parameters_were_cut_is_refused_naming_the_leaf(tmp_path):
@@ -185,9 +188,9 @@ def test_a_run_whose_meta_parameters_were_cut_is_refused_naming_the_leaf(tmp_pat
 
 
 def test_init_from_must_be_a_run_or_a_path(tmp_path):
-  assert _refused(_config(), 3000, tmp_path, error=vj.InputError) == (
-    "train_and_evaluate: init_from must be a vj.Run or a run folder's path, got int"
-  )
+  message = _refused(_config(), 3000, tmp_path, error=vj.InputError)
+  assert message.startswith("train_and_evaluate: init_from ")  # the function and the argument
+  assert "must be a vj.Run or a run folder's path" in message and "got int" in message
 
 
 @needs_omniglot
@@ -202,11 +205,12 @@ def test_init_from_into_a_folder_of_a_run_trained_from_scratch_is_refused(
     omniglot.run_experiment(
       tiny_omniglot_run[1], workdir, progress=False, print_fn=print, init_from=cell
     )
-  assert str(refused.value) == (
+  message = str(refused.value)
+  assert message.startswith(
     f"init_from: {workdir} holds a run trained from its own initialisation (checkpoint 6), "
-    "and init_from starts a new run: give it another --workdir, or resume this one without "
-    "init_from"
+    "and init_from starts a new run: "
   )
+  assert "give it another workdir, or resume this one without init_from" in message
   assert _files(workdir) == before
 
 
@@ -220,11 +224,12 @@ def test_training_in_a_zoo_cell_itself_is_refused(tmp_path):
   config = vj.load_run(cells / CELL.name).config
   with pytest.raises(vj.RunFolderError) as refused:
     _train(config, cells / CELL.name, None)
-  assert str(refused.value) == (
+  message = str(refused.value)
+  assert message.startswith(
     f"{cells / CELL.name} is a cell of a zoo: {(cells / 'manifest.json').resolve()} records "
-    "its files' sha256, and training there would change them. Start from it with "
-    f"--init-from {cells / CELL.name} and another --workdir"
+    "its files' sha256, and training there would change them. "
   )
+  assert f"Start from it with init_from={str(cells / CELL.name)!r} and another workdir" in message
   assert _files(cells) == before
 
 
@@ -257,11 +262,12 @@ def test_a_comparison_checks_every_methods_source_before_the_first_trains(tmp_pa
   assert cli.main_entry(regression.main, argv + ["--no-compilation-cache"]) == 2
   said = capsys.readouterr()
   (line,) = [line for line in said.err.splitlines() if line.startswith("error:")]
-  assert line == (
-    f"error: init_from: {CELL} is a run of vampire, and this run trains maml: its "
-    "meta-parameters are another algorithm's; start from a maml run, or train --algorithm "
-    "vampire"
+  # The library's refusal, said in the command line's flags.
+  assert line.startswith(
+    f"error: --init-from: {CELL} is a run of vampire, and this run trains maml: its "
+    "meta-parameters are another algorithm's; "
   )
+  assert line.endswith("start from a maml run, or train --algorithm vampire")
   assert not (tmp_path / "c" / "vampire").exists()  # no method trained
 
 

@@ -1,15 +1,15 @@
-"""One line for every interrupt and every fault, in every phase (issue 31, section 3).
+"""One line for every interrupt and every fault, in every phase.
 
-`vampire_jax._src.runs.interrupts` owns these paths; each row was a traceback, a silent
-death or a setting recorded with no effect before issue 31.
+`vampire_jax.runs.interrupts` owns these paths; each row is one line, never a traceback, a
+silent death or a setting recorded with no effect.
 """
 
 import asyncio
-import dataclasses
 import errno
 import gc
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from vampire_jax._src.runs import algorithms
-from vampire_jax._src.runs import run_folder
+from vampire_jax.runs import algorithms
+from vampire_jax.runs import run_folder
 from conftest import tiny_regression_config
 from experiments import cli, compare, plots, regression
-from vampire_jax._src.runs import interrupts
-from vampire_jax._src.runs import loop as training
+from vampire_jax.runs import interrupts
+from vampire_jax.runs import loop as training
 from vampire_jax._src.core.errors import ConfigError, DataError, StorageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,7 +88,8 @@ def test_training_keeps_the_loop_and_interrupts_own_the_signals():
 def test_a_signal_during_validation_on_a_checkpoint_step_saves_once_and_resumes(
   signum, tmp_path, monkeypatch
 ):
-  """Before: orbax's StepAlreadyExistsError (the step was saved twice), a traceback, exit 1."""
+  """A signal during validation on a checkpoint step saves the step once, says so in one
+  line, exits 128 + the signal, and the run resumes from that step."""
   evaluate_split = training.evaluation.evaluate_split
 
   def signal_at_step_2(*args, refuse_non_finite=True, **kwargs):
@@ -126,7 +127,8 @@ time.sleep(120)
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
 def test_a_signal_to_paper_runs_stops_its_child_first(name, tmp_path):
-  """Before: SIGTERM killed the runner silently; its child kept training and kept the lock."""
+  """SIGTERM or SIGINT to paper_runs reaches its child once and stops it before the runner
+  exits, in one line."""
   pid_file = tmp_path / "child.pid"
   script = textwrap.dedent(f"""
     import sys
@@ -157,7 +159,8 @@ def test_a_signal_to_paper_runs_stops_its_child_first(name, tmp_path):
 
 
 def test_a_full_disk_while_a_figure_is_written_keeps_the_old_image(tmp_path, monkeypatch):
-  """Before: a truncated PNG, and a raw OSError."""
+  """A full disk while a figure is written is one StorageError naming the file; the old
+  image stays whole and no temporary file is left."""
   from matplotlib.figure import Figure
 
   path = tmp_path / "reliability.png"
@@ -197,7 +200,8 @@ def _garbage(folder: Path) -> None:
 
 
 def test_a_damaged_latest_checkpoint_is_one_line_without_orbax_noise(tmp_path):
-  """Before: hundreds of lines of "RuntimeError: Event loop is closed" tracebacks."""
+  """A damaged latest checkpoint gives two one-line warnings (it does not restore; which
+  step was loaded instead), without orbax's "Event loop is closed" tracebacks."""
   workdir = tmp_path / "run"
   regression.run_experiment(_tiny_config(), workdir, progress=False, print_fn=lambda message: None)
   shutil.rmtree(workdir / "best")
@@ -240,9 +244,9 @@ def test_a_damaged_latest_checkpoint_is_one_line_without_orbax_noise(tmp_path):
 
 
 def test_a_failed_restore_leaves_no_unawaited_coroutine_for_a_later_call():
-  """CI, stop 56: "coroutine 'Store._get_array_metadatas' was never awaited" among a later
-  load_run's warnings. The failed read's coroutines are collected where they are ignored."""
-  from vampire_jax._src.runs.run_folder.restore_noise import quiet_restore
+  """A failed read's abandoned coroutines are collected where they are ignored: a later call
+  sees no "coroutine ... was never awaited" warning."""
+  from vampire_jax.runs.run_folder.restore_noise import quiet_restore
 
   async def read_metadata():  # stands for orbax's read that a failed sibling abandoned
     return None
@@ -288,7 +292,7 @@ def test_asyncio_logs_of_a_failed_restore_are_dropped_and_others_kept(caplog):
 def test_the_unraisable_errors_of_a_failed_restore_are_dropped_and_others_passed_on(monkeypatch):
   """What the garbage collector leaves after a failed restore reaches `sys.unraisablehook` only
   when it happens to run then; here each kind is handed to the hook directly."""
-  from vampire_jax._src.runs.run_folder import restore_noise
+  from vampire_jax.runs.run_folder import restore_noise
 
   passed_on = []
   monkeypatch.setattr(sys, "unraisablehook", passed_on.append)  # pytest's own, in a session
@@ -320,58 +324,68 @@ def test_the_unraisable_errors_of_a_failed_restore_are_dropped_and_others_passed
 
 # -- Configuration conflicts: refused in one line, or said and not recorded -----------------------
 
-CONFLICT_ROWS = {  # config changes -> the one line
-  "--first-order --second-order-steps 1": (
-    dict(first_order=True, second_order_steps=1),
-    "vampire",
-    r"--second-order-steps 1 has no effect with --first-order",
-  ),
-  "--algorithm maml --kl-weight 0.5": (
-    dict(kl_weight=0.5),
-    "maml",
-    r"--algorithm maml ignores --kl-weight 0.5: it has no KL term; leave it out",
-  ),
+OTHER_ALGORITHMS_OPTIONS = {  # an algorithm, an option it does not take -> who takes it
+  "--algorithm maml --kl-weight 0.5": ("maml", dict(kl_weight=0.5), "Maml", "Vampire"),
   "--algorithm bmaml --log-std-init -5 -4": (
-    dict(log_std_init=(-5.0, -4.0)),
     "bmaml",
-    r"--algorithm bmaml ignores --log-std-init \(-5.0, -4.0\): its weights have no log-stds",
+    dict(log_std_init=(-5.0, -4.0)),
+    "Bmaml",
+    "Vampire",
   ),
-  "--algorithm vampire --num-particles 4": (
-    dict(num_particles=4),
-    "vampire",
-    r"ignores --num-particles 4: it is an option of bmaml",
-  ),
+  "--algorithm vampire --num-particles 4": ("vampire", dict(num_particles=4), "Vampire", "Bmaml"),
   "--algorithm platipus --second-order-steps 1": (
-    dict(second_order_steps=1),
     "platipus",
-    r"ignores --second-order-steps 1: its inner loop does not truncate",
+    dict(second_order_steps=1),
+    "Platipus",
+    "Maml",
   ),
 }
 
 
-@pytest.mark.parametrize("row", list(CONFLICT_ROWS))
-def test_a_setting_with_no_effect_is_refused_before_anything_runs(row, tmp_path):
-  """Before: accepted, recorded in run.json, and without effect."""
-  changes, algorithm, message = CONFLICT_ROWS[row]
-  config = dataclasses.replace(_tiny_config(), algorithm=algorithm)
-  config = dataclasses.replace(algorithms.configure(config, algorithm), **changes)
-  with pytest.raises(ConfigError, match=message):
+@pytest.mark.parametrize("row", list(OTHER_ALGORITHMS_OPTIONS))
+def test_an_option_of_another_algorithm_is_refused_at_construction(row):
+  """A config holds only its algorithm's options: another algorithm's is refused when the
+  config is made, in one line naming the option, the algorithm and the specs that take it."""
+  algorithm, changes, spec, owner = OTHER_ALGORITHMS_OPTIONS[row]
+  ((name, _),) = changes.items()
+  config = _tiny_config().replace(algorithm=algorithm)
+  with pytest.raises(ConfigError) as raised:
+    config.replace(**changes)
+  message = str(raised.value)
+  assert message.startswith(f"{name} is not a setting of {algorithm} ({spec})"), message
+  assert re.search(rf"it is an option of .*\b{owner}\b", message), message
+  assert len(message.splitlines()) == 1 and raised.value.fields == (name,)
+  with pytest.raises(ConfigError, match=f"^{name} is not a setting of {algorithm}"):
+    getattr(vj.specs, spec)(**changes)
+
+
+def test_a_setting_with_no_effect_is_refused_before_anything_runs(tmp_path):
+  """second_order_steps with first_order=True (every step is then first-order) is refused
+  before the run folder is made, naming both fields; the command line names both flags."""
+  config = _tiny_config().replace(first_order=True, second_order_steps=1)
+  with pytest.raises(
+    ConfigError, match=r"^second_order_steps 1 has no effect with first_order=True"
+  ):
     regression.run_experiment(config, tmp_path / "run", progress=False)
   assert not (tmp_path / "run").exists()
 
 
 def test_the_command_line_says_what_its_algorithm_ignores_and_does_not_record_it(capsys):
   from experiments import omniglot
+  from vampire_jax.runs import config_records
 
   config, _, _ = omniglot.parse_args(
     ["--algorithm", "maml", "--kl-weight", "0.5", "--num-mc-test", "4"]
   )
   err = capsys.readouterr().err
   assert (
-    "note: --algorithm maml ignores --kl-weight 0.5 (it has no KL term); recorded as 0.0" in err
+    "note: --algorithm maml ignores --kl-weight 0.5 (an option of vampire, platipus, abml, "
+    "vampire2); not applied" in err
   )
-  assert "ignores --num-mc-test 4" in err
-  assert (config.kl_weight, config.num_mc_test) == (0.0, 1)
+  assert "ignores --num-mc-test 4 (an option of " in err
+  assert config.algorithm == vj.specs.Maml(**config.algorithm.settings())
+  assert not {"kl_weight", "num_mc_test"} & set(config.flat())  # MAML's config has neither
+  assert not {"kl_weight", "num_mc_test"} & set(config_records.to_record(config)["algorithm"])
   algorithms.check_config(config)  # what is recorded acts
   contradiction = ["--first-order", "--second-order-steps", "1"]  # refused: which one was meant?
   code = cli.main_entry(
@@ -379,39 +393,52 @@ def test_the_command_line_says_what_its_algorithm_ignores_and_does_not_record_it
     ["--no-compilation-cache"],
   )
   err = capsys.readouterr().err
-  assert code == 2 and err.startswith("error: --second-order-steps 1 has no effect with"), err
+  assert code == 2 and err.startswith(
+    "error: --second-order-steps 1 has no effect with --first-order"
+  ), err
+  assert len(err.strip().splitlines()) == 1
 
 
 def test_a_comparison_drops_what_a_method_ignores_and_says_so(tmp_path, monkeypatch, capsys):
   trained = {}
 
   def fake_train(config, workdir, progress=True):
-    trained[config.algorithm] = config
+    trained[config.algorithm.name] = config
     return {
       "test": {"mse": 1.0},
       "kind": "regression",
       "wall_time_s": {},
       "calibration": {},
-      "config": dataclasses.asdict(config),
+      "config": config.flat(),
     }
 
   monkeypatch.setattr(regression, "run_experiment", fake_train)
   compare.run_methods(
     regression, ["vampire", "maml"], "quick", tmp_path, {"kl_weight": 0.5}, progress=False
   )
-  assert trained["vampire"].kl_weight == 0.5 and trained["maml"].kl_weight == 0.0
+  assert trained["vampire"].algorithm.kl_weight == 0.5
+  assert "kl_weight" not in trained["maml"].flat()
   assert (
-    "note: --algorithm maml ignores --kl-weight 0.5 (it has no KL term)" in capsys.readouterr().out
+    "note: --algorithm maml ignores --kl-weight 0.5 (an option of vampire, platipus, abml, "
+    "vampire2); not applied" in capsys.readouterr().out
   )
 
 
 def test_an_older_run_that_recorded_an_ignored_setting_still_resumes(tmp_path):
-  config = algorithms.configure(_tiny_config(), "maml")
+  """A run.json of the flat format (before the specs), whose MAML run recorded another
+  algorithm's option (kl_weight 0.5), resumes with today's MAML config: the option is left
+  behind when the record is read."""
+  from vampire_jax.runs.config_records import OLD_NAMES
+
+  config = _tiny_config().replace(algorithm="maml")
   results = regression.run_experiment(config, tmp_path, progress=False, print_fn=print)
   record = json.loads((tmp_path / "run.json").read_text())
-  record["config"]["kl_weight"] = 0.5  # as runs recorded it before issue 31
+  new_names = {new: old for old, new in OLD_NAMES.items()}
+  record["config"] = {new_names.get(name, name): value for name, value in config.flat().items()}
+  record["config"]["kl_weight"] = 0.5  # an option MAML never read, in a flat record
+  del record["format"]
   (tmp_path / "run.json").write_text(json.dumps(record))
-  run_folder.check_resumable(tmp_path, dataclasses.replace(config, num_meta_steps=6))
+  run_folder.check_resumable(tmp_path, config.replace(num_meta_steps=6))
   assert results["meta_steps"] == 4
 
 
@@ -429,9 +456,9 @@ sys.exit(cli.main_entry(
 
 @pytest.mark.slow  # 1 to 2.5 min on 2 cores; `pytest -m slow` runs it
 def test_a_full_disk_and_a_rerun_while_it_is_still_full_are_one_line_each(tmp_path):
-  """A 400 kB tmpfs (skipped where mounting is not allowed). Before: the first run printed
-  orbax's "Event loop is closed" tracebacks; the rerun, TensorBoard's writer dying at exit
-  ("Exception ignored in atexit callback", "Exception in thread")."""
+  """A 400 kB tmpfs (skipped where mounting is not allowed): the first run and each rerun
+  while it is still full print one error line and exit 2, with no orbax or TensorBoard
+  traceback from threads or exit handlers."""
   disk = tmp_path / "disk"
   disk.mkdir()
   mount = ["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)]

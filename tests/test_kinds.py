@@ -9,7 +9,7 @@ import pytest
 
 import vampire_jax as vj
 from conftest import tiny_regression_config
-from vampire_jax._src.runs import kinds
+from vampire_jax.runs import kinds
 from vampire_jax._src.core.errors import ConfigError, InputError
 
 
@@ -104,7 +104,8 @@ def _regression_tasks(predictions: np.ndarray, targets: np.ndarray) -> dict:
 
 
 def test_a_regression_summary_counts_tasks_that_ran_away_and_gives_the_median():
-  """Issue 50: one task at 1e14 made the mean meaningless, and nothing said so.
+  """A regression summary counts the tasks that ran away and gives the median beside the mean
+  (here one task at 1e14).
 
   Targets span [-2, 3], so predictions within their range score at most 5^2 = 25: a task
   above that (or not finite) ran away. Task 1 is off by 4 everywhere (16, within the

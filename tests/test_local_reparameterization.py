@@ -129,7 +129,7 @@ def _abml_and_task(draw_outputs, num_mc=8):
 
 
 def test_abml_meta_loss_has_the_same_expectation_and_draws_examples_apart():
-  # ABML with the trick (the authors2019 comparison's fast route, issue 29): its meta-loss
+  # ABML with the trick (the authors2019 comparison's fast route): its meta-loss
   # (inner loop, support-and-query ELBO) estimates the same number as with weight draws,
   # and its query outputs come from the trick, each example drawn independently.
   keys = jax.random.split(jax.random.key(7), 300)
@@ -147,22 +147,26 @@ def test_abml_meta_loss_has_the_same_expectation_and_draws_examples_apart():
 
 @pytest.mark.parametrize("name", ["vampire", "abml"])
 def test_a_config_asking_for_it_builds_a_learner_that_draws_examples_apart(name):
-  # The config's flag reaches the learner (`algorithms.draw_outputs`): its predictions for
-  # two neighbouring points are uncorrelated, where one weight draw would tie them.
+  # The spec's field reaches the learner (`draw_outputs`): its predictions for two
+  # neighbouring points are uncorrelated, where one weight draw would tie them.
   from conftest import tiny_regression_config
-  from vampire_jax._src.runs import algorithms
+  from vampire_jax.runs import algorithms
 
-  assert "local_reparameterization" not in algorithms.ignored_fields(name)
+  assert "local_reparameterization" in vj.specs.get(name).field_names()
   config = tiny_regression_config(name, local_reparameterization=True)
+  assert config.algorithm.local_reparameterization is True
   model, dist = _prior()
-  learner = algorithms.learner_from_config(
-    config, vj.pure_apply(model), vj.gaussian_nll(0.3), num_mc_train=2, num_mc_query=4000
-  )
+  learner = algorithms.make_learner(model, "regression", 0.3, config, num_mc=4000)
   draws = np.asarray(learner.predict(dist, jnp.array([[0.5], [0.6]]), jax.random.key(8)))
   assert abs(np.corrcoef(draws[:, 0, 0], draws[:, 1, 0])[0, 1]) < 0.1
 
 
-def test_platipus_ignores_it():
-  from vampire_jax._src.runs import algorithms
-
-  assert "local_reparameterization" in algorithms.ignored_fields("platipus")
+def test_platipus_has_no_such_setting():
+  """PLATIPUS draws weights, never pre-activations: its spec has no local_reparameterization,
+  and asking for it is refused naming the specs that take it."""
+  assert "local_reparameterization" not in vj.specs.Platipus.field_names()
+  with pytest.raises(vj.ConfigError) as raised:
+    vj.specs.Platipus(local_reparameterization=True)
+  message = str(raised.value)
+  assert "local_reparameterization" in message
+  assert all(owner in message for owner in ("Vampire", "Abml")), message

@@ -5,7 +5,6 @@ holds Ravi & Larochelle's full CSVs and the first 12 images of each class.
 """
 
 import csv
-import dataclasses
 import json
 import os
 import pickle
@@ -182,30 +181,34 @@ def test_episodes_stay_in_their_split(sample):
 
 def test_cli_presets():
   config, workdir, args = mini_imagenet.parse_args(["--preset", "5way5shot", "--algorithm", "maml"])
-  assert (config.shots, config.tasks_per_step, config.inner_lr, config.kl_weight) == (
-    5,
-    2,
-    0.01,
-    0.0,
-  )
+  assert (config.shots, config.schedule.tasks_per_step, config.algorithm.inner_lr) == (5, 2, 0.01)
+  assert "kl_weight" not in config.flat()  # MAML has no KL term
   assert args.calibration_tasks == 0 and not args.calibration_only
   config = mini_imagenet.get_config("5way1shot", "vampire")
-  assert (config.num_filters, config.query, config.num_inner_steps, config.kl_weight) == (
+  assert (
+    config.num_filters,
+    config.query,
+    config.algorithm.num_inner_steps,
+    config.algorithm.kl_weight,
+  ) == (
     32,
     15,
     5,
     0.1,
   )
-  assert (config.num_mc_train, config.num_mc_query, config.num_mc_test) == (10, 10, 10)
-  assert config.num_test_tasks == 600 and config.image_size == 84
+  assert (
+    config.algorithm.num_mc_train,
+    config.algorithm.num_mc_query,
+    config.algorithm.num_mc_test,
+  ) == (10, 10, 10)
+  assert config.evaluation.num_test_tasks == 600 and config.image_size == 84
   _, _, args = mini_imagenet.parse_args(["--calibration-tasks", "all", "--calibration-only"])
   assert args.calibration_tasks == -1 and args.calibration_only
 
 
 @pytest.mark.slow  # a mini-ImageNet run and the calibration protocol's command
 def test_tiny_run_and_calibration_protocol(sample, cache_dir, tmp_path):
-  config = dataclasses.replace(
-    mini_imagenet.get_config("quick", "maml"),
+  config = mini_imagenet.get_config("quick", "maml").replace(
     data_dir=str(SAMPLE_DIR),
     cache_dir=str(cache_dir),
     image_size=16,
@@ -220,7 +223,6 @@ def test_tiny_run_and_calibration_protocol(sample, cache_dir, tmp_path):
     num_val_tasks=1,
     num_test_tasks=3,
     eval_batch_tasks=1,
-    num_mc_test=1,
     first_order=True,
   )
   splits = mini_imagenet.load_splits(config)
@@ -248,7 +250,8 @@ def test_tiny_run_and_calibration_protocol(sample, cache_dir, tmp_path):
   calibration = json.loads((tmp_path / "calibration.json").read_text())
   assert calibration["num_tasks"] == 5 and calibration["num_combinations"] == 15504
   assert not calibration["all_combinations"]
-  assert calibration["config"]["algorithm"] == "maml"
+  assert calibration["config"]["algorithm"]["name"] == "maml"
+  assert calibration["num_mc_test"] is None  # MAML draws nothing at test
   per_task = np.load(tmp_path / "calibration_per_task.npz")
   np.testing.assert_array_equal(per_task["combination_ids"], data.combination_ids(20, 5, 5, seed=1))
   assert np.isclose(calibration["accuracy"], per_task["accuracy"].mean())

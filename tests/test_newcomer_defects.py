@@ -1,4 +1,4 @@
-"""A newcomer's fourth pass (issue 59, item 6): each defect found, checked where it was.
+"""What a newcomer reads and runs says what it does, each checked where it is.
 
 The README's `zoo verify` line and its progress bars, the note of a slow first prediction,
 the figures' texts, the mutual information of a method without an epistemic part, what
@@ -8,7 +8,6 @@ reader looks for them. (The README's training block's expected MSE: tests/test_r
 tests/test_api_examples.py.)
 """
 
-import dataclasses
 import re
 import threading
 import time
@@ -21,7 +20,7 @@ from flax import nnx
 import vampire_jax as vj
 from conftest import REPO
 from experiments import regression, train, zoo
-from vampire_jax._src.runs import compile_note, kinds
+from vampire_jax.runs import compile_note, kinds
 
 
 def test_the_readmes_zoo_verify_command_names_omniglot_dir():
@@ -149,7 +148,7 @@ def test_simpas_cost_note_gives_the_measured_seconds_at_512_and_16_draws():
   config = regression.get_config("cpu", "simpa")
   at_512 = train.simpa_cost_note(config, 20501)  # the regression preset's MLP
   assert "512 draws" in at_512 and "about 98 s a meta-step" in at_512 and "81.7 h" in at_512
-  at_16 = train.simpa_cost_note(dataclasses.replace(config, simpa_kl_samples=16), 20501)
+  at_16 = train.simpa_cost_note(config.replace(num_kl_samples=16), 20501)
   assert "about 13.6 s a meta-step" in at_16
 
 

@@ -1,13 +1,12 @@
 """A finished run without a checkpoint is refused, never trained again from step 0 (issue 59).
 
-Before: copying `zoo/omniglot_original_quick_vampire` (its `best/200`, no `checkpoints/`) and
-running the quick command on it with `--num-meta-steps 240` started again at step 0, set the
-cell's weights aside in one line and exited 0. Now it is refused in one line naming what
-differs and what to do (`--init-from` into a new folder, or another `--workdir`); a resume
-of a folder with its checkpoints is unchanged (tests/test_run_identity.py).
+Training in a copy of a zoo cell (its `best/<step>`, no `checkpoints/`) is refused in one
+line, before anything in the folder moves, naming what differs from the command and what to
+do (`init_from` into a new folder, or another workdir; the command line says them as
+`--init-from` and `--workdir`); a resume of a folder with its checkpoints is unchanged
+(tests/test_run_identity.py).
 """
 
-import dataclasses
 import hashlib
 import shutil
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 import vampire_jax as vj
 from conftest import needs_omniglot
 from experiments import cli, omniglot, zoo
-from vampire_jax._src.runs import run_folder
+from vampire_jax.runs import run_folder
 
 QUIET = dict(progress=False, print_fn=lambda message: None)
 REPO = Path(__file__).resolve().parents[1]
@@ -56,15 +55,17 @@ def test_a_copied_cell_with_more_steps_is_refused_naming_the_difference(copied_c
   copy = _copy(cell, tmp_path)
   before = _files(copy)
   with pytest.raises(vj.ConfigError) as refused:
-    omniglot.run_experiment(dataclasses.replace(config, num_meta_steps=8), copy, **QUIET)
-  assert str(refused.value) == (
+    omniglot.run_experiment(config.replace(num_meta_steps=8), copy, **QUIET)
+  message = str(refused.value)
+  assert message.startswith(
     f"{copy} holds a finished run (results.json, its best/ of step {step}) but no checkpoint "
     "to resume it from (a zoo cell keeps only its tested meta-parameters), and its settings "
     "differ from this command's (num_meta_steps: 6 -> 8): training here would start again "
-    f"at step 0 over it. To start from its meta-parameters, pass --init-from {copy} and "
-    "another --workdir (vj.train_and_evaluate(..., init_from=...)); to train anew, use "
-    "another --workdir"
+    "at step 0 over it. "
   )
+  assert f"pass init_from={str(copy)!r} with another workdir" in message
+  assert message.endswith("to train anew, use another workdir")
+  assert len(message.splitlines()) == 1 and "--" not in message
   assert _files(copy) == before  # nothing moved aside, nothing written
 
 
@@ -85,5 +86,8 @@ def test_the_issues_command_on_a_copy_of_the_zoo_cell_exits_2_in_one_line(tmp_pa
   said = capsys.readouterr()
   (line,) = [line for line in said.err.splitlines() if line.startswith("error:")]
   assert "holds a finished run (results.json, its best/ of step 200)" in line
-  assert "num_meta_steps: 200 -> 240" in line and f"--init-from {copy}" in line
+  assert "num_meta_steps: 200 -> 240" in line
+  # The library's fields, said as the command line's flags.
+  assert f"pass --init-from={str(copy)!r} with another --workdir" in line
+  assert line.endswith("to train anew, use another --workdir")
   assert "Traceback" not in said.out + said.err and _files(copy) == before

@@ -1,7 +1,5 @@
-"""Old import paths of names that left their module (issue 49, item 11): they still work,
+"""Old import paths of names that left their module: they still work,
 with a warning that names the new path.
-
-Moved from the fourth sweep's refusals (`test_entry_point_refusals.py`), unchanged.
 """
 
 import importlib
@@ -48,8 +46,8 @@ def fresh_warnings(monkeypatch):
   ],
 )
 def test_a_name_that_left_its_old_module_warns_and_works(fresh_warnings, statement, name, home):
-  """Before: AttributeError (module 'vampire_jax._src.core.meta_step' has no attribute
-  'make_host_chunked_train_step'): the module's old path worked, its moved names did not."""
+  """A name imported from its old module warns once, naming the new path, and is the same
+  object as at its new home."""
   namespace = {}
   with pytest.warns(FutureWarning, match=rf"\.{name} is deprecated: use {home}\.{name} "):
     exec(statement, namespace)
@@ -59,8 +57,9 @@ def test_a_name_that_left_its_old_module_warns_and_works(fresh_warnings, stateme
 def test_the_old_module_path_vampire_jax_predictive_serves_its_names_and_keeps_the_function(
   fresh_warnings,
 ):
-  """Before: `import vampire_jax.predictive` and `from vampire_jax.predictive import
-  predictive_interval` (the module's path until 0.3) raised ModuleNotFoundError."""
+  """`import vampire_jax.predictive` and `from vampire_jax.predictive import
+  predictive_interval` (the module's path until 0.3) work, warning with the new path; the
+  top-level `vj.predictive` stays the function; unknown names are refused naming the module."""
   namespace = {}
   with pytest.warns(
     FutureWarning,

@@ -1,9 +1,8 @@
-"""Run folders written before issue 43 moved the modules: their records name
+"""Run folders written before the modules moved: their records name
 `vampire_jax.configs.<Class>` and `vampire_jax.models.<Class>`, in `run.json` and in every
-checkpoint, and do not record `x64` (issue 49: a float32 run). They load and resume, silently
-and with the same numbers."""
+checkpoint, and do not record `x64` (a float32 run). They load and resume, silently and
+with the same numbers."""
 
-import dataclasses
 import json
 import warnings
 
@@ -14,8 +13,8 @@ from conftest import tiny_regression_config
 from experiments import regression
 from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import RunFolderError
-from vampire_jax._src.runs.experiment_configs import RegressionConfig
-from vampire_jax._src.runs.run_folder import record as record_module
+from vampire_jax.runs.experiment_configs import RegressionConfig
+from vampire_jax.runs.run_folder import record as record_module
 
 QUIET = dict(progress=False, print_fn=lambda message: None)
 OLD_CONFIG_CLASS = "vampire_jax.configs.RegressionConfig"
@@ -54,7 +53,7 @@ def test_an_earlier_versions_run_folder_loads_and_resumes_with_the_same_numbers(
   for workdir in (old, fresh):
     regression.run_experiment(config, workdir, **QUIET)
   _write_old_names(old, monkeypatch)
-  longer = dataclasses.replace(config, num_meta_steps=6)
+  longer = config.replace(num_meta_steps=6)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     run = vj.load_run(old)

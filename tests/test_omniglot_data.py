@@ -548,8 +548,8 @@ def _assert_partition(parts, num_characters):
 def test_load_omniglot_logs_its_progress_and_prints_nothing_unless_told(
   tmp_path, monkeypatch, caplog, capsys
 ):
-  """Issue 59: a library logs (the `vampire_jax.data.omniglot` logger, INFO); `print_fn`
-  still sends the lines elsewhere (the experiments pass `print`)."""
+  """load_omniglot logs its progress (the `vampire_jax.data.omniglot` logger, INFO) and
+  prints nothing; `print_fn` sends the lines elsewhere (the experiments pass `print`)."""
   folder = tmp_path / "data"
   folder.mkdir()
   for name in BIG_ZIPS:

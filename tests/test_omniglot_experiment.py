@@ -1,7 +1,6 @@
 """experiments.omniglot end to end: the quick run learns, an interrupted run resumes
 bit-identically (after a kill or a SIGTERM), and a finished run loads back."""
 
-import dataclasses
 import json
 import os
 import signal
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from vampire_jax._src.runs import run_folder
+from vampire_jax.runs import run_folder
 import pytest
 
 import vampire_jax as vj
@@ -21,8 +20,7 @@ pytestmark = needs_omniglot
 
 @pytest.mark.slow  # a run that must learn: minutes
 def test_quick_maml_run_learns(omniglot_cache, tmp_path):
-  config = dataclasses.replace(
-    omniglot.get_config("quick", "maml"),
+  config = omniglot.get_config("quick", "maml").replace(
     num_meta_steps=150,
     num_test_tasks=100,
     eval_every=150,
@@ -43,7 +41,7 @@ def test_quick_maml_run_learns(omniglot_cache, tmp_path):
   ):
     assert (tmp_path / name).stat().st_size > 0, name
   saved = json.loads((tmp_path / "results.json").read_text())
-  assert saved["config"]["algorithm"] == "maml" and saved["git_commit"]
+  assert saved["config"]["algorithm"]["name"] == "maml" and saved["git_commit"]
   # The data's source is on record.
   assert saved["data"]["source"] == "zip" and saved["data"]["split"] == "original"
   # Selective prediction: the most confident half is more accurate than all.
@@ -104,7 +102,8 @@ def test_cli_presets_and_overrides(tmp_path):
       str(tmp_path),
     ]
   )
-  assert (config.ways, config.shots, config.tasks_per_step, config.kl_weight) == (20, 5, 16, 0.0)
+  assert (config.ways, config.shots, config.schedule.tasks_per_step) == (20, 5, 16)
+  assert "kl_weight" not in config.flat()  # MAML has no KL term
   assert config.split == "random" and workdir == tmp_path and not args.no_progress
   config, _, _ = omniglot.parse_args(
     [
@@ -121,11 +120,12 @@ def test_cli_presets_and_overrides(tmp_path):
       "--no-batch-norm-affine",
     ]
   )
-  assert config.kl_weight == 0.05 and config.log_std_init == (-5.0, -4.0)
-  assert config.meta_grad_clip_norm is None and config.first_order
+  assert config.algorithm.kl_weight == 0.05 and config.algorithm.log_std_init == (-5.0, -4.0)
+  assert config.schedule.meta_grad_clip_norm is None and config.algorithm.first_order
   assert config.class_sampling == "class" and not config.batch_norm_affine
   vampire = omniglot.get_config("5way1shot", "vampire")
-  assert (vampire.inner_lr, vampire.kl_weight, vampire.num_mc_test) == (0.01, 0.1, 10)
+  spec = vampire.algorithm
+  assert (spec.inner_lr, spec.kl_weight, spec.num_mc_test) == (0.01, 0.1, 10)
   assert vampire.class_sampling == "character" and vampire.batch_norm_affine
   with pytest.raises(SystemExit):
     omniglot.parse_args(["--algorithm", "bogus"])

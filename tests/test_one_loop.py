@@ -2,15 +2,13 @@
 that builds its problem, and each check of the config and the folder runs once, before the
 data is loaded."""
 
-import dataclasses
-
 import pytest
 
 from conftest import tiny_regression_config
 from experiments import regression
 import vampire_jax as vj
 from vampire_jax._src.core.errors import ConfigError, InputError
-from vampire_jax._src.runs import loop
+from vampire_jax.runs import loop
 
 QUIET = dict(progress=False, print_fn=lambda message: None)
 
@@ -48,10 +46,10 @@ def test_a_refused_run_loads_no_data(tmp_path, monkeypatch):
   regression.run_experiment(config, tmp_path, **QUIET)
   calls = {}
   _count_calls(monkeypatch, regression, "make_problem", calls)
-  other = dataclasses.replace(config, hidden_sizes=(4, 4))
+  other = config.replace(hidden_sizes=(4, 4))
   with pytest.raises(ConfigError, match="holds a run with another config"):
     regression.run_experiment(other, tmp_path, **QUIET)
-  impossible = dataclasses.replace(config, tasks_per_step=0)
+  impossible = config.replace(tasks_per_step=0)
   with pytest.raises(ConfigError):
     regression.run_experiment(impossible, tmp_path / "new", **QUIET)
   assert calls == {}

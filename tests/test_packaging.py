@@ -24,8 +24,8 @@ import setuptools
 
 import vampire_jax as vj
 from vampire_jax._src import deprecations
-from vampire_jax._src.runs import experiment_configs as configs_lib
-from vampire_jax._src.runs import run_folder
+from vampire_jax.runs import experiment_configs as configs_lib
+from vampire_jax.runs import run_folder
 from experiments import regression
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,8 +82,7 @@ def _run_with_the_wheel_alone(script: str, cwd: Path) -> str:
 
 
 def _tiny_regression_run(workdir: Path):
-  config = dataclasses.replace(
-    regression.get_config("quick", "vampire"),
+  config = regression.get_config("quick", "vampire").replace(
     hidden_sizes=(8, 8, 8),
     num_meta_steps=2,
     num_inner_steps=1,
@@ -111,7 +110,7 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
   old_dir = tmp_path / "old_run"
   shutil.copytree(run_dir, old_dir)
   record = json.loads((old_dir / "run.json").read_text())
-  assert record["config_class"] == "vampire_jax._src.runs.experiment_configs.RegressionConfig"
+  assert record["config_class"] == "vampire_jax.runs.experiment_configs.RegressionConfig"
   record["config_class"] = "experiments.configs.RegressionConfig"
   (old_dir / "run.json").write_text(json.dumps(record))
   run_folder.check_resumable(old_dir, config)  # the same config class: it may be resumed
@@ -156,12 +155,12 @@ def test_a_run_folder_loads_and_predicts_with_the_library_alone(tmp_path):
   drawing[:, 40:60, 20:80] = 0
   np.testing.assert_array_equal(result["preprocessed"], vj.data.preprocess_omniglot(drawing))
   for name in ("run", "old_run"):
-    assert result[name]["config"] == "vampire_jax._src.runs.experiment_configs.RegressionConfig", (
-      result[name]
-    )
+    assert result[name]["config"] == "vampire_jax.runs.experiment_configs.RegressionConfig", result[
+      name
+    ]
     assert result[name]["fields"] == json.loads(json.dumps(dataclasses.asdict(config)))
     predictions = np.asarray(result[name]["predictions"])
-    assert predictions.shape == (config.num_mc_test, 7, 1)
+    assert predictions.shape == (config.algorithm.num_mc_test, 7, 1)
     np.testing.assert_allclose(predictions, expected, rtol=1e-5, atol=1e-6)
     assert abs(result[name]["nll"] - reported_nll) < 1e-5, (result[name]["nll"], reported_nll)
 
@@ -225,13 +224,13 @@ def test_old_run_folders_name_the_library_configs():
   for name in ("OmniglotConfig", "MiniImagenetConfig", "FeaturesConfig", "RegressionConfig"):
     assert (
       configs_lib.recorded_class_name(f"experiments.configs.{name}")
-      == f"vampire_jax._src.runs.experiment_configs.{name}"
+      == f"vampire_jax.runs.experiment_configs.{name}"
     )
   # Other names, and the experiments' preset functions, are left as they are.
   for name in (
     "experiments.configs.get_config",
     "my_project.MyConfig",
-    "vampire_jax._src.runs.experiment_configs.OmniglotConfig",
+    "vampire_jax.runs.experiment_configs.OmniglotConfig",
   ):
     assert configs_lib.recorded_class_name(name) == name
 

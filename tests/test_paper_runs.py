@@ -1,9 +1,9 @@
 """experiments.paper_runs: the cells are the paper's presets; finished cells are skipped; a
 time budget stops a child cleanly and the next call finishes it (tiny cells on the CPU)."""
 
-import dataclasses
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -12,17 +12,19 @@ import pytest
 
 from conftest import OMNIGLOT_DIR, needs_omniglot
 from experiments import cli, omniglot, paper_runs, paper_table, regression
+from vampire_jax.runs import config_records
 
 CELL = "omniglot_original_5way1shot_maml"
 
 
 def _configs_of(cell, flags) -> list[dict]:
-  """The configs the cell's child process trains with (regression: one per method)."""
+  """The configs the cell's child process trains with (regression: one per method), as its
+  results.json records them (`config_records.to_record`)."""
   if cell.group == "omniglot":
-    return [dataclasses.asdict(omniglot.parse_args(flags)[0])]
+    return [config_records.to_record(omniglot.parse_args(flags)[0])]
   _, args = regression.parse_args(flags)
   return [
-    dataclasses.asdict(cli.apply_overrides(regression.get_config(args.preset, name), args))
+    config_records.to_record(cli.apply_overrides(regression.get_config(args.preset, name), args))
     for name in args.algorithms.split(",")
   ]
 
@@ -45,7 +47,8 @@ def test_every_cell_trains_the_papers_protocol():
       "--no-progress",
     ]
     for config in _configs_of(cell, command[3:]):
-      run = paper_table.Run(Path("/tmp/cell"), cell.group, json.loads(json.dumps(config)), {}, None)
+      recorded = config_records.flat(json.loads(json.dumps(config)))  # as paper_table reads it
+      run = paper_table.Run(Path("/tmp/cell"), cell.group, recorded, {}, None)
       placed = paper_table.sort_runs([run])  # lands in a cell of the table, not apart
       assert list(placed.cells.values()) == [[run]], (cell.name, placed)
   assert [c.name for c in paper_runs.select_cells(cells, "regression,omniglot_random_20way*")] == [
@@ -100,8 +103,9 @@ def test_a_second_call_skips_finished_cells(child_env, capsys):
   results_path = child_env / CELL / "results.json"
   results = json.loads(results_path.read_text())
   assert f"== {CELL}: training" in out and f"done:\n  {CELL}\n" in out
-  assert (results["config"]["algorithm"], results["config"]["split"]) == ("maml", "original")
-  assert results["config"]["num_meta_steps"] == 4 and results["resumed_from_step"] == 0
+  config = config_records.flat(results["config"])
+  assert (config["algorithm"], config["split"]) == ("maml", "original")
+  assert config["num_meta_steps"] == 4 and results["resumed_from_step"] == 0
   # The table printed at the end holds the tiny run apart, with its measured accuracy.
   apart = out.split("## Not the paper's protocol", 1)[1]
   assert f"`{child_env / CELL}`" in apart
@@ -151,5 +155,65 @@ def test_a_budget_stops_a_cell_cleanly_and_the_next_call_finishes_it(
   monkeypatch.setattr(paper_runs, "_now", time.monotonic)
   assert paper_runs.main(argv) == 0
   results = json.loads((folder / "results.json").read_text())
-  assert results["resumed_from_step"] == step and results["config"]["num_meta_steps"] == 400
+  assert results["resumed_from_step"] == step
+  assert results["config"]["schedule"]["num_meta_steps"] == 400
   assert f"done:\n  {CELL}\n" in capsys.readouterr().out
+
+
+def _fake_run(folder: Path, step: int) -> None:
+  """A run folder at checkpoint `step`, as far as the runner and `training_cells` read it: a
+  run.json and a complete `checkpoints/<step>/default/` (no training)."""
+  (folder / "checkpoints" / str(step) / "default").mkdir(parents=True)
+  (folder / "checkpoints" / str(step) / "default" / "state").write_text(str(step))
+  (folder / "run.json").write_text(json.dumps({"step": step}))
+
+
+def _kept_step(kept: Path) -> list[str]:
+  return sorted(p.name for p in (kept / "checkpoints").iterdir())
+
+
+def test_a_kept_cell_newer_than_the_run_folder_is_never_replaced(tmp_path, monkeypatch, capsys):
+  """The run folder at step 10, `training/<cell>` at step 40, a child that would fail (a
+  mistyped flag): the cell is refused before its child starts, in one line naming both steps
+  (the cause) and how to resume from the kept one (the fix); the kept cell stays at step 40
+  and the call fails (exit 1)."""
+  root, training = tmp_path / "paper", tmp_path / "training"
+  _fake_run(root / CELL, 10)
+  _fake_run(training / CELL, 40)
+  children = []
+
+  def failing_child(command, log_path, stop_at, grace):  # as a mistyped --extra-flags fails
+    children.append(command)
+    log_path.write_text("error: unrecognized arguments: --num-meta-stepz\n")
+    return 2, False
+
+  monkeypatch.setattr(paper_runs, "run_child", failing_child)
+  argv = ["--root", str(root), "--cells", CELL, "--tiny", "--training", str(training)]
+  assert paper_runs.main(argv + ["--extra-flags=--num-meta-stepz 4"]) == 1
+  out = capsys.readouterr().out
+  assert children == []  # nothing trained over the older folder
+  assert _kept_step(training / CELL) == ["40"] and _kept_step(root / CELL) == ["10"]
+  (line,) = [line for line in out.splitlines() if line.startswith(f"== {CELL}: not trained")]
+  assert f"{training / CELL} holds step 40, newer than {root / CELL}'s step 10" in line
+  assert f"remove {root / CELL} to resume from {training / CELL}" in line
+  assert "kept step" not in out and "git add" not in out  # nothing to commit
+  assert re.search(rf"failed:\n  {CELL} \({re.escape(str(training / CELL))} is newer", out)
+
+
+def test_keep_never_puts_an_older_run_over_a_newer_kept_cell(tmp_path, capsys):
+  """`keep` of a step-10 folder over a kept step 40 (by hand, or after a cell's call) is
+  refused in one line saying which is newer; the kept cell is left as it was."""
+  older, kept = tmp_path / "runs" / CELL, tmp_path / "training" / CELL
+  _fake_run(older, 10)
+  _fake_run(kept, 40)
+  assert paper_runs.main(["keep", str(older), "--training", str(tmp_path / "training")]) == 2
+  err = capsys.readouterr().err
+  assert len(err.splitlines()) == 1 and err.startswith(f"error: keep: {kept} "), err
+  assert f"{kept} holds step 40, newer than {older}'s step 10" in err  # which is newer
+  assert f"resume from {kept}" in err and f"git rm -r {kept}" in err  # the ways out
+  assert _kept_step(kept) == ["40"] and json.loads((kept / "run.json").read_text()) == {"step": 40}
+  _fake_run(tmp_path / "newer" / CELL, 50)  # a newer run is kept over it, as before
+  assert (
+    paper_runs.main(["keep", str(tmp_path / "newer" / CELL), "--training", str(kept.parent)]) == 0
+  )
+  assert _kept_step(kept) == ["50"]

@@ -5,18 +5,20 @@ hand, no training) check the cells, the runs kept apart and the JSON; a real
 tiny run checks that what `experiments.omniglot` writes is read.
 """
 
-import dataclasses
 import json
 
 import pytest
 
 from experiments import presets, paper_table
+from vampire_jax.runs import config_records
 
 
-def _config(experiment: str, preset: str, algorithm: str, **changes) -> dict:
-  """The paper preset's config as a run records it, with `changes`."""
-  config = dataclasses.asdict(presets.get_config(experiment, preset, algorithm))
-  return json.loads(json.dumps({**config, **changes}))  # tuples -> lists, as in results.json
+def _config(experiment: str, preset: str, algorithm: str, *, flat: bool = False, **changes) -> dict:
+  """The paper preset's config as a run records it, with `changes`: nested by part
+  (`config_records.to_record`, as runs write it now), or `flat` as older runs recorded it."""
+  config = presets.get_config(experiment, preset, algorithm).replace(**changes)
+  record = config.flat() if flat else config_records.to_record(config)
+  return json.loads(json.dumps(record))  # tuples -> lists, as in results.json
 
 
 def _write(folder, name, record):
@@ -43,7 +45,8 @@ def _regression(mse, ci, ece, mce) -> dict:
 
 @pytest.fixture
 def runs_root(tmp_path):
-  """A `runs/` folder: Omniglot, mini-ImageNet, a regression comparison, a compare folder."""
+  """A `runs/` folder: Omniglot, mini-ImageNet, a regression comparison, a compare folder
+  (configs recorded nested, two of them flat as older runs did)."""
   root = tmp_path / "runs"
   omniglot = lambda **c: _config("omniglot", "5way1shot", "vampire", **c)  # noqa: E731
   _write(
@@ -51,8 +54,10 @@ def runs_root(tmp_path):
     "results.json",
     {"config": omniglot(), "test": _accuracy(0.9512, 0.0041, 1000)},
   )
-  _write(
-    root / "vampire_200", "results.json", {"config": omniglot(), "test": _accuracy(0.80, 0.02, 200)}
+  _write(  # recorded flat, as runs before the config's parts were
+    root / "vampire_200",
+    "results.json",
+    {"config": omniglot(flat=True), "test": _accuracy(0.80, 0.02, 200)},
   )
   _write(
     root / "maml_random_20w5s_short",
@@ -75,7 +80,7 @@ def runs_root(tmp_path):
     root / "mini_maml",
     "results.json",
     {
-      "config": _config("mini_imagenet", "5way1shot", "maml"),
+      "config": _config("mini_imagenet", "5way1shot", "maml", flat=True),
       "test": _accuracy(0.4610, 0.0090, 600, ece=0.0350, mce=0.1500),
     },
   )
@@ -219,7 +224,9 @@ def test_json_output(runs_root, tmp_path, capsys):
 
 def test_a_missing_folder_is_one_line_and_exit_code_2(tmp_path, capsys):
   assert paper_table.entry([str(tmp_path / "nowhere")]) == 2
-  assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nowhere'} is not a folder"
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+  assert f"{tmp_path / 'nowhere'} is not a folder" in err
 
 
 def test_a_real_tiny_run_is_read_and_kept_apart(tiny_omniglot_run, capsys):
@@ -234,18 +241,19 @@ def test_a_real_tiny_run_is_read_and_kept_apart(tiny_omniglot_run, capsys):
     f"accuracy {100 * test['accuracy']:.2f} ± "
     f"{100 * test['accuracy_ci95']:.2f} % ({test['num_tasks']} tasks)"
   )
-  # Every setting that differs from the preset, not only the schedule (issue 31).
-  c = config
+  # Every setting that differs from the preset, not only the schedule (issue 31),
+  # in `RunConfig.flat()`'s order: the parts, the experiment's fields, the algorithm's.
+  c, spec = config, config.algorithm
   assert listed["reason"] == (
-    f"tasks_per_step {c.tasks_per_step} (paper preset 32); "
-    f"num_meta_steps {c.num_meta_steps} (paper preset 15000); "
-    f"num_inner_steps {c.num_inner_steps} (paper preset 5); inner_lr {c.inner_lr} (paper preset "
-    f"0.01); kl_weight {c.kl_weight} (paper preset 0.1); num_mc_test {c.num_mc_test} (paper "
-    f"preset 10); kernel_init_gain {c.kernel_init_gain} (paper preset 1.0); "
-    f"meta_grad_clip_separately False (paper preset True); "
-    f"num_val_tasks {c.num_val_tasks} (paper preset 200); eval_every "
-    f"{c.eval_every} (paper preset 500); test_parameters best (paper preset final); "
+    f"tasks_per_step {c.schedule.tasks_per_step} (paper preset 32); "
+    f"num_meta_steps {c.schedule.num_meta_steps} (paper preset 15000); "
+    f"num_val_tasks {c.evaluation.num_val_tasks} (paper preset 200); eval_every "
+    f"{c.evaluation.eval_every} (paper preset 500); test_parameters best (paper preset final); "
+    f"kernel_init_gain {c.kernel_init_gain} (paper preset 1.0); "
     f"num_val_alphabets {c.num_val_alphabets} (paper preset 0); num_val_characters "
-    f"{c.num_val_characters} (paper preset 0); num_filters {c.num_filters} (paper preset 64)"
+    f"{c.num_val_characters} (paper preset 0); num_filters {c.num_filters} (paper preset 64); "
+    f"num_inner_steps {spec.num_inner_steps} (paper preset 5); inner_lr {spec.inner_lr} (paper "
+    f"preset 0.01); kl_weight {spec.kl_weight} (paper preset 0.1); num_mc_test "
+    f"{spec.num_mc_test} (paper preset 10); meta_grad_clip_separately False (paper preset True)"
   )
   assert all(cell["measured"] is None for cell in tables["omniglot"])

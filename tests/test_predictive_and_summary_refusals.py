@@ -1,11 +1,10 @@
-"""The distributions API and `vj.summarise`: no silent answers (the fourth sweep, issue 49).
+"""The distributions API and `vj.summarise`: no silent answers.
 
-Each case below was a silent answer or a poor refusal before: a predictive's `log_prob`
-that broadcast targets of another shape, an interval of zero width or NaN, log-stds of
--inf, probabilities softmaxed twice, a summary that mixed two sets of targets, and
-refusals that named `ArrayImpl` or none of the arguments. Each now gives the right number
-or refuses in one line naming the argument. Also from issue 50: the regression summary's
-`ece` is the paper's quantile ECE, and distrax loads without TensorFlow.
+A predictive's `log_prob` takes the evaluator's target shapes, an interval has width and
+heavy tails, log-stds are finite, probabilities are not taken for logits, a summary scores
+the targets its evaluator scored: each gives the right number or refuses in one line naming
+the argument and what it got (never `ArrayImpl`). The regression summary's `ece` is the
+paper's quantile ECE, and distrax loads without TensorFlow.
 """
 
 import math
@@ -86,8 +85,8 @@ def _classifier_predictive(classification):
 
 
 def test_regression_log_prob_refuses_targets_without_their_event_axis(regression):
-  """Before: targets [Q] gave [Q] numbers, each query's mixture scored on all Q targets
-  (NLL 1938 instead of 182 on a trained run)."""
+  """Targets [Q, 1] give the evaluator's NLL; targets [Q] (which would score each query's
+  mixture on all Q targets) are refused naming the shape [10, 1] and the one given."""
   dist, task, per_task = _regression_predictive(regression)
   np.testing.assert_allclose(-dist.log_prob(task.query_y).mean(), per_task.nll[0], rtol=1e-5)
   with pytest.raises(
@@ -98,7 +97,7 @@ def test_regression_log_prob_refuses_targets_without_their_event_axis(regression
 
 
 def test_regression_log_prob_refuses_two_target_columns(regression):
-  """Before: targets [Q, 2] summed the log-densities of both columns under a 1-D event."""
+  """Targets [Q, 2] under a 1-D event are refused naming the shape [10, 1] and the one given."""
   dist, task, _ = _regression_predictive(regression)
   with pytest.raises(InputError, match=r"value must be shaped \[10, 1\]") as raised:
     dist.log_prob(jnp.concatenate([task.query_y, task.query_y], axis=1))
@@ -106,7 +105,7 @@ def test_regression_log_prob_refuses_two_target_columns(regression):
 
 
 def test_regression_log_prob_refuses_integer_targets_and_scalars(regression):
-  """Before: log_prob(1.5) broadcast one target to every query; integer targets were scored."""
+  """A scalar target (one for every query) and integer targets are refused as not float targets."""
   dist, task, _ = _regression_predictive(regression)
   with pytest.raises(InputError, match="value must be an array of float targets") as raised:
     dist.log_prob(1.5)
@@ -116,7 +115,7 @@ def test_regression_log_prob_refuses_integer_targets_and_scalars(regression):
 
 
 def test_classifier_log_prob_refuses_labels_with_a_trailing_axis(classification):
-  """Before: labels [Q, 1] gave a [Q, Q] table of every query's probability of every label."""
+  """Labels [Q] give the evaluator's NLL; labels [Q, 1] are refused naming the shape [6]."""
   dist, task, per_task = _classifier_predictive(classification)
   np.testing.assert_allclose(-dist.log_prob(task.query_y).mean(), per_task.nll[0], rtol=1e-5)
   with pytest.raises(
@@ -135,8 +134,8 @@ def test_classifier_log_prob_refuses_labels_with_a_trailing_axis(classification)
   ],
 )
 def test_classifier_log_prob_takes_integer_labels_only(classification, value, got):
-  """Before: log_prob(1.5) returned probability 1; float labels were truncated to a class;
-  bool labels failed deep in distrax ("iota does not accept dtype bool")."""
+  """A float scalar, float labels and bool labels are refused naming integer class indices in
+  [0, 3) and the dtype and shape given."""
   dist, _, _ = _classifier_predictive(classification)
   with pytest.raises(InputError, match="integer class indices in \\[0, 3\\)") as raised:
     dist.log_prob(value)
@@ -144,7 +143,7 @@ def test_classifier_log_prob_takes_integer_labels_only(classification, value, go
 
 
 def test_classifier_log_prob_refuses_one_hot_labels_and_names_argmax(classification):
-  """Before: one-hot labels [Q, C] failed with "Incompatible shapes for broadcasting"."""
+  """One-hot labels [Q, C] are refused naming jnp.argmax(y, -1) and the shape given."""
   dist, task, _ = _classifier_predictive(classification)
   with pytest.raises(InputError, match=r"jnp.argmax\(y, -1\)") as raised:
     dist.log_prob(jax.nn.one_hot(task.query_y, 3))
@@ -153,7 +152,8 @@ def test_classifier_log_prob_refuses_one_hot_labels_and_names_argmax(classificat
 
 @pytest.mark.parametrize("label", [3, -1])
 def test_classifier_log_prob_refuses_labels_outside_the_classes(classification, label):
-  """Before: a label 3 of 3 classes (or -1) gave a log-probability without a word."""
+  """A label 3 of 3 classes (or -1) is refused by log_prob and prob, naming the range [0, 3)
+  and the label."""
   dist, task, _ = _classifier_predictive(classification)
   labels = task.query_y.at[2].set(label)
   with pytest.raises(InputError, match=r"class indices in \[0, 3\) for 3 outputs") as raised:
@@ -199,7 +199,8 @@ def test_a_predictive_made_under_vmap_and_jit_scores_each_tasks_targets(regressi
 
 @pytest.mark.parametrize("num_bisections", [0, -1, 2.5, True])
 def test_predictive_interval_refuses_fewer_than_one_bisection(regression, num_bisections):
-  """Before: num_bisections 0 or -1 gave a zero-width interval: lower == upper."""
+  """num_bisections 0, -1, 2.5 and True are refused as not an integer >= 1; one bisection
+  gives an interval of positive width."""
   dist, _, _ = _regression_predictive(regression)
   with pytest.raises(
     InputError, match="predictive_interval: num_bisections must be an integer >= 1"
@@ -218,9 +219,9 @@ def _student_t_likelihood(df):
 
 @pytest.mark.parametrize("df", [1.5, 1.0, 2.0])
 def test_a_student_t_predictive_of_infinite_variance_has_its_true_interval(df):
-  """Before: with df <= 2 the bracket came from an infinite standard deviation and the
-  interval was NaN. One draw: the mixture is the Student-t itself, whose quantiles TFP
-  computes in closed form (df 1.5: +-1.1116 at level 0.9)."""
+  """With df <= 2 (infinite variance) the interval is the Student-t's own. One draw: the
+  mixture is the Student-t itself, whose quantiles TFP computes in closed form (df 1.5:
+  +-1.1116 at level 0.9)."""
   from tensorflow_probability.substrates import jax as tfp
 
   outputs = jnp.array([[[0.0], [2.0], [-1.0]]])  # [1 draw, 3 queries, 1]
@@ -252,7 +253,7 @@ def test_a_mixture_of_cauchy_draws_has_ends_where_its_cdf_is_the_level():
 
 @pytest.mark.parametrize("scale", [0.0, -0.5, math.nan, math.inf])
 def test_gaussian_from_distrax_refuses_a_scale_whose_log_is_not_finite(scale):
-  """Before: a scale of 0 gave log-stds of -inf, a negative one NaN, then NaN posteriors."""
+  """A scale of 0, -0.5, NaN or inf (log-std -inf or NaN) is refused naming the leaf."""
   tree = {"w": distrax.Normal(jnp.zeros(3), jnp.array([1.0, scale, 1.0]))}
   with pytest.raises(
     InputError, match=r"gaussian_from_distrax: tree\['w'\].scale must be finite and > 0"
@@ -262,7 +263,7 @@ def test_gaussian_from_distrax_refuses_a_scale_whose_log_is_not_finite(scale):
 
 
 def test_gaussian_from_distrax_refuses_a_nan_mean():
-  """The same family: a NaN loc became a NaN mean without a word."""
+  """A NaN loc is refused naming the leaf's loc and the count of non-finite values."""
   tree = {"w": distrax.Normal(jnp.array([0.0, jnp.nan]), jnp.ones(2))}
   with pytest.raises(
     InputError, match=r"tree\['w'\].loc must be finite, got 1 NaN or inf"
@@ -272,8 +273,8 @@ def test_gaussian_from_distrax_refuses_a_nan_mean():
 
 
 def test_gaussian_from_distrax_keeps_float64_under_x64():
-  """Before: under JAX_ENABLE_X64, to_distrax -> gaussian_from_distrax turned float64 into
-  float32, though the docs call them inverses."""
+  """Under JAX_ENABLE_X64, to_distrax -> gaussian_from_distrax keeps float64 and round-trips
+  the log-stds to 1e-14: the two are inverses, as the docs say."""
   code = (
     "import jax.numpy as jnp, numpy as np, vampire_jax as vj\n"
     "g = vj.Gaussian({'w': jnp.full(3, 0.1, jnp.float64)}, {'w': jnp.full(3, -1.1, jnp.float64)})\n"
@@ -294,8 +295,8 @@ def test_gaussian_from_distrax_keeps_float64_under_x64():
 
 
 def test_summarise_refuses_other_labels_than_the_evaluators(classification):
-  """Before: other labels gave accuracy and NLL from one set, ECE and AURC from the other
-  (accuracy 0.29 next to an AURC of 0.90)."""
+  """Labels other than those the evaluator scored (which would mix the accuracy and NLL of
+  one set with the ECE and AURC of another) are refused naming per_task['accuracy']."""
   _, _, tasks, _, per_task = classification
   summary = vj.summarise("classification", per_task, tasks.query_y)
   assert summary.metrics["accuracy"] == pytest.approx(float(np.mean(per_task.accuracy)))
@@ -315,7 +316,7 @@ def test_summarise_refuses_the_same_labels_of_other_tasks(classification):
 
 
 def test_summarise_refuses_other_regression_targets(regression):
-  """Before: the MSE and NLL were the evaluator's, the PIT calibration of other targets."""
+  """Regression targets other than the evaluator's are refused naming per_task['mse']."""
   _, _, tasks, _, _, per_task = regression
   with pytest.raises(
     InputError, match=r"targets must be those the evaluator scored .* per_task\['mse'\]"
@@ -325,8 +326,7 @@ def test_summarise_refuses_other_regression_targets(regression):
 
 
 def test_summarise_refuses_another_noise_std_than_the_evaluators(regression):
-  """Before: noise_std 0.5 for an evaluator of 0.3 gave its NLL beside a PIT and a variance
-  split of 0.5."""
+  """noise_std 0.5 for an evaluator of 0.3 is refused: it must be the evaluator's."""
   _, _, tasks, _, _, per_task = regression
   with pytest.raises(InputError, match="summarise: noise_std must be the evaluator's") as raised:
     vj.summarise("regression", per_task, tasks.query_y, noise_std=0.5)
@@ -337,7 +337,7 @@ def test_summarise_refuses_another_noise_std_than_the_evaluators(regression):
 
 
 def test_predictive_distribution_refuses_probabilities_for_logits():
-  """Before: probabilities were softmaxed again: [0.9, 0.1] became [0.69, 0.31]."""
+  """Probabilities given as logits are refused naming jnp.log(p); their log gives them back."""
   probabilities = jnp.array([[[0.9, 0.1], [0.25, 0.75]]])  # [1 draw, 2 queries, 2 classes]
   with pytest.raises(InputError, match=r"outputs must be logits .* jnp.log\(p\)") as raised:
     vj.predictive_distribution(probabilities, vj.categorical_nll)
@@ -347,7 +347,7 @@ def test_predictive_distribution_refuses_probabilities_for_logits():
 
 
 def test_predictive_distribution_refuses_a_classifiers_outputs_without_a_class_axis():
-  """Before: [draws, Q] logits were read as one distribution over Q 'classes'."""
+  """[draws, Q] outputs are refused naming the [num_draws, num_query, classes] shape."""
   with pytest.raises(InputError, match=r"outputs must be \[num_draws, num_query, classes\] logits"):
     vj.predictive_distribution(jnp.zeros((4, 6)), vj.categorical_nll)
 
@@ -359,8 +359,8 @@ def test_predictive_distribution_refuses_a_classifiers_outputs_without_a_class_a
   "level, got", [("0.9", "a str '0.9'"), (None, "None"), (True, "bool"), (1.0, "1.0"), (0.0, "0.0")]
 )
 def test_predictive_interval_refuses_a_level_that_is_not_a_number_in_0_1(regression, level, got):
-  """Before: "'<' not supported between instances of 'float' and 'str'" (or 'NoneType'), and
-  True was read as 1.0; 0.0 and 1.0 were refused already, by the same line."""
+  """A level '0.9', None, True, 1.0 or 0.0 is refused in one line saying it must be a number
+  in (0, 1) and naming what was given."""
   dist, _, _ = _regression_predictive(regression)
   with pytest.raises(
     InputError, match=r"vj.predictive_interval: level must be a number in \(0, 1\)"
@@ -370,8 +370,8 @@ def test_predictive_interval_refuses_a_level_that_is_not_a_number_in_0_1(regress
 
 
 def test_jit_of_predictive_interval_says_the_level_must_be_static(regression):
-  """Before: a TracerBoolConversionError of many lines under jit; now the fix is named, and
-  the static form gives the eager numbers."""
+  """Under jit a traced level is refused in one line naming static_argnames="level"; the
+  static form gives the eager numbers."""
   dist, _, _ = _regression_predictive(regression)
   with pytest.raises(InputError, match='static_argnames="level"') as raised:
     jax.jit(vj.predictive_interval)(dist, 0.9)
@@ -382,8 +382,8 @@ def test_jit_of_predictive_interval_says_the_level_must_be_static(regression):
 
 
 def test_a_classifiers_predictive_says_it_has_no_mean_or_variance(classification):
-  """Before: "Distribution `Categorical` does not implement `mean`", while the README listed
-  mean among its methods; now it names what to use, and the README lists probs and mode."""
+  """mean, variance and stddev of a classifier's predictive say in one line that class labels
+  have none; mode is the argmax of probs."""
   dist, _, _ = _classifier_predictive(classification)
   for method in (dist.mean, dist.variance, dist.stddev):
     with pytest.raises(
@@ -396,8 +396,8 @@ def test_a_classifiers_predictive_says_it_has_no_mean_or_variance(classification
 
 @pytest.mark.parametrize("likelihood", ["class", "instance", "family"])
 def test_a_distrax_categorical_is_refused_as_a_likelihood(likelihood):
-  """Before: distrax.Categorical as nll "names no distribution"; in vj.distribution_nll it
-  failed deep in distrax ("mixture_distribution.batch_shape ((6,)) is not compatible")."""
+  """distrax.Categorical as nll (the class, an instance, or in vj.distribution_nll) is
+  refused in one line naming vj.categorical_nll."""
   nll = {
     "class": distrax.Categorical,
     "instance": distrax.Categorical(logits=jnp.zeros(3)),
@@ -421,8 +421,8 @@ def test_a_distrax_categorical_is_refused_as_a_likelihood(likelihood):
   ],
 )
 def test_refusals_name_what_they_got_not_arrayimpl(classification, call, names):
-  """Before: "got ['ArrayImpl']", "expected a vampire_jax.Gaussian, got ArrayImpl", "got
-  int32[]" for a distribution, "setting an array element with a sequence"."""
+  """Each refusal names the argument and what it got as a dtype and shape (float32[2]) or as
+  a distribution, never `ArrayImpl`."""
   dist, _, _ = _classifier_predictive(classification)
   with pytest.raises(InputError, match=names) as raised:
     call(dist, jnp.zeros(2))
@@ -434,8 +434,8 @@ def test_refusals_name_what_they_got_not_arrayimpl(classification, call, names):
 
 
 def test_summarise_accepts_regression_targets_without_their_last_axis(regression):
-  """Before: targets [tasks, queries], a documented form, were refused with "got shapes
-  (5, 4, 10) and (5,)"."""
+  """Regression targets [tasks, queries], a documented form, give the same summary as
+  [tasks, queries, 1]."""
   _, _, tasks, _, _, per_task = regression
   with_axis = vj.summarise("regression", per_task, tasks.query_y, noise_std=NOISE)
   without = vj.summarise("regression", per_task, tasks.query_y[..., 0], noise_std=NOISE)
@@ -445,7 +445,7 @@ def test_summarise_accepts_regression_targets_without_their_last_axis(regression
 
 @pytest.mark.parametrize("kind", ["classification", "regression"])
 def test_summarise_refuses_the_other_kinds_results(regression, classification, kind):
-  """Before: KeyError: 'accuracy' (or 'mse')."""
+  """The other kind's results are refused in one line naming vj.summarise('<other kind>')."""
   per_task, targets = (
     (regression[5], regression[2].query_y)
     if kind == "classification"
@@ -458,7 +458,7 @@ def test_summarise_refuses_the_other_kinds_results(regression, classification, k
 
 
 def test_summarise_names_a_missing_field(classification):
-  """Before: KeyError: 'probabilities'."""
+  """A dict without 'probabilities' is refused naming vj.ClassificationEval's fields."""
   _, _, tasks, _, per_task = classification
   fields = {"accuracy": per_task.accuracy, "nll": per_task.nll}
   with pytest.raises(
@@ -471,7 +471,7 @@ def test_summarise_names_a_missing_field(classification):
 
 @pytest.mark.parametrize("kind", ["classification", "regression"])
 def test_summarise_refuses_zero_tasks(regression, classification, kind):
-  """Before: "values must not be empty"."""
+  """Results of zero tasks are refused naming per_task and the one task it needs at least."""
   per_task, targets = (
     (classification[4], classification[2].query_y)
     if kind == "classification"
@@ -485,7 +485,7 @@ def test_summarise_refuses_zero_tasks(regression, classification, kind):
 
 
 def test_summarise_refuses_a_list_of_floats(classification):
-  """Before: "cannot convert dictionary update sequence element #0 to a sequence"."""
+  """A list of floats as per_task is refused as not an evaluator's result, naming the list."""
   _, _, tasks, _, _ = classification
   with pytest.raises(
     InputError, match=r"per_task must be an evaluator's result .* got a list"
@@ -495,7 +495,7 @@ def test_summarise_refuses_a_list_of_floats(classification):
 
 
 def test_summarise_names_nan_probabilities_as_nan(classification):
-  """Before: "probabilities must lie in [0, 1] (pass softmax outputs, not logits)"."""
+  """NaN probabilities are named as NaN with the tasks that hold them, not as logits."""
   _, _, tasks, _, per_task = classification
   broken = per_task._replace(probabilities=per_task.probabilities.at[2, 0, 0].set(jnp.nan))
   with pytest.raises(
@@ -507,7 +507,7 @@ def test_summarise_names_nan_probabilities_as_nan(classification):
 
 
 def test_summarise_names_nan_regression_predictions(regression):
-  """The same family: a diverged task's NaN predictions gave a NaN MSE without a word."""
+  """A diverged task's NaN predictions are refused naming per_task['predictions'] and the task."""
   _, _, tasks, _, _, per_task = regression
   broken = per_task._replace(predictions=per_task.predictions.at[3, 0, 0, 0].set(jnp.nan))
   with pytest.raises(InputError, match=r"per_task\['predictions'\] must be finite, .*tasks \[3\]"):
@@ -523,8 +523,8 @@ def test_summarise_names_nan_regression_predictions(regression):
   ],
 )
 def test_summarise_takes_integer_labels_only(classification, labels, got):
-  """Before: one-hot labels: "labels must have shape (4, 6) to match ..."; float labels were
-  read as classes without a word."""
+  """One-hot, float and bool labels are refused naming [4, 6] integer class indices and the
+  dtype and shape given."""
   _, _, tasks, _, per_task = classification
   with pytest.raises(InputError, match=r"targets must be \[4, 6\] integer class indices") as raised:
     vj.summarise("classification", per_task, labels(tasks.query_y))
@@ -533,8 +533,7 @@ def test_summarise_takes_integer_labels_only(classification, labels, got):
 
 @pytest.mark.parametrize("kind, error", [("regresion", "'regresion'"), (None, "None")])
 def test_summarise_names_an_unknown_kind(classification, kind, error):
-  """Before: a ConfigError without the function's name ("problem kind 'regresion' is
-  unknown")."""
+  """An unknown kind is refused naming summarise, the kinds it takes and the one given."""
   _, _, tasks, _, per_task = classification
   with pytest.raises(
     InputError, match=f"summarise: kind must be one of 'classification', 'regression', got {error}"
@@ -546,9 +545,9 @@ def test_summarise_names_an_unknown_kind(classification, kind, error):
 
 
 def test_the_regression_summarys_ece_is_the_papers_quantile_ece(regression):
-  """Before: `vj.summarise("regression", ...)` gave `pit_ece` only; the README's ECE (0.092)
-  is the paper's quantile ECE. Given the noiseless truth, the summary's `ece`/`mce` are
-  `vj.paper_quantile_calibration`'s, as results.json has them."""
+  """Given the noiseless truth, `vj.summarise("regression", ...)`'s `ece`/`mce` are
+  `vj.paper_quantile_calibration`'s (the README's ECE, 0.092, is the paper's quantile ECE),
+  as results.json has them; truth of another shape is refused."""
   _, _, tasks, task_keys, _, per_task = regression
   truth = sine_line.query_truth_from_keys(task_keys)
   summary = vj.summarise("regression", per_task, tasks.query_y, noise_std=NOISE, truth=truth)
@@ -563,8 +562,8 @@ def test_the_regression_summarys_ece_is_the_papers_quantile_ece(regression):
 
 @pytest.mark.parametrize("noise_std, got", [(None, "None"), ("0.3", "a str '0.3'"), (0.0, "0.0")])
 def test_summarise_without_noise_std_says_which_function_and_argument(regression, noise_std, got):
-  """Before: `ValueError: regression summaries need the likelihood's noise_std`, without the
-  usual "function: argument" start."""
+  """A missing, string or zero noise_std is refused in one line that starts "summarise:
+  noise_std" and ends with the value given."""
   _, _, tasks, _, _, per_task = regression
   with pytest.raises(
     InputError, match="^summarise: noise_std must be the likelihood's noise"
@@ -574,9 +573,9 @@ def test_summarise_without_noise_std_says_which_function_and_argument(regression
 
 
 def test_distrax_loads_without_importing_tensorflow():
-  """Before: the first `vj.predictive` imported TensorFlow (where installed) through TFP's
-  JAX substrate, which tries it to copy docstrings: its start-up log lines printed, and
-  distrax took 26-32 s to import instead of 10 s on a loaded 2-core CPU. After the call,
+  """The first `vj.predictive` loads distrax without importing TensorFlow (which TFP's JAX
+  substrate tries where it is installed, to copy docstrings, at 16-22 s on a loaded 2-core
+  CPU): its log-probability is right, no TensorFlow module or start-up line appears, and
   TensorFlow stays importable as usual."""
   code = (
     "import sys, jax, vampire_jax as vj\n"

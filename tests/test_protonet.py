@@ -4,7 +4,7 @@
 `tests/test_vampire2_protonet_runs.py` runs it through the experiments end to end.
 """
 
-import dataclasses
+import argparse
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from vampire_jax._src.runs import algorithms, protonet_settings
+from experiments import cli
+from vampire_jax.runs import algorithms
 
 
 def _embedding(num_features=6):
@@ -90,17 +91,18 @@ def test_the_learner_is_deterministic_and_the_query_loss_is_the_mean_cross_entro
 
 
 def test_check_inner_loop_checks_a_protonet_task_as_any_other():
-  """ProtoNet has no loop to check, but its arguments are checked as the others' are
-  (a task given as a tuple was an AttributeError)."""
+  """ProtoNet has no loop to check, but its arguments are checked as the others' are: a
+  task given as a tuple is refused naming vj.Task(*task)."""
   model, params = _embedding()
   learner = vj.baselines.protonet(vj.pure_apply(model), num_classes=3)
   task = _episode(jax.random.key(1))
   with pytest.raises(vj.InputError) as error:
     vj.check_inner_loop(learner, params, tuple(task), jax.random.key(4))
-  assert str(error.value) == (
-    "check_inner_loop: task must be one vj.Task(support_x, support_y, query_x, query_y), "
-    "got tuple (wrap it: vj.Task(*task))"
-  )
+  message = str(error.value)
+  assert len(message.splitlines()) == 1, message
+  assert message.startswith("check_inner_loop: task ")  # the function and the argument
+  assert "must be one vj.Task(support_x, support_y, query_x, query_y)" in message
+  assert "got tuple" in message and "wrap it: vj.Task(*task)" in message  # the value, the fix
 
 
 def test_training_episodes_of_more_ways_build_that_many_prototypes():
@@ -184,38 +186,48 @@ def test_networks_without_a_head_are_embeddings():
   assert len(mlp_params) == 2 and vj.pure_apply(mlp)(mlp_params, jnp.ones((3, 5))).shape == (3, 8)
 
 
-def test_the_registry_builds_protonet_and_refuses_what_it_ignores():
+def test_the_registry_builds_protonet_and_refuses_what_it_does_not_take():
+  """The preset's ProtoNet is its spec with the factory's defaults: no inner loop, no KL, no
+  draws, so no field for them; another algorithm's option is refused naming the specs that
+  take it, and the command line says it is not applied."""
   from experiments import presets
 
   config = presets.get_config("omniglot", "quick", "protonet")
-  assert (config.kl_weight, config.num_inner_steps, config.num_mc_test) == (0.0, 0, 1)
+  assert config.algorithm == vj.specs.Protonet()
+  assert not {"kl_weight", "num_inner_steps", "num_mc_test"} & set(config.flat())
+  assert config.algorithm.test_draws is None
   assert algorithms.network_outputs(config) is None
-  assert algorithms.network_outputs(dataclasses.replace(config, algorithm="maml")) == 5
+  assert algorithms.network_outputs(config.replace(algorithm="maml")) == 5
   algorithms.check_config(config)
-  for field, value in (
-    ("inner_lr", 0.5),
-    ("num_inner_steps", 5),
-    ("kl_weight", 0.1),
-    ("num_mc_test", 10),
-    ("first_order", True),
-    ("outer_kl_weight", 0.1),
+  for field, value, owner in (
+    ("inner_lr", 0.5, "Maml"),
+    ("num_inner_steps", 5, "Maml"),
+    ("kl_weight", 0.1, "Vampire"),
+    ("num_mc_test", 10, "Vampire"),
+    ("first_order", True, "Maml"),
+    ("outer_kl_weight", 0.1, "Vampire2"),
   ):
+    with pytest.raises(vj.ConfigError) as raised:
+      config.replace(**{field: value})
+    message = str(raised.value)
+    assert f"{field} is not a setting of protonet" in message and owner in message, message
+    assert len(message.splitlines()) == 1
+    notes = []
+    kept = cli.apply_overrides(config, argparse.Namespace(**{field: value}), print_fn=notes.append)
+    assert kept == config
     flag = field.replace("_", "-")
-    with pytest.raises(vj.ConfigError, match=rf"--algorithm protonet ignores --{flag} ") as raised:
-      algorithms.check_config(dataclasses.replace(config, **{field: value}))
-    assert len(str(raised.value).splitlines()) == 1
+    assert len(notes) == 1 and notes[0].startswith(f"note: --algorithm protonet ignores --{flag} ")
+    assert notes[0].endswith("not applied")
   # Its own options: refused by every other algorithm.
-  for field, value in (("train_ways", 20), ("protonet_distance", "euclidean")):
-    algorithms.check_config(dataclasses.replace(config, **{field: value}))
-    flag = field.replace("_", "-")
-    with pytest.raises(vj.ConfigError, match=rf"--algorithm vampire ignores --{flag}"):
-      algorithms.check_config(dataclasses.replace(config, algorithm="vampire", **{field: value}))
-  learner = algorithms.learner_from_config(
-    dataclasses.replace(config, train_ways=20),
-    vj.pure_apply(vj.Conv4(num_classes=None, num_filters=4)),
-    vj.categorical_nll,
-    num_mc_train=1,
-    num_mc_query=1,
+  for field, value in (("train_num_classes", 20), ("distance", "euclidean")):
+    algorithms.check_config(config.replace(**{field: value}))
+    with pytest.raises(vj.ConfigError, match=rf"{field} is not a setting of vampire .*Protonet"):
+      config.replace(algorithm="vampire", **{field: value})
+  learner = algorithms.make_learner(
+    vj.Conv4(num_classes=None, num_filters=4),
+    "classification",
+    None,
+    config.replace(train_num_classes=20),
   )
   assert learner.meta_loss is not None  # 20-way training episodes
 
@@ -223,20 +235,21 @@ def test_the_registry_builds_protonet_and_refuses_what_it_ignores():
 @pytest.mark.parametrize(
   "changes, says",
   [
-    (dict(train_ways=1), r"--train-ways must be an integer >= 2, got 1"),
-    (dict(train_ways=1000), r"--train-ways 1000: a 1000-way training episode needs 1000 .* 813"),
+    (dict(train_num_classes=1), r"train_num_classes must be an integer >= 2, got 1"),
+    (
+      dict(train_num_classes=1000),
+      r"train_num_classes 1000: a 1000-way training episode needs 1000 .* 813",
+    ),
   ],
 )
-def test_train_ways_is_checked_against_the_data(changes, says):
+def test_train_num_classes_is_checked_against_the_data(changes, says):
   from experiments import presets
 
-  config = dataclasses.replace(presets.get_config("omniglot", "quick", "protonet"), **changes)
+  config = presets.get_config("omniglot", "quick", "protonet").replace(**changes)
   with pytest.raises(vj.ConfigError, match=says) as raised:
     algorithms.check_config(config)
-  assert len(str(raised.value).splitlines()) == 1
-  mini = dataclasses.replace(
-    presets.get_config("mini_imagenet", "quick", "protonet"), train_ways=65
-  )
+  assert len(str(raised.value).splitlines()) == 1 and "--" not in str(raised.value)
+  mini = presets.get_config("mini_imagenet", "quick", "protonet").replace(train_num_classes=65)
   with pytest.raises(vj.ConfigError, match=r"mini-ImageNet's train part has only 64"):
     algorithms.check_config(mini)
 
@@ -245,9 +258,10 @@ def test_protonet_classifies_only():
   from experiments import presets
 
   config = presets.get_config("regression", "quick", "protonet")
-  with pytest.raises(vj.ConfigError, match=r"--algorithm protonet classifies .* RegressionConfig"):
+  with pytest.raises(vj.ConfigError, match=r"algorithm protonet classifies .* RegressionConfig"):
     algorithms.check_config(config)
-  assert protonet_settings.train_ways(presets.get_config("omniglot", "quick", "protonet")) == 5
+  omniglot = presets.get_config("omniglot", "quick", "protonet")
+  assert omniglot.algorithm.training_ways(omniglot.ways) == 5
 
 
 @pytest.mark.parametrize("name", ["protonet", "class_prototypes"])

@@ -21,7 +21,7 @@ import vampire_jax as vj
 from vampire_jax._src.metrics import evaluation, predictive_distributions
 from vampire_jax._src.metrics import quantile_map as qm
 from vampire_jax._src.metrics import recalibration as maps
-from vampire_jax._src.runs import recalibration
+from vampire_jax.runs import recalibration
 
 # -- The map -----------------------------------------------------------------------------------
 

@@ -156,7 +156,7 @@ def test_the_trained_model_block_runs_from_a_folder_laid_out_as_the_readme_says(
 
 
 def test_the_readme_describes_run_predicts_defaults_as_the_code_has_them():
-  """Issue 50: it said `transductive=False` where the default is True."""
+  """The README's `transductive=` default for `run.predict` is the signature's."""
   import inspect
 
   text = (REPO / "README.md").read_text()
@@ -166,7 +166,8 @@ def test_the_readme_describes_run_predicts_defaults_as_the_code_has_them():
 
 
 def test_the_readmes_sample_output_says_its_last_digits_depend_on_the_cpu():
-  """Issue 50: the main command's output read as exact; another CPU prints other digits."""
+  """The README says before the main command's sample output that its last digits depend on
+  the CPU."""
   text = (REPO / "README.md").read_text()
   before_sample = text.split("<!-- main-command -->")[1].split("test accuracy")[0]
   assert "last digits depend on the CPU" in " ".join(before_sample.split())

@@ -6,6 +6,7 @@ a recalibrated run's predict, predict_draws, predictive and evaluator against ea
 and against `recalibrated_per_task`; the file it saves; the loop's `test_recalibrated`.
 """
 
+import json
 import math
 import shutil
 
@@ -17,7 +18,7 @@ from conftest import needs_omniglot, untrained_regression_run
 
 import vampire_jax as vj
 from vampire_jax._src.metrics import recalibration as maps
-from vampire_jax._src.runs import recalibration, run_folder
+from vampire_jax.runs import recalibration, run_folder
 
 # -- Fits on predictives of known miscalibration ------------------------------------------------
 
@@ -200,7 +201,9 @@ def test_recalibrate_refuses_what_it_cannot_fit_by_name(regression_run):
 def test_the_loop_recalibrates_on_validation_and_saves_the_map(tiny_omniglot_run, tmp_path):
   workdir, config, results = tiny_omniglot_run
   fitted = results["recalibration"]
-  assert fitted["method"] == "temperature" and fitted["num_tasks"] == config.num_val_tasks
+  assert (
+    fitted["method"] == "temperature" and fitted["num_tasks"] == config.evaluation.num_val_tasks
+  )
   assert fitted["nll_after"] <= fitted["nll_before"]
   raw, recalibrated = results["test"], results["test_recalibrated"]
   assert recalibrated["accuracy"] == raw["accuracy"]  # a temperature keeps every arg max
@@ -212,7 +215,7 @@ def test_the_loop_recalibrates_on_validation_and_saves_the_map(tiny_omniglot_run
   with np.load(copy / run_folder.PER_TASK_FILE) as saved:
     per_task = {k: saved[k] for k in ("accuracy", "nll", "probabilities", "targets")}
   summary = recalibration.recalibrated_summary(
-    "classification", loaded.calibration, per_task, config.num_bins, None
+    "classification", loaded.calibration, per_task, config.evaluation.num_bins, None
   )
   for name in ("nll", "ece", "mce", "accuracy"):
     assert summary.metrics[name] == pytest.approx(recalibrated[name], rel=1e-9), name
@@ -239,3 +242,118 @@ def test_the_loop_recalibrates_on_validation_and_saves_the_map(tiny_omniglot_run
   raw_probabilities = reloaded._with_calibration(None).predict(*args)
   tempered = jax.nn.softmax(jnp.log(raw_probabilities) / reloaded.calibration.value)
   np.testing.assert_allclose(probabilities, tempered, atol=2e-6)
+
+
+# -- Saved where it does no harm (issue 71) -----------------------------------------------------
+
+ZOO_CELL = "regression_cpu_maml"  # the smallest cell (0.4 MB), its map recorded in the manifest
+
+
+def _zoo_of_one_cell(tmp_path, without_map=False):
+  """A copy of `ZOO_CELL` with a manifest holding its entry (the files' sha256), as
+  test_checksummed_runs makes one; `without_map`: neither `recalibration.json` nor its entry
+  (a cell recorded before issue 61). The real zoo/ is only read."""
+  from experiments import zoo
+
+  cell = tmp_path / "zoo" / ZOO_CELL
+  shutil.copytree(zoo.ZOO / ZOO_CELL, cell)
+  entry = zoo.read_manifest(zoo.ZOO)["cells"][ZOO_CELL]
+  if without_map:
+    (cell / recalibration.RECALIBRATION_FILE).unlink()
+    entry["files"].pop(recalibration.RECALIBRATION_FILE)
+  manifest = {"format": 1, "cells": {ZOO_CELL: entry}}
+  (cell.parent / "manifest.json").write_text(json.dumps(manifest))
+  return cell
+
+
+def test_a_map_saved_into_a_zoo_cell_is_refused_and_the_cell_stays_loadable(tmp_path):
+  """`vj.recalibrate(vj.load_run(cell), ...).save()` on a zoo cell, whose manifest records
+  another `recalibration.json`, is refused in one line naming the cause and the routes that
+  work (the zoo's recalibrate command, a copy outside the zoo), and leaves every file of the
+  cell as recorded: the cell still loads, raw and recalibrated, and the zoo checks clean.
+  The map the manifest records may be saved again (the same bytes), and the refused map
+  saved into a copy of the cell outside the zoo loads with it."""
+  from experiments import zoo, zoo_verify
+
+  cell = _zoo_of_one_cell(tmp_path)
+  recorded = zoo.checksums(cell)
+  run = vj.load_run(cell)
+  tasks = vj.draw_tasks(zoo_verify.make_problem(run), "val", jax.random.key(0), 4)
+  recalibrated = vj.recalibrate(run, tasks, jax.random.key(1))
+  for save in (
+    recalibrated.save,
+    lambda: recalibration.write_calibration(cell, recalibrated.calibration, run.record, run.step),
+  ):
+    with pytest.raises(vj.RunFolderError) as refused:
+      save()
+    message = str(refused.value)
+    assert "\n" not in message and "cell of a zoo" in message, message
+    assert str(cell.parent.resolve() / "manifest.json") in message, message
+    assert "python -m experiments.zoo recalibrate, naming the cell" in message, message
+    assert f"({ZOO_CELL};" in message, message
+    assert "copy of the folder outside the zoo" in message, message
+    assert zoo.checksums(cell) == recorded
+  assert zoo.check_cells(cell.parent) == []
+  assert vj.load_run(cell).step == run.step
+  as_recorded = vj.load_run(cell, recalibrated=True)
+  assert as_recorded.save() == cell / recalibration.RECALIBRATION_FILE  # the same bytes
+  assert zoo.checksums(cell) == recorded
+
+  copy = tmp_path / "mine"  # outside a zoo: not checked, the run's own id
+  shutil.copytree(cell, copy)
+  recalibrated.save(copy)
+  assert vj.load_run(copy, recalibrated=True).calibration == recalibrated.calibration
+
+
+def test_a_zoo_cell_without_a_map_names_the_zoo_command_not_a_save(tmp_path):
+  """`load_run(cell, recalibrated=True)` on a zoo cell without `recalibration.json` sends the
+  user to the zoo's recalibrate command (which records the file in the manifest), not to
+  `vj.recalibrate(...).save()`, which the cell refuses; a folder outside a zoo keeps the
+  advice to save one."""
+  cell = _zoo_of_one_cell(tmp_path, without_map=True)
+  with pytest.raises(vj.RunFolderError) as refused:
+    vj.load_run(cell, recalibrated=True)
+  message = str(refused.value)
+  assert "has no recalibration.json" in message and "cell of a zoo" in message, message
+  assert "python -m experiments.zoo recalibrate, naming the cell" in message, message
+  assert f"({ZOO_CELL};" in message, message
+  assert ".save()" not in message, message
+  copy = tmp_path / "mine"
+  shutil.copytree(cell, copy)
+  with pytest.raises(vj.RunFolderError, match=r"has no recalibration.json; make one with vj"):
+    vj.load_run(copy, recalibrated=True)
+
+
+def test_save_refuses_the_folder_of_another_run_and_keeps_its_map(regression_run, tmp_path):
+  """`Run.save(folder)` where `folder` holds another run (another `run_id` in its `run.json`)
+  is refused in one line naming both ids (short) and the fix, and that run's own
+  `recalibration.json` is left as it was (it still loads recalibrated); an empty folder and
+  the run's own folder take the map as before."""
+  raw, _ = regression_run
+  mine_record, theirs_record = (dict(raw.record, run_id=c * 32) for c in "ab")
+  mine = tmp_path / "mine"
+  run_folder.make_folder(mine)
+  run_folder.write_json(mine / run_folder.RUN_RECORD, mine_record)
+  run = vj.Run(mine, mine_record, raw.config, raw.meta_params, raw.learner, step=0)
+  saving = run._with_calibration(maps.Calibration("variance_scale", 2.0, 6, 1.0, 0.5))
+
+  theirs = tmp_path / "theirs"
+  run_folder.make_folder(theirs)
+  run_folder.write_json(theirs / run_folder.RUN_RECORD, theirs_record)
+  their_map = maps.Calibration("variance_scale", 3.0, 6, 1.0, 0.5)
+  recalibration.write_calibration(theirs, their_map, theirs_record, 0)
+  before = (theirs / recalibration.RECALIBRATION_FILE).read_bytes()
+
+  with pytest.raises(vj.RunFolderError) as refused:
+    saving.save(theirs)
+  message = str(refused.value)
+  assert "\n" not in message and "another run" in message, message
+  assert "a" * 8 in message and "b" * 8 in message and "a" * 32 not in message, message
+  assert "an empty folder" in message and "own folder" in message, message
+  assert (theirs / recalibration.RECALIBRATION_FILE).read_bytes() == before
+  assert recalibration.read_calibration(theirs, theirs_record)[0] == their_map
+
+  (tmp_path / "empty").mkdir()
+  for folder in (tmp_path / "empty", mine):
+    assert saving.save(folder) == folder / recalibration.RECALIBRATION_FILE
+    assert recalibration.read_calibration(folder, mine_record)[0] == saving.calibration

@@ -1,6 +1,5 @@
 """The sine/line task family, the regression experiment's summary, and short runs that must learn."""
 
-import dataclasses
 import json
 import math
 
@@ -11,11 +10,11 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from vampire_jax._src.runs import algorithms as algorithms_lib
-from vampire_jax._src.runs import problem as problem_lib
-from experiments import regression
+from vampire_jax.runs import algorithms as algorithms_lib
+from vampire_jax.runs import problem as problem_lib
+from experiments import cli, regression
 from vampire_jax._src.metrics import calibration, summary_inputs
-from vampire_jax._src.runs import kinds
+from vampire_jax.runs import config_records, kinds
 from vampire_jax.data import sine_line
 from vampire_jax._src.core.errors import ConfigError
 
@@ -152,7 +151,9 @@ def test_short_run_of_both_methods_learns_and_writes_results(tmp_path):
   assert maml["mse"] < 7.0 and vampire["mse"] < 10.0
   for method in (maml, vampire):
     assert method["num_tasks"] == 100 and np.isfinite(method["nll"])
-  assert vampire["config"]["num_mc_test"] == 4 and maml["config"]["kl_weight"] == 0.0
+  # Each method's config, as recorded (by part): MAML has no draws nor KL term.
+  assert vampire["config"]["algorithm"]["num_mc_test"] == 4
+  assert not {"num_mc_test", "kl_weight"} & set(config_records.flat(maml["config"]))
   # The paper's calibration curve: a point estimate has one quantile, so one
   # observed value at every level; VAMPIRE's quantiles rise with the level.
   maml_curve = calibration.from_record(maml["calibration"]["quantile_calibration"])
@@ -188,14 +189,14 @@ def test_cli_rejects_unknown_algorithms():
 def test_likelihood_std_is_the_noise_the_learner_trains_and_adapts_with():
   # --likelihood-std 0.7071 (the authors' MSE up to a constant) changes the learner's
   # likelihood only: the same learner as one built for data of that noise.
-  config = dataclasses.replace(regression.get_config("quick", "vampire"), hidden_sizes=(8, 8))
+  config = regression.get_config("quick", "vampire").replace(hidden_sizes=(8, 8))
   model = vj.MLP(tuple(config.hidden_sizes), 1)
-  sizes = dict(num_mc_train=2, num_mc_query=2)
+  config = config.replace(num_mc_train=2, num_mc_query=2)
   as_mse = algorithms_lib.make_learner(
-    model, "regression", 0.3, dataclasses.replace(config, likelihood_std=0.7071), **sizes
+    model, "regression", 0.3, config.replace(likelihood_std=0.7071)
   )
-  noisier = algorithms_lib.make_learner(model, "regression", 0.7071, config, **sizes)
-  default = algorithms_lib.make_learner(model, "regression", 0.3, config, **sizes)
+  noisier = algorithms_lib.make_learner(model, "regression", 0.7071, config)
+  default = algorithms_lib.make_learner(model, "regression", 0.3, config)
   outputs, targets = jnp.array([[0.5], [1.0]]), jnp.array([[1.5], [-1.0]])
   expected = np.mean(
     0.5 * ((outputs - targets) / 0.7071) ** 2 + np.log(0.7071 * np.sqrt(2 * np.pi))
@@ -209,21 +210,26 @@ def test_likelihood_std_is_the_noise_the_learner_trains_and_adapts_with():
   adapted = [learner.adapt(meta, x, y, jax.random.key(2)) for learner in (as_mse, noisier)]
   chex.assert_trees_all_close(adapted[0], adapted[1])
   for bad in (0.0, float("inf"), float("nan")):
-    with pytest.raises(ConfigError, match="--likelihood-std must be > 0"):
-      dataclasses.replace(config, likelihood_std=bad).validate()
-  with pytest.raises(ConfigError, match="--noise-std must be > 0 and finite"):
-    dataclasses.replace(config, noise_std=float("inf")).validate()
+    with pytest.raises(ConfigError, match="likelihood_std must be > 0") as refused:
+      config.replace(likelihood_std=bad).validate()
+    # A command says it in its flags.
+    assert str(cli.as_flags(refused.value)).startswith("--likelihood-std must be > 0")
+  with pytest.raises(ConfigError, match="noise_std must be > 0 and finite") as refused:
+    config.replace(noise_std=float("inf")).validate()
+  assert str(cli.as_flags(refused.value)).startswith("--noise-std must be > 0 and finite")
 
 
 @pytest.mark.parametrize("preset", regression.PRESETS)
 def test_regression_presets_train_abml_with_the_flat_hyper_prior(preset):
   # The paper trained ABML for regression with a uniform hyper-posterior: weight 0.
-  assert regression.get_config(preset, "abml").abml_hyper_prior_weight == 0.0
-  assert regression.get_config(preset, "vampire").abml_hyper_prior_weight > 0.0  # the default
+  assert regression.get_config(preset, "abml").algorithm.hyper_prior_weight == 0.0
+  assert vj.specs.Abml().hyper_prior_weight > 0.0  # the factory's default
+  # VAMPIRE has no hyper-prior: its spec takes no such option.
+  assert "hyper_prior_weight" not in regression.get_config(preset, "vampire").flat()
 
 
 def test_inner_loop_stability_measures_curvature_against_the_supports_spread():
-  """experiments.inner_loop_stability (issue 50), on a linear model: its support loss
+  """experiments.inner_loop_stability, on a linear model: its support loss
   0.5/sigma^2 * mean((w x + b - y)^2) has the Hessian [[m2, m1], [m1, 1]] / sigma^2 in
   (w, b), m_k the support's mean x^k, so lambda is known in closed form and grows with x^2."""
   from types import SimpleNamespace

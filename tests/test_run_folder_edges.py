@@ -1,13 +1,12 @@
-"""Run folders at their edges (issue 49, "No silent answers, fourth sweep"): a partial newest
-checkpoint, a network class that no other process can import, a run resumed under another
-`JAX_ENABLE_X64`, a loaded step that is not the tested one, and a pickled `Run`.
+"""Run folders at their edges: a partial newest checkpoint, a network class that no other
+process can import, a run resumed under another `JAX_ENABLE_X64`, a loaded step that is not
+the tested one, and a pickled `Run`.
 
 Each case is right, or refused in one line that names the argument and the fix. One tiny
 regression run (4 meta-steps, checkpoints at 2 and 4) is trained once and copied per test.
 """
 
 import copy
-import dataclasses
 import importlib.util
 import json
 import os
@@ -27,7 +26,7 @@ import pytest
 import vampire_jax as vj
 from conftest import REPO, tiny_regression_config
 from experiments import regression
-from vampire_jax._src.runs import run_folder
+from vampire_jax.runs import run_folder
 
 QUIET = dict(progress=False, print_fn=lambda message: None)
 SUPPORT_X = np.linspace(-4.0, 4.0, 5, dtype=np.float32)[:, None]
@@ -98,8 +97,8 @@ def _tree(workdir: Path) -> list[str]:
 
 
 def test_an_empty_newest_checkpoint_is_skipped_and_the_newest_complete_one_loads(trained, tmp_path):
-  """Before: orbax took the empty `checkpoints/400/` as the layout of every step, so steps 4
-  and 2 "did not restore" either, and load_run advised another --workdir."""
+  """An empty `checkpoints/400/` is named as incomplete and skipped in one line; step 4, the
+  newest complete checkpoint, loads, and the folder is left as it was."""
   workdir = _copy(trained, tmp_path, best=False)
   (workdir / "checkpoints" / "400").mkdir()
   before = _tree(workdir)
@@ -113,8 +112,8 @@ def test_an_empty_newest_checkpoint_is_skipped_and_the_newest_complete_one_loads
 
 
 def test_a_checkpoint_missing_its_default_folder_is_skipped_for_the_one_before(trained, tmp_path):
-  """Before: `checkpoints/4/` without `default/` (a copy cut short) made step 2 fail too:
-  "no checkpoint restores (tried steps 4, 2)"."""
+  """`checkpoints/4/` without `default/` (a copy cut short) is named as incomplete and skipped:
+  step 2 loads."""
   workdir = _copy(trained, tmp_path, best=False)
   shutil.rmtree(workdir / "checkpoints" / "4" / "default")
   run, said = _load(workdir)
@@ -125,8 +124,8 @@ def test_a_checkpoint_missing_its_default_folder_is_skipped_for_the_one_before(t
 
 
 def test_a_partial_best_is_skipped_and_the_complete_best_loads(trained, tmp_path):
-  """Before: an empty `best/400/` made `best/` "not restore": load_run fell back to the latest
-  checkpoint instead of the intact best."""
+  """An empty `best/400/` is named as incomplete and skipped: the intact best loads, not the
+  latest checkpoint."""
   workdir = _copy(trained, tmp_path)
   best_step = trained[2]["best_validation"]["step"]
   (workdir / "best" / "400").mkdir()
@@ -137,13 +136,12 @@ def test_a_partial_best_is_skipped_and_the_complete_best_loads(trained, tmp_path
 
 
 def test_an_empty_checkpoint_999_does_not_claim_a_run_trained_to_999_on_resume(trained, tmp_path):
-  """Before: resuming with --num-meta-steps 6 was refused: "holds a run trained to step 999"
-  (and had it passed, every checkpoint would have failed to restore). An empty `best/999`
-  is moved aside with it."""
+  """Empty `checkpoints/999` and `best/999` do not count as step 999: resuming with
+  --num-meta-steps 6 goes on from step 4, and both are named and moved to damaged/."""
   workdir = _copy(trained, tmp_path)
   (workdir / "checkpoints" / "999").mkdir()
   (workdir / "best" / "999").mkdir()
-  longer = dataclasses.replace(trained[1], num_meta_steps=6)
+  longer = trained[1].replace(num_meta_steps=6)
   assert run_folder.latest_checkpoint_step(workdir) == 4
   run_folder.check_resumable(workdir, longer)  # no claim of step 999
   lines = []
@@ -160,8 +158,8 @@ def test_an_empty_checkpoint_999_does_not_claim_a_run_trained_to_999_on_resume(t
 
 
 def test_step_folders_not_named_as_orbax_names_steps_are_not_checkpoints(trained, tmp_path):
-  """Before: `checkpoints/0400` counted as step 400 (`int('0400')`), which orbax never lists:
-  the resume check claimed a run trained to step 400."""
+  """`checkpoints/0400`, `400.bak` and a file `500` are not steps (orbax never lists them):
+  the latest step is 4, the run resumes, and load_run gives step 4 with nothing to report."""
   workdir = _copy(trained, tmp_path, best=False)
   shutil.copytree(workdir / "checkpoints" / "4", workdir / "checkpoints" / "0400")
   shutil.copytree(workdir / "checkpoints" / "4", workdir / "checkpoints" / "400.bak")
@@ -178,8 +176,8 @@ def test_step_folders_not_named_as_orbax_names_steps_are_not_checkpoints(trained
 def test_a_model_class_defined_inside_a_function_is_refused_before_any_folder_is_made(
   trained, tmp_path
 ):
-  """Before: it trained without a word, and load_run failed for good with "No module named
-  '__main__.main'" (the class has no import path)."""
+  """A network class defined inside a function (it has no import path to load it by) is
+  refused in one line naming the class and the fix, before the folder is made."""
 
   class LocalNet(vj.MLP):
     pass
@@ -206,9 +204,8 @@ class ActivationNet(nn.Module):
 def test_a_model_field_that_is_not_a_json_value_is_refused_before_any_folder_is_made(
   trained, tmp_path
 ):
-  """Before: the folder and run.json were made and the run trained, then the first checkpoint
-  failed with a traceback ("TypeError: Object of type custom_jvp is not JSON serializable":
-  orbax writes the record it carries as JSON; run.json had the field as its text)."""
+  """A network field that is not a JSON value (relu, a custom_jvp) is refused in one line
+  naming the field, before the folder is made (orbax writes the record as JSON)."""
   workdir = tmp_path / "run"
   with pytest.raises(vj.InputError) as error:
     _train(trained[1], workdir, model=ActivationNet())
@@ -218,7 +215,8 @@ def test_a_model_field_that_is_not_a_json_value_is_refused_before_any_folder_is_
 
 
 def test_a_script_class_is_warned_of_once():
-  """Before: nothing said that a class of `__main__` loads only from a script defining it."""
+  """A class of `__main__` (it loads only from a script defining it) is warned of once,
+  naming `vj.load_run(workdir, model=ScriptNet)`."""
 
   class ScriptNet(vj.MLP):
     pass
@@ -270,10 +268,9 @@ if __name__ == "__main__":
 
 
 def test_a_run_of_a_script_class_loads_in_another_process_given_the_class(tmp_path):
-  """Before: training said nothing, and load_run elsewhere failed with "module '__main__' has
-  no attribute 'Net'": the run was stranded. Now: one warning at training, a one-line refusal
-  naming `model=`, and `load_run(workdir, model=Net)` (or the module) gives the script's
-  predictions bit for bit."""
+  """A run of a script's class: one warning at training, a one-line refusal of load_run
+  elsewhere naming `model=`, and `load_run(workdir, model=Net)` (or the module) gives the
+  script's predictions bit for bit."""
   script = tmp_path / "train_script.py"
   script.write_text(SCRIPT.format(tests=str(REPO / "tests")))
   workdir, expected = tmp_path / "run", tmp_path / "predicted.npy"
@@ -339,8 +336,8 @@ class NarrowMLP(nn.Module):
 
 
 def test_a_network_with_other_parameters_is_refused_leaving_the_folder_intact(trained, tmp_path):
-  """Before: every checkpoint "did not restore", each in its own warning, and the folder was
-  called damaged ("train into another --workdir"), though only the network was another."""
+  """A network of other parameters is refused in one line naming the network, saying the
+  folder is intact (never damaged), and the folder is left as it was."""
   workdir = _copy(trained, tmp_path)
   before = _tree(workdir)
   with pytest.raises(vj.RunFolderError) as error:
@@ -355,18 +352,19 @@ def test_a_network_with_other_parameters_is_refused_leaving_the_folder_intact(tr
 
 
 def test_a_float32_run_resumed_under_x64_is_refused_in_one_line(trained, tmp_path):
-  """Before: it resumed on other random task streams (another test score) and nothing in the
-  run recorded x64."""
+  """run.json records x64; a float32 run resumed with it on (other random task streams,
+  another precision) is refused in one line saying how to resume it."""
   workdir = _copy(trained, tmp_path)
   assert json.loads((workdir / "run.json").read_text())["x64"] is False
-  longer = dataclasses.replace(trained[1], num_meta_steps=6)
+  longer = trained[1].replace(num_meta_steps=6)
   with jax.enable_x64(True), pytest.raises(vj.ConfigError) as error:
     _train(longer, workdir)
-  assert _one_line(error) == (
+  text = _one_line(error)
+  assert text.startswith(
     f"{workdir} holds a run trained with JAX_ENABLE_X64 off, and this process has it on: "
-    "resumed, it would go on with other random task streams and precision. Resume it with "
-    "JAX_ENABLE_X64=0 (or unset), or use another --workdir"
+    "resumed, it would go on with other random task streams and precision. "
   )
+  assert text.endswith("Resume it with JAX_ENABLE_X64=0 (or unset), or use another workdir")
   assert run_folder.latest_checkpoint_step(workdir) == 4  # nothing trained
 
 
@@ -406,9 +404,8 @@ def test_an_edited_x64_in_run_json_is_refused_as_an_edit(trained, tmp_path):
 
 
 def test_a_float32_run_predicts_the_same_numbers_under_x64(trained):
-  """Before: under JAX_ENABLE_X64 the predictions were computed in float64 with other random
-  draws (0.327 where the run gives 0.015). Now a Run computes as it trained: float32, the same
-  numbers bit for bit."""
+  """Under JAX_ENABLE_X64 a float32 Run computes as it trained: float32, the same numbers bit
+  for bit (float64 would take other random draws); a run recorded with x64 gives float64."""
   run = vj.load_run(trained[0])
   expected = _predict(run)
   inputs = [a.astype(np.float64) for a in (SUPPORT_X, SUPPORT_Y, QUERY_X)]
@@ -429,8 +426,8 @@ def test_a_float32_run_predicts_the_same_numbers_under_x64(trained):
 
 
 def test_load_run_says_which_step_it_loads_when_results_tested_another(trained, tmp_path):
-  """Before: with checkpoint 4 deleted, load_run gave step 2's meta-parameters without a word,
-  while results.json said step 4 was tested."""
+  """With checkpoint 4 deleted, load_run gives step 2's meta-parameters and says in one line
+  that results.json's tested step 4 is not the one loaded."""
   workdir = _copy(trained, tmp_path, best=False)
   assert trained[2]["tested_step"] == 4
   intact, said = _load(workdir)
@@ -462,7 +459,7 @@ def test_a_results_json_naming_a_step_that_does_not_exist_is_said(trained, tmp_p
 
 
 def test_a_run_pickles_and_predicts_the_same_without_its_folder(trained, tmp_path):
-  """Before: `pickle.dumps(run)` failed on a local function (the jitted predictor)."""
+  """A Run pickles (and deep-copies) and predicts the same numbers without its folder."""
   workdir = _copy(trained, tmp_path)
   run = vj.load_run(workdir)
   expected = _predict(run)

@@ -1,13 +1,11 @@
-"""A run reads only what it wrote (issue 31, section 2).
+"""A run reads only what it wrote.
 
 Checkpoints and `best/` carry the run's id and step; a foreign or stale one is
 refused (or, for a `best/` ahead of the state training starts from, set aside)
 in one line. Caches look at their source. `paper_table` fills a cell only with
-a run of the paper's settings. Every row was a silent wrong answer or a poor
-error before issue 31.
+a run of the paper's settings.
 """
 
-import dataclasses
 import json
 import shutil
 import subprocess
@@ -21,8 +19,8 @@ from PIL import Image
 import vampire_jax as vj
 from conftest import tiny_regression_config
 from experiments import cli, presets, mini_imagenet, omniglot, paper_table, regression
-from vampire_jax._src.runs import run_folder
-from vampire_jax._src.runs.run_folder import record as run_folder_record
+from vampire_jax.runs import config_records, run_folder
+from vampire_jax.runs.run_folder import record as run_folder_record
 from vampire_jax.data import mini_imagenet as mi
 from vampire_jax.data import mini_imagenet_files
 
@@ -70,10 +68,11 @@ def test_checkpoints_and_best_carry_the_runs_id_and_step(two_runs):
 
 
 def test_checkpoints_deleted_and_fewer_steps_set_the_old_best_aside(two_runs, tmp_path):
-  """Before: the 2-step rerun re-tested the old step-4 best/ (meta_steps 2, best step 4).
+  """A 2-step rerun after the checkpoints are deleted sets the old step-4 best/ aside, naming
+  it, and tests its own best (step 2).
 
   Without results.json, as a run stopped before its first checkpoint leaves it: a finished
-  run without checkpoints is refused instead (issue 59, tests/test_no_silent_restart.py)."""
+  run without checkpoints is refused instead (tests/test_no_silent_restart.py)."""
   workdir = _copy(two_runs[0], tmp_path)
   shutil.rmtree(workdir / "checkpoints")
   (workdir / "results.json").unlink()
@@ -86,7 +85,7 @@ def test_checkpoints_deleted_and_fewer_steps_set_the_old_best_aside(two_runs, tm
 
 
 def test_another_runs_best_is_refused_in_training_and_by_load_run(two_runs, tmp_path):
-  """Before: load_run and the re-test used the copied best/ in silence."""
+  """Another run's best/ copied in is refused by load_run and by training, naming best/4."""
   ours, theirs = two_runs
   workdir = _copy(ours, tmp_path)
   shutil.rmtree(workdir / "best")
@@ -116,7 +115,7 @@ def test_a_renamed_checkpoint_is_refused(two_runs, tmp_path):
 
 
 def test_a_reader_reads_the_best_a_writer_just_replaced(two_runs, tmp_path):
-  """Before: the reader's `best/` step was gone; "does not restore", and the latest was used."""
+  """A reader whose manager still lists best step 4 reads the best a writer just replaced."""
   workdir = _copy(two_runs[0], tmp_path)
   reader = run_folder.RunCheckpoints(workdir, create=False, print_fn=pytest.fail)
   writer = run_folder.RunCheckpoints(workdir, record=json.loads((workdir / "run.json").read_text()))
@@ -144,10 +143,11 @@ def test_load_run_on_a_comparison_names_the_runs_inside(two_runs):
   root = two_runs[0].parent
   with pytest.raises(vj.MissingDataError) as error:
     vj.load_run(root)
-  assert str(error.value) == (
-    f"{root} is not a run folder but holds 2 runs (a comparison): {root / 'ours'}, "
-    f"{root / 'theirs'}; load one of them"
-  )
+  message = str(error.value)
+  assert len(message.splitlines()) == 1, message
+  assert message.startswith(f"{root} is not a run folder")  # the folder and the cause
+  assert "holds 2 runs (a comparison)" in message
+  assert f"{root / 'ours'}, {root / 'theirs'}" in message and "load one of them" in message
 
 
 # -- Caches look at their source ----------------------------------------------------------------
@@ -178,7 +178,7 @@ def _load(folder, cache, **kwargs):
 
 
 def test_the_mini_imagenet_cache_is_rebuilt_when_an_image_changes(tmp_path, capsys):
-  """Before: the cache never looked at the images again; the old arrays came back."""
+  """A changed image makes the cache rebuild, saying so: the new image, not the cached one."""
   folder = _fake_mini_imagenet(tmp_path / "mini")
   first = _load(folder, tmp_path / "cache")
   assert first["train"].images[0, 0].max() > 0
@@ -216,7 +216,7 @@ MINI_ROWS = {  # what is done to the folder after the first load -> what the sec
 
 @pytest.mark.parametrize("row", list(MINI_ROWS))
 def test_a_mini_imagenet_cache_never_stands_in_for_a_changed_folder(row, tmp_path):
-  """Before: the old arrays came back."""
+  """A cache never stands in for a folder whose images/, or itself, is deleted: refused."""
   change, error, message = MINI_ROWS[row]
   folder = _fake_mini_imagenet(tmp_path / "mini")
   _load(folder, tmp_path / "cache")
@@ -226,7 +226,7 @@ def test_a_mini_imagenet_cache_never_stands_in_for_a_changed_folder(row, tmp_pat
 
 
 def test_two_full_mini_imagenet_folders_get_two_caches(tmp_path):
-  """Before: the full set's cache had one name for every folder."""
+  """The cache's name differs between two folders, and between the full and the small set."""
   one, two = tmp_path / "one", tmp_path / "two"
   assert mi._cache_name(one, False) != mi._cache_name(two, False)
   assert mi._cache_name(one, False) != mi._cache_name(one, True)
@@ -265,7 +265,8 @@ def test_mini_imagenet_csvs_are_read_or_refused_naming_file_and_line(row, tmp_pa
 
 
 def test_an_unwritable_mini_imagenet_cache_fails_before_decoding(tmp_path, monkeypatch):
-  """Before: every image was decoded, then the cache write failed."""
+  """A cache folder under a file (or on a read-only mount) is refused before any image is
+  decoded."""
   folder = _fake_mini_imagenet(tmp_path / "mini")
   (tmp_path / "file").write_text("")
   decoded = []
@@ -295,7 +296,7 @@ ENV_ROWS = {  # MINI_IMAGENET_DIR -> the one line
 
 @pytest.mark.parametrize("row", list(ENV_ROWS))
 def test_a_bad_mini_imagenet_dir_is_one_line_and_exit_2(row, tmp_path, monkeypatch, capsys):
-  """Before: a FileNotFoundError traceback and exit 1."""
+  """A missing MINI_IMAGENET_DIR, or a file, is one error line without a traceback, exit 2."""
   make, needle = ENV_ROWS[row]
   (tmp_path / "file.txt").write_text("")
   monkeypatch.setenv("MINI_IMAGENET_DIR", str(make(tmp_path)))
@@ -323,18 +324,29 @@ def _results(folder: Path, config: dict, test: dict) -> Path:
 
 
 def _omniglot(**changes) -> dict:
-  config = dataclasses.asdict(presets.get_config("omniglot", "5way1shot", "vampire"))
+  """The 5-way 1-shot preset's config recorded flat (as runs before the config's parts did;
+  still read), with `changes`."""
+  config = presets.get_config("omniglot", "5way1shot", "vampire").flat()
   return json.loads(json.dumps({**config, **changes}))
+
+
+def _nested_omniglot(**changes) -> dict:
+  """The 5-way 1-shot preset's config as runs record it now (by part), with `changes`."""
+  config = presets.get_config("omniglot", "5way1shot", "vampire").replace(**changes)
+  return json.loads(json.dumps(config_records.to_record(config)))
 
 
 ACCURACY = {"accuracy": 0.95, "accuracy_ci95": 0.004, "num_tasks": 1000, "ece": 0.02, "mce": 0.1}
 
 
 def test_a_run_with_the_papers_schedule_but_other_settings_fills_no_cell(tmp_path, capsys):
-  """Before: Conv4-16, alpha 0.1, beta 0.001 and 4 test draws filled the paper's cell."""
+  """A run on the paper's schedule but with Conv4-16, alpha 0.1, beta 0.001 and 4 test draws
+  fills no cell; the reason names each difference (in `RunConfig.flat()`'s order: the
+  experiment's fields, then the algorithm's); a seed or a speed setting of its own does not."""
   other = _omniglot(num_filters=16, inner_lr=0.1, kl_weight=0.001, num_mc_test=4)
   _results(tmp_path / "runs" / "other", other, ACCURACY)
-  _results(tmp_path / "runs" / "replicate", _omniglot(seed=3, eval_batch_tasks=7), ACCURACY)
+  replicate = _nested_omniglot(seed=3, eval_batch_tasks=7)  # recorded by part, as runs now do
+  _results(tmp_path / "runs" / "replicate", replicate, ACCURACY)
   tables = paper_table.main([str(tmp_path / "runs")])
   capsys.readouterr()
   cell = next(
@@ -348,8 +360,8 @@ def test_a_run_with_the_papers_schedule_but_other_settings_fills_no_cell(tmp_pat
   [apart] = tables["not_paper_protocol"]
   assert apart["run"] == str(tmp_path / "runs" / "other")
   assert apart["reason"] == (
-    "inner_lr 0.1 (paper preset 0.01); kl_weight 0.001 (paper preset 0.1); num_mc_test 4 "
-    "(paper preset 10); num_filters 16 (paper preset 64)"
+    "num_filters 16 (paper preset 64); inner_lr 0.1 (paper preset 0.01); kl_weight 0.001 "
+    "(paper preset 0.1); num_mc_test 4 (paper preset 10)"
   )
 
 
@@ -361,7 +373,7 @@ def test_the_protocol_is_the_presets_current_config(tmp_path, monkeypatch, capsy
   monkeypatch.setattr(
     presets,
     "get_config",
-    lambda *a: dataclasses.replace(get_config(*a), meta_grad_clip_norm=1.0),
+    lambda *a: get_config(*a).replace(meta_grad_clip_norm=1.0),
   )
   [apart] = paper_table.main([str(tmp_path / "runs")])["not_paper_protocol"]
   assert apart["reason"] == "meta_grad_clip_norm 10.0 (paper preset 1.0)"
@@ -378,13 +390,19 @@ RESULTS_ROWS = {  # results.json -> the warning's end
     {"config": {k: v for k, v in _omniglot().items() if k != "ways"}, "test": ACCURACY},
     'config["ways"] is missing or not an integer',
   ),
+  "ways missing, recorded nested": (
+    {"config": {k: v for k, v in _nested_omniglot().items() if k != "ways"}, "test": ACCURACY},
+    'config["ways"] is missing or not an integer',
+  ),
   "a list": ([1, 2], "not a JSON object"),
 }
 
 
 @pytest.mark.parametrize("row", list(RESULTS_ROWS))
 def test_a_results_json_paper_table_cannot_read_is_skipped_with_a_line(row, tmp_path, capsys):
-  """Before: "0 runs" in silence, or a traceback."""
+  """A results.json paper_table cannot read is skipped with a warning naming the file and
+  what is wrong with it, and the summary counts it (not "0 runs" in silence, nor a
+  traceback)."""
   record, why = RESULTS_ROWS[row]
   folder = tmp_path / "runs" / "run"
   folder.mkdir(parents=True)
@@ -396,7 +414,7 @@ def test_a_results_json_paper_table_cannot_read_is_skipped_with_a_line(row, tmp_
 
 
 def test_the_omniglot_cli_names_a_file_given_as_its_folder(tmp_path, capsys):
-  """Before: "the folder does not exist"."""
+  """A file given as the Omniglot folder is named as a file, not a folder."""
   (tmp_path / "omniglot").write_text("")
   argv = ["--preset", "quick", "--workdir", str(tmp_path / "run"), "--no-compilation-cache"]
   argv += ["--data-dir", str(tmp_path / "omniglot"), "--cache-dir", str(tmp_path / "cache")]

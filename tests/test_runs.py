@@ -20,7 +20,7 @@ from conftest import OMNIGLOT_DIR, needs_omniglot
 from experiments import omniglot
 from experiments.presets import OmniglotConfig
 from vampire_jax._src.metrics import evaluation
-from vampire_jax._src.runs import programs
+from vampire_jax.runs import programs
 
 
 @needs_omniglot
@@ -35,7 +35,7 @@ def test_load_run_and_predict_in_a_fresh_process_without_tensorflow(tiny_omniglo
       probs = run.predict(x[:5], np.arange(5), x, jax.random.key(0))
       print(json.dumps({{"shape": list(probs.shape), "sums": np.asarray(probs.sum(1)).tolist(),
                         "config": type(run.config).__name__, "ways": run.config.ways,
-                        "log_std_init": str(type(run.config.log_std_init)),
+                        "log_std_init": str(type(run.config.algorithm.log_std_init)),
                         "tensorflow": "tensorflow" in sys.modules}}))
   """)
   out = subprocess.run(

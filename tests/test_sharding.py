@@ -6,7 +6,6 @@ of the suite keeps one device. The subprocess runs this file with `--child`
 and prints its measurements as JSON; the tests compare them.
 """
 
-import dataclasses
 import functools
 import json
 import os
@@ -25,7 +24,7 @@ import pytest
 import vampire_jax as vj
 from vampire_jax._src.core import sharding
 from vampire_jax._src.metrics.evaluation import evaluate_split
-from vampire_jax._src.runs import programs
+from vampire_jax.runs import programs
 from vampire_jax.data import sine_line
 
 NUM_FAKE_DEVICES = 8
@@ -203,7 +202,7 @@ def _sharded_measurements() -> dict:
 def _regression_problem(hidden=(16,)):
   from experiments import regression
 
-  config = dataclasses.replace(regression.get_config("quick"), hidden_sizes=hidden)
+  config = regression.get_config("quick").replace(hidden_sizes=hidden)
   return regression.make_problem(config)
 
 
@@ -213,12 +212,11 @@ def _runner_measurements(workdir: Path) -> dict:
 
   out = {
     "eval_batch_10_on_8_devices": programs.eval_batch_size(
-      vj.RunConfig(eval_batch_tasks=10), vj.task_mesh()
+      vj.RunConfig().replace(eval_batch_tasks=10), vj.task_mesh()
     )
   }
   for shard in ("auto", "off"):
-    config = dataclasses.replace(
-      regression.get_config("quick", "vampire"),
+    config = regression.get_config("quick", "vampire").replace(
       hidden_sizes=(16, 16, 16),
       tasks_per_step=8,
       num_meta_steps=4,
@@ -390,26 +388,32 @@ def _float32_meta_gradient(algorithm: str):
 def test_mesh_choice_and_flags():
   from experiments import cli
   from vampire_jax._src.core import backend_defaults
-  from vampire_jax._src.runs import programs
+  from vampire_jax.runs import programs
   import argparse
 
   parser = argparse.ArgumentParser()
   cli.add_config_flags(parser, vj.RunConfig())
   args = parser.parse_args(["--shard-tasks", "off", "--remat", "--compute-dtype", "bfloat16"])
   config = cli.apply_overrides(vj.RunConfig(), args)
-  assert (config.shard_tasks, config.remat, config.compute_dtype) == ("off", True, "bfloat16")
+  assert (config.speed.shard_tasks, config.speed.remat, config.speed.compute_dtype) == (
+    "off",
+    True,
+    "bfloat16",
+  )
   assert backend_defaults.task_mesh_for(config, 32) is None
   # One visible device: 'auto' does not shard, 'on' makes a one-device mesh.
   assert backend_defaults.task_mesh_for(vj.RunConfig(), 32) is None
-  assert backend_defaults.task_mesh_for(vj.RunConfig(shard_tasks="on"), 32).size == 1
-  with pytest.raises(vj.ConfigError, match="shard-tasks"):
-    vj.RunConfig(shard_tasks="yes").validate()
-  with pytest.raises(vj.ConfigError, match="compute-dtype"):
-    vj.RunConfig(compute_dtype="float16").validate()
+  assert backend_defaults.task_mesh_for(vj.RunConfig().replace(shard_tasks="on"), 32).size == 1
+  with pytest.raises(vj.ConfigError, match=r"shard_tasks must be one of auto, on, off, got 'yes'"):
+    vj.RunConfig().replace(shard_tasks="yes").validate()
+  with pytest.raises(
+    vj.ConfigError, match=r"compute_dtype must be one of float32, bfloat16, got 'float16'"
+  ):
+    vj.RunConfig().replace(compute_dtype="float16").validate()
   with pytest.raises(vj.ConfigError, match="host_chunked"):
     programs.build_train_step(
       _regression_problem(),
-      vj.RunConfig(task_batching="host_chunked"),
+      vj.RunConfig().replace(task_batching="host_chunked"),
       None,
       None,
       vj.task_mesh(),

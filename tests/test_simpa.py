@@ -8,9 +8,10 @@ one inner step by hand, the first-order meta-gradient, the skipped task, the two
 and the refusals.
 """
 
-import dataclasses
+import argparse
 import importlib
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,9 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from vampire_jax._src.runs import algorithms
+from experiments import cli
+from vampire_jax.runs import algorithms
+from vampire_jax.runs.experiment_configs import RegressionConfig
 from vampire_jax.baselines import _simpa_networks as networks
 from vampire_jax.data import sine_line
 
@@ -295,14 +298,15 @@ def test_the_optimizer_steps_each_network_with_its_own_adam_and_clip():
 
 
 def test_the_registry_builds_simpa_with_its_settings():
-  config = algorithms.configure(vj.RunConfig(tasks_per_step=4), "simpa")
-  assert (config.first_order, config.kl_weight) == (True, 0.0)  # Simpa.py: first order
-  config = dataclasses.replace(config, simpa_phi_lr=2e-4, meta_lr=3e-3, simpa_kl_samples=8)
+  config = vj.RunConfig(schedule=vj.Schedule(tasks_per_step=4)).replace(algorithm="simpa")
+  assert config.algorithm.first_order is True  # Simpa.py: first order
+  assert "kl_weight" not in config.algorithm.field_names()  # SImPa takes no KL weight
+  config = config.replace(
+    phi_lr=2e-4, meta_lr=3e-3, num_kl_samples=8, num_mc_train=1, num_mc_query=2
+  )
   algorithms.check_config(config)
   model = vj.MLP((4,), 1)
-  learner = algorithms.make_learner(
-    model, "regression", 0.3, config, num_mc_train=1, num_mc_query=2
-  )
+  learner = algorithms.make_learner(model, "regression", 0.3, config)
   params = vj.init_params(model, jax.random.key(0), (1, 1))
   optimizer = algorithms.make_optimizer(config)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
@@ -337,32 +341,79 @@ def test_one_support_target_is_refused_in_one_line():
 
 
 @pytest.mark.parametrize(
-  "algorithm, changes, message",
+  "algorithm, changes, refused, owner",
   [
-    ("simpa", dict(kl_weight=0.5), r"--algorithm simpa ignores --kl-weight 0.5: its KL terms"),
-    ("simpa", dict(kernel_init_gain=1.0), r"ignores --kernel-init-gain 1.0: its weights come"),
-    ("simpa", dict(log_std_init=(-5.0, -4.0)), r"ignores --log-std-init"),
-    ("simpa", dict(second_order_steps=1), r"ignores --second-order-steps 1"),
-    ("vampire", dict(simpa_phi_lr=1e-3), r"ignores --simpa-phi-lr 0.001: it is an option of simpa"),
-    ("maml", dict(simpa_kl_samples=64), r"ignores --simpa-kl-samples 64: it is an option of simpa"),
-    ("simpa", dict(tasks_per_step=1), r"--tasks-per-step 1: SImPa's hyper-prior term divides"),
-    ("simpa", dict(simpa_kl_samples=1), r"--simpa-kl-samples must be an integer >= 2"),
-    ("simpa", dict(simpa_epsilon=0.0), r"--simpa-epsilon must be a finite number > 0"),
+    ("simpa", dict(kl_weight=0.5), "kl_weight is not a setting of simpa (Simpa", "Vampire"),
+    ("simpa", dict(log_std_init=(-5.0, -4.0)), "log_std_init is not a setting of simpa", "Abml"),
+    ("simpa", dict(second_order_steps=1), "second_order_steps is not a setting of simpa", "Maml"),
+    ("vampire", dict(phi_lr=1e-3), "phi_lr is not a setting of vampire (Vampire", "Simpa"),
+    ("maml", dict(num_kl_samples=64), "num_kl_samples is not a setting of maml (Maml", "Simpa"),
   ],
 )
-def test_settings_simpa_does_not_read_or_cannot_take_are_refused_in_one_line(
-  algorithm, changes, message
+def test_options_simpa_does_not_take_or_only_simpa_takes_are_refused_at_construction(
+  algorithm, changes, refused, owner
 ):
-  config = algorithms.configure(vj.RunConfig(), algorithm)
-  config = dataclasses.replace(config, **changes)
+  """An option of another algorithm is no field of the spec: giving it is refused in one
+  line naming the option, the spec and an algorithm that takes it; the command line says
+  it in a note, by its flag, and does not apply it."""
+  config = vj.RunConfig().replace(algorithm=algorithm)
+  with pytest.raises(vj.ConfigError) as raised:
+    config.replace(**changes)
+  message = str(raised.value)
+  assert refused in message and re.search(rf"it is an option of .*\b{owner}\b", message), message
+  assert len(message.splitlines()) == 1
+  (name, value), notes = next(iter(changes.items())), []
+  applied = cli.apply_overrides(config, argparse.Namespace(**changes), print_fn=notes.append)
+  assert applied == config
+  (note,) = notes
+  assert note.startswith(f"note: --algorithm {algorithm} ignores {cli.flag(name)} {value!r} (an ")
+  assert note.endswith("; not applied") and owner.lower() in note
+
+
+@pytest.mark.parametrize(
+  "config, changes, message, flag_message",
+  [
+    (
+      vj.RunConfig(algorithm="simpa"),
+      dict(tasks_per_step=1),
+      r"tasks_per_step 1: SImPa's hyper-prior term divides by 2 \(T - 1\); use 2 or more",
+      "--tasks-per-step 1: SImPa's hyper-prior term divides",
+    ),
+    (
+      vj.RunConfig(algorithm="simpa"),
+      dict(num_kl_samples=1),
+      r"num_kl_samples must be an integer >= 2, got 1",
+      "--simpa-kl-samples must be an integer >= 2",
+    ),
+    (
+      vj.RunConfig(algorithm="simpa"),
+      dict(epsilon=0.0),
+      r"epsilon must be a finite number > 0, got 0.0",
+      "--simpa-epsilon must be a finite number > 0",
+    ),
+    (
+      RegressionConfig(algorithm="simpa"),
+      dict(kernel_init_gain=1.0),
+      r"kernel_init_gain 1.0 has no effect with simpa: its weights come from the generator",
+      "--kernel-init-gain 1.0 has no effect with simpa",
+    ),
+  ],
+  ids=["tasks_per_step", "num_kl_samples", "epsilon", "kernel_init_gain"],
+)
+def test_settings_simpa_cannot_use_are_refused_in_one_line(config, changes, message, flag_message):
+  """A value SImPa cannot use is refused by `validate`, naming the field and the value (and
+  what it must be); the command line says it by the flag."""
   with pytest.raises(vj.ConfigError, match=message) as raised:
-    algorithms.check_config(config)
+    algorithms.check_config(config.replace(**changes))
   assert len(str(raised.value).splitlines()) == 1
+  assert raised.value.fields[0] == next(iter(changes))
+  assert flag_message in str(cli.as_flags(raised.value))
 
 
 def test_check_inner_loop_takes_simpas_meta_parameters_and_names_them_when_not_given():
-  """The training loop runs `vj.check_inner_loop` first; SImPa's init does not take its
-  own output back, which was refused as 'a weight tree, but init makes a weight tree'."""
+  """The training loop runs `vj.check_inner_loop` first: it takes SImPa's meta-parameters
+  (SImPa's init does not take its own output back), and refuses a weight tree naming
+  SimpaParams."""
   learner, meta_params, params = _tiny()
   task = _task()
   report = vj.check_inner_loop(learner, meta_params, task, jax.random.key(0))

@@ -37,8 +37,12 @@ def simpa_run(omniglot_cache, tmp_path_factory):
 def test_the_omniglot_command_trains_tests_draws_and_loads_on_one_device(simpa_run, tmp_path):
   results = json.loads((simpa_run / "results.json").read_text())
   test, config = results["test"], results["config"]
-  assert config["algorithm"] == "simpa" and test["num_tasks"] == 4
-  assert (config["first_order"], config["kl_weight"], config["simpa_kl_samples"]) == (True, 0, 16)
+  spec = config["algorithm"]
+  assert spec["name"] == "simpa" and test["num_tasks"] == 4
+  # Its own defaults (first order) and the flags' values (--simpa-kl-samples: num_kl_samples).
+  assert (spec["first_order"], spec["num_kl_samples"]) == (True, 16)
+  assert (spec["num_inner_steps"], spec["num_mc_test"]) == (1, 3)
+  assert "kl_weight" not in spec  # its KL terms are the PAC-Bayes bound's: no KL weight
   for metric in ("accuracy", "nll", "ece", "mce", "aurc", "accuracy_at_50_coverage"):
     assert np.isfinite(test[metric]), metric
   assert 0.0 <= test["open_set"]["auroc"]["max_prob"] <= 1.0
@@ -63,11 +67,12 @@ def test_the_omniglot_command_trains_tests_draws_and_loads_on_one_device(simpa_r
 
 @pytest.mark.slow  # SImPa's regression run
 def test_regression_runs_simpa_and_loads(tmp_path):
-  overrides = dict(TINY_REGRESSION, simpa_kl_samples=16)
+  overrides = dict(TINY_REGRESSION, num_kl_samples=16)
   assert compare.parse_algorithms("vampire2,simpa") == ["vampire2", "simpa"]
   results = compare.run("regression", ("simpa",), "quick", tmp_path, overrides, progress=False)
   method = results["methods"]["simpa"]
-  assert np.isfinite(method["ece"]) and method["config"]["simpa_epsilon"] == 0.1
+  spec = method["config"]["algorithm"]
+  assert np.isfinite(method["ece"]) and (spec["epsilon"], spec["num_kl_samples"]) == (0.1, 16)
   run = vj.load_run(tmp_path / "simpa")
   x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]
   samples = run.predict(x, np.sin(x), x, jax.random.key(0))

@@ -1,7 +1,6 @@
 """Epistemic uncertainty, AUROC, open-set episodes, the regression variance split, and the
 Omniglot training set without held-out alphabets (issue 23)."""
 
-import dataclasses
 import itertools
 import json
 import math
@@ -12,12 +11,13 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from vampire_jax._src.runs import experiment_configs
+from vampire_jax.runs import experiment_configs
 from vampire_jax import data
 from vampire_jax._src.metrics import predictive_uncertainty, summary_inputs
 from vampire_jax._src.core.errors import ConfigError
 
 from conftest import needs_omniglot
+from experiments import cli
 
 
 def _h(p):  # binary entropy in nats
@@ -242,7 +242,7 @@ def test_predict_draws_are_what_predict_averages(tiny_omniglot_run):
   support_y = np.arange(5)
   key = jax.random.key(1)
   draws = run.predict_draws(support_x, support_y, query_x, key)
-  assert draws.shape == (config.num_mc_test, 7, 5)
+  assert draws.shape == (config.algorithm.num_mc_test, 7, 5)
   np.testing.assert_allclose(np.sum(draws, axis=-1), 1.0, rtol=1e-5)
   np.testing.assert_array_equal(
     run.predict(support_x, support_y, query_x, key), jnp.mean(draws, axis=0)
@@ -264,7 +264,7 @@ def test_a_classification_run_reports_open_set_aurocs(tiny_omniglot_run):
   assert (
     open_set["num_unknown_queries"]
     == open_set["num_known_queries"]
-    == config.num_test_tasks * config.ways * config.query
+    == config.evaluation.num_test_tasks * config.ways * config.query
   )
   # The numbers are those of the saved per-query scores.
   per_task = np.load(workdir / "test_per_task.npz")
@@ -287,18 +287,28 @@ def test_open_set_config_checks():
 
   config = presets.get_config("mini_imagenet", "5way1shot")
   assert experiment_configs.open_set_classes(config) == 5  # default: as many as ways
-  for value, message in ((16, "needs --ways \\+ unknown = 21"), (-1, ">= 0")):
-    with pytest.raises(ConfigError, match=message):
-      dataclasses.replace(config, num_open_set_classes=value).validate()
-  assert (
-    experiment_configs.open_set_classes(dataclasses.replace(config, num_open_set_classes=0)) == 0
-  )
+  for value, message, as_flags in (
+    (
+      16,
+      "num_open_set_classes 16: an open-set test episode needs ways \\+ unknown = 21",
+      "--num-open-set-classes 16: an open-set test episode needs --ways + unknown = 21",
+    ),
+    (
+      -1,
+      "num_open_set_classes must be an integer >= 0, got -1",
+      "--num-open-set-classes must be an integer >= 0",
+    ),
+  ):
+    with pytest.raises(ConfigError, match=message) as refused:
+      config.replace(num_open_set_classes=value).validate()
+    assert as_flags in str(cli.as_flags(refused.value))  # as a command says it
+  assert experiment_configs.open_set_classes(config.replace(num_open_set_classes=0)) == 0
   # A partial copy with 7 test classes: the default takes the 2 left beside the 5 ways, an
   # explicit number it cannot give fails before training.
   assert experiment_configs.open_set_classes(config, test_classes=7) == 2
   assert experiment_configs.open_set_classes(config, test_classes=5) == 0
   with pytest.raises(ConfigError, match="test split has 7"):
-    experiment_configs.open_set_classes(dataclasses.replace(config, num_open_set_classes=3), 7)
+    experiment_configs.open_set_classes(config.replace(num_open_set_classes=3), 7)
 
 
 def test_platipus_presets_are_the_authors_commands():
@@ -308,9 +318,9 @@ def test_platipus_presets_are_the_authors_commands():
 
   for experiment in ("omniglot", "mini_imagenet", "features"):
     config = presets.get_config(experiment, "5way1shot", "platipus")
-    assert (config.inner_lr, config.kl_weight) == (0.01, 0.1), experiment
+    assert (config.algorithm.inner_lr, config.algorithm.kl_weight) == (0.01, 0.1), experiment
   config = presets.get_config("regression", "cpu", "platipus")
-  assert (config.inner_lr, config.kl_weight) == (0.001, 1.0)
+  assert (config.algorithm.inner_lr, config.algorithm.kl_weight) == (0.001, 1.0)
 
 
 def test_omniglot_validation_size_config():
@@ -331,8 +341,9 @@ def test_omniglot_validation_size_config():
   }
   config = presets.get_config("omniglot", "quick")
   for name, value in (("num_val_alphabets", 30), ("num_val_characters", -1)):
-    with pytest.raises(ConfigError, match=name.replace("_", "-")):
-      dataclasses.replace(config, **{name: value}).validate()
+    with pytest.raises(ConfigError, match=f"{name} must be .*got {value}") as refused:
+      config.replace(**{name: value}).validate()
+    assert str(cli.as_flags(refused.value)).startswith(cli.flag(name))  # as a command says it
 
 
 @needs_omniglot

@@ -5,8 +5,6 @@ N(0, I), and the adapted posterior's KL to it enters each task's meta-loss with 
 `tests/test_authors_pytorch_head.py` checks a meta-step against the authors' code itself.
 """
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +12,7 @@ import pytest
 
 import vampire_jax as vj
 from vampire_jax._src.core import gaussian
-from vampire_jax._src.runs import algorithms
+from vampire_jax.runs import algorithms
 
 
 def _tiny_mlp():
@@ -152,38 +150,33 @@ def test_the_kl_step_factor_is_against_the_standard_normal():
   assert report.kl_factor > 100  # against the prior's sigma_p ~ e^-3.5
 
 
-def test_the_registry_builds_vampire2_with_the_authors_defaults():
-  config = algorithms.configure(vj.RunConfig(kl_weight=0.02, first_order=False), "vampire2")
+def test_the_spec_builds_vampire2_with_the_authors_defaults():
+  config = vj.RunConfig(algorithm=vj.specs.Vampire(kl_weight=0.02, first_order=False))
+  config = config.replace(algorithm="vampire2", inner_lr=0.01)
   # main.py at d797d9d: --KL-weight 1e-6, --first-order; the outer weight is the same KL_weight.
-  assert (config.kl_weight, config.first_order, config.outer_kl_weight) == (1e-6, True, None)
-  assert algorithms.stability_factor(config, None) == pytest.approx(config.inner_lr * 1e-6)
+  assert (
+    config.algorithm.kl_weight,
+    config.algorithm.first_order,
+    config.algorithm.outer_kl_weight,
+  ) == (1e-6, True, None)
+  assert algorithms.stability_factor(config, None) == pytest.approx(0.01 * 1e-6)
   _, apply_fn, nll = _tiny_mlp()
-  build = dict(num_mc_train=2, num_mc_query=2)
-  learner = algorithms.learner_from_config(config, apply_fn, nll, **build)
+  learner = config.algorithm.learner(apply_fn, nll, num_mc=2)
   assert learner.settings.kl_target == "standard_normal" and learner.meta_loss is not None
-  # --outer-kl-weight 0: no outer term (the meta-loss is VAMPIRE's); VAMPIRE refuses the flag.
-  zero = algorithms.learner_from_config(
-    dataclasses.replace(config, outer_kl_weight=0.0), apply_fn, nll, **build
-  )
+  # outer_kl_weight 0: no outer term (the meta-loss is VAMPIRE's); VAMPIRE has no such option.
+  zero = config.replace(outer_kl_weight=0.0).algorithm.learner(apply_fn, nll, num_mc=2)
   assert zero.meta_loss is None
-  with pytest.raises(vj.ConfigError, match=r"--algorithm vampire ignores --outer-kl-weight 0\.5"):
-    algorithms.check_config(dataclasses.replace(vj.RunConfig(), outer_kl_weight=0.5))
-  with pytest.raises(vj.ConfigError, match=r"--outer-kl-weight must be a finite number >= 0"):
-    algorithms.check_config(dataclasses.replace(config, outer_kl_weight=-1.0))
+  with pytest.raises(vj.ConfigError, match=r"outer_kl_weight.*not a setting of vampire"):
+    vj.RunConfig().replace(outer_kl_weight=0.5)
+  with pytest.raises(vj.ConfigError, match=r"outer_kl_weight must be a finite number >= 0"):
+    algorithms.check_config(config.replace(outer_kl_weight=-1.0))
 
 
 def test_the_outer_weight_defaults_to_the_kl_weight():
   _, apply_fn, nll = _tiny_mlp()
-  config = algorithms.configure(vj.RunConfig(), "vampire2")
-  config = dataclasses.replace(config, kl_weight=0.25)
-  learner = algorithms.learner_from_config(config, apply_fn, nll, num_mc_train=1, num_mc_query=1)
-  halved = algorithms.learner_from_config(
-    dataclasses.replace(config, outer_kl_weight=0.125),
-    apply_fn,
-    nll,
-    num_mc_train=1,
-    num_mc_query=1,
-  )
+  config = vj.RunConfig(algorithm=vj.specs.Vampire2(kl_weight=0.25))
+  learner = config.algorithm.learner(apply_fn, nll)
+  halved = config.replace(outer_kl_weight=0.125).algorithm.learner(apply_fn, nll)
   params, _, _ = _tiny_mlp()
   prior = learner.init(params, jax.random.key(1))
   task, key = _task(jax.random.key(2)), jax.random.key(3)

@@ -20,7 +20,6 @@ import pytest
 import vampire_jax as vj
 from conftest import OMNIGLOT_DIR, REPO, TINY_REGRESSION, needs_omniglot, user_env
 from experiments import compare, omniglot
-from vampire_jax._src.runs import algorithms
 
 TINY = [
   "--preset", "quick", "--num-filters", "4", "--tasks-per-step", "2", "--num-meta-steps", "2",
@@ -79,17 +78,20 @@ def test_the_omniglot_command_trains_tests_and_draws(omniglot_runs, algorithm):
   workdir = omniglot_runs[algorithm]
   results = json.loads((workdir / "results.json").read_text())
   test = results["test"]
-  assert results["config"]["algorithm"] == algorithm and test["num_tasks"] == 4
+  spec = results["config"]["algorithm"]
+  assert spec["name"] == algorithm and test["num_tasks"] == 4
   for metric in ("accuracy", "nll", "ece", "mce", "aurc", "accuracy_at_50_coverage"):
     assert np.isfinite(test[metric]), metric
   open_set = test["open_set"]["auroc"]
   assert 0.0 <= open_set["max_prob"] <= 1.0
   if algorithm == "protonet":  # deterministic: no epistemic part, as MAML's
-    assert open_set["mutual_information"] is None and results["config"]["train_ways"] == 7
+    assert open_set["mutual_information"] is None
+    assert (spec["train_num_classes"], spec["distance"]) == (7, "euclidean")  # the flags'
     assert "mutual_information" in test["open_set"]["not_applicable"]  # not 0.5 (issue 59)
-    assert results["config"]["num_mc_test"] == 1 and results["config"]["kl_weight"] == 0.0
-  else:  # the authors' defaults
-    assert (results["config"]["kl_weight"], results["config"]["first_order"]) == (1e-6, True)
+    assert not {"num_mc_test", "kl_weight"} & set(spec)  # no draws, no KL: no such settings
+  else:  # the authors' defaults, and the flags'
+    assert (spec["kl_weight"], spec["first_order"]) == (1e-6, True)
+    assert (spec["num_inner_steps"], spec["num_mc_test"]) == (1, 3)
   for name in ("reliability.png", "risk_coverage.png", "training_curves.png", "run.json"):
     assert (workdir / name).stat().st_size > 0, name
   record = json.loads((workdir / "run.json").read_text())
@@ -117,10 +119,9 @@ def test_a_run_trained_on_two_devices_loads_on_one_and_predicts(omniglot_runs, a
 
 
 @needs_omniglot
-def test_protonet_trains_on_train_ways_and_tests_on_ways(omniglot_cache):
-  config = dataclasses.replace(
-    omniglot.get_config("quick", "protonet"),
-    train_ways=9,
+def test_protonet_trains_on_train_num_classes_and_tests_on_ways(omniglot_cache):
+  config = omniglot.get_config("quick", "protonet").replace(
+    train_num_classes=9,
     num_filters=4,
     data_dir=str(OMNIGLOT_DIR),
     cache_dir=str(omniglot_cache),
@@ -132,7 +133,7 @@ def test_protonet_trains_on_train_ways_and_tests_on_ways(omniglot_cache):
     assert tasks.support_y.shape == (2, ways * config.shots), split
     assert tasks.query_y.shape == (2, ways * config.query), split
   plain = omniglot.make_problem(
-    dataclasses.replace(config, train_ways=None), print_fn=lambda message: None
+    config.replace(train_num_classes=None), print_fn=lambda message: None
   )
   assert plain.sample_train_tasks is None
 
@@ -142,12 +143,14 @@ def test_regression_runs_vampire2_and_refuses_protonet(tmp_path):
   assert compare.parse_algorithms("vampire2,protonet") == ["vampire2", "protonet"]
   results = compare.run("regression", ("vampire2",), "quick", tmp_path, overrides, progress=False)
   method = results["methods"]["vampire2"]
-  assert np.isfinite(method["ece"]) and method["config"]["kl_weight"] == 1e-6
+  assert np.isfinite(method["ece"]) and method["config"]["algorithm"]["kl_weight"] == 1e-6
   run = vj.load_run(tmp_path / "vampire2")
   x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]
   samples = run.predict(x, np.sin(x), x, jax.random.key(0))
   assert samples.shape == (3, 5, 1) and np.all(np.isfinite(samples))
-  with pytest.raises(vj.ConfigError, match=r"--algorithm protonet classifies") as raised:
+  with pytest.raises(
+    vj.ConfigError, match=r"algorithm protonet classifies .*num_classes"
+  ) as raised:
     compare.run("regression", ("protonet",), "quick", tmp_path / "p", overrides, progress=False)
   assert len(str(raised.value).splitlines()) == 1
 
@@ -163,7 +166,7 @@ def test_the_benchmark_suite_builds_both_as_the_registry_does():
   vampire2 = suite.make_learner(setting, "vampire2", *suite.network(setting)[::2], **options)
   assert protonet.settings.num_inner_steps == 0
   assert vampire2.settings.kl_target == "standard_normal" and vampire2.meta_loss is not None
-  assert vampire2.settings.kl_weight == algorithms.get("vampire2").config_defaults["kl_weight"]
+  assert vampire2.settings.kl_weight == vj.specs.Vampire2().kl_weight
   tasks = suite.random_tasks(setting, jax.random.key(0), 2)
   _, metrics = jax.jit(vj.make_meta_gradient(protonet))(
     params, tasks, jax.random.split(jax.random.key(1), 2)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import vampire_jax as vj
-from vampire_jax._src.runs import algorithms
+from vampire_jax.runs import algorithms
 
 
 def _network(outputs=1):
@@ -34,12 +34,13 @@ def test_vampire2_is_the_registrys_vampire2_with_the_authors_defaults():
   params, apply_fn = _network(outputs=3)
   nll = vj.categorical_nll  # main.py's default inner lr (0.01) is the classifier's default
   shortcut = vj.vampire2(apply_fn, nll, num_mc_train=2, num_mc_query=2)
-  config = algorithms.configure(vj.RunConfig(), "vampire2")
-  registry = algorithms.learner_from_config(config, apply_fn, nll, num_mc_train=2, num_mc_query=2)
+  config = vj.RunConfig().replace(algorithm="vampire2", num_mc_train=2, num_mc_query=2)
+  assert config.algorithm == vj.specs.Vampire2(num_mc_train=2, num_mc_query=2)
+  registry = config.algorithm.learner(apply_fn, nll, algorithms.context(config))
   assert shortcut.settings._replace(loss_fn=None) == registry.settings._replace(loss_fn=None)
   assert shortcut.settings.kl_target == "standard_normal"
   assert (shortcut.settings.kl_weight, shortcut.settings.inner_lr) == (1e-6, 0.01)
-  assert shortcut.settings.num_inner_steps == 5 and config.first_order
+  assert shortcut.settings.num_inner_steps == 5 and config.algorithm.first_order
   prior = shortcut.init(params, jax.random.key(1))
   registry_prior = registry.init(params, jax.random.key(1))  # U[-4, -3] log-stds, both
   assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), prior, registry_prior))

@@ -5,20 +5,26 @@ Pure functions over parameter pytrees. A distribution over weights is a
 few gradient steps on the variational free energy.
 
 This module is the public API: the names below, and the subpackages `data`
-(Omniglot, mini-ImageNet, LEO features, sine/line; the task sampler) and
-`baselines` (PLATIPUS, BMAML, ABML). The implementation is private, under
-`vampire_jax/_src/` in three layers, each importing only those before it:
+(Omniglot, mini-ImageNet, LEO features, sine/line; the task sampler), `baselines`
+(PLATIPUS, BMAML, ABML, ProtoNet, SImPa), `specs` (one spec per algorithm), `runs`
+(the run harness), and the modules `backend` (how the work runs on the backend at hand:
+the 'auto' choices of batching and convolution, the loop-safe convolution, CPU devices,
+the compilation cache, host memory) and `metrics` (what the experiments' reports take
+apart: a split's scores, calibration records, the recalibration maps). The layers, each
+importing only those before it:
 
-  core/      the maths and how it runs: Gaussians, likelihoods, networks, the
-             inner loop, learners, the meta-step, task batching, device meshes
-  metrics/   calibration, predictive uncertainty, evaluators, the predictive
-  runs/      configs, the registry, the loop, the run folder, `load_run`
+  _src/core/     private: the maths and how it runs: Gaussians, likelihoods, networks,
+                 the inner loop, learners, the meta-step, task batching, device meshes
+  _src/metrics/  private: calibration, predictive uncertainty, evaluators, the predictive
+  data/, baselines/   the data sets and task samplers; the other algorithms
+  runs/          the run harness: configs and specs, the loop, the run folder, `load_run`;
+                 beside it `specs`, `backend` and `metrics`, which re-export from _src
 
 Module paths of earlier versions (`vampire_jax.gaussian`, ...) and names that
 left the top level warn once and still work (`_src/deprecations.py`).
 """
 
-from vampire_jax import baselines, data
+from vampire_jax import backend, baselines, data, metrics, runs, specs
 from vampire_jax._src import deprecations as _deprecations
 from vampire_jax._src.core.adaptation import (
   adapt,
@@ -138,28 +144,34 @@ from vampire_jax._src.metrics.quantile_calibration import (
   paper_quantile_calibration,
   regression_quantile_calibration,
 )
-from vampire_jax._src.runs.interrupts import (
+from vampire_jax.runs.interrupts import (
   TrainingInterrupted,
 )
-from vampire_jax._src.runs.kinds import (
+from vampire_jax.runs.kinds import (
   ProblemKind,
   summarise,
   test_summary_line,
 )
-from vampire_jax._src.runs.loop import (
+from vampire_jax.runs.loop import (
   train_and_evaluate,
 )
-from vampire_jax._src.runs.problem import (
+from vampire_jax.runs.problem import (
   Problem,
   draw_tasks,
 )
-from vampire_jax._src.runs.recalibration import (
+from vampire_jax.runs.recalibration import (
   recalibrate,
 )
-from vampire_jax._src.runs.run_config import (
+from vampire_jax.runs.run_config import (
+  Evaluation,
   RunConfig,
+  Schedule,
+  Speed,
 )
-from vampire_jax._src.runs.trained_run import (
+from vampire_jax.runs.specs import (
+  AlgorithmSpec,
+)
+from vampire_jax.runs.trained_run import (
   Run,
   load_run,
 )
@@ -259,6 +271,11 @@ __all__ = (
   "predictive_interval",
   # Training runs.
   "RunConfig",
+  "Schedule",
+  "Evaluation",
+  "Speed",
+  "AlgorithmSpec",
+  "specs",
   "Problem",
   "draw_tasks",
   "ProblemKind",
@@ -281,6 +298,9 @@ __all__ = (
   # Subpackages.
   "data",
   "baselines",
+  "runs",
+  "backend",
+  "metrics",
 )
 
 _deprecations.install()

@@ -119,6 +119,7 @@ def abml(
       loop, the meta-loss and prediction (`vj.local_reparameterization` for
       a `vj.MLP`), as in `vampire`.
   """
+  checks.flags("abml", first_order=first_order, unroll_steps=unroll_steps)
   check_settings(
     "abml",
     inner_lr,

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from vampire_jax._src.core import adaptation, batching, losses
+from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.learners import MetaLearner, check_settings, default_inner_lr
 from vampire_jax._src.core.tasks import Task
 from vampire_jax.baselines import _ensemble
@@ -140,6 +141,7 @@ def svgd_adapt(
   Returns:
     The moved particles, stacked like `particles`.
   """
+  checks.flags("svgd_adapt", first_order=first_order, unroll_steps=unroll_steps)
   if int(num_steps) != num_steps or num_steps < 0:
     raise ValueError(f"num_steps must be an integer >= 0, got {num_steps}")
   loss_grad = jax.grad(loss_fn)
@@ -231,6 +233,7 @@ def bmaml(
       batched.
     unroll_steps: unroll the SVGD steps.
   """
+  checks.flags("bmaml", first_order=first_order, unroll_steps=unroll_steps)
   check_settings(
     "bmaml",
     inner_lr,

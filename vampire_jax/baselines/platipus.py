@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from vampire_jax._src.core import adaptation, batching, losses
+from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.gaussian import Gaussian, gaussian_from_params, kl_divergence, sample
 from vampire_jax._src.core.learners import (
   InnerLoopSettings,
@@ -59,6 +60,7 @@ def shifted_mean(
   first_order: bool = False,
 ) -> PyTree:
   """μ − γ ⊙ ∇_μ L(μ; x, y): one gradient step with per-weight step sizes γ."""
+  checks.flag("shifted_mean", "first_order", first_order)
   grads = jax.grad(loss_fn)(mean, x, y)
   if first_order:
     grads = jax.lax.stop_gradient(grads)
@@ -109,6 +111,7 @@ def platipus(
     sample_batching: how the weight draws are batched.
     unroll_steps: unroll MAML's inner loop.
   """
+  checks.flags("platipus", first_order=first_order, unroll_steps=unroll_steps)
   check_settings(
     "platipus",
     inner_lr,

@@ -27,7 +27,7 @@ One task's meta-loss, with G', φ' adapted and m query targets:
 (M tasks per meta-step; the mean over the M tasks counts this last term once, as the
 authors add it once per meta-batch). A task whose first term is NaN is skipped, its
 loss and gradient 0, as the authors skip it. The generator and the PHI network each
-have their own Adam and clipping (`simpa_optimizer`). BUILD_NOTES.md, "SImPa", lists
+have their own Adam and clipping (`simpa_optimizer`). docs/fidelity.md lists
 where the code and the paper differ and where ours cannot equal theirs.
 """
 
@@ -185,6 +185,7 @@ def simpa(
     (512, 1, 8)
   """
   where = "simpa"
+  checks.flags(where, first_order=first_order, unroll_steps=unroll_steps)
   check_settings(
     where,
     inner_lr,

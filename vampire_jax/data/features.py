@@ -47,7 +47,7 @@ _HELP = (
   '_embeddings.pkl, each a pickled dict with "embeddings" float32 '
   '[N, 640], "labels" int [N] and "keys" [N] strings like '
   '"1234-n01234567-n01234567_1234.JPEG". Pass <root> (or the dataset or '
-  "crop folder inside it) as `data_dir` / --data-dir, or set "
+  "crop folder inside it) as `data_dir`, or set "
   "LEO_EMBEDDINGS_DIR (TIERED_IMAGENET_DIR / MINI_IMAGENET_FEATURES_DIR "
   "are read too)."
 )

@@ -216,7 +216,7 @@ def _check_cache_writable(cache_dir: Path) -> None:
     raise StorageError(
       error.errno or 0,
       f"the mini-ImageNet cache folder {cache_dir} cannot be written ({error.strerror or error}); "
-      "pass another --cache-dir (or set VAMPIRE_JAX_CACHE)",
+      "pass another cache_dir (or set VAMPIRE_JAX_CACHE)",
     ) from error
 
 

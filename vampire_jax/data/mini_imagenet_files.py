@@ -34,7 +34,7 @@ _HELP = (
   "github.com/twitter/meta-learning-lstm, data/miniImagenet/), or the "
   "pickle caches <root>/mini-imagenet-cache-{train,val,test}.pkl (dicts "
   'with "image_data" uint8 [N, 84, 84, 3] and "class_dict" {wnid: '
-  "[indices]}). Pass the folder as `data_dir` / --data-dir or set "
+  "[indices]}). Pass the folder as `data_dir` or set "
   "MINI_IMAGENET_DIR. mini-ImageNet cannot be downloaded automatically: "
   "its images come from ImageNet (image-net.org, non-commercial research "
   "use only)."
@@ -141,7 +141,7 @@ def _image_rows(folder: Path, split: str, existing_only: bool) -> list[tuple[Pat
     raise MissingDataError(
       f"{len(missing)} of the {len(missing) + len(rows)} images listed in "
       f"{csvs[split]} are not in {image_dir} (first: {missing[:3]}). For a "
-      f"partial copy pass existing_only=True (--existing-only) to use the "
+      f"partial copy pass existing_only=True to use the "
       f"images present. {_HELP}"
     )
   return rows

@@ -84,7 +84,7 @@ def default_cache_dir() -> Path:
   """The data cache's folder (the XLA cache is its `xla/`), the first that is set of:
   `$VAMPIRE_JAX_CACHE`; `$XDG_CACHE_HOME/vampire_jax` (an absolute path, as the XDG
   base-directory spec asks; a relative one is ignored); `~/.cache/vampire_jax`.
-  `cache_dir=` / `--cache-dir` overrides all three."""
+  `cache_dir=` overrides all three."""
   env = os.environ.get("VAMPIRE_JAX_CACHE")
   if env:
     return Path(env)

@@ -276,6 +276,13 @@ def adapt(
   if (draw_outputs is None) != (nll is None):
     raise ValueError("adapt: draw_outputs and nll go together (the local reparameterisation)")
   check_gaussian(prior, "adapt")
+  checks.flags(
+    "adapt",
+    first_order=first_order,
+    unroll_steps=unroll_steps,
+    remat=remat,
+    backtracking=backtracking,
+  )
   _check_steps(num_steps)
   _check_num_samples(num_mc_samples)
   _check_second_order_steps(second_order_steps)
@@ -404,6 +411,13 @@ def maml_adapt(
   Returns:
     The adapted weights, a tree like `params`.
   """
+  checks.flags(
+    "maml_adapt",
+    first_order=first_order,
+    unroll_steps=unroll_steps,
+    remat=remat,
+    backtracking=backtracking,
+  )
   _check_steps(num_steps, "maml_adapt")
   _check_second_order_steps(second_order_steps, "maml_adapt")
   checks.float_leaves("maml_adapt", "params", params)

@@ -7,8 +7,8 @@ this module instead of deciding on their own.
 
 | backend | tasks | draws | convolution | why |
 |---|---|---|---|---|
-| cpu | `lax.map`, chunk 1 | `lax.map`, each draw recomputed in the backward pass (`remat_map`) | `loop_safe`; `xla` in a loop-free program | per-task weights make `vmap` turn each convolution into a grouped one, which XLA:CPU runs slowly; XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its own convolution wins only where nothing loops; a CPU step is limited by moving the draws' stacked activations, which recomputing them avoids (BUILD_NOTES.md, "Speed") |
-| gpu | `vmap` | `vmap` | `patches` (im2col and one batched matrix product) in loops; `xla` in a loop-free program | one wide batch keeps the device busy; on one H100 `patches` ran the 5-way 1-shot loop at 839 tasks/s against `xla`'s 531 (BUILD_NOTES.md, "Speed", GPU campaign) |
+| cpu | `lax.map`, chunk 1 | `lax.map`, each draw recomputed in the backward pass (`remat_map`) | `loop_safe`; `xla` in a loop-free program | per-task weights make `vmap` turn each convolution into a grouped one, which XLA:CPU runs slowly; XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its own convolution wins only where nothing loops; a CPU step is limited by moving the draws' stacked activations, which recomputing them avoids (docs/performance.md) |
+| gpu | `vmap` | `vmap` | `patches` (im2col and one batched matrix product) in loops; `xla` in a loop-free program | one wide batch keeps the device busy; on one H100 `patches` ran the 5-way 1-shot loop at 839 tasks/s against `xla`'s 531 (docs/performance.md, GPU campaign) |
 | tpu, other | `vmap` | `vmap` | `xla` | grouped convolutions are fast there (unmeasured) |
 
 Tasks sharded over devices are batched the same way on each device (on a
@@ -16,7 +16,7 @@ CPU each device runs its share in `lax.map`: one device per core, two
 independent streams of small operations). A network without convolutions (`dense_only`) is
 `vmap`ped on every backend: batched matrix products are fast on a CPU too;
 only the benchmarks pass it so far (the training loop keeps `lax.map` on a
-CPU for every network, as its timings in BUILD_NOTES were taken).
+CPU for every network, as its timings in docs/performance.md were taken).
 """
 
 import math
@@ -139,14 +139,19 @@ def config_conv_impl(config) -> str:
   """The config's convolution, 'auto' resolved for the loops that config builds."""
   if config.conv_impl != "auto":
     return config.conv_impl
-  strategy, _ = task_batching(config.task_batching, config.chunk_size, config.tasks_per_step)
+  strategy, _ = task_batching(
+    config.speed.task_batching, config.speed.chunk_size, config.schedule.tasks_per_step
+  )
   mapped_draws = (
-    sample_batching(config.sample_batching) in MAPPED_STRATEGIES
-    and max(config.num_mc_train, config.num_mc_query) > 1
+    sample_batching(config.speed.sample_batching) in MAPPED_STRATEGIES
+    and max(
+      getattr(config.algorithm, "num_mc_train", 1), getattr(config.algorithm, "num_mc_query", 1)
+    )
+    > 1
   )
   return conv_impl(
     task_batching=strategy,
-    inner_steps_unrolled=bool(config.unroll_inner_steps),
+    inner_steps_unrolled=bool(config.speed.unroll_inner_steps),
     draws_mapped=mapped_draws,
   )
 
@@ -157,15 +162,15 @@ def steps_per_call(config, first_step: int) -> int:
   Logging, validation and checkpoints happen between calls, so the count
   divides their intervals, the run's length and the step it resumes from.
   The same on every backend: more steps per call save the host round trip
-  only where it is not already hidden (see BUILD_NOTES.md, "Speed").
+  only where it is not already hidden (see docs/performance.md).
   """
-  requested = config.steps_per_call or 1
+  requested = config.speed.steps_per_call or 1
   return math.gcd(
     requested,
-    config.log_every,
-    config.eval_every,
-    config.checkpoint_every,
-    config.num_meta_steps,
+    config.evaluation.log_every,
+    config.evaluation.eval_every,
+    config.evaluation.checkpoint_every,
+    config.schedule.num_meta_steps,
     first_step or requested,
   )
 
@@ -181,9 +186,11 @@ def task_mesh_for(config, num_tasks: int) -> Optional[Mesh]:
   process it takes the largest number of devices that divides `num_tasks`.
   """
   devices = jax.devices()
-  if config.shard_tasks == "off" or (config.shard_tasks == "auto" and len(devices) == 1):
+  if config.speed.shard_tasks == "off" or (
+    config.speed.shard_tasks == "auto" and len(devices) == 1
+  ):
     return None
-  if config.shard_tasks == "auto" and jax.process_count() == 1:
+  if config.speed.shard_tasks == "auto" and jax.process_count() == 1:
     count = max(n for n in range(1, len(devices) + 1) if num_tasks % n == 0)
     devices = devices[:count]
   mesh = sharding.task_mesh(devices)

@@ -6,7 +6,7 @@ one item at a time with a loop; `remat_map` is `lax.map` whose items keep no
 intermediate values for the backward pass (`jax.checkpoint`): each item's
 forward pass runs again when it is differentiated, so nothing is stacked
 across items (a CPU step is limited by moving such stacks, not by
-arithmetic: BUILD_NOTES.md, "Speed"); unrolling gives the fastest CPU code but the
+arithmetic: docs/performance.md); unrolling gives the fastest CPU code but the
 compile time grows with the number of items. The chunked strategies bound
 the compile time: `lax.map` over chunks, each chunk unrolled (or vmapped).
 `benchmarks/meta_step.py` measures them; `default_task_batching()` gives the
@@ -31,7 +31,7 @@ def default_task_batching() -> tuple[Batching, int]:
   """The fastest task batching measured on the default backend (`backend_defaults` decides).
 
   Returns:
-    `(strategy, chunk_size)`; see BUILD_NOTES.md for the measurements.
+    `(strategy, chunk_size)`; docs/performance.md has the measurements.
   """
   return backend_defaults.default_task_batching()
 

@@ -8,7 +8,16 @@ derives from the built-in error a caller would expect (`ValueError`,
 
 
 class UserError(Exception):
-  """Bad input: a setting, a file or a folder the user can fix."""
+  """Bad input: a setting, a file or a folder the user can fix.
+
+  `UserError(message, fields=("tasks_per_step",))`: `fields` names the settings (config
+  fields, arguments of `vj.train_and_evaluate`) the message is about, by their names, so
+  that a command line can say its own flags instead.
+  """
+
+  def __init__(self, *args, fields: tuple[str, ...] = ()):
+    super().__init__(*args)
+    self.fields = tuple(fields)
 
 
 class ConfigError(UserError, ValueError):

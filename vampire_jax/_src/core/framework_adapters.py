@@ -108,6 +108,7 @@ def from_equinox(module: Any, *, per_example: bool = True) -> tuple[PyTree, Appl
     ImportError: Equinox is not installed.
     InputError: from `apply_fn`, for integer inputs.
   """
+  checks.flag("from_equinox", "per_example", per_example)
   try:
     import equinox as eqx
   except ImportError as error:  # an optional dependency

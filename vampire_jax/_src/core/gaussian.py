@@ -138,7 +138,7 @@ def _normal_like(key: jax.Array, tree: PyTree, num_samples: int) -> PyTree:
   operation that reads its output, so inside a meta-gradient (where the noise
   is read by each leaf's forward, backward and second-order terms) one
   generator became about 160 copies, tripling compile time and costing 40 %
-  of a CPU step (BUILD_NOTES.md, "Speed"). A loop's output is a buffer that
+  of a CPU step (docs/performance.md). A loop's output is a buffer that
   cannot be fused into its readers, and a loop of one trip would be removed.
   """
   leaves, treedef = jax.tree_util.tree_flatten(tree)
@@ -330,7 +330,7 @@ def kl_step_factor(prior: Gaussian, inner_lr: float, kl_weight: float) -> jax.Ar
   delta <- delta * (1 - inner_lr * kl_weight / sigma_p^2), so the inner loop
   is stable only while this factor is below 2 (and monotone below 1). The
   paper's Omniglot setting (inner_lr 0.1, kl_weight 0.1, sigma_p ~ e^-3.5)
-  gives about 11-30: see BUILD_NOTES.md.
+  gives about 11-30: see docs/fidelity.md.
   """
   if not isinstance(prior, Gaussian):
     raise InputError(

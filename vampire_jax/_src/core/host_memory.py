@@ -2,7 +2,7 @@
 
 XLA:CPU compiles a Conv4 meta-step with about a gigabyte of the C library's heap and frees
 it when the program is built; glibc's `malloc` keeps freed memory for the process, so a run
-that steps in 350 MB stays at the compile's 1.3 GB until it ends (BUILD_NOTES.md, "Speed").
+that steps in 350 MB stays at the compile's 1.3 GB until it ends (docs/performance.md).
 `malloc_trim(0)` hands the free pages of every arena back; nothing a program computes
 changes, only the resident memory the process holds.
 
@@ -12,8 +12,13 @@ changes, only the resident memory the process holds.
 `releasing_after_compiles` releases after any call during which JAX compiled a program
 (its backend-compile event, a cache hit included), so a program that compiles again for a
 new input shape gives its memory back too, and a call that compiled nothing costs one
-integer comparison. Where the C library is not glibc (macOS, musl) it does nothing;
-`VAMPIRE_JAX_MEMORY_RELEASE=0` turns it off (to measure what it saves).
+integer comparison. Where the C library is not glibc (macOS, musl) it does nothing.
+
+`VAMPIRE_JAX_MEMORY_RELEASE` turns it off (to measure what it saves): 0, off, false or no
+(in any case); 1, on, true or yes, unset or empty, leave it on. Any other value is refused
+(a `ConfigError` naming the variable and the values it takes) when a function is wrapped,
+before anything is compiled, and by each release: `disabled` or `00` would otherwise leave
+it on without a word.
 """
 
 import ctypes
@@ -23,9 +28,13 @@ import os
 import threading
 from typing import Callable, Optional, TypeVar
 
+from vampire_jax._src.core.errors import ConfigError
+
 F = TypeVar("F", bound=Callable)
 
-ENV_VAR = "VAMPIRE_JAX_MEMORY_RELEASE"  # "0", "off" or "false": no release
+ENV_VAR = "VAMPIRE_JAX_MEMORY_RELEASE"
+ON_VALUES = ("1", "on", "true", "yes")  # and unset or empty: the default
+OFF_VALUES = ("0", "off", "false", "no")
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch's name
 
 _lock = threading.Lock()
@@ -35,8 +44,21 @@ _malloc_trim: list = []  # [function or None], looked up once
 
 
 def enabled() -> bool:
-  """False when `VAMPIRE_JAX_MEMORY_RELEASE` is 0, off or false."""
-  return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "off", "false", "no")
+  """Whether the release is on: `VAMPIRE_JAX_MEMORY_RELEASE` unset, empty, 1, on, true or yes.
+
+  0, off, false or no (any case) turn it off; any other value raises a `ConfigError`
+  naming the variable, the value and the values it takes.
+  """
+  setting = os.environ.get(ENV_VAR, "")
+  value = setting.strip().lower()
+  if value in ("",) + ON_VALUES:
+    return True
+  if value in OFF_VALUES:
+    return False
+  raise ConfigError(
+    f"{ENV_VAR}={setting!r} is not a setting it takes: {', '.join(OFF_VALUES)} turn the "
+    f"release of freed memory off; {', '.join(ON_VALUES)} (or unset) leave it on"
+  )
 
 
 def _glibc_malloc_trim() -> Optional[Callable[[int], int]]:
@@ -93,8 +115,10 @@ def releasing_after_compiles(fn: F) -> F:
   """`fn`, giving the freed memory back after each call during which JAX compiled.
 
   The compile runs on the calling thread before the program is dispatched, so its memory
-  is free when `fn` returns; the release does not wait for the results.
+  is free when `fn` returns; the release does not wait for the results. A value of
+  `VAMPIRE_JAX_MEMORY_RELEASE` it does not take is refused here, before anything compiles.
   """
+  enabled()
   _listen()
 
   @functools.wraps(fn)

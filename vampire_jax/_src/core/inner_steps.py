@@ -2,7 +2,7 @@
 
 `sgd_step` is every inner loop's step (`adapt`, `maml_adapt`). `backtracking_step` is
 the guard that `backtracking=True` turns on: a step that would raise the support loss,
-or make it non-finite, is not taken (BUILD_NOTES.md, "Runaway test tasks").
+or make it non-finite, is not taken (the user guide, "A guard against runaway tasks").
 """
 
 from typing import Callable
@@ -27,7 +27,7 @@ def backtracking_step(gradient: Callable, loss: Callable, inner_lr, first_order:
   draws) and keeps it finite; otherwise the parameters stay, and `scale` halves for the
   steps after. A stable step lowers the loss it descends, so the guard changes nothing
   there; on a task whose curvature lambda makes inner_lr * lambda > 2 (a support clustered
-  at large |x|), it stops the loop from running away (BUILD_NOTES.md, "Runaway test tasks").
+  at large |x|), it stops the loop from running away (the user guide, "A guard against runaway tasks").
   """
 
   def step(carry, key):

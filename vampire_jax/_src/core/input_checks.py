@@ -115,6 +115,27 @@ def step_count(where: str, name: str, value: Any, lowest: int = 0) -> None:
     raise fail(where, name, f"an integer >= {lowest}", repr(value))
 
 
+def flag(where: str, name: str, value: Any) -> None:
+  """A switch: True or False (numpy's bools too); a string, a number or None is refused.
+
+  `if value:` would take the string "False" as true and 0 or None as false, silently.
+  """
+  if isinstance(value, (bool, np.bool_)):
+    return
+  if value is None:
+    got = "None"
+  else:
+    kind = type(value).__name__
+    got = f"{value!r} ({'an' if kind[:1] in 'aeiou' else 'a'} {kind})"
+  raise fail(where, name, "True or False", got)
+
+
+def flags(where: str, **values: Any) -> None:
+  """`flag` for each of `values` (name=value), in order."""
+  for name, value in values.items():
+    flag(where, name, value)
+
+
 def rate(where: str, name: str, value: Any, *, positive: bool) -> None:
   """A step size (> 0) or weight (>= 0): finite, of the right sign, where it is concrete."""
   if not concrete(value):

@@ -219,7 +219,9 @@ def vampire(
 
   Raises `InputError` naming the argument for a non-finite or negative
   `inner_lr` (or 0), `kl_weight` or `outer_kl_weight`, an unknown
-  `kl_target`, and for counts that are not integers.
+  `kl_target`, counts that are not integers, and switches (`first_order`,
+  `unroll_steps`, `remat`, `backtracking`) that are not True or False (the
+  string "False" would be true).
 
   Args:
     apply_fn: the network, `apply_fn(params, x)`.
@@ -262,6 +264,13 @@ def vampire(
     >>> learner.predict(posterior, task.query_x, jax.random.key(4)).shape  # [draws, query, 1]
     (4, 10, 1)
   """
+  checks.flags(
+    "vampire",
+    first_order=first_order,
+    unroll_steps=unroll_steps,
+    remat=remat,
+    backtracking=backtracking,
+  )
   check_settings(
     "vampire",
     inner_lr,
@@ -337,6 +346,16 @@ def vampire(
 # The authors' defaults for Vampire2 (main.py of cnguyen10/few_shot_meta_learning at
 # d797d9d): --KL-weight 1e-6, --first-order; the outer KL weight is the same KL_weight.
 VAMPIRE2_KL_WEIGHT = 1e-6
+# `vampire`'s keyword arguments that `vampire2` passes on from its `**options`, and its switches.
+VAMPIRE2_OPTIONS = (
+  "sample_batching",
+  "unroll_steps",
+  "remat",
+  "second_order_steps",
+  "draw_outputs",
+  "backtracking",
+)
+VAMPIRE2_SWITCHES = ("unroll_steps", "remat", "backtracking")
 
 
 def vampire2(
@@ -362,8 +381,8 @@ def vampire2(
   first order (`--first-order`), 5 inner steps (`--num-inner-updates`), one weight draw
   (`--num-models 1`) and initial log-stds U[-4, -3] (`NormalVariationalNet`). `inner_lr`
   None is `vampire`'s: 0.01 (their `--inner-lr`), lowered to a Gaussian likelihood's
-  `default_inner_lr` (their sine/line commands pass 0.001). `--algorithm vampire2` in the
-  experiments builds the same learner. Their reported KL subtracts a constant that the
+  `default_inner_lr` (their sine/line commands pass 0.001). `vj.specs.Vampire2()` in a run
+  builds the same learner. Their reported KL subtracts a constant that the
   true KL here does not: their gradients are these (`tests/test_authors_pytorch_head.py`).
 
   Args:
@@ -378,7 +397,13 @@ def vampire2(
     first_order: stop gradients through the inner updates (theirs: True).
     log_std_init: the range of the initial log-stds (theirs: U[-4, -3]).
     **options: `vampire`'s other keyword arguments (`sample_batching`, `unroll_steps`,
-      `remat`, `second_order_steps`, `draw_outputs`, `backtracking`).
+      `remat`, `second_order_steps`, `draw_outputs`, `backtracking`). `kl_target` is
+      refused (`InputError`): Vampire2's is N(0, I); `vj.vampire` takes `kl_target="prior"`.
+
+  Raises:
+    InputError: as `vampire` (a switch that is not True or False named as `vampire2`'s);
+      and for `kl_target`.
+    TypeError: a keyword argument it does not take, naming those it does.
 
   Examples:
     >>> model = vj.MLP((16,), 1)
@@ -386,6 +411,20 @@ def vampire2(
     >>> learner.settings.kl_target, learner.settings.kl_weight
     ('standard_normal', 1e-06)
   """
+  if "kl_target" in options:
+    raise InputError(
+      f"vampire2: kl_target is N(0, I) by Vampire2's definition and cannot be set, got "
+      f"kl_target={options['kl_target']!r}; for a KL to the prior use "
+      "vj.vampire(..., kl_target='prior')"
+    )
+  unknown = sorted(set(options) - set(VAMPIRE2_OPTIONS))
+  if unknown:
+    raise TypeError(
+      f"vampire2: got an unexpected keyword argument {unknown[0]!r}; its options besides "
+      f"those named in its signature are {', '.join(VAMPIRE2_OPTIONS)}"
+    )
+  switches = {name: options[name] for name in VAMPIRE2_SWITCHES if name in options}
+  checks.flags("vampire2", first_order=first_order, **switches)
   return vampire(
     apply_fn,
     nll,
@@ -423,6 +462,13 @@ def maml(
   output as one draw, `[1, n, ...]`. Options as in `vampire`; `inner_lr` None: 0.1, or
   the likelihood's lower `default_inner_lr`.
   """
+  checks.flags(
+    "maml",
+    first_order=first_order,
+    unroll_steps=unroll_steps,
+    remat=remat,
+    backtracking=backtracking,
+  )
   check_settings("maml", inner_lr, num_inner_steps=(num_inner_steps, 0))
   loss_fn = losses.loss_from_apply(apply_fn, nll)
   inner_lr = default_inner_lr(nll, 0.1) if inner_lr is None else inner_lr

@@ -169,6 +169,7 @@ def meta_optimizer(
     InputError: (a ValueError) a setting that is not a finite number in its range.
   """
   where = "meta_optimizer"
+  checks.flag(where, "clip_separately", clip_separately)
   if clip_norm is not None:
     checks.rate(where, "clip_norm", clip_norm, positive=True)
   checks.rate(where, "log_std_weight_decay", log_std_weight_decay, positive=False)

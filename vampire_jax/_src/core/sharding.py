@@ -82,7 +82,7 @@ def use_all_cpu_cores(num_devices: Optional[int] = None) -> None:
   `JAX_NUM_CPU_DEVICES=1`. On a GPU or TPU machine it changes nothing that
   runs there (JAX's CPU devices stay idle).
 
-  With several devices, the training loop (`--shard-tasks auto`) and
+  With several devices, the training loop (`shard_tasks="auto"`) and
   `make_meta_step(..., mesh=vj.task_mesh())` split each batch of tasks over
   them; the meta-gradient and every score equal the one-device ones bit for
   bit (`gather_over_task_shards`).
@@ -183,9 +183,9 @@ def check_divisible(num_tasks: int, mesh: Mesh, what: str = "tasks") -> None:
     fewer = max(n for n in range(1, mesh.size + 1) if num_tasks % n == 0)
     raise InputError(
       f"{what}: {num_tasks} tasks cannot be split evenly over {mesh.size} devices; use a "
-      f"task count divisible by {mesh.size} (e.g. --tasks-per-step), a mesh of {fewer} "
-      f"device(s) (vj.task_mesh(jax.devices()[:{fewer}]); the experiments' --shard-tasks auto "
-      "picks it), or no sharding (--shard-tasks off, JAX_NUM_CPU_DEVICES=1)"
+      f"task count divisible by {mesh.size} (e.g. tasks_per_step), a mesh of {fewer} "
+      f"device(s) (vj.task_mesh(jax.devices()[:{fewer}]); a run's shard_tasks='auto' "
+      "picks it), or no sharding (shard_tasks='off', JAX_NUM_CPU_DEVICES=1)"
     )
 
 

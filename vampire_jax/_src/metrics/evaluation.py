@@ -375,7 +375,7 @@ def regression_summary(per_task: dict, noise_std: Optional[float]) -> tuple[dict
   Beside the mean MSE, its median and the tasks that ran away: a task's MSE not finite
   or above (max - min)^2 of the split's query targets, which predictions anywhere within
   the targets' range cannot exceed. It happens when the inner loop's step is unstable on
-  that task's support (BUILD_NOTES.md, "Runaway test tasks"); one such task makes the
+  that task's support (the user guide, "A guard against runaway tasks"); one such task makes the
   mean meaningless, which the median beside it shows.
   """
   if noise_std is None:

@@ -25,7 +25,7 @@ recalibrated predictive has
 
 and its central 90 % interval is [F^-1(R^-1(0.05)), F^-1(R^-1(0.95))]. K is `num_bins`:
 as many as leave at least `MIN_PER_BIN` PIT values in each bin, at most `MAX_BINS`
-(measured on the zoo's regression cells: BUILD_NOTES.md, "Recalibration").
+(measured on the zoo's regression cells: docs/zoo.md and docs/fidelity.md).
 
 `QuantileMap` holds the knots as tuples of floats, so it is hashable and static under
 `jax.jit`; its methods take numpy or JAX arrays (`xp`, numpy by default).

@@ -20,7 +20,7 @@ it to every later prediction:
   R(F_s(y)), its density R'(F_s(y)) f_s(y), its p-quantile F_s^-1(R^-1(p)). The scale
   sets the tails' width, where held-out targets are too few to fit R; R corrects the
   shape (R alone, on the raw F, left the NLL of the zoo's cells 1.6 to 3.9 nats worse:
-  BUILD_NOTES.md, "Recalibration"). The regressor's default where the tasks hold at
+  docs/zoo.md and docs/fidelity.md). The regressor's default where the tasks hold at
   least `quantile_map.MIN_PER_BIN` * 2 query targets, else the variance scale alone.
 
 Both act on the network's outputs under each weight draw, so the predictive, its samples

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from vampire_jax._src.core.errors import UserError
-from vampire_jax._src.runs import run_folder
+from vampire_jax.runs import run_folder
 
 # Loggers of the checkpoint stack: their records repeat an error the caller raises.
 _NOISY_LOGGERS = ("absl", "asyncio", "orbax", "orbax.checkpoint", "tensorstore")

@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vampire_jax._src.core.errors import RunFolderError
-from vampire_jax._src.runs.run_folder.record import _step_folders
+from vampire_jax.runs.run_folder.record import _step_folders
 
 PyTree = Any
 

@@ -16,7 +16,7 @@ from vampire_jax._src.core.errors import StorageError
 PyTree = Any
 
 RUN_RECORD = "run.json"
-RUN_RECORD_FORMAT = 1
+RUN_RECORD_FORMAT = 2  # 2: the config by parts, its algorithm a spec (`config_records`)
 CONFIG_FILE = "config.json"
 LOCK_FILE = ".lock"
 METRICS_FILE = "metrics.jsonl"
@@ -148,9 +148,14 @@ def _jsonable(value):
   return str(value)
 
 
+def json_bytes(value: Any) -> bytes:
+  """`value` as the indented JSON that `write_json` writes."""
+  return json.dumps(value, indent=2, default=_jsonable).encode()
+
+
 def write_json(path: os.PathLike | str, value: Any, *, hint: str = "") -> None:
   """`value` as indented JSON in `path`, atomically (`write_atomic`)."""
-  text = json.dumps(value, indent=2, default=_jsonable).encode()
+  text = json_bytes(value)
   write_atomic(path, lambda f: f.write(text), hint=hint)
 
 

@@ -26,7 +26,6 @@ running again resumes; `interrupts` owns that path and every other way a run
 stops or fails.
 """
 
-import dataclasses
 import functools
 import os
 import time
@@ -42,14 +41,15 @@ from vampire_jax._src.core import backend_defaults, meta_step, models, sharding
 from vampire_jax._src.core.errors import ConfigError, DivergenceError
 from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import calibration, evaluation, predictive_uncertainty
-from vampire_jax._src.runs import algorithms, interrupts, kinds, programs, run_config, run_folder
-from vampire_jax._src.runs import inner_loop_check
-from vampire_jax._src.runs import init_from as run_start
-from vampire_jax._src.runs import problem as problem_lib
-from vampire_jax._src.runs import recalibration
-from vampire_jax._src.runs.problem import Problem
-from vampire_jax._src.runs.reporting import MetricWriter, Progress, format_duration
-from vampire_jax._src.runs.run_folder import RunCheckpoints
+from vampire_jax.runs import algorithms, config_records, interrupts, kinds, programs
+from vampire_jax.runs import run_config, run_folder
+from vampire_jax.runs import inner_loop_check
+from vampire_jax.runs import init_from as run_start
+from vampire_jax.runs import problem as problem_lib
+from vampire_jax.runs import recalibration
+from vampire_jax.runs.problem import Problem
+from vampire_jax.runs.reporting import MetricWriter, Progress, format_duration
+from vampire_jax.runs.run_folder import RunCheckpoints
 
 PyTree = Any
 
@@ -105,12 +105,7 @@ def _initial_state(problem: Problem, config, learner: MetaLearner, optimizer, ke
 def learner_for(problem: Problem, config, num_mc: Optional[int] = None) -> MetaLearner:
   """The run's learner: training's weight draws, or `num_mc` on support and query (testing)."""
   return algorithms.make_learner(
-    problem.model,
-    problem.kind,
-    problem.noise_std,
-    config,
-    num_mc_train=config.num_mc_train if num_mc is None else num_mc,
-    num_mc_query=config.num_mc_query if num_mc is None else num_mc,
+    problem.model, problem.kind, problem.noise_std, config, num_mc=num_mc
   )
 
 
@@ -138,13 +133,13 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
   config = session.config
   if first:
     session.progress.message(
-      f"validating on {config.num_val_tasks} tasks (the first evaluation compiles the evaluator)..."
+      f"validating on {config.evaluation.num_val_tasks} tasks (the first evaluation compiles the evaluator)..."
     )
   per_task = evaluation.evaluate_split(
     session.evaluate_val,
     state.meta_params,
     session.val_key,
-    config.num_val_tasks,
+    config.evaluation.num_val_tasks,
     programs.eval_batch_size(config, session.mesh),
     refuse_non_finite=False,
   )
@@ -154,12 +149,12 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
   if bad.size:
     if session.is_main:
       session.progress.warn(
-        f"step {step}: validation: {bad.size} of {config.num_val_tasks} tasks gave non-finite "
+        f"step {step}: validation: {bad.size} of {config.evaluation.num_val_tasks} tasks gave non-finite "
         f"results (tasks {bad[:10].tolist()}): these meta-parameters are not kept as the best"
       )
     return float("nan")
   score = float(np.mean(per_task[name]))
-  summary = kind.summarise(per_task, config.num_bins, session.problem.noise_std)[0]
+  summary = kind.summarise(per_task, config.evaluation.num_bins, session.problem.noise_std)[0]
   calibration_metrics = {  # ECE/MCE against steps: how calibration moves while training
     f"val/{metric}": float(summary[metric]) for metric in ("ece", "mce") if metric in summary
   }
@@ -181,12 +176,11 @@ def _validate(session: Session, state, step: int, first: bool) -> float:
 
 def _guard_hint(config) -> str:
   """Where the algorithm has the inner-loop guard and it is off, say so (a runaway task)."""
-  ignored = algorithms.ALGORITHMS[config.algorithm].ignores
-  if "inner_backtracking" in ignored or config.inner_backtracking:
+  if getattr(config.algorithm, "backtracking", True):  # on, or an algorithm without it
     return ""
   return (
-    "; where a task's inner loop ran away (a 'finite' below 1), --inner-backtracking "
-    "(vj.adapt's backtracking=True) guards against it"
+    f"; where a task's inner loop ran away (a 'finite' below 1), the {config.algorithm.name} "
+    "spec's backtracking=True (vj.adapt's) guards against it"
   )
 
 
@@ -195,18 +189,20 @@ def _after_call(
 ) -> LoopState:
   """Logging, validation and checkpointing due at `step`."""
   config = session.config
-  done = step == config.num_meta_steps
+  done = step == config.schedule.num_meta_steps
   window, validated, _ = loop
-  if step % config.log_every == 0 or done:
+  if step % config.evaluation.log_every == 0 or done:
     means = _mean_metrics(window)
     if not np.isfinite(means["train/loss"]):
       raise FloatingPointError(
         f"meta-training diverged at step {step}: {means}; see "
-        "vj.kl_step_factor and BUILD_NOTES.md for stable settings" + _guard_hint(config)
+        "vj.kl_step_factor for stable settings" + _guard_hint(config)
       )
     rate = session.progress.rate()
     if rate is not None:
-      means.update({"train/steps_per_s": rate, "train/tasks_per_s": rate * config.tasks_per_step})
+      means.update(
+        {"train/steps_per_s": rate, "train/tasks_per_s": rate * config.schedule.tasks_per_step}
+      )
     session.writer.write(step, means)
     session.progress.log(
       step,
@@ -218,10 +214,10 @@ def _after_call(
     )
     window = []
   start = time.perf_counter()
-  if step % config.eval_every == 0 or done:
+  if step % config.evaluation.eval_every == 0 or done:
     _validate(session, state, step, first=not validated)
     validated = True
-  if step % config.checkpoint_every == 0 or done:
+  if step % config.evaluation.checkpoint_every == 0 or done:
     session.checkpoints.save(
       step, state, train_seconds, write_files=session.is_main, log_window=window
     )
@@ -230,7 +226,7 @@ def _after_call(
 
 
 def _train(session: Session, state, earlier_seconds: float):
-  """Runs meta-steps from `state.step` to `config.num_meta_steps`; returns the final state."""
+  """Runs meta-steps from `state.step` to `config.schedule.num_meta_steps`; returns the final state."""
   config, progress = session.config, session.progress
   step = int(state.step)
   # A resumed run carries on the window of steps since the last logged row.
@@ -238,7 +234,7 @@ def _train(session: Session, state, earlier_seconds: float):
   start, loop = time.perf_counter(), LoopState(window, False, False)
   with interrupts.requests() as received:
     train_seconds = earlier_seconds
-    while step < config.num_meta_steps:
+    while step < config.schedule.num_meta_steps:
       compiling = not loop.compiled
       if compiling:
         progress.message("compiling the meta-step (later calls reuse it)...")
@@ -269,13 +265,13 @@ def _train(session: Session, state, earlier_seconds: float):
 
 
 def _parameters_to_test(session: Session, state) -> tuple[Any, int]:
-  """`(meta_params, step)` that `config.test_parameters` names.
+  """`(meta_params, step)` that `config.evaluation.test_parameters` names.
 
   'best': the best by validation (the final ones if no validation kept any);
   'final': the last step's, as the authors' 2019 code tested.
   """
   final = (state.meta_params, int(state.step))
-  if session.config.test_parameters == "final":
+  if session.config.evaluation.test_parameters == "final":
     return final
   best = session.checkpoints.restore_best(state.meta_params)
   if best is None:
@@ -285,30 +281,33 @@ def _parameters_to_test(session: Session, state) -> tuple[Any, int]:
 
 def _test(session: Session, meta_params, step: int) -> tuple[evaluation.Summary, dict]:
   config = session.config
-  which = "best by validation" if config.test_parameters == "best" else "final"
+  which = "best by validation" if config.evaluation.test_parameters == "best" else "final"
   session.progress.message(
-    f"testing the {which} meta-parameters (step {step}) on {config.num_test_tasks} tasks..."
+    f"testing the {which} meta-parameters (step {step}) on {config.evaluation.num_test_tasks} tasks..."
   )
   per_task = evaluation.evaluate_split(
     session.evaluate_test,
     meta_params,
     session.test_key,
-    config.num_test_tasks,
+    config.evaluation.num_test_tasks,
     programs.eval_batch_size(config, session.mesh),
   )
   summary = kinds.summarise(
-    session.problem.kind, per_task, num_bins=config.num_bins, noise_std=session.problem.noise_std
+    session.problem.kind,
+    per_task,
+    num_bins=config.evaluation.num_bins,
+    noise_std=session.problem.noise_std,
   )
   if session.evaluate_open_set is not None:
     session.progress.message(
-      f"open-set episodes: the {config.num_test_tasks} test tasks with "
+      f"open-set episodes: the {config.evaluation.num_test_tasks} test tasks with "
       "queries of unknown classes..."
     )
     open_set = evaluation.evaluate_split(
       session.evaluate_open_set,
       meta_params,
       session.test_key,
-      config.num_test_tasks,
+      config.evaluation.num_test_tasks,
       programs.eval_batch_size(config, session.mesh),
     )
     summary.metrics["open_set"] = predictive_uncertainty.open_set_summary(open_set)
@@ -327,10 +326,10 @@ def _setup(
 ) -> tuple[Session, Any, float]:
   """Builds the session and the state to start from (fresh, `start`'s, or the latest checkpoint)."""
   is_main = jax.process_index() == 0
-  mesh = backend_defaults.task_mesh_for(config, config.tasks_per_step)
+  mesh = backend_defaults.task_mesh_for(config, config.schedule.tasks_per_step)
   init_key, train_key, val_key, test_key = programs.run_keys(config.seed)
   train_learner = learner_for(problem, config)
-  test_learner = learner_for(problem, config, num_mc=config.num_mc_test)
+  test_learner = learner_for(problem, config, num_mc=config.algorithm.test_draws)
   optimizer = algorithms.make_optimizer(config)
   state = _initial_state(problem, config, train_learner, optimizer, init_key, mesh)
   if start is not None:  # a trained run's meta-parameters, a fresh optimiser state (`init_from`)
@@ -350,35 +349,41 @@ def _setup(
     state = checkpoints.restore_latest(state)  # the newest that restores
     earlier_seconds = checkpoints.train_seconds(int(state.step))
     print_fn(f"resuming from step {int(state.step)} in {workdir}")
-    if int(state.step) > config.num_meta_steps:
+    if int(state.step) > config.schedule.num_meta_steps:
       checkpoints.close()
       raise ConfigError(
-        f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run "
-        f"trained to step {int(state.step)}; pass --num-meta-steps "
-        f"{int(state.step)} (or more) to test or continue it"
+        f"num_meta_steps {config.schedule.num_meta_steps}: {workdir} holds a run "
+        f"trained to step {int(state.step)}; set num_meta_steps "
+        f"{int(state.step)} (or more) to test or continue it",
+        fields=("num_meta_steps",),
       )
   num_steps = backend_defaults.steps_per_call(config, int(state.step))
   evaluate = programs.build_evaluator(problem.kind, problem.noise_std, config, test_learner, mesh)
   session = Session(
-    problem,
-    config,
-    workdir,
-    is_main,
-    mesh,
-    programs.build_train_step(problem, config, train_learner, optimizer, mesh, num_steps),
-    num_steps,
-    programs.split_evaluator(problem, evaluate, "val", mesh),
-    programs.split_evaluator(problem, evaluate, "test", mesh),
-    train_key,
-    val_key,
-    test_key,
-    checkpoints,
-    MetricWriter(workdir, enabled=is_main, resumed_from=int(state.step) or None),
-    Progress(
-      config.num_meta_steps, int(state.step), enabled=progress and is_main, print_fn=print_fn
+    problem=problem,
+    config=config,
+    workdir=workdir,
+    is_main=is_main,
+    mesh=mesh,
+    train_step=programs.build_train_step(
+      problem, config, train_learner, optimizer, mesh, num_steps
     ),
-    print_fn,
-    programs.open_set_evaluator(problem, config, test_learner, mesh),
+    steps_per_call=num_steps,
+    evaluate_val=programs.split_evaluator(problem, evaluate, "val", mesh),
+    evaluate_test=programs.split_evaluator(problem, evaluate, "test", mesh),
+    train_key=train_key,
+    val_key=val_key,
+    test_key=test_key,
+    checkpoints=checkpoints,
+    writer=MetricWriter(workdir, enabled=is_main, resumed_from=int(state.step) or None),
+    progress=Progress(
+      config.schedule.num_meta_steps,
+      int(state.step),
+      enabled=progress and is_main,
+      print_fn=print_fn,
+    ),
+    print_fn=print_fn,
+    evaluate_open_set=programs.open_set_evaluator(problem, config, test_learner, mesh),
   )
   return session, state, earlier_seconds
 
@@ -429,9 +434,11 @@ def train_and_evaluate(
     >>> problem = vj.Problem(model=vj.MLP((16, 16), 1), input_shape=(1,),
     ...     splits={"train": jnp.uint32(0), "val": jnp.uint32(1), "test": jnp.uint32(2)},
     ...     sample_tasks=sample_split, kind="regression", noise_std=0.3)
-    >>> config = vj.RunConfig(num_meta_steps=20, tasks_per_step=4, inner_lr=0.001,
-    ...     kl_weight=1.0, num_val_tasks=4, num_test_tasks=8, eval_batch_tasks=4,
-    ...     eval_every=20, checkpoint_every=20, log_every=10)
+    >>> config = vj.RunConfig(
+    ...     algorithm=vj.specs.Vampire(inner_lr=0.001, kl_weight=1.0),
+    ...     schedule=vj.Schedule(tasks_per_step=4, num_meta_steps=20),
+    ...     evaluation=vj.Evaluation(num_val_tasks=4, num_test_tasks=8, eval_batch_tasks=4,
+    ...                              eval_every=20, checkpoint_every=20, log_every=10))
     >>> results = vj.train_and_evaluate(problem, config, "runs/sines")  # doctest: +SKIP
     >>> results["tested_step"], results["test"]["num_tasks"]  # doctest: +SKIP
     (20, 8)
@@ -473,13 +480,13 @@ def train_and_evaluate(
       test_start = time.time()
       summary, per_task = _test(session, tested_params, tested_step)
       recalibrated = recalibration.after_test(session, record, tested_params, tested_step, per_task)
-      session.writer.write_test(int(state.step), dataclasses.asdict(config), summary.metrics)
+      session.writer.write_test(int(state.step), config.flat(), summary.metrics)
     finally:
       session.progress.close()
       session.writer.close()
       session.checkpoints.close()
     results = {
-      "config": dataclasses.asdict(config),
+      "config": config_records.to_record(config),
       "kind": problem.kind,
       "test": summary.metrics,
       "calibration": {
@@ -487,7 +494,7 @@ def train_and_evaluate(
       },
       **recalibrated,  # `recalibration` (the map fitted on validation) and `test_recalibrated`
       "best_validation": session.checkpoints.best_record(),
-      "test_parameters": config.test_parameters,
+      "test_parameters": config.evaluation.test_parameters,
       "tested_step": tested_step,
       "meta_steps": int(state.step),
       "resumed_from_step": first_step,

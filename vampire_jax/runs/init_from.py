@@ -31,9 +31,9 @@ import numpy as np
 from vampire_jax._src import deprecations
 from vampire_jax._src.core import meta_step, models, sharding
 from vampire_jax._src.core.errors import ConfigError, InputError
-from vampire_jax._src.runs import algorithms, run_folder
-from vampire_jax._src.runs.run_folder import checksums
-from vampire_jax._src.runs.trained_run import Run, load_run
+from vampire_jax.runs import algorithms, run_folder
+from vampire_jax.runs.run_folder import checksums
+from vampire_jax.runs.trained_run import Run, load_run
 
 PyTree = Any
 RECORD_KEY = "init_from"  # run.json's field: where the run started
@@ -51,7 +51,9 @@ def _checkpoint_of(run: Run) -> Optional[str]:
   `checkpoints/<n>`), or None (its folder is gone: a pickled `Run`)."""
   if run.step is None:
     return None
-  order = ("best", "checkpoints") if run.config.test_parameters == "best" else ("checkpoints",)
+  order = (
+    ("best", "checkpoints") if run.config.evaluation.test_parameters == "best" else ("checkpoints",)
+  )
   for folder in order:
     if (Path(run.workdir) / folder / str(run.step)).is_dir():
       return f"{folder}/{run.step}"
@@ -87,7 +89,7 @@ def start_record(run: Run) -> dict:
     "folder": str(workdir.resolve()),
     "zoo_cell": cell,
     "run_id": run.record.get("run_id"),
-    "algorithm": run.config.algorithm,
+    "algorithm": run.config.algorithm.name,
     "step": run.step,
     "tested_step": run.tested_step,
     "checkpoint": checkpoint,
@@ -123,7 +125,7 @@ def source(init_from, workdir: Path, config, print_fn: Callable[[str], None]) ->
     if not started:
       raise ConfigError(
         f"init_from: {workdir} holds a run trained from its own initialisation (checkpoint "
-        f"{latest}), and init_from starts a new run: give it another --workdir, or resume "
+        f"{latest}), and init_from starts a new run: give it another workdir, or resume "
         "this one without init_from"
       )
     given = init_from.workdir if isinstance(init_from, Run) else init_from
@@ -135,7 +137,7 @@ def source(init_from, workdir: Path, config, print_fn: Callable[[str], None]) ->
     )
     return None
   run = init_from if isinstance(init_from, Run) else load_run(init_from)
-  check_algorithm(run.workdir, run.config.algorithm, config)
+  check_algorithm(run.workdir, run.config.algorithm.name, config)
   return Start(run, start_record(run))
 
 
@@ -143,13 +145,14 @@ def check_algorithm(folder, algorithm: str, config) -> None:
   """Refuses, in one line, a source run (in `folder`) of another algorithm than `config`'s.
 
   Raises:
-    ConfigError: `algorithm` is not `config.algorithm`.
+    ConfigError: `algorithm` is not `config.algorithm.name`.
   """
-  if algorithm != config.algorithm:
+  if algorithm != config.algorithm.name:
     raise ConfigError(
-      f"init_from: {folder} is a run of {algorithm}, and this run trains {config.algorithm}: "
-      f"its meta-parameters are another algorithm's; start from a {config.algorithm} run, "
-      f"or train --algorithm {algorithm}"
+      f"init_from: {folder} is a run of {algorithm}, and this run trains "
+      f"{config.algorithm.name}: its meta-parameters are another algorithm's; start from a "
+      f"{config.algorithm.name} run, or train algorithm {algorithm}",
+      fields=("init_from", "algorithm"),
     )
 
 
@@ -214,7 +217,7 @@ def _jsonable(spec: dict) -> dict:
 def _template(problem, config) -> PyTree:
   """The meta-parameters' shapes this problem's network and `config`'s algorithm make."""
   learner = algorithms.make_learner(
-    problem.model, problem.kind, problem.noise_std, config, num_mc_train=1, num_mc_query=1
+    problem.model, problem.kind, problem.noise_std, config, num_mc=1
   )
   key = jax.random.key(0)
   shape = (1,) + tuple(problem.input_shape)

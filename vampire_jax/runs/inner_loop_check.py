@@ -9,8 +9,8 @@ import jax
 from vampire_jax._src.core import diagnostics
 from vampire_jax._src.core.errors import DivergenceError
 from vampire_jax._src.core.learners import MetaLearner
-from vampire_jax._src.runs import problem as problem_lib
-from vampire_jax._src.runs.problem import Problem
+from vampire_jax.runs import problem as problem_lib
+from vampire_jax.runs.problem import Problem
 
 
 def check_key(init_key: jax.Array) -> jax.Array:
@@ -39,8 +39,8 @@ def check_before_training(
   if report.ok:
     return
   message = (
-    f"{config.algorithm}'s inner loop at initialisation, on a training task: "
-    f"{report.advice} (--inner-lr, --kl-weight; see vj.check_inner_loop)"
+    f"{config.algorithm.name}'s inner loop at initialisation, on a training task: "
+    f"{report.advice} (the spec's inner_lr, kl_weight; see vj.check_inner_loop)"
   )
   if not math.isfinite(report.loss_after):
     raise DivergenceError(message)

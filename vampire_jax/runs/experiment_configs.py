@@ -17,8 +17,15 @@ from typing import Optional
 from vampire_jax._src import deprecations
 from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import ConfigError
-from vampire_jax._src.runs.protonet_settings import check_train_ways
-from vampire_jax._src.runs.run_config import RunConfig, setting
+from vampire_jax.runs.run_config import (
+  Evaluation,
+  RunConfig,
+  Schedule,
+  Speed,
+  check_rate,
+  setting,
+)
+from vampire_jax.runs.specs import Vampire
 from vampire_jax.data import episodes, mini_imagenet, omniglot
 
 __all__ = (
@@ -48,6 +55,10 @@ _CLASSES = (
 class ConvNetConfig(RunConfig):
   """Fields of the Conv4 experiments (Omniglot, mini-ImageNet)."""
 
+  kernel_init_gain: float = setting(
+    math.sqrt(2.0),
+    "Xavier-normal gain of the initial kernels, the means (the authors' 2019 code: 1)",
+  )
   batch_norm_affine: bool = setting(
     True, "batch norm with scale and offset (the authors' has none)"
   )
@@ -62,20 +73,20 @@ class ConvNetConfig(RunConfig):
     resumable=True,
     choices=("auto", "xla", "patches", "loop_safe"),
   )
-  sample_batching: str = setting(
-    "auto",
-    "how Monte-Carlo draws are batched (auto: lax.map on a CPU, each draw recomputed in the"
-    " backward pass rather than stored; vmap elsewhere)",
-    resumable=True,
-    choices=("auto", "vmap", "map", "remat_map", "unroll"),
-  )
+  # Draws in lax.map on a CPU, each recomputed in the backward pass rather than stored
+  # (`backend_defaults.sample_batching`); vmap elsewhere.
+  speed: Speed = Speed(sample_batching="auto")
 
   def validate(self) -> None:
     super().validate()
-    check_widths("--num-filters", (self.num_filters,))
+    check_widths("num_filters", (self.num_filters,))
+    check_rate("kernel_init_gain", self.kernel_init_gain, positive=True)
     eps = self.batch_norm_epsilon
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
-      raise ConfigError(f"--batch-norm-epsilon must be a finite number >= 0, got {eps!r}")
+      raise ConfigError(
+        f"batch_norm_epsilon must be a finite number >= 0, got {eps!r}",
+        fields=("batch_norm_epsilon",),
+      )
 
 
 _CACHE_HELP = (
@@ -84,7 +95,7 @@ _CACHE_HELP = (
 )
 _OPEN_SET_HELP = (
   "unknown classes added to each test episode, as many queries each as a known "
-  "class (none: as many as --ways, at most the test classes left beside "
+  "class (none: as many as ways, at most the test classes left beside "
   "them; 0: no open-set episodes)"
 )
 
@@ -108,9 +119,10 @@ def open_set_classes(config, test_classes: Optional[int] = None) -> int:
     )
   if value and test_classes is not None and config.ways + value > test_classes:
     raise ConfigError(
-      f"--num-open-set-classes {value}: an open-set test episode needs "
-      f"--ways + unknown = {config.ways + value} classes, but the test split has "
-      f"{test_classes} (0 turns open-set episodes off)"
+      f"num_open_set_classes {value}: an open-set test episode needs "
+      f"ways + unknown = {config.ways + value} classes, but the test split has "
+      f"{test_classes} (0 turns open-set episodes off)",
+      fields=("num_open_set_classes", "ways"),
     )
   return value
 
@@ -118,13 +130,17 @@ def open_set_classes(config, test_classes: Optional[int] = None) -> int:
 def _check_open_set(config, test_classes: Optional[int], what: str) -> None:
   value = config.num_open_set_classes
   if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-    raise ConfigError(f"--num-open-set-classes must be an integer >= 0, got {value!r}")
+    raise ConfigError(
+      f"num_open_set_classes must be an integer >= 0, got {value!r}",
+      fields=("num_open_set_classes",),
+    )
   unknown = open_set_classes(config)
   if unknown and test_classes is not None and config.ways + unknown > test_classes:
     raise ConfigError(
-      f"--num-open-set-classes {unknown}: an open-set test episode needs "
-      f"--ways + unknown = {config.ways + unknown} distinct classes, but {what} "
-      f"test part has only {test_classes} (0 turns open-set episodes off)"
+      f"num_open_set_classes {unknown}: an open-set test episode needs "
+      f"ways + unknown = {config.ways + unknown} distinct classes, but {what} "
+      f"test part has only {test_classes} (0 turns open-set episodes off)",
+      fields=("num_open_set_classes", "ways"),
     )
 
 
@@ -262,7 +278,7 @@ class OmniglotConfig(ConvNetConfig):
     ):
       if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < below:
         raise ConfigError(
-          f"--{name.replace('_', '-')} must be an integer in [0, {below}), got {value!r}"
+          f"{name} must be an integer in [0, {below}), got {value!r}", fields=(name,)
         )
     characters = omniglot_split_characters(
       self.split, self.num_val_alphabets, self.num_val_characters
@@ -300,7 +316,7 @@ class MiniImagenetConfig(ConvNetConfig):
   test_query: Optional[int] = setting(
     None,
     "query images per class in the test tasks and the calibration protocol (none: "
-    "--query; the authors' 2019 test: 20)",
+    "query; the authors' 2019 test: 20)",
     resumable=True,
   )
   num_filters: int = setting(32, "Conv4 filters per layer")
@@ -321,14 +337,18 @@ class MiniImagenetConfig(ConvNetConfig):
   def validate(self) -> None:
     super().validate()
     if self.image_size < 8:
-      raise ConfigError(f"--image-size must be at least 8, got {self.image_size}")
+      raise ConfigError(
+        f"image_size must be at least 8, got {self.image_size}", fields=("image_size",)
+      )
     images = None if self.existing_only else MINI_IMAGENET_IMAGES  # else checked on loading
     if self.test_query is not None and (
       isinstance(self.test_query, bool)
       or not isinstance(self.test_query, int)
       or self.test_query < 1
     ):
-      raise ConfigError(f"--test-query must be an integer >= 1, got {self.test_query!r}")
+      raise ConfigError(
+        f"test_query must be an integer >= 1, got {self.test_query!r}", fields=("test_query",)
+      )
     for query in {self.query, test_query(self)}:
       check_episodes(
         self.ways, self.shots, query, images, MINI_IMAGENET_CLASSES, what="mini-ImageNet's"
@@ -366,18 +386,19 @@ class FeaturesConfig(RunConfig):
   shots: int = setting(1, "k, support examples per class")
   query: int = setting(15, "query examples per class")
   hidden_sizes: tuple[int, int] = setting((128, 32), "MLP hidden widths")
+  kernel_init_gain: float = setting(
+    math.sqrt(2.0),
+    "Xavier-normal gain of the initial kernels, the means (the authors' 2019 code: 1)",
+  )
   data_dir: Optional[str] = setting(
     None, "LEO embeddings folder (default: $LEO_EMBEDDINGS_DIR)", resumable=True
   )
-  # auto: one task at a time on a CPU (each task's numbers then do not depend on how
-  # many share a device: the same run on any device count), vmap on an accelerator.
-  task_batching: str = setting("auto", "how tasks are batched", resumable=True)
-  eval_task_batching: str = setting("auto", "task batching at evaluation", resumable=True)
   num_open_set_classes: Optional[int] = setting(None, _OPEN_SET_HELP, resumable=True)
 
   def validate(self) -> None:
     super().validate()
-    check_widths("--hidden-sizes", self.hidden_sizes)
+    check_widths("hidden_sizes", self.hidden_sizes)
+    check_rate("kernel_init_gain", self.kernel_init_gain, positive=True)
     check_episodes(
       self.ways,
       self.shots,
@@ -397,74 +418,79 @@ class FeaturesConfig(RunConfig):
 class RegressionConfig(RunConfig):
   """The paper's regression settings (App. A, Table 6); the rest from RunConfig."""
 
-  tasks_per_step: int = setting(10, "T, tasks per meta-update")
-  num_meta_steps: int = setting(10_000, "meta-updates to train for", resumable=True)
-  inner_lr: float = setting(0.001, "alpha, the task-adaptation learning rate")
-  kl_weight: float = setting(1.0, "beta, weight of the KL term (1: the plain VFE)")
-  num_mc_train: int = setting(128, "L_t, weight draws per inner step")
-  num_mc_query: int = setting(128, "L_v, weight draws on the query set")
-  num_mc_test: int = setting(128, "draws at validation and test", resumable=True)
-  # auto: one task at a time on a CPU, 1.65x faster than vmap on the cpu preset (7.8
-  # against 4.7 steps/s on 2 cores) and the same numbers on any device count; vmap on a GPU.
-  task_batching: str = setting("auto", "how tasks are batched", resumable=True)
-  eval_task_batching: str = setting("auto", "task batching at evaluation", resumable=True)
-  eval_batch_tasks: int = setting(
-    10, "tasks per evaluation call (x 128 draws: ~3 GB)", resumable=True
+  schedule: Schedule = Schedule(tasks_per_step=10, num_meta_steps=10_000)
+  # The paper's: inner lr 0.001, the plain VFE (KL weight 1), L_t = L_v = 128 draws.
+  algorithm: Vampire = Vampire(
+    inner_lr=0.001, kl_weight=1.0, num_mc_train=128, num_mc_query=128, num_mc_test=128
   )
-  eval_every: int = setting(1000, "meta-steps between validations", resumable=True)
-  checkpoint_every: int = setting(1000, "meta-steps between checkpoints", resumable=True)
-  log_every: int = setting(100, "meta-steps between logged metrics", resumable=True)
+  # 10 tasks an evaluation call x 128 draws: ~3 GB.
+  evaluation: Evaluation = Evaluation(
+    eval_batch_tasks=10, eval_every=1000, checkpoint_every=1000, log_every=100
+  )
   num_support: int = setting(5, "support points per task (k-shot)")
   num_query: int = setting(10, "query points per task (not given in the paper)")
   noise_std: float = setting(
     0.3,
     "the targets' noise std: what the calibration metric and the NLL assume, and the "
-    "likelihood's and the data's unless --likelihood-std / --data-noise-std say otherwise",
+    "likelihood's and the data's unless likelihood_std / data_noise_std say otherwise",
   )
   likelihood_std: Optional[float] = setting(
     None,
-    "the Gaussian likelihood's std in training and adaptation (none: --noise-std; "
+    "the Gaussian likelihood's std in training and adaptation (none: noise_std; "
     "0.7071: the authors' MSE loss, up to a constant)",
   )
   data_noise_std: Optional[float] = setting(
     None,
-    "the std of the noise added to the targets (none: --noise-std; the authors' 2019 "
+    "the std of the noise added to the targets (none: noise_std; the authors' 2019 "
     "code added 0.3^2 = 0.09, a bug fixed two months later)",
   )
   test_query_grid: int = setting(
     0,
-    "test tasks' query points: 0: --num-query drawn at random, as in training; N: an "
+    "test tasks' query points: 0: num_query drawn at random, as in training; N: an "
     "even grid of N over [-5, 5] (the authors' 2019 test: 100)",
     resumable=True,
   )
   hidden_sizes: tuple[int, int, int] = setting((100, 100, 100), "MLP hidden widths")
+  kernel_init_gain: float = setting(
+    math.sqrt(2.0),
+    "Xavier-normal gain of the initial kernels, the means (the authors' 2019 code: 1)",
+  )
   num_plot_tasks: int = setting(4, "test tasks drawn in tasks.png", resumable=True)
 
   def validate(self) -> None:
     super().validate()
-    check_widths("--hidden-sizes", self.hidden_sizes)
+    check_widths("hidden_sizes", self.hidden_sizes)
+    check_rate("kernel_init_gain", self.kernel_init_gain, positive=True)
     for name in ("num_support", "num_query"):
       if getattr(self, name) < 1:
-        raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}", fields=(name,))
     for name in ("noise_std", "likelihood_std"):
       value = getattr(self, name)
       if (value is not None or name == "noise_std") and not 0 < value < math.inf:
-        raise ConfigError(f"--{name.replace('_', '-')} must be > 0 and finite, got {value}")
+        raise ConfigError(f"{name} must be > 0 and finite, got {value}", fields=(name,))
     if self.data_noise_std is not None and not 0 <= self.data_noise_std < math.inf:
-      raise ConfigError(f"--data-noise-std must be >= 0 and finite, got {self.data_noise_std}")
+      raise ConfigError(
+        f"data_noise_std must be >= 0 and finite, got {self.data_noise_std}",
+        fields=("data_noise_std",),
+      )
     grid = self.test_query_grid
     if isinstance(grid, bool) or not isinstance(grid, int) or grid < 0:
-      raise ConfigError(f"--test-query-grid must be an integer >= 0, got {grid!r}")
+      raise ConfigError(
+        f"test_query_grid must be an integer >= 0, got {grid!r}", fields=("test_query_grid",)
+      )
 
 
 # -- Shared ---------------------------------------------------------------------------
 
 
-def check_widths(flag: str, widths) -> None:
+def check_widths(name: str, widths) -> None:
   """ConfigError unless every layer width is a whole number >= 1 (a width of 0 has no units)."""
   for width in widths:
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-      raise ConfigError(f"{flag} must be whole numbers >= 1 (units per layer), got {list(widths)}")
+      raise ConfigError(
+        f"{name} must be whole numbers >= 1 (units per layer), got {list(widths)}",
+        fields=(name,),
+      )
 
 
 def check_episodes(
@@ -473,22 +499,37 @@ def check_episodes(
   """Raises ConfigError unless every split part can give the tasks asked for."""
   for name, value in (("ways", ways), ("shots", shots), ("query", query)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ConfigError(f"--{name} must be an integer >= 1, got {value!r}")
+      raise ConfigError(f"{name} must be an integer >= 1, got {value!r}", fields=(name,))
   if ways < 2:
     raise ConfigError(
-      f"--ways {ways}: a task needs at least 2 classes (with one, every prediction is right "
-      "and accuracy, NLL and ECE say nothing); use --ways 2 or more"
+      f"ways {ways}: a task needs at least 2 classes (with one, every prediction is right "
+      "and accuracy, NLL and ECE say nothing); use ways 2 or more",
+      fields=("ways",),
     )
   part, fewest = min(classes.items(), key=lambda item: item[1])
   if ways > fewest:
     raise ConfigError(
-      f"--ways {ways}: a {ways}-way task needs {ways} distinct classes, but "
-      f"{what} {part} part has only {fewest}"
+      f"ways {ways}: a {ways}-way task needs {ways} distinct classes, but "
+      f"{what} {part} part has only {fewest}",
+      fields=("ways",),
     )
   if examples is not None and shots + query > examples:
     raise ConfigError(
-      f"--shots {shots} --query {query}: each class needs shots + query = "
-      f"{shots + query} distinct examples, but has only {examples}"
+      f"shots {shots}, query {query}: each class needs shots + query = "
+      f"{shots + query} distinct examples, but has only {examples}",
+      fields=("shots", "query"),
+    )
+
+
+def check_train_ways(config, train_classes: int, what: str) -> None:
+  """ConfigError unless the training part's `train_classes` can give the algorithm's training
+  episodes (ProtoNet's `train_num_classes`)."""
+  ways = config.algorithm.training_ways(config.ways)
+  if ways > train_classes:
+    raise ConfigError(
+      f"train_num_classes {ways}: a {ways}-way training episode needs {ways} distinct "
+      f"classes, but {what} train part has only {train_classes}",
+      fields=("train_num_classes",),
     )
 
 
@@ -496,7 +537,11 @@ def check_episodes(
 
 # Where run folders of earlier versions say the config classes live: the experiments,
 # then `vampire_jax.configs` (before the layers moved under `_src/`, issue 43).
-_LEGACY_MODULES = ("experiments.configs", "vampire_jax.configs")
+_LEGACY_MODULES = (
+  "experiments.configs",
+  "vampire_jax.configs",
+  "vampire_jax._src.runs.experiment_configs",  # before the run harness became public
+)
 
 
 def recorded_class_name(name: str) -> str:
@@ -512,7 +557,7 @@ def recorded_class_name(name: str) -> str:
     name: `run.json`'s `config_class`, e.g. `experiments.configs.OmniglotConfig`.
 
   Returns:
-    e.g. `vampire_jax._src.runs.experiment_configs.OmniglotConfig`.
+    e.g. `vampire_jax.runs.experiment_configs.OmniglotConfig`.
   """
   module_name, _, class_name = name.rpartition(".")
   if module_name in _LEGACY_MODULES and class_name in _CLASSES:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from vampire_jax._src.core.errors import RunFolderError
-from vampire_jax._src.runs.run_folder.storage import LOCK_FILE, writing
+from vampire_jax.runs.run_folder.storage import LOCK_FILE, writing
 
 PyTree = Any
 
@@ -63,7 +63,8 @@ def lock(
     os.close(fd)
     raise RunFolderError(
       f"{workdir} is in use by {_describe_holder(holder)} (lock {path}); one "
-      "process per run folder: wait for it, stop it, or use another --workdir"
+      "process per run folder: wait for it, stop it, or use another workdir",
+      fields=("workdir",),
     )
   try:
     left = _holder(fd)
@@ -102,8 +103,8 @@ def check_not_in_use(workdir: os.PathLike | str) -> None:
   except BlockingIOError:
     raise RunFolderError(
       f"{workdir} is in use by {_describe_holder(_holder(fd))} (lock {path}); "
-      "one process per run folder: wait for it, stop it, or use another "
-      "--workdir"
+      "one process per run folder: wait for it, stop it, or use another workdir",
+      fields=("workdir",),
     ) from None
   finally:
     os.close(fd)

@@ -30,13 +30,13 @@ from vampire_jax._src.core.errors import InputError, MissingDataError
 from vampire_jax._src.core.learners import MetaLearner, adapt_to_task
 from vampire_jax._src.metrics import predictive
 from vampire_jax._src.metrics import recalibration as recalibration_maps
-from vampire_jax._src.runs import algorithms, compile_note, kinds, programs, recalibration
-from vampire_jax._src.runs import run_folder
-from vampire_jax._src.runs.run_folder import RunCheckpoints
-from vampire_jax._src.runs.run_from_record import (
+from vampire_jax.runs import compile_note, kinds, programs, recalibration
+from vampire_jax.runs import run_folder
+from vampire_jax.runs.run_folder import RunCheckpoints
+from vampire_jax.runs.run_from_record import (
   config_from_record as config_from_record,  # the old module path of 0.2.0 reads it here
 )
-from vampire_jax._src.runs.run_from_record import (
+from vampire_jax.runs.run_from_record import (
   network_from_record,
   template_state,
   test_learner,
@@ -142,6 +142,7 @@ class Run:
       self.step,
       self.tested_step,
       None if self.calibration is None else tuple(self.calibration),
+      type(self.config.algorithm),
     )
     return _unpickled_run, parts
 
@@ -165,7 +166,9 @@ class Run:
     In `workdir` (default: the run's folder); returns the path. `vj.load_run(workdir,
     recalibrated=True)` applies it again, and refuses it for another run or step (the
     file names the run's id and step). Raises InputError on a run without a calibration,
-    StorageError where the folder cannot be written.
+    RunFolderError where `workdir` holds another run or is a zoo's cell whose manifest
+    records another map (`recalibration.write_calibration`), StorageError where the folder
+    cannot be written.
     """
     if self.calibration is None:
       raise InputError(
@@ -211,7 +214,7 @@ class Run:
     An embedding without a head (ProtoNet) has as many outputs as features: its
     classes are the config's ways.
     """
-    if algorithms.get(self.config.algorithm).embedding:
+    if self.config.algorithm.embedding:
       return int(self.config.ways)
     x = jnp.zeros((1,) + self.input_shape)
     shape = jax.eval_shape(lambda: self.model.apply(self.model.init(jax.random.key(0), x), x))
@@ -249,7 +252,7 @@ class Run:
         draws for every query), so its prediction is the same whatever else
         is passed. A network without batch norm (`vj.MLP`) gives the same
         answer both ways, unless it draws outputs per example
-        (`--local-reparameterization`).
+        (the spec's `local_reparameterization`).
       num_samples: regression only: how many samples of the predictive to
         draw (default: one per weight draw: the run's `num_mc_test`, BMAML's
         particles, MAML's one). Sample i is weight draw i mod D (of the D
@@ -391,6 +394,7 @@ def load_run(
   *,
   model: Optional[type | ModuleType] = None,
   recalibrated: bool = False,
+  algorithm: Optional[type] = None,
 ) -> Run:
   """Loads a run folder written by `train_and_evaluate` (any experiment).
 
@@ -403,6 +407,9 @@ def load_run(
       name. It is built with the recorded fields; a class whose parameters
       are not the checkpoint's is refused. Default: the class `run.json`
       names, imported.
+    algorithm: the algorithm's spec class, for a run of a spec of your own whose recorded
+      class cannot be imported here (defined in the script that trained it, `__main__`).
+      Default: the class `run.json` names, imported.
     recalibrated: False (the default): the raw predictive, `Run.calibration` None.
       True: the map of the folder's `recalibration.json` applied (`vj.recalibrate`,
       `Run.save`; the training loop writes one after its test).
@@ -413,7 +420,7 @@ def load_run(
 
   The record comes from `run.json`, else (lost or damaged) from the newest
   checkpoint; the meta-parameters are the ones the run tested
-  (`config.test_parameters`): the final ones from the newest checkpoint, or
+  (`config.evaluation.test_parameters`): the final ones from the newest checkpoint, or
   the best from `best/`, else (none, or damaged: a warning says so) the
   newest checkpoint that restores. A step folder without its `default/`
   item (a copy cut short) is skipped with a warning. When the step loaded is
@@ -440,7 +447,7 @@ def load_run(
 
     >>> import numpy as np
     >>> run = vj.load_run("zoo/regression_cpu_maml")
-    >>> run.kind, run.config.algorithm, run.step
+    >>> run.kind, run.config.algorithm.name, run.step
     ('regression', 'maml', 3000)
     >>> x = np.linspace(-4.0, 4.0, 5, dtype=np.float32)[:, None]   # 5 support points
     >>> samples = run.predict(x, np.sin(x), x, jax.random.key(0))  # adapted, then predicted
@@ -469,14 +476,16 @@ def load_run(
   network = network_from_record(record["model"], model, workdir)
   saved_calibration = recalibration.read_calibration(workdir, record) if recalibrated else None
   with x64_context(run_folder.recorded_x64(record)):
-    config = config_from_record(record)
+    config = config_from_record(record, algorithm=algorithm)
     learner = test_learner(network, record, config)
     template = template_state(
       network, tuple(record["input_shape"]), record["kind"], record["noise_std"], config
     )
     checkpoints = RunCheckpoints(workdir, create=False, print_fn=_warn)
     try:
-      meta_params, step, source = checkpoints.restore_meta_params(template, config.test_parameters)
+      meta_params, step, source = checkpoints.restore_meta_params(
+        template, config.evaluation.test_parameters
+      )
     finally:
       checkpoints.close()
   tested = tested_step(workdir, _warn)
@@ -495,14 +504,21 @@ def load_run(
 
 
 def _unpickled_run(
-  workdir: str, record: dict, meta_params, model, step, tested_step, calibration=None
+  workdir: str,
+  record: dict,
+  meta_params,
+  model,
+  step,
+  tested_step,
+  calibration=None,
+  algorithm=None,
 ) -> Run:
   """A pickled `Run` again (`Run.__reduce__`): rebuilt from its record, no folder read."""
   if calibration is not None:
     calibration = recalibration_maps.Calibration(*calibration)
   network = models.module_from_spec(record["model"], model)
   with x64_context(run_folder.recorded_x64(record)):
-    config = config_from_record(record)
+    config = config_from_record(record, algorithm=algorithm)
     learner = test_learner(network, record, config)
     meta_params = jax.tree_util.tree_map(jnp.asarray, meta_params)
   kwargs = dict(model=network, step=step, tested_step=tested_step, calibration=calibration)

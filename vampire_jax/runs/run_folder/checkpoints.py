@@ -14,16 +14,16 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vampire_jax._src.core.errors import RunFolderError, StorageError
-from vampire_jax._src.runs.run_folder.reading import _first_line, environment_cause, restore_target
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.reading import _first_line, environment_cause, restore_target
+from vampire_jax.runs.run_folder.record import (
   _partial_steps,
   _step_folders,
   _step_metadata,
   folder_run_id,
   with_run_id,
 )
-from vampire_jax._src.runs.run_folder.restore_noise import drop_restore_noise, quiet_restore
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.restore_noise import drop_restore_noise, quiet_restore
+from vampire_jax.runs.run_folder.storage import (
   BEST_SCORE_FILE,
   DAMAGED_FOLDER,
   SET_ASIDE_FOLDER,
@@ -217,13 +217,15 @@ class RunCheckpoints:
       raise RunFolderError(
         f"{folder / str(step)} was written by another run (run {run_id[:8]}; this folder's "
         f"run is {self._run_id[:8]}): a run reads only its own {what}; remove it, or use "
-        "another --workdir"
+        "another workdir",
+        fields=("workdir",),
       )
     carried_step = carried.get("step")
     if carried_step is not None and carried_step != step:
       raise RunFolderError(
         f"{folder / str(step)} carries the state of step {carried_step}, not {step}: it was "
-        f"moved or renamed; remove it, or use another --workdir"
+        f"moved or renamed; remove it, or use another workdir",
+        fields=("workdir",),
       )
 
   def _set_aside_best(self, best_step: int, start_step: int) -> None:
@@ -301,7 +303,8 @@ class RunCheckpoints:
     raise RunFolderError(
       f"no checkpoint in {self.workdir / 'checkpoints'} restores{tried}: their files look "
       f"damaged (each error is in a line above), so {self.workdir} cannot be resumed or "
-      "loaded; train into another --workdir"
+      "loaded; train into another workdir",
+      fields=("workdir",),
     )
 
   def _refuse_if_environment(self, error: BaseException, folder: Path, step: int) -> None:

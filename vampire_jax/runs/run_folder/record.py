@@ -1,7 +1,6 @@
 """The run record (`run.json`): what a run is, its id, the checks that a resumed run is
 the same run, and the results written at its end."""
 
-import dataclasses
 import json
 import os
 import re
@@ -14,10 +13,11 @@ from typing import Any, Callable, Optional
 from vampire_jax._src import deprecations
 from vampire_jax._src.core import models
 from vampire_jax._src.core.errors import ConfigError, InputError, RunFolderError, StorageError
-from vampire_jax._src.runs import experiment_configs as configs
-from vampire_jax._src.runs import run_config as config_lib
-from vampire_jax._src.runs.run_folder import checksums
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs import config_records
+from vampire_jax.runs import experiment_configs as configs
+from vampire_jax.runs import run_config as config_lib
+from vampire_jax.runs.run_folder import checksums
+from vampire_jax.runs.run_folder.storage import (
   CONFIG_FILE,
   PER_TASK_FILE,
   RESULTS_FILE,
@@ -63,7 +63,7 @@ def run_record(problem, config) -> dict:
   return {
     "format": RUN_RECORD_FORMAT,
     "config_class": config_class_name(config),
-    "config": dataclasses.asdict(config),
+    "config": config_records.to_record(config),
     "model": models.module_spec(problem.model),
     "input_shape": list(problem.input_shape),
     "kind": problem.kind,
@@ -193,16 +193,11 @@ def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -
     if name in carried
     and normal.get(name, str)(carried.get(name)) != normal.get(name, str)(record.get(name))
   }
-  config_class = _config_class(carried.get("config_class", ""))
-  resumable = config_lib.resumable_fields(config_class) if config_class else frozenset()
-  saved, now = carried["config"], record.get("config") or {}
-  # A field the algorithm never reads changes nothing (older runs recorded such values).
-  from vampire_jax._src.runs import algorithms
-
-  algorithm = saved.get("algorithm")
-  ignored = algorithms.ignored_fields(algorithm) if algorithm in algorithms.ALGORITHMS else ()
+  saved = config_records.flat(carried["config"])
+  now = config_records.flat(record.get("config") or {"algorithm": saved["algorithm"]})
+  resumable = _resumable_names(carried)
   for name in sorted(set(saved) | set(now)):
-    if name not in resumable and name not in ignored and saved.get(name) != now.get(name):
+    if name not in resumable and saved.get(name) != now.get(name):
       differences[f"config.{name}"] = (saved.get(name), now.get(name))
   if differences:
     listed = "; ".join(
@@ -216,16 +211,16 @@ def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -
     )
 
 
-def _config_class(recorded: str):
-  """The config dataclass a record names, or None (not importable here)."""
-  module_name, _, class_name = configs.recorded_class_name(recorded).rpartition(".")
-  try:
-    import importlib
+def _resumable_names(record: dict) -> frozenset[str]:
+  """The fields a resumed run of `record` may change (its config class's and parts'), or none
+  where the class does not import here."""
+  from vampire_jax.runs import run_from_record
 
-    cls = getattr(importlib.import_module(module_name), class_name)
-  except (ImportError, AttributeError, ValueError):
-    return None
-  return cls if dataclasses.is_dataclass(cls) else None
+  try:
+    config = run_from_record.config_from_record(record, quiet=True)
+  except Exception:  # an unimportable class: compare every field
+    return frozenset()
+  return config.resumable_names()
 
 
 def latest_checkpoint_step(workdir: os.PathLike | str) -> Optional[int]:
@@ -287,7 +282,7 @@ def check_resumable(
 
   A finished run (`results.json`) without a checkpoint, such as a copy of a zoo cell, cannot
   be resumed: it is refused, naming every setting that differs from `config`
-  (`--init-from` starts a new run from its meta-parameters).
+  (`init_from` starts a new run from its meta-parameters).
 
   Raises:
     ConfigError: another config, another `JAX_ENABLE_X64`, fewer meta-steps
@@ -299,7 +294,8 @@ def check_resumable(
     raise RunFolderError(
       f"{workdir} is a cell of a zoo: {Path(workdir).resolve().parent / checksums.MANIFEST} "
       "records its files' sha256, and training there would change them. Start from it with "
-      f"--init-from {workdir} and another --workdir"
+      f"init_from={str(workdir)!r} and another workdir",
+      fields=("init_from", "workdir"),
     )
   saved = read_run_record(workdir, print_fn=print_fn)
   latest = latest_checkpoint_step(workdir)
@@ -308,7 +304,8 @@ def check_resumable(
       raise RunFolderError(
         f"{workdir} holds checkpoints but no run record ({RUN_RECORD} is "
         "missing and the checkpoints carry none), so they cannot be checked "
-        "against this config; use another --workdir"
+        "against this config; use another workdir",
+        fields=("workdir",),
       )
     return
   if recorded_x64(saved) != x64_enabled():
@@ -316,7 +313,8 @@ def check_resumable(
     raise ConfigError(
       f"{workdir} holds a run trained with JAX_ENABLE_X64 {trained}, and this process has it "
       f"{now}: resumed, it would go on with other random task streams and precision. Resume it "
-      f"with JAX_ENABLE_X64={'1' if trained == 'on' else '0 (or unset)'}, or use another --workdir"
+      f"with JAX_ENABLE_X64={'1' if trained == 'on' else '0 (or unset)'}, or use another workdir",
+      fields=("workdir",),
     )
   if latest is None and _is_finished(workdir):
     _refuse_finished_without_checkpoints(workdir, saved, config)
@@ -325,31 +323,26 @@ def check_resumable(
     listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in differences.items())
     raise ConfigError(
       f"{workdir} holds a run with another config ({listed}). Use another "
-      "--workdir, or the same settings to resume it."
+      "workdir, or the same settings to resume it.",
+      fields=tuple(differences),
     )
-  if latest is not None and latest > config.num_meta_steps:
+  steps = config.schedule.num_meta_steps
+  if latest is not None and latest > steps:
     raise ConfigError(
-      f"--num-meta-steps {config.num_meta_steps}: {workdir} holds a run trained "
-      f"to step {latest}; pass --num-meta-steps {latest} (or more) to test or "
-      "continue it, or use another --workdir"
+      f"num_meta_steps {steps}: {workdir} holds a run trained to step {latest}; set "
+      f"num_meta_steps {latest} (or more) to test or continue it, or use another workdir",
+      fields=("num_meta_steps",),
     )
 
 
 def _differences(saved: dict, config, *, resumable: bool = False) -> dict:
-  """`{field: (saved, now)}` between a folder's record and `config` (`config_differences`),
-  less the fields the algorithm never reads; the config class too, where it differs."""
-  differences = config_lib.config_differences(saved["config"], config, resumable=resumable)
-  # A field the algorithm never reads changes nothing (older runs recorded such values).
-  from vampire_jax._src.runs import algorithms
-
-  if (
-    saved["config"].get("algorithm") == config.algorithm
-    and config.algorithm in algorithms.ALGORITHMS
-  ):
-    for name in algorithms.ignored_fields(config.algorithm):
-      differences.pop(name, None)
+  """`{field: (saved, now)}` between a folder's record and `config` (`config_differences`);
+  the config class too, where it differs."""
+  differences = config_lib.config_differences(
+    config_lib.jsonable(config_records.flat(saved["config"])), config, resumable=resumable
+  )
   # Runs recorded before the experiments' configs moved into the library name
-  # experiments.configs.<Class>, the same class as vampire_jax._src.runs.experiment_configs.<Class>.
+  # experiments.configs.<Class>, the same class as vampire_jax.runs.experiment_configs.<Class>.
   if configs.recorded_class_name(saved["config_class"]) != config_class_name(config):
     differences["config class"] = (saved["config_class"], config_class_name(config))
   return differences
@@ -367,7 +360,7 @@ def _refuse_finished_without_checkpoints(workdir, saved: dict, config) -> None:
   A zoo cell keeps its tested meta-parameters (`best/<step>`) but no training state; a
   copy of one, or a run folder whose `checkpoints/` were deleted, has nothing to resume,
   and training there would start again at step 0 over a finished run (the issue-59 zoo
-  copy did so with `--num-meta-steps 240`, setting the cell's weights aside in one line).
+  copy did so with 240 meta-steps, setting the cell's weights aside in one line).
   The refusal names what differs from the command, every field included (a resumed run
   could change the schedule; this one cannot be resumed).
 
@@ -391,8 +384,8 @@ def _refuse_finished_without_checkpoints(workdir, saved: dict, config) -> None:
     f"{workdir} holds a finished run ({RESULTS_FILE}, {kept}) but no checkpoint to resume "
     f"it from (a zoo cell keeps only its tested meta-parameters), and {settings}: training "
     "here would start again at step 0 over it. To start from its meta-parameters, pass "
-    f"--init-from {workdir} and another --workdir (vj.train_and_evaluate(..., "
-    "init_from=...)); to train anew, use another --workdir"
+    f"init_from={str(workdir)!r} with another workdir; to train anew, use another workdir",
+    fields=("init_from", "workdir"),
   )
 
 

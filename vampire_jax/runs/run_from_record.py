@@ -16,49 +16,58 @@ import jax
 from vampire_jax._src.core import meta_step, models
 from vampire_jax._src.core.errors import InputError, RunFolderError
 from vampire_jax._src.core.learners import MetaLearner
-from vampire_jax._src.runs import algorithms, run_folder
-from vampire_jax._src.runs import experiment_configs as configs
-from vampire_jax._src.runs.run_config import RunConfig
+from vampire_jax.runs import algorithms, config_records, run_folder, specs
+from vampire_jax.runs import experiment_configs as configs
+from vampire_jax.runs.run_config import RunConfig
 
 PyTree = Any
 
+# Every registered spec's fields: in a flat old record, none of them is the config's own.
+_SPECS_FIELDS = frozenset(name for cls in specs.SPECS.values() for name in cls.field_names()) | (
+  frozenset(config_records.OLD_NAMES)
+)
 
-def config_from_record(record: dict):
-  """The run's config as the dataclass it was trained with.
+
+def config_from_record(record: dict, *, algorithm: Optional[type] = None, quiet: bool = False):
+  """The run's config as the dataclass it was trained with (`config_records.from_record`).
 
   The class is imported by the name recorded. The experiments' configs live
-  in `vampire_jax._src.runs.experiment_configs`; run folders written before they moved there name
+  in `vampire_jax.runs.experiment_configs`; run folders written before they moved there name
   `experiments.configs.<Class>`, which maps to the library's class of that
   name (`configs.recorded_class_name`), so neither imports the experiments.
   If the import fails (the code that trained the run is not installed), a
   stand-in dataclass derived from `RunConfig` with the recorded fields is
-  returned, with a warning.
+  returned, with a warning (none if `quiet`).
 
   Args:
     record: the run's `run.json`, as a dict.
+    algorithm: the spec class, where the recorded one does not import here.
+    quiet: no warning for a stand-in.
 
   Returns:
     An instance of the recorded config class (or of the stand-in).
   """
-  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in record["config"].items()}
+  recorded = record["config"]
   class_path = configs.recorded_class_name(record["config_class"])
   module_name, _, class_name = class_path.rpartition(".")
   try:
     cls = getattr(importlib.import_module(module_name), class_name)
   except (ImportError, AttributeError) as error:
-    warnings.warn(
-      f"cannot import the run's config class {record['config_class']} ({error}); "
-      "using a stand-in dataclass with the same fields"
-    )
-    known = {f.name for f in dataclasses.fields(RunConfig)}
+    if not quiet:
+      warnings.warn(
+        f"cannot import the run's config class {record['config_class']} ({error}); "
+        "using a stand-in dataclass with the same fields"
+      )
+    known = set(RunConfig.field_names())
+    own = config_records.flat(recorded) if config_records.is_old_format(recorded) else recorded
+    own = {name: config_records.tuples(value) for name, value in own.items()}
     extra = [
       (name, type(value), dataclasses.field(default=value))
-      for name, value in fields.items()
-      if name not in known
+      for name, value in own.items()
+      if name not in known and name not in config_records.PART_FIELDS and name not in _SPECS_FIELDS
     ]
     cls = dataclasses.make_dataclass(class_name, extra, bases=(RunConfig,))
-  names = {f.name for f in dataclasses.fields(cls)}
-  return cls(**{k: v for k, v in fields.items() if k in names})
+  return config_records.from_record(recorded, cls, algorithm=algorithm)
 
 
 def x64_context(on: bool):
@@ -116,27 +125,15 @@ def network_from_record(spec: dict, model, workdir: Path) -> nn.Module:
 
 
 def test_learner(network: nn.Module, record: dict, config) -> MetaLearner:
-  """The learner a run tests with (`num_mc_test` draws), for the recorded likelihood."""
+  """The learner a run tests with (its spec's `num_mc_test` draws), for the recorded likelihood."""
   return algorithms.make_learner(
-    network,
-    record["kind"],
-    record["noise_std"],
-    config,
-    num_mc_train=config.num_mc_test,
-    num_mc_query=config.num_mc_test,
+    network, record["kind"], record["noise_std"], config, num_mc=config.algorithm.test_draws
   )
 
 
 def template_state(model, input_shape, kind: str, noise_std: Optional[float], config):
   """A `MetaState` of the run's structure, to restore checkpoints into."""
-  learner = algorithms.make_learner(
-    model,
-    kind,
-    noise_std,
-    config,
-    num_mc_train=config.num_mc_train,
-    num_mc_query=config.num_mc_query,
-  )
+  learner = algorithms.make_learner(model, kind, noise_std, config)
   optimizer = algorithms.make_optimizer(config)
   params = models.init_params(model, jax.random.key(0), (1,) + input_shape)
   return jax.eval_shape(

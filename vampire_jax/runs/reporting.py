@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from vampire_jax._src.runs import run_folder
-from vampire_jax._src.runs.run_folder import read_metrics  # noqa: F401  (kept here: public before)
+from vampire_jax.runs import run_folder
+from vampire_jax.runs.run_folder import read_metrics  # noqa: F401  (kept here: public before)
 
 
 class MetricWriter:
@@ -68,7 +68,7 @@ class MetricWriter:
 
     Args:
       step: the meta-step the tested parameters come from (the run's last).
-      config: `dataclasses.asdict(config)`.
+      config: the config by field name (`RunConfig.flat()`).
       metrics: the test split's metrics; entries that are not numbers are skipped.
     """
     if self._tensorboard is None:

@@ -57,159 +57,162 @@ What survives what (docs/reliability.md, "Run folder guarantees"):
 """
 
 # One namespace for the package's callers: `run_folder.<name>`.
-from vampire_jax._src.runs.run_folder.checkpoints import (
+from vampire_jax.runs.run_folder.checkpoints import (
   RunCheckpoints as RunCheckpoints,
 )
-from vampire_jax._src.runs.run_folder.checksums import (
+from vampire_jax.runs.run_folder.checksums import (
   check_recorded_files as check_recorded_files,
 )
-from vampire_jax._src.runs.run_folder.reading import (
+from vampire_jax.runs.run_folder.reading import (
   environment_cause as environment_cause,
 )
-from vampire_jax._src.runs.run_folder.reading import (
+from vampire_jax.runs.run_folder.reading import (
   read_checkpoint as read_checkpoint,
 )
-from vampire_jax._src.runs.run_folder.reading import (
+from vampire_jax.runs.run_folder.reading import (
   restore_target as restore_target,
 )
-from vampire_jax._src.runs.run_folder.folder_lock import (
+from vampire_jax.runs.run_folder.folder_lock import (
   check_not_in_use as check_not_in_use,
 )
-from vampire_jax._src.runs.run_folder.folder_lock import (
+from vampire_jax.runs.run_folder.folder_lock import (
   lock as lock,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   check_record_matches_checkpoints as check_record_matches_checkpoints,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   check_resumable as check_resumable,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   check_model_recordable as check_model_recordable,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   checkpointed_record as checkpointed_record,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   config_class_name as config_class_name,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   device_description as device_description,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   folder_run_id as folder_run_id,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   forget_unused_record as forget_unused_record,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   git_commit as git_commit,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   latest_checkpoint_step as latest_checkpoint_step,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   make_folder as make_folder,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   read_run_record as read_run_record,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   run_record as run_record,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   recorded_x64 as recorded_x64,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   x64_enabled as x64_enabled,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   save_per_task as save_per_task,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   with_run_id as with_run_id,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   write_results as write_results,
 )
-from vampire_jax._src.runs.run_folder.record import (
+from vampire_jax.runs.run_folder.record import (
   write_run_record as write_run_record,
 )
-from vampire_jax._src.runs.run_folder.restore_noise import (
+from vampire_jax.runs.run_folder.restore_noise import (
   drop_restore_noise as drop_restore_noise,
 )
-from vampire_jax._src.runs.run_folder.restore_noise import (
+from vampire_jax.runs.run_folder.restore_noise import (
   is_event_loop_noise as is_event_loop_noise,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   BEST_SCORE_FILE as BEST_SCORE_FILE,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   CONFIG_FILE as CONFIG_FILE,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   DAMAGED_FOLDER as DAMAGED_FOLDER,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   LOCK_FILE as LOCK_FILE,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   METRICS_FILE as METRICS_FILE,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   PER_TASK_FILE as PER_TASK_FILE,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   RESULTS_FILE as RESULTS_FILE,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   RUN_RECORD as RUN_RECORD,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   RUN_RECORD_FORMAT as RUN_RECORD_FORMAT,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   SET_ASIDE_FOLDER as SET_ASIDE_FOLDER,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   TRAIN_TIME_FILE as TRAIN_TIME_FILE,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   append_line as append_line,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   check_writable as check_writable,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   drop_rows_after as drop_rows_after,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
+  json_bytes as json_bytes,
+)
+from vampire_jax.runs.run_folder.storage import (
   open_log as open_log,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   read_json as read_json,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   read_log as read_log,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   read_metrics as read_metrics,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   save_npz as save_npz,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   storage_errno as storage_errno,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   storage_error as storage_error,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   write_atomic as write_atomic,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   write_json as write_json,
 )
-from vampire_jax._src.runs.run_folder.storage import (
+from vampire_jax.runs.run_folder.storage import (
   writing as writing,
 )

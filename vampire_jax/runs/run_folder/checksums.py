@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from vampire_jax._src.core.errors import RunFolderError
-from vampire_jax._src.runs.run_folder.storage import read_json
+from vampire_jax.runs.run_folder.storage import read_json
 
 MANIFEST = "manifest.json"
 

@@ -16,7 +16,7 @@ from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core import losses, models
 from vampire_jax._src.core.errors import InputError
 from vampire_jax._src.core.tasks import Task, check_task_batch
-from vampire_jax._src.runs import kinds
+from vampire_jax.runs import kinds
 
 PyTree = Any
 
@@ -48,7 +48,7 @@ class Problem(NamedTuple):
       (`data.open_set_tasks_from_keys`). With it the test adds open-set
       episodes (`results['test']['open_set']`); None: no open-set test.
     sample_train_tasks: optional: the training split's sampler where it differs
-      from `sample_tasks` (ProtoNet's `--train-ways`: training episodes of
+      from `sample_tasks` (ProtoNet's `train_num_classes`: training episodes of
       more classes than the test's); None: `sample_tasks` for every split.
   """
 

@@ -19,8 +19,8 @@ from vampire_jax._src.core import meta_step
 from vampire_jax._src.core.errors import ConfigError
 from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import evaluation
-from vampire_jax._src.runs import kinds
-from vampire_jax._src.runs.problem import Problem, sampler
+from vampire_jax.runs import kinds
+from vampire_jax.runs.problem import Problem, sampler
 
 
 class RunKeys(NamedTuple):
@@ -46,24 +46,25 @@ def build_train_step(
 ) -> Callable:
   """`train_step(state, key) -> (state, metrics [num_steps])`, compiled on first call."""
   metrics_fn = kinds.get(problem.kind).train_metrics
-  num_local_tasks = config.tasks_per_step // mesh_size(mesh)
+  num_local_tasks = config.schedule.tasks_per_step // mesh_size(mesh)
   strategy, chunk = backend_defaults.task_batching(
-    config.task_batching, config.chunk_size, num_local_tasks
+    config.speed.task_batching, config.speed.chunk_size, num_local_tasks
   )
   data = problem.splits["train"]
-  if config.debug_nans:  # one checked program (vj.debug_nonfinite) names the first NaN
+  if config.speed.debug_nans:  # one checked program (vj.debug_nonfinite) names the first NaN
     strategy = "map" if strategy == "host_chunked" else strategy
   if strategy == "host_chunked":
     if mesh is not None:
       raise ConfigError(
-        "--task-batching host_chunked runs tasks from Python on one device; "
-        "with tasks sharded over devices use vmap, or --shard-tasks off"
+        "task_batching host_chunked runs tasks from Python on one device; "
+        "with tasks sharded over devices use vmap, or shard_tasks off",
+        fields=("task_batching", "shard_tasks"),
       )
     step = host_chunked.make_host_chunked_train_step(
       learner,
       optimizer,
       sampler(problem, "train"),
-      tasks_per_step=config.tasks_per_step,
+      tasks_per_step=config.schedule.tasks_per_step,
       chunk_size=chunk,
       metrics_fn=metrics_fn,
     )
@@ -72,14 +73,14 @@ def build_train_step(
     learner,
     optimizer,
     sampler(problem, "train"),
-    tasks_per_step=config.tasks_per_step,
+    tasks_per_step=config.schedule.tasks_per_step,
     steps_per_call=num_steps,
     task_batching=strategy,
     chunk_size=chunk,
     metrics_fn=metrics_fn,
     mesh=mesh,
   )
-  if config.debug_nans:
+  if config.speed.debug_nans:
     step = diagnostics.debug_nonfinite(train_step)
   else:
     step = jax.jit(train_step, donate_argnums=0)
@@ -89,7 +90,7 @@ def build_train_step(
 def eval_batch_size(config, mesh: Optional[Mesh] = None) -> int:
   """`eval_batch_tasks`, rounded up to a multiple of the mesh's devices."""
   size = mesh_size(mesh)
-  return -(-config.eval_batch_tasks // size) * size
+  return -(-config.evaluation.eval_batch_tasks // size) * size
 
 
 def build_evaluator(
@@ -107,7 +108,7 @@ def _eval_batching(config, mesh: Optional[Mesh]) -> tuple[str, int]:
   """`(strategy, chunk)` of the evaluators, for batches of `eval_batch_size` tasks."""
   num_local_tasks = eval_batch_size(config, mesh) // mesh_size(mesh)
   strategy, chunk = backend_defaults.task_batching(
-    config.eval_task_batching, config.eval_chunk_size, num_local_tasks
+    config.speed.eval_task_batching, config.speed.eval_chunk_size, num_local_tasks
   )
   if strategy == "host_chunked":  # evaluation has no gradient to accumulate
     strategy = "chunked_unroll" if chunk < num_local_tasks else "unroll"

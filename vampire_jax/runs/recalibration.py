@@ -18,6 +18,7 @@ test both ways (`fit_on_split`, `recalibrated_summary`); `experiments.zoo recali
 does the same for a zoo's cells.
 """
 
+import hashlib
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -32,7 +33,8 @@ from vampire_jax._src.core.tasks import Task, check_task_batch
 from vampire_jax._src.metrics import evaluation
 from vampire_jax._src.metrics import recalibration as maps
 from vampire_jax._src.metrics import quantile_calibration, summary_inputs
-from vampire_jax._src.runs import kinds, programs, run_folder
+from vampire_jax.runs import kinds, programs, run_folder
+from vampire_jax.runs.run_folder import checksums
 
 RECALIBRATION_FILE = "recalibration.json"
 RECALIBRATION_FORMAT = 1
@@ -90,7 +92,7 @@ def recalibrate(run, tasks: Task, key: jax.Array, *, method: Optional[str] = Non
   `method` None (the default): the temperature for a classifier; for a regressor the
   quantile map where the tasks hold at least 100 query targets, else the variance scale.
   On the zoo's regression cells the quantile map measured better on the test tasks than
-  the variance scale alone, in NLL, interval coverage and ECE (BUILD_NOTES.md,
+  the variance scale alone, in NLL, interval coverage and ECE (docs/fidelity.md,
   "Recalibration").
 
   The returned run's `predict`, `predict_draws`, `predictive` and
@@ -288,21 +290,63 @@ def recalibrated_summary(
 
 
 def write_calibration(
-  workdir: Path, calibration: maps.Calibration, record: dict, step: Optional[int]
+  workdir: Path,
+  calibration: maps.Calibration,
+  record: dict,
+  step: Optional[int],
+  *,
+  recorded_again: bool = False,
 ) -> Path:
-  """`recalibration.json` in `workdir`, atomically: the map, the run's id and the step fitted."""
+  """`recalibration.json` in `workdir`, atomically: the map, the run's id and the step fitted.
+
+  Raises:
+    RunFolderError: `workdir` holds another run (another `run_id`), whose own map this
+      would replace; or it is a zoo's cell whose manifest records no such file (the cell
+      would no longer load), unless `recorded_again`: the caller records the cell's files
+      in the manifest again (`experiments.zoo recalibrate`).
+  """
   path = Path(workdir) / RECALIBRATION_FILE
-  run_folder.write_json(
-    path,
-    {
-      "format": RECALIBRATION_FORMAT,
-      "kind": record["kind"],
-      **maps.to_record(calibration),
-      "run_id": record.get("run_id"),
-      "step": step,
-    },
-  )
+  value = {
+    "format": RECALIBRATION_FORMAT,
+    "kind": record["kind"],
+    **maps.to_record(calibration),
+    "run_id": record.get("run_id"),
+    "step": step,
+  }
+  _check_own_folder(Path(workdir), record.get("run_id"))
+  if not recorded_again:
+    _check_not_a_changed_cell(Path(workdir), run_folder.json_bytes(value))
+  run_folder.write_json(path, value)
   return path
+
+
+def _check_own_folder(workdir: Path, run_id: Optional[str]) -> None:
+  """Refuses (RunFolderError) a folder that holds another run than `run_id`'s."""
+  theirs = run_folder.folder_run_id(workdir)
+  if theirs and run_id and theirs != run_id:
+    raise RunFolderError(
+      f"Run.save: {workdir} holds another run (run_id {theirs[:8]}) than this one (run_id "
+      f"{run_id[:8]}), and its own {RECALIBRATION_FILE} would be replaced; save into an "
+      "empty folder or the run's own folder"
+    )
+
+
+def _check_not_a_changed_cell(workdir: Path, text: bytes) -> None:
+  """Refuses (RunFolderError) a zoo's cell whose manifest does not record `text` as the file."""
+  files = checksums.recorded_files(workdir)
+  if files is None:
+    return
+  recorded = files.get(RECALIBRATION_FILE)
+  if isinstance(recorded, dict) and recorded.get("sha256") == hashlib.sha256(text).hexdigest():
+    return  # the very file recorded
+  manifest = workdir.resolve().parent / checksums.MANIFEST
+  raise RunFolderError(
+    f"Run.save: {workdir} is a cell of a zoo: {manifest} records its files' sha256, and a "
+    f"{RECALIBRATION_FILE} it does not record would leave the cell unloadable; recalibrate "
+    f"the cell with the clone's python -m experiments.zoo recalibrate, naming the cell "
+    f"({workdir.resolve().name}; it records the file in the manifest), or save into a copy of the folder outside "
+    "the zoo (not checked) and load that copy with recalibrated=True"
+  )
 
 
 def read_calibration(workdir: Path, record: dict) -> tuple[maps.Calibration, Optional[int]]:
@@ -317,6 +361,13 @@ def read_calibration(workdir: Path, record: dict) -> tuple[maps.Calibration, Opt
   """
   path = Path(workdir) / RECALIBRATION_FILE
   where = f"load_run(recalibrated=True): {path}"
+  if not path.is_file() and checksums.recorded_files(workdir) is not None:
+    raise RunFolderError(
+      f"load_run(recalibrated=True): {workdir} has no {RECALIBRATION_FILE}; it is a cell of "
+      f"a zoo ({Path(workdir).resolve().parent / checksums.MANIFEST} records its files), so "
+      "make one with the clone's python -m experiments.zoo recalibrate, naming the cell "
+      f"({Path(workdir).resolve().name}; it records the file there), or load it raw"
+    )
   if not path.is_file():
     raise RunFolderError(
       f"load_run(recalibrated=True): {workdir} has no {RECALIBRATION_FILE}; make one with "
@@ -388,7 +439,7 @@ def after_test(session, record: dict, meta_params, step: int, test_per_task: dic
       session.evaluate_val,
       meta_params,
       session.val_key,
-      config.num_val_tasks,
+      config.evaluation.num_val_tasks,
       programs.eval_batch_size(config, session.mesh),
       problem.kind,
       problem.noise_std,
@@ -400,9 +451,9 @@ def after_test(session, record: dict, meta_params, step: int, test_per_task: dic
   fields = summary_inputs.FIELDS[problem.kind] + ("targets", "truth")
   per_task = {name: value for name, value in test_per_task.items() if name in fields}
   summary = recalibrated_summary(
-    problem.kind, calibration, per_task, config.num_bins, problem.noise_std
+    problem.kind, calibration, per_task, config.evaluation.num_bins, problem.noise_std
   )
-  fitted = calibration_record(calibration, f"val: {config.num_val_tasks} tasks")
+  fitted = calibration_record(calibration, f"val: {config.evaluation.num_val_tasks} tasks")
   if problem.kind == "regression":
     fitted["raw_test"] = maps.interval_metrics(per_task, problem.noise_std)
   if session.is_main:
