@@ -20,11 +20,10 @@ from typing import Any, Optional
 
 from vampire_jax._src.core.errors import RunFolderError
 from vampire_jax.runs import specs
-from vampire_jax.runs.run_config import PARTS, Evaluation, Schedule, Speed
+from vampire_jax.runs.run_config import PART_CLASSES, PARTS
 
-_PART_CLASSES = {"schedule": Schedule, "evaluation": Evaluation, "speed": Speed}
 # Every part's fields.
-PART_FIELDS = frozenset(name for cls in _PART_CLASSES.values() for name in cls.field_names())
+PART_FIELDS = frozenset(name for cls in PART_CLASSES.values() for name in cls.field_names())
 
 
 def spec_path(spec) -> str:
@@ -93,7 +92,7 @@ def from_record(recorded: dict, config_cls, *, algorithm: Optional[type] = None)
     if key == "algorithm" or key not in names:
       continue
     if key in PARTS:
-      part_cls = _PART_CLASSES[key]
+      part_cls = PART_CLASSES[key]
       known = set(part_cls.field_names())
       values[key] = part_cls(**{k: tuples(v) for k, v in value.items() if k in known})
     else:
@@ -197,7 +196,7 @@ def _new_format_of_old(old: dict) -> dict:
   for key, value in old.items():
     if key == "algorithm":
       continue
-    where = next((p for p, cls in _PART_CLASSES.items() if key in cls.field_names()), None)
+    where = next((p for p, cls in PART_CLASSES.items() if key in cls.field_names()), None)
     if where:
       parts[where][key] = value
     elif key not in OLD_DEFAULTS and key not in OLD_NAMES:

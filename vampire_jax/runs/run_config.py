@@ -24,7 +24,7 @@ Messages name fields, never a command line's flags.
 """
 
 import dataclasses
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 from vampire_jax._src.core.errors import ConfigError, InputError
 from vampire_jax.runs import specs
@@ -47,8 +47,6 @@ MAX_SEED = 2**32 - 1
 class Schedule(Settings):
   """Meta-training's length, its tasks per meta-step and the meta-optimiser (Adam) (paper,
   Alg. 1, lines 8-11: gamma = 1e-3, x0.99 every 10 000 tasks)."""
-
-  part_name: ClassVar[str] = "schedule"
 
   tasks_per_step: int = setting(32, "T, tasks per meta-update")
   num_meta_steps: int = setting(
@@ -76,8 +74,6 @@ class Schedule(Settings):
 @part
 class Evaluation(Settings):
   """Validation, the test, logging and checkpoints: all may change on resuming."""
-
-  part_name: ClassVar[str] = "evaluation"
 
   num_val_tasks: int = setting(200, "validation tasks at each evaluation", resumable=True)
   num_test_tasks: int = setting(1000, "test tasks of the final score", resumable=True)
@@ -115,8 +111,6 @@ TASK_BATCHING = ("auto", "host_chunked", "vmap", "map", "unroll", "chunked_unrol
 class Speed(Settings):
   """How the work is batched and compiled: none of it changes a result beyond float rounding,
   and a resumed run may change any of it."""
-
-  part_name: ClassVar[str] = "speed"
 
   task_batching: str = setting(
     "auto", f"how tasks are batched: {', '.join(TASK_BATCHING)}", resumable=True
@@ -164,7 +158,9 @@ class Speed(Settings):
     check_choices(self)
 
 
-PARTS = ("schedule", "evaluation", "speed")
+# The parts, by the field of `RunConfig` that holds each.
+PART_CLASSES = {"schedule": Schedule, "evaluation": Evaluation, "speed": Speed}
+PARTS = tuple(PART_CLASSES)
 
 
 def _default_algorithm():
@@ -203,7 +199,7 @@ class RunConfig(Settings):
         f"{_described(self.algorithm)}",
         fields=("algorithm",),
       )
-    for name, cls in (("schedule", Schedule), ("evaluation", Evaluation), ("speed", Speed)):
+    for name, cls in PART_CLASSES.items():
       if not isinstance(getattr(self, name), cls):
         raise ConfigError(
           f"{name} must be a vj.{cls.__name__}, got {_described(getattr(self, name))}",
@@ -299,7 +295,7 @@ def part_of_field(cls, name: str) -> Optional[str]:
   own = {f.name for f in dataclasses.fields(cls)} - set(PARTS) - {"algorithm"}
   if name in own:
     return ""
-  for part_name, part_cls in (("schedule", Schedule), ("evaluation", Evaluation), ("speed", Speed)):
+  for part_name, part_cls in PART_CLASSES.items():
     if name in part_cls.field_names():
       return part_name
   return None

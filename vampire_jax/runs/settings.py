@@ -7,7 +7,7 @@ The parts of `run_config` and the algorithms' `specs` are built of these.
 
 import dataclasses
 import math
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from vampire_jax._src.core.errors import ConfigError
 
@@ -46,8 +46,6 @@ class Settings(metaclass=_RefusesUnknownNames):
   """What every part of a config shares: its fields by name, which of them a resumed run may
   change, and a one-line refusal of a field it does not have (`unknown_field`, overridden
   by `RunConfig` and the algorithm specs to say where the name belongs)."""
-
-  part_name: ClassVar[str] = ""
 
   @classmethod
   def field_names(cls) -> tuple[str, ...]:
