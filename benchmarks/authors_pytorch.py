@@ -8,7 +8,7 @@
 Needs torch and numpy only (not jax, not vampire_jax; it reads the settings
 from `benchmarks.suite`, whose module level imports the standard library
 only). `python -m benchmarks.side_by_side` runs it beside our benchmarks, one
-process at a time; `tests/test_authors_pytorch.py` checks, where torch is
+process at a time; `tests/benchmarks/test_authors_pytorch.py` checks, where torch is
 installed, that it computes our meta-loss and meta-gradient.
 
 What it follows: `vampire.py` of cnguyen10/few_shot_meta_learning (the code
@@ -102,7 +102,7 @@ if __package__ in (None, ""):  # run by path: the repository root makes `benchma
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import suite  # noqa: E402  (its module level imports the standard library only)
 
-# As benchmarks.suite builds our learners and networks (checked by tests/test_authors_pytorch.py).
+# As benchmarks.suite builds our learners and networks (checked by tests/benchmarks/test_authors_pytorch.py).
 KL_WEIGHT = 0.1  # beta, `suite.make_learner`
 NOISE_STD = 0.3  # the regression likelihood's sigma, `suite.network`
 BATCH_NORM_EPS = 1e-5  # `models.BatchStatNorm`

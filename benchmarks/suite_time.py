@@ -1,6 +1,6 @@
 """Where a test's time goes: tracing, lowering, XLA's compiles, and the rest (running).
 
-    python -m benchmarks.suite_time tests/test_simpa.py
+    python -m benchmarks.suite_time tests/baselines/test_simpa.py
     python -m benchmarks.suite_time tests -m "not slow" --top 40 --json build/suite_time.json
 
 Runs pytest in this one process (no xdist, so each test's time is its own) with a plugin

@@ -154,7 +154,7 @@ OMNIGLOT_SPLIT_CHARACTERS = {
 # The data set's facts live in its loader (`vampire_jax.data.omniglot`); named here for the configs.
 OMNIGLOT_DRAWINGS = omniglot.NUM_DRAWINGS
 # Characters of each background alphabet, in `data.BACKGROUND_ALPHABETS` order
-# (tests/test_uncertainty.py checks them against the data); the original
+# (tests/metrics/test_predictive_uncertainty.py checks them against the data); the original
 # split validates on the last `num_val_alphabets`.
 OMNIGLOT_BACKGROUND_ALPHABET_SIZES = (
   20,

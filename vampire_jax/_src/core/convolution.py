@@ -23,7 +23,7 @@ Both gradients are bilinear, and each has its own rule: its gradients are
 the gradient (the meta-gradient's second-order terms), and every order past
 it, is these three operations, never autodiff of slices and pads. The values
 equal XLA's up to float rounding, tested to the third derivative
-(`tests/test_convolution.py`).
+(`tests/core/test_convolution.py`).
 
 Reverse mode only: `conv2d` is a `jax.custom_vjp`, which JAX cannot
 differentiate forward, so `jax.jvp`, `jax.jacfwd`, `jax.hessian` and
@@ -132,7 +132,7 @@ def filter_gradient(x, grad, kernel_shape, stride: int, padding: Padding) -> jax
   taps = jnp.stack(kernel_taps(padded, (kh, kw), grad.shape[1:3], stride))  # [kh*kw, n, oh, ow, in]
   # One matrix product for all taps. Nine products stacked (one per tap) gave a wrong
   # second-order meta-gradient under jit on XLA:CPU (its algebraic simplifier; correct
-  # op by op): tests/test_convolution.py, `test_loop_safe_conv4_equals_xla_conv4`.
+  # op by op): tests/core/test_convolution.py, `test_loop_safe_conv4_equals_xla_conv4`.
   return jnp.einsum("tnhwc,nhwd->tcd", taps, grad).reshape(kernel_shape)
 
 

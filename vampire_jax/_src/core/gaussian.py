@@ -258,7 +258,7 @@ def to_distrax(dist: Gaussian) -> PyTree:
   Each leaf is `distrax.Normal(mean, exp(log_std))` of the leaf's shape and
   dtype; `gaussian_from_distrax` inverts it. distrax's `kl_divergence` of two
   such trees, summed, is `vj.kl_divergence`, and its `log_prob` scores
-  `vj.sample`'s draws, to float rounding (`tests/test_predictive.py`).
+  `vj.sample`'s draws, to float rounding (`tests/metrics/test_predictive.py`).
   """
   distrax = import_distrax()  # on first use (seconds): not with `import vampire_jax`
 

@@ -180,7 +180,7 @@ def max_pool_2x2(x: jax.Array) -> jax.Array:
   reshaped [.., 2, .., 2, ..] window, had XLA:CPU miscompile its gradient
   under `vmap` and in second-order meta-gradients (docs/performance.md, "A
   miscompiled max-pool gradient"). Tested against `nn.max_pool` and under
-  `vmap` in tests/test_models.py.
+  `vmap` in tests/core/test_models.py.
   """
   _, height, width, _ = x.shape
   x = x[:, : height // 2 * 2, : width // 2 * 2]  # VALID: an odd last row/column is dropped

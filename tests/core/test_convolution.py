@@ -1,0 +1,290 @@
+"""`convolution.conv2d` equals XLA's convolution in value and in its first three derivatives.
+
+The cases cover what the custom gradient has to get right: 'SAME', 'VALID' and
+asymmetric padding, strides 1 to 4, odd sizes and non-square kernels (where the
+padded input has rows or columns past the last window: the re-padding branch
+of `convolution.input_gradient`), and second order through two layers and a
+max-pool, where the meta-gradient runs through the input gradient.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from vampire_jax._src.core import convolution, models
+
+
+def xla_conv(x, kernel, stride, padding):
+  return lax.conv_general_dilated(
+    x, kernel, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
+
+
+CASES = [  # (height, width, in, out, stride): odd and even sizes, where 'SAME' pads unevenly
+  (7, 7, 3, 4, 2),
+  (8, 6, 2, 3, 2),
+  (5, 5, 2, 2, 1),
+]
+
+
+# (height, width, in, out, kernel, stride, padding): 'VALID' and asymmetric explicit
+# padding, strides 1-4, odd sizes; most leave rows or columns past the last window.
+PADDED_CASES = [
+  (9, 9, 2, 3, (3, 3), 1, "VALID"),
+  (8, 8, 2, 3, (3, 3), 2, "VALID"),
+  (11, 10, 3, 2, (3, 3), 3, "VALID"),
+  (13, 9, 2, 2, (3, 3), 4, "VALID"),
+  (7, 9, 2, 3, (3, 2), 2, ((0, 1), (1, 0))),
+  (10, 7, 2, 3, (3, 3), 3, ((2, 0), (0, 1))),
+  (9, 11, 2, 2, (2, 3), 4, ((1, 0), (2, 1))),
+  (5, 6, 2, 2, (3, 3), 1, ((0, 1), (2, 0))),
+]
+
+
+def _padding(height, width, kernel, stride, padding):
+  if isinstance(padding, str):
+    return tuple(lax.padtype_to_pads((height, width), kernel, (stride, stride), padding))
+  return padding
+
+
+def _inputs(case, seed=0):
+  if len(case) == 5:  # the 'SAME' cases with a 3x3 kernel
+    height, width, channels_in, channels_out, stride = case
+    case = (height, width, channels_in, channels_out, (3, 3), stride, "SAME")
+  height, width, channels_in, channels_out, kernel_size, stride, padding = case
+  kx, kk, kg = jax.random.split(jax.random.PRNGKey(seed), 3)
+  x = jax.random.normal(kx, (2, height, width, channels_in), jnp.float64)
+  kernel = jax.random.normal(kk, kernel_size + (channels_in, channels_out), jnp.float64)
+  return x, kernel, stride, _padding(height, width, kernel_size, stride, padding), kg
+
+
+def _rows_and_columns_past_the_last_window(case):
+  x, kernel, stride, padding, _ = _inputs(case)
+  extra = []
+  for axis in (0, 1):
+    padded = x.shape[1 + axis] + sum(padding[axis])
+    out = (padded - kernel.shape[axis]) // stride + 1
+    extra.append(padded - ((out - 1) * stride + kernel.shape[axis]))
+  return extra
+
+
+@pytest.fixture(autouse=True)
+def float64():
+  with jax.enable_x64(True):
+    yield
+
+
+def _assert_trees_close(ours, theirs, tolerance):
+  for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
+    np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance)
+
+
+def _two_layer_net(conv):
+  """conv 3x3 stride 1 (asymmetric padding) -> tanh -> 2x2 max-pool -> conv 3x3 stride 2 'VALID'."""
+
+  def apply(kernels, x):
+    h = jnp.tanh(conv(x, kernels[0], 1, ((1, 0), (0, 1))))
+    h = models.max_pool_2x2(h)
+    return jnp.tanh(conv(h, kernels[1], 2, ((0, 0), (0, 0))))
+
+  return apply
+
+
+def _as_float64(tree):
+  return jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), tree)
+
+
+def test_the_padded_cases_run_the_re_padding_branch():
+  """'SAME' pads to exactly the last window; these cases leave rows and columns past it."""
+  assert all(_rows_and_columns_past_the_last_window(case) == [0, 0] for case in CASES)
+  extra = [_rows_and_columns_past_the_last_window(case) for case in PADDED_CASES]
+  assert sum(rows > 0 for rows, _ in extra) >= 3 and sum(cols > 0 for _, cols in extra) >= 4
+
+
+@pytest.mark.parametrize("case", CASES + PADDED_CASES)
+def test_value_and_gradients_match_xla(case):
+  x, kernel, stride, padding, key = _inputs(case)
+  theirs = xla_conv(x, kernel, stride, padding)
+  ours = jax.jit(convolution.conv2d, static_argnums=(2, 3))(x, kernel, stride, padding)
+  np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+
+  weights = jax.random.normal(key, theirs.shape, jnp.float64)  # a generic scalar readout
+
+  def gradients(conv):
+    loss = lambda x, kernel: jnp.sum(weights * jnp.tanh(conv(x, kernel, stride, padding)))
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))(x, kernel)
+
+  _assert_trees_close(gradients(convolution.conv2d), gradients(xla_conv), 1e-10)
+
+
+@pytest.mark.parametrize("case", CASES[:2] + PADDED_CASES[1:3] + PADDED_CASES[5:7])
+def test_second_order_matches_xla(case):
+  """The meta-gradient differentiates through a gradient step: grad of (loss after one step)."""
+  x, kernel, stride, padding, key = _inputs(case, seed=1)
+  target = jax.random.normal(key, xla_conv(x, kernel, stride, padding).shape, jnp.float64)
+
+  def meta_gradient(conv):
+    def inner_loss(x, kernel):
+      return jnp.sum((jnp.tanh(conv(x, kernel, stride, padding)) - target) ** 2)
+
+    def outer(x, kernel):
+      adapted = kernel - 0.1 * jax.grad(inner_loss, argnums=1)(x, kernel)
+      return inner_loss(x * 0.5, adapted)
+
+    return jax.jit(jax.grad(outer, argnums=(0, 1)))(x, kernel)
+
+  _assert_trees_close(meta_gradient(convolution.conv2d), meta_gradient(xla_conv), 1e-9)
+
+
+@pytest.mark.parametrize("case", [CASES[0], PADDED_CASES[4]])
+def test_third_order_matches_xla(case):
+  """d/d(x, kernel) of a directional second derivative: three nested reverse passes."""
+  x, kernel, stride, padding, key = _inputs(case, seed=2)
+  kw, ku, kv = jax.random.split(key, 3)
+  weights = jax.random.normal(kw, xla_conv(x, kernel, stride, padding).shape, jnp.float64)
+  u, v = (jax.random.normal(k, kernel.shape, jnp.float64) for k in (ku, kv))
+
+  def third(conv):
+    def loss(x, kernel):
+      return jnp.sum(weights * jnp.tanh(conv(x, kernel, stride, padding)))
+
+    def second(x, kernel):  # v' H u, H the Hessian in the kernel
+      first = lambda x, kernel: jnp.vdot(jax.grad(loss, argnums=1)(x, kernel), u)
+      return jnp.vdot(jax.grad(first, argnums=1)(x, kernel), v)
+
+    return jax.jit(jax.grad(second, argnums=(0, 1)))(x, kernel)
+
+  _assert_trees_close(third(convolution.conv2d), third(xla_conv), 1e-9)
+
+
+def test_second_order_through_two_layers_and_max_pool_matches_xla():
+  """A meta-gradient in every kernel: the first layer's inner gradient runs through the
+  second layer's input gradient, and the outer gradient differentiates that again."""
+  k = jax.random.split(jax.random.PRNGKey(3), 6)
+  support, query = (jax.random.normal(key, (3, 11, 11, 2), jnp.float64) for key in k[:2])
+  kernels = (
+    jax.random.normal(k[2], (3, 3, 2, 3), jnp.float64),
+    jax.random.normal(k[3], (3, 3, 3, 2), jnp.float64),
+  )
+  # 11x11 -> conv 11x11 -> pool 5x5 (odd: one row and column dropped) -> conv 2x2
+  targets = [jax.random.normal(key, (3, 2, 2, 2), jnp.float64) for key in k[4:]]
+
+  def meta_gradient(conv):
+    apply = _two_layer_net(conv)
+
+    def loss(kernels, x, target):
+      return jnp.sum((apply(kernels, x) - target) ** 2)
+
+    def after_two_steps(kernels, query):
+      for _ in range(2):
+        kernels = jax.tree_util.tree_map(
+          lambda w, g: w - 0.05 * g, kernels, jax.grad(loss)(kernels, support, targets[0])
+        )
+      return loss(kernels, query, targets[1])
+
+    return jax.jit(jax.grad(after_two_steps, argnums=(0, 1)))(kernels, query)
+
+  ours, theirs = meta_gradient(convolution.conv2d), meta_gradient(xla_conv)
+  assert float(jnp.max(jnp.abs(theirs[0][0]))) > 1e-3  # the first layer's meta-gradient is not ~0
+  _assert_trees_close(ours, theirs, 1e-9)
+
+
+@pytest.mark.parametrize("max_pool,size,channels", [(False, 14, 1), (True, 21, 1), (True, 21, 3)])
+def test_loop_safe_conv4_equals_xla_conv4(max_pool, size, channels):
+  """Same parameter tree, same outputs and meta-gradients (one inner step, second order):
+  a checkpoint moves between implementations. Stride 2, or stride 1 with max-pool at odd
+  sizes (21 -> 10 -> 5 -> 2 -> 1); three channels as mini-ImageNet's (`LoopSafeConv` pads
+  them to four)."""
+  kx, kq, kp = jax.random.split(jax.random.PRNGKey(0), 3)
+  x = jax.random.uniform(kx, (4, size, size, channels), jnp.float64)
+  query = jax.random.uniform(kq, (6, size, size, channels), jnp.float64)
+  labels_x, labels_q = jnp.arange(4) % 3, jnp.arange(6) % 3
+  nets = [
+    models.Conv4(num_classes=3, num_filters=4, max_pool=max_pool, conv_impl=impl)
+    for impl in ("xla", "loop_safe")
+  ]
+  params = nets[0].init(kp, x.astype(jnp.float32))
+  assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(
+    nets[1].init(kp, x.astype(jnp.float32))
+  )
+  params = _as_float64(params)
+  np.testing.assert_allclose(
+    jax.jit(nets[1].apply)(params, x), jax.jit(nets[0].apply)(params, x), rtol=1e-10, atol=1e-10
+  )
+
+  def meta_gradient(net):
+    def loss(params, x, labels):
+      logits = net.apply(params, x)
+      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+
+    def after_one_step(params):
+      adapted = jax.tree_util.tree_map(
+        lambda w, g: w - 0.1 * g, params, jax.grad(loss)(params, x, labels_x)
+      )
+      return loss(adapted, query, labels_q)
+
+    return jax.jit(jax.grad(after_one_step))(params)
+
+  _assert_trees_close(meta_gradient(nets[1]), meta_gradient(nets[0]), 1e-8)
+
+
+def test_loop_safe_is_reverse_mode_only():
+  """`loop_safe` has no forward-mode rule (a `custom_vjp`): `jax.jvp`, `jacfwd` and
+  `jax.hessian` raise, as the README and `convolution.conv2d` say; a Hessian by
+  reverse over reverse (`jacrev(jacrev(f))`) works and equals XLA's forward-over-reverse."""
+  x = jax.random.normal(jax.random.PRNGKey(4), (2, 6, 6, 1), jnp.float64)
+  kernel = jax.random.normal(jax.random.PRNGKey(5), (3, 3, 1, 2), jnp.float64)
+  padding = ((1, 1), (1, 1))
+
+  def loss(conv):
+    return lambda kernel: jnp.sum(jnp.tanh(conv(x, kernel, 2, padding)) ** 2)
+
+  for forward_mode in (
+    lambda f: jax.jvp(f, (kernel,), (kernel,)),
+    lambda f: jax.jacfwd(f)(kernel),
+    lambda f: jax.hessian(f)(kernel),
+  ):
+    with pytest.raises(TypeError, match="forward-mode"):
+      forward_mode(loss(convolution.conv2d))
+  reverse_over_reverse = jax.jit(jax.jacrev(jax.jacrev(loss(convolution.conv2d))))(kernel)
+  np.testing.assert_allclose(
+    reverse_over_reverse, jax.hessian(loss(xla_conv))(kernel), rtol=1e-10, atol=1e-10
+  )
+
+
+def test_unknown_conv_impl_is_refused():
+  with pytest.raises(ValueError, match="conv_impl"):
+    models.Conv4(num_classes=5, conv_impl="cudnn").init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1))
+    )
+
+
+def test_auto_conv_impl_uses_loop_safe_where_gradients_run_in_loops():
+  from experiments import presets
+  from vampire_jax._src.core import backend_defaults
+
+  if jax.default_backend() != "cpu":
+    assert (
+      models.auto_conv_impl(task_batching="map", inner_steps_unrolled=False, draws_mapped=True)
+      == "xla"
+    )
+    return
+  assert (
+    models.auto_conv_impl(
+      task_batching="host_chunked", inner_steps_unrolled=True, draws_mapped=False
+    )
+    == "xla"
+  )
+  for loops in [
+    dict(task_batching="map", inner_steps_unrolled=True, draws_mapped=False),
+    dict(task_batching="host_chunked", inner_steps_unrolled=False, draws_mapped=False),
+    dict(task_batching="host_chunked", inner_steps_unrolled=True, draws_mapped=True),
+  ]:
+    assert models.auto_conv_impl(**loops) == "loop_safe", loops
+  quick = presets.omniglot_config("quick")
+  assert backend_defaults.config_conv_impl(quick) == "loop_safe"
+  unrolled = quick.replace(task_batching="host_chunked", unroll_inner_steps=True)
+  assert backend_defaults.config_conv_impl(unrolled) == "xla"
+  assert backend_defaults.config_conv_impl(quick.replace(conv_impl="patches")) == "patches"

@@ -1,0 +1,139 @@
+"""The compiler's freed memory goes back to the system, and no number changes (issue 62)."""
+
+import ctypes
+import json
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from experiments import regression
+from tests.conftest import tiny_regression_config
+from vampire_jax._src.core import host_memory
+from vampire_jax._src.core.errors import ConfigError
+
+GLIBC = host_memory._glibc_malloc_trim() is not None
+
+
+needs_glibc = pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
+
+
+RELEASE = host_memory.release_freed_memory  # the function itself, before any test patches it
+
+
+def _rss_mb() -> float:
+  """The process's resident memory now (Linux), MB."""
+  pages = int(Path("/proc/self/statm").read_text().split()[1])
+  return pages * 4096 / 2**20
+
+
+def _freed_heap_mb(megabytes: int) -> tuple[float, object]:
+  """Fills `megabytes` of the C heap in 1 KiB blocks and frees all but the last.
+
+  The last block sits at the heap's top, so glibc's `free` cannot shrink it: the freed
+  pages stay resident until `malloc_trim`, as a compile's do. Returns (RSS after the free,
+  the kept block, to free later).
+  """
+  libc = ctypes.CDLL("libc.so.6")
+  libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+  libc.free.argtypes = [ctypes.c_void_p]
+  blocks = [libc.malloc(1024) for _ in range(megabytes * 1024)]
+  for block in blocks:
+    ctypes.memset(block, 1, 1024)  # resident
+  for block in blocks[:-1]:
+    libc.free(block)
+  return _rss_mb(), (libc, blocks[-1])
+
+
+def _train(workdir: Path, monkeypatch, setting: str) -> tuple[list[dict], list[bool]]:
+  """A tiny regression run's logged rows (no wall-clock rates) and what each release did."""
+  monkeypatch.setenv(host_memory.ENV_VAR, setting)
+  released = []
+  monkeypatch.setattr(host_memory, "release_freed_memory", lambda: released.append(RELEASE()))
+  config = tiny_regression_config("vampire", num_meta_steps=4, num_mc_test=2)
+  results = regression.run_experiment(config, workdir, progress=False, print_fn=lambda m: None)
+  rows = [
+    {k: v for k, v in json.loads(line).items() if not k.endswith("_per_s")}
+    for line in (workdir / "metrics.jsonl").read_text().splitlines()
+  ]
+  return rows + [{"test": results["test"]}], released
+
+
+@needs_glibc
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_the_release_gives_freed_heap_pages_back_unless_turned_off(monkeypatch, setting):
+  monkeypatch.setenv(host_memory.ENV_VAR, setting)
+  held, (libc, last) = _freed_heap_mb(128)
+  try:
+    released = host_memory.release_freed_memory()
+    drop = held - _rss_mb()
+  finally:
+    libc.free(last)
+  if setting == "1":
+    assert released and drop > 100, (held, drop)
+  else:
+    assert not released and drop < 20, (held, drop)
+
+
+def test_the_release_runs_once_after_each_call_that_compiled(monkeypatch):
+  calls = []
+  monkeypatch.setattr(host_memory, "release_freed_memory", lambda: calls.append(1))
+  square = host_memory.releasing_after_compiles(jax.jit(lambda x: x * x + 1.0))
+  assert float(square(jnp.float32(3.0))) == 10.0
+  assert len(calls) == 1  # compiled
+  square(jnp.float32(4.0))
+  assert len(calls) == 1  # the same program
+  square(jnp.ones(3, jnp.float32))
+  assert len(calls) == 2  # a new shape compiles again
+
+
+@pytest.mark.slow  # two tiny runs: 37 s of CPU (12.5 min niced on the shared 2 cores)
+def test_a_run_logs_the_same_rows_with_and_without_the_release(tmp_path, monkeypatch):
+  rows_on, released_on = _train(tmp_path / "on", monkeypatch, "1")
+  rows_off, released_off = _train(tmp_path / "off", monkeypatch, "0")
+  assert len(rows_on) >= 4 and rows_on == rows_off  # bit for bit: JSON floats as written
+  # The train step and the evaluator each released after their first call, and only then.
+  assert len(released_on) >= 2 and released_on == [GLIBC] * len(released_on)
+  assert len(released_off) >= 2 and not any(released_off)
+
+
+@pytest.mark.parametrize(
+  "setting, on",
+  [("1", True), ("on", True), ("TRUE", True), (" Yes ", True), ("", True)]
+  + [("0", False), ("OFF", False), ("false", False), ("No", False)],
+)
+def test_the_switch_takes_the_documented_values_in_any_case(monkeypatch, setting, on):
+  """VAMPIRE_JAX_MEMORY_RELEASE: 1, on, true, yes turn the release on and 0, off, false, no
+  turn it off, in any case and with spaces around; set but empty is the default, on."""
+  monkeypatch.setenv(host_memory.ENV_VAR, setting)
+  assert host_memory.enabled() is on
+
+
+def test_the_switch_is_on_when_unset(monkeypatch):
+  """Without VAMPIRE_JAX_MEMORY_RELEASE the release is on."""
+  monkeypatch.delenv(host_memory.ENV_VAR, raising=False)
+  assert host_memory.enabled()
+
+
+@pytest.mark.parametrize("setting", ["disabled", "none", "n", "00", "2", "offf"])
+def test_the_switch_refuses_any_other_value_naming_it_and_the_values_it_takes(monkeypatch, setting):
+  """Any other value of VAMPIRE_JAX_MEMORY_RELEASE is refused in one line (a ConfigError)
+  naming the variable, the value and the values it takes: by `enabled`, by a release, and by
+  `releasing_after_compiles` when it wraps a function, before anything is compiled."""
+  monkeypatch.setenv(host_memory.ENV_VAR, setting)
+  compiled = []
+  for attempt in (
+    host_memory.enabled,
+    host_memory.release_freed_memory,
+    lambda: host_memory.releasing_after_compiles(lambda: compiled.append(1)),
+  ):
+    with pytest.raises(ConfigError) as raised:
+      attempt()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert host_memory.ENV_VAR in message and repr(setting) in message, message
+    for value in ("1", "on", "true", "yes", "0", "off", "false", "no"):
+      assert re.search(rf"\b{value}\b", message), (value, message)
+  assert not compiled
