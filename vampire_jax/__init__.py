@@ -125,6 +125,10 @@ from vampire_jax._src.metrics.evaluation import (
   make_open_set_evaluator,
   make_regression_evaluator,
 )
+from vampire_jax._src.metrics.learner_recalibration import (
+  fit_recalibration,
+  recalibrated_learner,
+)
 from vampire_jax._src.metrics.predictive import (
   predictive,
   predictive_distribution,
@@ -269,6 +273,9 @@ __all__ = (
   "predictive",
   "predictive_distribution",
   "predictive_interval",
+  # Recalibration of a learner's predictive (a run's: vj.recalibrate).
+  "fit_recalibration",
+  "recalibrated_learner",
   # Training runs.
   "RunConfig",
   "Schedule",

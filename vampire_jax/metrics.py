@@ -10,9 +10,9 @@ This module holds what a report or a figure takes apart:
   as JSON records and back (`calibration_to_record`, `calibration_from_record`); the best
   risk any ordering reaches (`oracle_risk`); the quantile calibration of a whole
   predictive, noise included (`predictive_quantile_calibration`);
-- the recalibration maps `vj.recalibrate` fits (a `Calibration`: a temperature, a
-  variance scale, or a quantile map over one): fitted on per-task results
-  (`fit_recalibration`), described and recorded (`describe_recalibration`,
+- the recalibration maps `vj.recalibrate` and `vj.fit_recalibration` fit (a `Calibration`: a
+  temperature, a variance scale, or a quantile map over one): fitted on per-task results
+  (`fit_recalibration`; the top level's fits on tasks, from a learner), described and recorded (`describe_recalibration`,
   `recalibration_to_record`), applied to per-task results (`recalibrated_per_task`,
   `calibrated_noise_std`); a regressor's PIT values and central interval
   (`predictive_pit`, `interval_coverage`, `interval_metrics`); the quantile map alone

@@ -7,7 +7,9 @@
     recalibrated.save()                 # recalibration.json in the run folder
     vj.load_run(run.workdir, recalibrated=True)   # the same run again, recalibrated
 
-The maps and their maths are in `metrics.recalibration`. A recalibrated run applies its map
+The maps and their maths are in `metrics.recalibration`; the tasks are checked, scored and
+the map fitted as `vj.fit_recalibration` does for a learner of your own
+(`metrics.learner_recalibration`, shared by both routes). A recalibrated run applies its map
 in its learner's `predict` (the network's outputs under each weight draw) and in its
 likelihood's noise, so `Run.predict`, `predict_draws`, `predictive`,
 `predict_function_draws` and the evaluators built from `run.learner` and `run.noise_std`
@@ -26,11 +28,10 @@ import jax
 import numpy as np
 
 from vampire_jax._src.core import input_checks as checks
-from vampire_jax._src.core import losses
 from vampire_jax._src.core.errors import InputError, RunFolderError
-from vampire_jax._src.core.learners import MetaLearner
-from vampire_jax._src.core.tasks import Task, check_task_batch
+from vampire_jax._src.core.tasks import Task
 from vampire_jax._src.metrics import evaluation
+from vampire_jax._src.metrics import learner_recalibration as fitting
 from vampire_jax._src.metrics import recalibration as maps
 from vampire_jax._src.metrics import quantile_calibration, summary_inputs
 from vampire_jax.runs import kinds, programs, run_folder
@@ -38,32 +39,6 @@ from vampire_jax.runs.run_folder import checksums
 
 RECALIBRATION_FILE = "recalibration.json"
 RECALIBRATION_FORMAT = 1
-
-
-def calibrated_learner(
-  learner: MetaLearner, calibration: Optional[maps.Calibration], noise_std: Optional[float]
-) -> MetaLearner:
-  """`learner` whose `predict` returns recalibrated outputs and whose `nll` has the scaled noise.
-
-  Its `adapt` (a closure over the trained likelihood) is the learner's own: recalibration
-  changes the predictive, not the adaptation. A test-time learner: its meta-loss would
-  train on the recalibrated outputs.
-  """
-  if calibration is None:
-    return learner
-  predict = learner.predict
-
-  def recalibrated_predict(task_params, x, key):
-    return maps.calibrate_outputs(calibration, predict(task_params, x, key))
-
-  nll = learner.nll
-  if calibration.method in (maps.VARIANCE_SCALE, maps.QUANTILE):
-    nll = losses.gaussian_nll(maps.calibrated_noise_std(calibration, noise_std))
-  if calibration.method == maps.QUANTILE:
-    # The map of the predictive's CDF: `vj.predictive_distribution` and the regression
-    # evaluator read it from the likelihood (each draw's likelihood is still Gaussian).
-    nll.quantile_map = calibration.quantile_map
-  return learner._replace(predict=recalibrated_predict, nll=nll)
 
 
 # -- Fitting on a run's tasks -----------------------------------------------------------------
@@ -100,7 +75,9 @@ def recalibrate(run, tasks: Task, key: jax.Array, *, method: Optional[str] = Non
   `learner` and `noise_std` (sqrt(s) sigma; a quantile map rides on the learner's
   likelihood, `learner.nll.quantile_map`); its `calibration` holds what was fitted,
   and `.save()` writes it beside the run (`vj.load_run(..., recalibrated=True)` reads it).
-  A run that is already recalibrated is fitted afresh, from its raw predictive.
+  A run that is already recalibrated is fitted afresh, from its raw predictive. For a
+  learner and meta-parameters of your own (`vj.make_train_step`), `vj.fit_recalibration`
+  fits the same map (on `run.learner` and `run.meta_params`, this one).
 
   Args:
     run: a `vj.Run` (`vj.load_run`).
@@ -117,8 +94,8 @@ def recalibrate(run, tasks: Task, key: jax.Array, *, method: Optional[str] = Non
   Raises:
     InputError: `run` is not a `vj.Run`; tasks that are not a `vj.Task` batch of the run's
       input shape and kind (integer labels for a classifier, `[tasks, n, outputs]` float
-      targets for a regressor), fewer than 2 tasks, non-finite values; a method not of
-      the run's kind, a quantile map of fewer than 100 query targets; or a predictive
+      targets for a regressor), fewer than 2 tasks, non-finite values; tasks whose
+      predictive is not finite (naming them); a method not of the run's kind, a quantile map of fewer than 100 query targets; or a predictive
       whose NLL has no minimum inside the range searched (T in [0.01, 100], s in
       [1e-4, 1e4]).
   """
@@ -129,54 +106,10 @@ def recalibrate(run, tasks: Task, key: jax.Array, *, method: Optional[str] = Non
   maps.check_method(where, run.kind, method)
   raw = run._uncalibrated
   with run._precision():
-    num_tasks = check_tasks(run, tasks, where)
+    num_tasks, _ = fitting.check_tasks(where, tasks, run.kind, run.input_shape, run.num_outputs)
     per_task = evaluate_tasks(raw, tasks, key, num_tasks)
-  calibration = maps.fit(run.kind, per_task, raw.noise_std, where, method)
+  calibration = fitting.fit_per_task(run.kind, per_task, raw.noise_std, where, method)
   return run._with_calibration(calibration)
-
-
-def check_tasks(run, tasks: Task, where: str) -> int:
-  """Host checks of `tasks` for `run`: a batch of >= 2 tasks of its inputs and kind."""
-  num_tasks = check_task_batch(tasks, where)
-  if not checks.concrete(tuple(tasks)):
-    raise InputError(f"{where} runs on concrete tasks (it checks them on the host), not traced")
-  arrays = Task(*(np.asarray(field) for field in tasks))
-  if num_tasks < maps.MIN_TASKS:
-    raise checks.fail(
-      where,
-      "tasks",
-      f"at least {maps.MIN_TASKS} tasks (one task's queries share one adaptation: a fit on "
-      "them fits that task), e.g. the run's validation tasks",
-      f"{num_tasks} task",
-    )
-  shape = ", ".join(map(str, run.input_shape))
-  for name in ("support_x", "query_x"):
-    value = getattr(arrays, name)
-    if tuple(value.shape[2:]) != run.input_shape:
-      raise checks.fail(
-        where, f"tasks.{name}", f"[tasks, n, {shape}] (the run's inputs)", checks.describe(value)
-      )
-    checks.floating(where, f"tasks.{name}", value, checks.IMAGE_HINT)
-  for name in ("support_y", "query_y"):
-    value = getattr(arrays, name)
-    if run.kind == "classification":
-      good = value.ndim == 2 and np.issubdtype(value.dtype, np.integer)
-      wanted = "[tasks, n] integer labels (a classifier's tasks)"
-    else:
-      good = value.ndim == 3 and value.shape[2] == run.num_outputs
-      good = good and np.issubdtype(value.dtype, np.floating)
-      wanted = f"[tasks, n, {run.num_outputs}] float targets (a regressor's tasks)"
-    if not good:
-      raise checks.fail(where, f"tasks.{name}", wanted, checks.describe(value))
-  checks.check_finite(where, {f"tasks.{k}": v for k, v in arrays._asdict().items()})
-  if run.kind == "classification":
-    ways = run.num_outputs
-    checks.labels_in_range(where, "tasks.query_y", arrays.query_y, ways)
-    for i in range(num_tasks):
-      kinds.get(run.kind).check_support_y(
-        f"{where} (task {i})", arrays.support_y[i], arrays.support_y.shape[1], ways
-      )
-  return num_tasks
 
 
 def evaluate_tasks(run, tasks: Task, key: jax.Array, num_tasks: int) -> dict:
@@ -185,17 +118,8 @@ def evaluate_tasks(run, tasks: Task, key: jax.Array, num_tasks: int) -> dict:
   In batches of the run's `eval_batch_tasks`; task i with key i of `key`'s split, so a
   task's results do not depend on the batch.
   """
-  evaluate = run._evaluator
-  keys = evaluation.per_task_keys(key, num_tasks)
   batch = programs.eval_batch_size(run.config)
-  parts = []
-  for start in range(0, num_tasks, batch):
-    chunk = jax.tree_util.tree_map(lambda field: field[start : start + batch], tasks)
-    result = evaluate(run.meta_params, chunk, keys[start : start + batch])
-    parts.append(jax.device_get(result._asdict()))
-  per_task = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
-  per_task["targets"] = np.asarray(tasks.query_y)
-  return per_task
+  return fitting.evaluate_tasks(run._evaluator, run.meta_params, tasks, key, num_tasks, batch)
 
 
 def fit_on_split(
@@ -216,13 +140,7 @@ def fit_on_split(
   per_task = evaluation.evaluate_split(
     evaluate_indices, meta_params, key, num_tasks, batch_tasks, refuse_non_finite=False
   )
-  bad = evaluation.non_finite_tasks(per_task)
-  if bad.size:
-    raise InputError(
-      f"{where}: {bad.size} of {num_tasks} tasks gave non-finite results (tasks "
-      f"{bad[:10].tolist()}); no map is fitted on them"
-    )
-  return maps.fit(kind, per_task, noise_std, where), per_task
+  return fitting.fit_per_task(kind, per_task, noise_std, where, None), per_task
 
 
 # -- Scoring a split under a map ------------------------------------------------------------

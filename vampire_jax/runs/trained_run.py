@@ -28,7 +28,7 @@ from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core import host_memory, models
 from vampire_jax._src.core.errors import InputError, MissingDataError
 from vampire_jax._src.core.learners import MetaLearner, adapt_to_task
-from vampire_jax._src.metrics import predictive
+from vampire_jax._src.metrics import learner_recalibration, predictive
 from vampire_jax._src.metrics import recalibration as recalibration_maps
 from vampire_jax.runs import compile_note, kinds, programs, recalibration
 from vampire_jax.runs import run_folder
@@ -112,7 +112,9 @@ class Run:
     self.input_shape = tuple(record["input_shape"])
     self.noise_std = recalibration_maps.calibrated_noise_std(calibration, record["noise_std"])
     self.meta_params = meta_params
-    self.learner = recalibration.calibrated_learner(learner, calibration, record["noise_std"])
+    self.learner = learner_recalibration.calibrated_learner(
+      learner, calibration, record["noise_std"]
+    )
     self.step = step
     self.tested_step = tested_step
     self.calibration = calibration

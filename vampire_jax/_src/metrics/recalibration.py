@@ -34,7 +34,8 @@ is smooth and (in practice) unimodal in its parameter.
 
 `recalibrated_per_task` applies a map to an evaluator's per-task results without running
 the network again; `runs.recalibration` scores them, and `vj.recalibrate` fits a map on a
-run's predictive of given tasks and returns the run that applies it.
+run's predictive of given tasks and returns the run that applies it (`vj.fit_recalibration`
+on a learner's, and `vj.recalibrated_learner` applies it: `learner_recalibration`).
 """
 
 import math
@@ -74,7 +75,7 @@ INTERVAL_LEVEL = 0.9  # the central interval whose coverage the summaries report
 
 
 class Calibration(NamedTuple):
-  """A fitted recalibration map (`vj.recalibrate`, `Run.calibration`).
+  """A fitted recalibration map (`vj.fit_recalibration`, `vj.recalibrate`, `Run.calibration`).
 
   Attributes:
     method: 'temperature' (classification), 'quantile' or 'variance_scale' (regression).
@@ -346,7 +347,8 @@ def check_method(where: str, kind: str, method: Optional[str]) -> None:
   if method is not None and method not in METHODS[kind]:
     choices = " or ".join(map(repr, METHODS[kind]))
     raise InputError(
-      f"{where}: method must be {choices} for a {kind} run (or None), got {method!r}"
+      f"{where}: method must be {choices} for a {kind} predictive (or None: the "
+      f"default), got {method!r}"
     )
 
 
