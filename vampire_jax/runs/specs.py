@@ -304,6 +304,26 @@ def _draws_of(spec, num_mc: Optional[int]) -> tuple[int, int]:
   return num_mc, num_mc
 
 
+def _vampire_arguments(spec, context: Context, num_mc: Optional[int]) -> dict[str, Any]:
+  """The arguments `vj.vampire` and `vj.vampire2` share, from a spec of either."""
+  num_mc_train, num_mc_query = _draws_of(spec, num_mc)
+  return dict(
+    num_inner_steps=spec.num_inner_steps,
+    inner_lr=spec.inner_lr,
+    kl_weight=spec.kl_weight,
+    num_mc_train=num_mc_train,
+    num_mc_query=num_mc_query,
+    first_order=spec.first_order,
+    log_std_init=tuple(spec.log_std_init),
+    sample_batching=context.sample_batching,
+    unroll_steps=context.unroll_steps,
+    remat=context.remat,
+    second_order_steps=spec.second_order_steps,
+    draw_outputs=_draw_outputs(spec),
+    backtracking=spec.backtracking,
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class Vampire(AlgorithmSpec):
   """VAMPIRE (this paper, Alg. 1): `vj.vampire`'s arguments and defaults."""
@@ -328,24 +348,7 @@ class Vampire(AlgorithmSpec):
   meta_grad_clip_separately: bool = _meta_grad_clip_separately()
 
   def learner(self, apply_fn, nll, context=Context(), *, num_mc=None):
-    num_mc_train, num_mc_query = _draws_of(self, num_mc)
-    return learners.vampire(
-      apply_fn,
-      nll,
-      num_inner_steps=self.num_inner_steps,
-      inner_lr=self.inner_lr,
-      kl_weight=self.kl_weight,
-      num_mc_train=num_mc_train,
-      num_mc_query=num_mc_query,
-      first_order=self.first_order,
-      log_std_init=tuple(self.log_std_init),
-      sample_batching=context.sample_batching,
-      unroll_steps=context.unroll_steps,
-      remat=context.remat,
-      second_order_steps=self.second_order_steps,
-      draw_outputs=_draw_outputs(self),
-      backtracking=self.backtracking,
-    )
+    return learners.vampire(apply_fn, nll, **_vampire_arguments(self, context, num_mc))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,24 +385,11 @@ class Vampire2(AlgorithmSpec):
   meta_grad_clip_separately: bool = _meta_grad_clip_separately()
 
   def learner(self, apply_fn, nll, context=Context(), *, num_mc=None):
-    num_mc_train, num_mc_query = _draws_of(self, num_mc)
     return learners.vampire2(
       apply_fn,
       nll,
-      num_inner_steps=self.num_inner_steps,
-      inner_lr=self.inner_lr,
-      kl_weight=self.kl_weight,
       outer_kl_weight=self.outer_kl_weight,
-      num_mc_train=num_mc_train,
-      num_mc_query=num_mc_query,
-      first_order=self.first_order,
-      log_std_init=tuple(self.log_std_init),
-      sample_batching=context.sample_batching,
-      unroll_steps=context.unroll_steps,
-      remat=context.remat,
-      second_order_steps=self.second_order_steps,
-      draw_outputs=_draw_outputs(self),
-      backtracking=self.backtracking,
+      **_vampire_arguments(self, context, num_mc),
     )
 
 
