@@ -37,6 +37,7 @@ compared with the first 20 rows of its per-task scores; `--num-test-tasks N` tak
 """
 
 import argparse
+import contextlib
 import dataclasses
 import fnmatch
 import hashlib
@@ -617,7 +618,10 @@ def verify(
   rows = []
   for name in select(manifest, pattern):
     try:
-      row = verify_cell(zoo, name, manifest["cells"][name], num_tasks, machine)
+      # What loading a cell prints (the data's "building" and "cached arrays" lines) is
+      # progress, on stderr with the bars: stdout holds the table alone.
+      with contextlib.redirect_stdout(sys.stderr):
+        row = verify_cell(zoo, name, manifest["cells"][name], num_tasks, machine)
     except UserError as error:  # missing data, say: the cell is not verified
       row = Verified(name, 0, False, "error", f"{type(error).__name__}: {error}", "–", "–", 0.0)
     rows.append(row)

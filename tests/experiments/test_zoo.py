@@ -124,6 +124,7 @@ def test_zoo_verify_draws_its_progress_bars_on_stderr_and_prints_its_table_alone
   pytest.importorskip("tqdm")
 
   def verify_cell(zoo_dir, name, entry, num_tasks, machine):  # what verify_cell does, quickly
+    print("Omniglot: cached arrays (what loading a cell's data prints)")
     with zoo._progress_bar(name, 3) as on_batch:
       for done in (1, 2, 3):
         on_batch(done, 3)
@@ -133,6 +134,7 @@ def test_zoo_verify_draws_its_progress_bars_on_stderr_and_prints_its_table_alone
   assert zoo.main(["verify", "--cells", "regression_cpu_maml", "--num-test-tasks", "3"]) == 0
   out, err = capsys.readouterr()
   assert "verifying regression_cpu_maml" in err and "verifying" not in out
+  assert "Omniglot: cached arrays" in err and "Omniglot" not in out
   assert out.startswith("| cell | paper | trained (device, commit) | verified here (")
   assert all(
     line.startswith("|") or not line or "cells verified" in line for line in out.splitlines()

@@ -275,3 +275,18 @@ def test_a_comparison_folder_gives_each_method_its_own_source(tmp_path):
   assert compare.method_init_from(tmp_path, "maml") == tmp_path / "maml"
   assert compare.method_init_from(tmp_path, "vampire") == tmp_path
   assert compare.method_init_from(None, "maml") is None
+
+
+def test_a_first_run_from_a_source_says_where_it_starts(tmp_path):
+  lines = []
+  _train(_config(), tmp_path / "mine", str(CELL), lines)
+  starts = [line for line in lines if line.startswith("starting from")]
+  assert starts == [
+    f"starting from {CELL.resolve()} (zoo cell {CELL.name}): its meta-parameters of step "
+    "3000, with a fresh optimiser state"
+  ], lines[:5]
+  # Resumed, it says that it resumes, not that it starts.
+  again = []
+  _train(_config(), tmp_path / "mine", str(CELL), again)
+  assert not [line for line in again if line.startswith("starting from")]
+  assert any(line.startswith(f"resuming {tmp_path / 'mine'}") for line in again), again[:5]

@@ -278,3 +278,39 @@ def test_save_refuses_the_folder_of_another_run_and_keeps_its_map(regression_run
   for folder in (tmp_path / "empty", mine):
     assert saving.save(folder) == folder / recalibration.RECALIBRATION_FILE
     assert recalibration.read_calibration(folder, mine_record)[0] == saving.calibration
+
+
+def test_summarise_of_a_recalibrated_runs_results_names_the_recalibration(quantile_mapped_run):
+  run, tasks = quantile_mapped_run
+  fitted = vj.recalibrate(run, tasks, jax.random.key(3))
+  per_task = recalibration.evaluate_tasks(fitted, tasks, jax.random.key(5), 10)
+  with pytest.raises(vj.InputError) as refused:
+    vj.summarise("regression", per_task, noise_std=fitted.noise_std)
+  message = str(refused.value)
+  assert len(message.splitlines()) == 1, message
+  for part in (f"noise_std {fitted.noise_std:g}", "recalibrated", "raw noise_std"):
+    assert part in message, message
+  # The raw run's results, with the raw noise_std, are summarised.
+  raw = recalibration.evaluate_tasks(run, tasks, jax.random.key(5), 10)
+  summary = vj.summarise("regression", raw, noise_std=run.noise_std)
+  assert summary.metrics["num_tasks"] == 10
+
+
+def test_a_saved_map_of_another_kind_says_the_method_does_not_fit_the_kind(regression_run):
+  run, tasks = regression_run
+  path = vj.recalibrate(run, tasks, jax.random.key(3)).save()  # the file it wrote
+  folder = path.parent
+  saved = json.loads(path.read_text())
+  try:
+    temperature = {**saved, "method": "temperature", "value": 1.5, "quantile_map": None}
+    path.write_text(json.dumps(temperature))
+    with pytest.raises(vj.RunFolderError) as refused:
+      recalibration.read_calibration(folder, run.record)  # as load_run(recalibrated=True)
+    message = str(refused.value)
+    assert "temperature map, which does not fit a regression run" in message, message
+    assert "quantile, variance_scale" in message and "fit and save it again" in message
+    path.write_text(json.dumps({**saved, "kind": "classification"}))
+    with pytest.raises(vj.RunFolderError, match="fitted for a classification run, not a regr"):
+      recalibration.read_calibration(folder, run.record)
+  finally:
+    path.unlink()

@@ -141,6 +141,16 @@ def source(init_from, workdir: Path, config, print_fn: Callable[[str], None]) ->
   return Start(run, start_record(run))
 
 
+def describe(start: Start) -> str:
+  """The line a run that starts from a trained run prints first: where it starts."""
+  record = start.record
+  cell = f" (zoo cell {record['zoo_cell']})" if record["zoo_cell"] else ""
+  return (
+    f"starting from {record['folder']}{cell}: its meta-parameters of step {record['step']}, "
+    "with a fresh optimiser state"
+  )
+
+
 def check_algorithm(folder, algorithm: str, config) -> None:
   """Refuses, in one line, a source run (in `folder`) of another algorithm than `config`'s.
 

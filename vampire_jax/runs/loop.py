@@ -464,6 +464,7 @@ def train_and_evaluate(
   run_folder.check_model_recordable(problem.model)  # a run that could never load: refused
   if source is not None:
     run_start.check_fits(source, problem, config)
+    print_fn(run_start.describe(source))
   if is_main:
     run_folder.make_folder(workdir)
   with run_folder.lock(workdir, is_main=is_main, print_fn=print_fn):

@@ -299,10 +299,15 @@ def read_calibration(workdir: Path, record: dict) -> tuple[maps.Calibration, Opt
     calibration = maps.from_record(saved, where)
   except InputError as error:
     raise RunFolderError(str(error)) from None
-  if saved.get("kind") != record["kind"] or calibration.method not in maps.METHODS[record["kind"]]:
+  if calibration.method not in maps.METHODS[record["kind"]]:
     raise RunFolderError(
-      f"{where} holds a {calibration.method} of a {saved.get('kind')} run, not a "
-      f"{record['kind']} run's; fit and save it again"
+      f"{where} holds a {calibration.method} map, which does not fit a {record['kind']} run "
+      f"(its maps: {', '.join(maps.METHODS[record['kind']])}); fit and save it again"
+    )
+  if saved.get("kind") != record["kind"]:
+    raise RunFolderError(
+      f"{where} was fitted for a {saved.get('kind')} run, not a {record['kind']} run; fit "
+      "and save it again"
     )
   if saved.get("run_id") and record.get("run_id") and saved["run_id"] != record["run_id"]:
     raise RunFolderError(f"{where} was fitted for another run (its run_id); fit and save it again")

@@ -229,7 +229,9 @@ def _check_regression(arrays: dict, num_tasks: int, noise_std: float) -> None:
       f"{WHERE}: noise_std must be the evaluator's: its NLL is not that of noise_std "
       f"{noise_std:g} for these predictions and targets (task "
       f"{int(np.argmax(~np.isclose(arrays['nll'], scores['nll'], rtol=rtol, atol=rtol)))}); "
-      "pass the noise_std given to vj.make_regression_evaluator"
+      "pass the noise_std given to vj.make_regression_evaluator. A recalibrated learner's "
+      "NLL (vj.recalibrate, vj.fit_recalibration) is not that of one noise_std: summarise "
+      "the raw learner's results, with the raw noise_std (vj.load_run(folder).noise_std)"
     )
 
 
