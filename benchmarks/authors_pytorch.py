@@ -7,7 +7,8 @@
 
 Needs torch and numpy only (it reads the settings from `benchmarks.suite`, whose
 module level imports the standard library only: the process holds no JAX while it
-steps).
+steps; a row's `processor` is `vampire_jax.backend.processor_record`, read after the
+row's memory was measured, None where the library is not installed).
 `python -m benchmarks.side_by_side` runs it beside our benchmarks, one process at a
 time; `tests/test_authors_pytorch.py` checks, where torch is installed, that it
 computes our meta-loss and meta-gradient.
@@ -709,7 +710,17 @@ def run_episode_row(row: str, num_tasks: int, options: dict) -> dict:
 
 
 def _environment(options: dict) -> dict:
-  return {"torch": torch.__version__, "threads": torch.get_num_threads()}
+  """PyTorch's version and threads, and the processor the row ran on (`processor_record` of
+  `vampire_jax.backend`, imported only now, after the row's memory was measured, and without
+  starting JAX: this process holds no JAX while it steps)."""
+  try:
+    from vampire_jax import backend
+  except ImportError:  # a PyTorch interpreter without the library
+    processor = None
+  else:
+    machine = {"platform": "cpu", "device_kind": "cpu", **backend.cpu_identity()}
+    processor = backend.processor_record(machine)
+  return {"torch": torch.__version__, "threads": torch.get_num_threads(), "processor": processor}
 
 
 def run_unit(row: str, num_tasks: Optional[int], options: dict) -> dict:

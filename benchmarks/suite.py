@@ -714,6 +714,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     "stepping_peak_mb": timed.memory.stepping,
     "loss": float(losses[-1]),
     "loss_finite": bool(np.all(np.isfinite(losses))),
+    "processor": backend.processor_record(),
   }
 
 
@@ -794,6 +795,7 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
     "peak_mb": device_peak_mb(memory.process),
     "stepping_peak_mb": memory.stepping,
     "score_finite": bool(np.all(np.isfinite(np.asarray(score)))),
+    "processor": backend.processor_record(),
   }
 
 
@@ -978,8 +980,7 @@ def main(argv=None) -> list[dict]:
   import jax
 
   print(
-    f"backend {jax.default_backend()} ({getattr(jax.devices()[0], 'device_kind', '')})"
-    f" x{jax.device_count()},"
+    f"{backend.describe_machine(backend.machine_identity())} x{jax.device_count()},"
     f" jax {jax.__version__}; {'quick' if args.quick else 'full'} settings, {options['repeats']}"
     f" timed steps, second order through"
     f" {'all' if args.second_order_steps is None else args.second_order_steps} inner steps,"
@@ -1006,10 +1007,13 @@ def main(argv=None) -> list[dict]:
 def _episodes(names: list[str], args, options: dict) -> list[dict]:
   import jax
 
+  from vampire_jax import backend
+
   counts = args.episode_tasks  # a list of counts >= 1 (`arguments.counts`)
   options = dict(options, mc_samples=args.episode_mc_samples)
   print(
-    f"backend {jax.default_backend()}, jax {jax.__version__}; VAMPIRE test episodes,"
+    f"{backend.describe_machine(backend.machine_identity())}, jax {jax.__version__};"
+    " VAMPIRE test episodes,"
     f" L={args.episode_mc_samples}, {options['repeats']} timed calls",
     flush=True,
   )
