@@ -5,18 +5,27 @@
     /work/torchenv/bin/python benchmarks/authors_pytorch.py --rows omniglot_vampire --tasks 2 --repeats 1   # smoke
     /work/torchenv/bin/python benchmarks/authors_pytorch.py --rows episode_vampire_omniglot --episode-tasks 1 --episode-mc-samples 2
 
-Needs torch and numpy only (not jax, not vampire_jax; it reads the settings
-from `benchmarks.suite`, whose module level imports the standard library
-only). `python -m benchmarks.side_by_side` runs it beside our benchmarks, one
-process at a time; `tests/benchmarks/test_authors_pytorch.py` checks, where torch is
-installed, that it computes our meta-loss and meta-gradient.
+Needs torch and numpy only (it reads the settings from `benchmarks.suite`, whose
+module level imports the standard library only: the process holds no JAX while it
+steps; a row's `processor` is `vampire_jax.backend.processor_record`, read after the
+row's memory was measured, None where the library is not installed).
+`python -m benchmarks.side_by_side` runs it beside our benchmarks, one process at a
+time; `tests/benchmarks/test_authors_pytorch.py` checks, where torch is installed, that it
+computes our meta-loss and meta-gradient.
 
 What it follows: `vampire.py` of cnguyen10/few_shot_meta_learning (the code
 of the paper), function by function:
-  - `meta_train`: the T tasks of a meta-batch in a Python loop, each task's
-    query loss checked for NaN (`.item()`) and added to one meta-loss; the
-    meta-loss divided by T and back-propagated once; the gradient norms of
-    the means and of the log-stds clipped at 10 separately; Adam, lr 1e-3.
+  - The meta-batch as `MLBaseClass.train` (their code's HEAD) runs it: the T
+    tasks in a Python loop, each task's query loss divided by T, checked for
+    NaN (`.item()`) and back-propagated at once (`loss_v.backward()`), the
+    gradients accumulating in `.grad`, so that one task's graph is freed
+    before the next is built; then the step. `--meta-backward summed` is
+    `vampire.py`'s `meta_train` (2019): the T losses summed into one
+    meta-loss, divided by T and back-propagated once, holding T graphs at
+    once (the same gradient: `tests/benchmarks/test_authors_loop.py`). Either way the
+    gradient norms of the means and of the log-stds are clipped at 10
+    separately (`vampire.py`'s; `MLBaseClass.train` clips nowhere), then Adam,
+    lr 1e-3.
   - `adapt_to_task`: inner step 1 draws L_t weights from theta and takes the
     NLL's gradient w.r.t. theta's means and log-stds with
     `create_graph=True` (no KL term: at q = theta it and its gradient are
@@ -400,7 +409,7 @@ def expected_nll(config: Config, mean, log_std, x, y, num_draws: int, noise: Noi
 
 
 def _differentiated(config: Config, step: int) -> bool:
-  return config.algorithm.second_order_steps is None or step < config.algorithm.second_order_steps
+  return config.second_order_steps is None or step < config.second_order_steps
 
 
 def _nll_grads(config: Config, loss, mean, log_std, create_graph: bool):
@@ -416,21 +425,19 @@ def _nll_grads(config: Config, loss, mean, log_std, create_graph: bool):
 def vampire_adapt(config: Config, prior_mean, prior_log_std, x, y, noise: Noise = torch.randn_like):
   """The authors' `adapt_to_task`: S steps from q = prior; returns q's (mean, log_std)."""
   mean, log_std = list(prior_mean), list(prior_log_std)
-  for step in range(config.algorithm.num_inner_steps):
-    loss = expected_nll(config, mean, log_std, x, y, config.algorithm.num_mc_train, noise)
+  for step in range(config.num_inner_steps):
+    loss = expected_nll(config, mean, log_std, x, y, config.num_mc_train, noise)
     grad_mean, grad_log_std = _nll_grads(config, loss, mean, log_std, _differentiated(config, step))
     if step > 0:  # at step 1 q = prior: the KL and its gradient are zero, and the authors skip them
       # KL(q || p) = sum[s_p - s_q + (exp(2 s_q) + (m_q - m_p)^2) / (2 exp(2 s_p)) - 1/2], so
       # d/d m_q = (m_q - m_p) exp(-2 s_p) and d/d s_q = exp(2 (s_q - s_p)) - 1.
       for i, (pm, ps) in enumerate(zip(prior_mean, prior_log_std)):
-        grad_mean[i] = grad_mean[i] + config.algorithm.kl_weight * (mean[i] - pm) * torch.exp(
-          -2 * ps
-        )
-        grad_log_std[i] = grad_log_std[i] + config.algorithm.kl_weight * (
+        grad_mean[i] = grad_mean[i] + config.kl_weight * (mean[i] - pm) * torch.exp(-2 * ps)
+        grad_log_std[i] = grad_log_std[i] + config.kl_weight * (
           torch.exp(2 * (log_std[i] - ps)) - 1
         )
-    mean = [m - config.algorithm.inner_lr * g for m, g in zip(mean, grad_mean)]
-    log_std = [s - config.algorithm.inner_lr * g for s, g in zip(log_std, grad_log_std)]
+    mean = [m - config.inner_lr * g for m, g in zip(mean, grad_mean)]
+    log_std = [s - config.inner_lr * g for s, g in zip(log_std, grad_log_std)]
   return mean, log_std
 
 
@@ -450,24 +457,22 @@ def vampire_task_loss(
   mean, log_std = vampire_adapt(
     config, prior_mean, prior_log_std, task.support_x, task.support_y, noise
   )
-  outputs = vampire_predict(
-    config, mean, log_std, task.query_x, config.algorithm.num_mc_query, noise
-  )
+  outputs = vampire_predict(config, mean, log_std, task.query_x, config.num_mc_query, noise)
   loss = 0
-  for draw in range(config.algorithm.num_mc_query):
+  for draw in range(config.num_mc_query):
     loss = loss + config.nll(outputs[draw], task.query_y)
-  return loss / config.algorithm.num_mc_query
+  return loss / config.num_mc_query
 
 
 def maml_adapt(config: Config, params, x, y):
   """MAML's S SGD steps, `create_graph` in the first `second_order_steps` (all if None)."""
   weights = list(params)
-  for step in range(config.algorithm.num_inner_steps):
+  for step in range(config.num_inner_steps):
     loss = config.nll(config.net.apply(weights, x), y)
     grads = torch.autograd.grad(
       loss, weights, create_graph=_differentiated(config, step), retain_graph=True
     )
-    weights = [w - config.algorithm.inner_lr * g for w, g in zip(weights, grads)]
+    weights = [w - config.inner_lr * g for w, g in zip(weights, grads)]
   return weights
 
 
@@ -479,7 +484,8 @@ def maml_task_loss(config: Config, params, task: Task) -> torch.Tensor:
 def meta_loss(
   task_loss: Callable[[Task], torch.Tensor], tasks: Sequence[Task]
 ) -> tuple[torch.Tensor, int]:
-  """`(mean of the tasks' losses, how many were NaN)`, task by task (the authors' `meta_train`).
+  """`(mean of the tasks' losses, how many were NaN)`, task by task, summed into one graph
+  (`vampire.py`'s `meta_train`): its backward holds every task's graph at once.
 
   The authors stop at a NaN task loss (`torch.isnan(loss).item()`, a sync per
   task); here the check runs, as theirs does, and is counted, so that a
@@ -493,18 +499,48 @@ def meta_loss(
   return total / len(tasks), nan_tasks
 
 
-def make_meta_step(task_loss, groups: Sequence[Weights]):
-  """`step(tasks) -> (loss, NaN tasks)`: the meta-loss, one backward, each group's norm clipped at 10, Adam."""
+def accumulate_meta_gradient(
+  task_loss: Callable[[Task], torch.Tensor], tasks: Sequence[Task]
+) -> tuple[float, int]:
+  """`(mean of the tasks' losses, how many were NaN)`, the gradient of that mean added to
+  the weights' `.grad`: `MLBaseClass.train`'s loop, one backward per task.
+
+  Each task's loss is divided by T (`loss_v / minibatch`), checked for NaN and
+  back-propagated at once, so its graph is freed before the next task's is built:
+  one task's graph is alive at a time, not T. Counted, not raised, as `meta_loss`.
+  """
+  total, nan_tasks = 0.0, 0
+  for task in tasks:
+    loss = task_loss(task) / len(tasks)
+    nan_tasks += int(torch.isnan(loss).item())
+    loss.backward()
+    total += loss.item()
+  return total, nan_tasks
+
+
+META_BACKWARDS = ("per-task", "summed")
+
+
+def make_meta_step(task_loss, groups: Sequence[Weights], meta_backward: str = "per-task"):
+  """`step(tasks) -> (loss, NaN tasks)`: the meta-gradient (`meta_backward`: one backward per
+  task, `accumulate_meta_gradient`, or one of the summed meta-loss, `meta_loss`), each
+  group's norm clipped at 10, Adam."""
+  if meta_backward not in META_BACKWARDS:
+    raise ValueError(f"meta_backward must be one of {META_BACKWARDS}, got {meta_backward!r}")
   optimizer = torch.optim.Adam([{"params": group} for group in groups], lr=META_LR)
 
   def step(tasks):
-    loss, nan_tasks = meta_loss(task_loss, tasks)
     optimizer.zero_grad()
-    loss.backward()
+    if meta_backward == "per-task":
+      loss, nan_tasks = accumulate_meta_gradient(task_loss, tasks)
+    else:
+      summed, nan_tasks = meta_loss(task_loss, tasks)
+      summed.backward()
+      loss = summed.item()
     for group in groups:
       torch.nn.utils.clip_grad_norm_(group, max_norm=CLIP_NORM)
     optimizer.step()
-    return loss.item(), nan_tasks
+    return loss, nan_tasks
 
   return step
 
@@ -518,9 +554,7 @@ def episode(config: Config, mean, log_std, tasks: Sequence[Task], noise=torch.ra
   accuracies, all_probs = [], []
   for task in tasks:
     q_mean, q_log_std = vampire_adapt(config, mean, log_std, task.support_x, task.support_y, noise)
-    logits = vampire_predict(
-      config, q_mean, q_log_std, task.query_x, config.algorithm.num_mc_query, noise
-    )
+    logits = vampire_predict(config, q_mean, q_log_std, task.query_x, config.num_mc_query, noise)
     # Kept detached: a task's graph (the prior requires gradients, as theirs does) goes with it.
     probs = torch.softmax(logits, dim=-1).mean(dim=0).detach()
     accuracies.append((probs.argmax(dim=-1) == task.query_y).float().mean())
@@ -607,12 +641,13 @@ def train_row_step(row: str, options: dict):
   net = config.net
   tasks = random_tasks(setting, setting.tasks)
   means = init_means(net)
+  backward = options.get("meta_backward", "per-task")
   if algorithm == "maml":
-    step = make_meta_step(lambda task: maml_task_loss(config, means, task), [means])
+    step = make_meta_step(lambda task: maml_task_loss(config, means, task), [means], backward)
   else:
     log_stds = init_log_stds(net)
     step = make_meta_step(
-      lambda task: vampire_task_loss(config, means, log_stds, task), [means, log_stds]
+      lambda task: vampire_task_loss(config, means, log_stds, task), [means, log_stds], backward
     )
   return setting, config, step, tasks
 
@@ -629,8 +664,9 @@ def run_train_row(row: str, options: dict) -> dict:
     "tasks": setting.tasks,
     "mc_samples": setting.mc_samples,
     "inner_steps": setting.inner_steps,
-    "second_order_steps": _steps_label(config.algorithm.second_order_steps),
+    "second_order_steps": _steps_label(config.second_order_steps),
     "inner_grad": options["inner_grad"] if algorithm == "vampire" else "one call",
+    "meta_backward": options.get("meta_backward", "per-task"),
     "first_s": first_s,
     "step_s": float(np.mean(each)) if each else None,
     "step_s_each": each,
@@ -674,7 +710,17 @@ def run_episode_row(row: str, num_tasks: int, options: dict) -> dict:
 
 
 def _environment(options: dict) -> dict:
-  return {"torch": torch.__version__, "threads": torch.get_num_threads()}
+  """PyTorch's version and threads, and the processor the row ran on (`processor_record` of
+  `vampire_jax.backend`, imported only now, after the row's memory was measured, and without
+  starting JAX: this process holds no JAX while it steps)."""
+  try:
+    from vampire_jax import backend
+  except ImportError:  # a PyTorch interpreter without the library
+    processor = None
+  else:
+    machine = {"platform": "cpu", "device_kind": "cpu", **backend.cpu_identity()}
+    processor = backend.processor_record(machine)
+  return {"torch": torch.__version__, "threads": torch.get_num_threads(), "processor": processor}
 
 
 def run_unit(row: str, num_tasks: Optional[int], options: dict) -> dict:
@@ -756,6 +802,13 @@ def build_parser() -> argparse.ArgumentParser:
     choices=("split", "joint"),
     help="VAMPIRE's inner gradients: two autograd.grad calls as the authors (split) or one",
   )
+  parser.add_argument(
+    "--meta-backward",
+    default="per-task",
+    choices=META_BACKWARDS,
+    help="training rows: one backward per task, the gradients accumulated (MLBaseClass.train),"
+    " or one of the summed meta-loss (vampire.py's meta_train, T graphs held at once)",
+  )
   parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default=None, help="also write the rows to this file")
@@ -775,6 +828,7 @@ def options_from_args(args: argparse.Namespace) -> dict:
     "second_order_steps": args.second_order_steps,
     "maml_second_order_steps": args.maml_second_order_steps,
     "inner_grad": args.inner_grad,
+    "meta_backward": args.meta_backward,
     "threads": args.threads,
     "seed": args.seed,
   }
@@ -800,7 +854,8 @@ def main(argv=None) -> list[dict]:
     f"PyTorch {torch.__version__}, {args.threads} threads; the authors' algorithm"
     f" (VAMPIRE second order through {_steps_label(args.second_order_steps)} step(s),"
     f" inner gradients {args.inner_grad}; MAML through"
-    f" {_steps_label(args.maml_second_order_steps)}); {args.repeats} timed steps after the first",
+    f" {_steps_label(args.maml_second_order_steps)}; backward {args.meta_backward});"
+    f" {args.repeats} timed steps after the first",
     flush=True,
   )
   results = []

@@ -70,22 +70,22 @@ def vampire2_adapt(
 ):
   """`Vampire2.adaptation`: S steps from q = prior; returns q's (means, log-stds).
 
-  `config.algorithm.second_order_steps` 0 is their `--first-order` (every inner gradient a
+  `config.second_order_steps` 0 is their `--first-order` (every inner gradient a
   constant); None is `--no-first-order` (`create_graph` in every step).
   """
   q_mean, q_log_std = list(mean), list(log_std)
-  for step in range(config.algorithm.num_inner_steps):
+  for step in range(config.num_inner_steps):
     params = q_mean + q_log_std
     kl = authors_kl_standard_normal(q_mean, q_log_std)
     accumulated = [0] * len(params)
-    for _ in range(config.algorithm.num_mc_train):
+    for _ in range(config.num_mc_train):
       weights = ap.sample_weights(q_mean, q_log_std, noise)
-      loss = config.nll(config.net.apply(weights, x), y) + config.algorithm.kl_weight * kl
+      loss = config.nll(config.net.apply(weights, x), y) + config.kl_weight * kl
       grads = torch.autograd.grad(
         loss, params, create_graph=ap._differentiated(config, step), retain_graph=True
       )
-      accumulated = [a + g / config.algorithm.num_mc_train for a, g in zip(accumulated, grads)]
-    updated = [p - config.algorithm.inner_lr * g for p, g in zip(params, accumulated)]
+      accumulated = [a + g / config.num_mc_train for a, g in zip(accumulated, grads)]
+    updated = [p - config.inner_lr * g for p, g in zip(params, accumulated)]
     q_mean, q_log_std = updated[: len(mean)], updated[len(mean) :]
   return q_mean, q_log_std
 
@@ -96,11 +96,11 @@ def vampire2_task_loss(
   """`Vampire2.validation_loss` after `adaptation`: the query loss over L_v draws + the KL."""
   q_mean, q_log_std = vampire2_adapt(config, mean, log_std, task.support_x, task.support_y, noise)
   loss = 0
-  for _ in range(config.algorithm.num_mc_query):
+  for _ in range(config.num_mc_query):
     weights = ap.sample_weights(q_mean, q_log_std, noise)
     loss = loss + config.nll(config.net.apply(weights, task.query_x), task.query_y)
-  loss = loss / config.algorithm.num_mc_query
-  return loss + config.algorithm.kl_weight * authors_kl_standard_normal(q_mean, q_log_std)
+  loss = loss / config.num_mc_query
+  return loss + config.kl_weight * authors_kl_standard_normal(q_mean, q_log_std)
 
 
 def class_prototypes(embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -140,7 +140,7 @@ def bound(config: Config, kl: torch.Tensor, num_targets: int) -> torch.Tensor:
 
 def adaptation(config: Config, generator, phi, x, y, noise: Noise):
   generator, phi = list(generator), list(phi)
-  for _ in range(config.algorithm.num_inner_steps):
+  for _ in range(config.num_inner_steps):
     grads_accum = [0] * len(generator)
     for _ in range(config.num_models):
       weights = base_weights(
@@ -148,7 +148,7 @@ def adaptation(config: Config, generator, phi, x, y, noise: Noise):
       )
       loss = config.nll(config.net.apply(weights, x), y) / config.num_models
       grads = torch.autograd.grad(
-        loss, generator, create_graph=not config.algorithm.first_order, retain_graph=True
+        loss, generator, create_graph=not config.first_order, retain_graph=True
       )
       grads_accum = [a + g / config.num_models for a, g in zip(grads_accum, grads)]
     phi = [p + 0.0 for p in train_phi(config, generator, phi, noise)]
@@ -156,7 +156,7 @@ def adaptation(config: Config, generator, phi, x, y, noise: Noise):
     if not (torch.isnan(kl_loss) or kl_loss.item() < 0):
       kl_grads = torch.autograd.grad(kl_loss, generator, retain_graph=True)
       grads_accum = [a + g for a, g in zip(grads_accum, kl_grads)]
-    generator = [w - config.algorithm.inner_lr * a + 0 for w, a in zip(generator, grads_accum)]
+    generator = [w - config.inner_lr * a + 0 for w, a in zip(generator, grads_accum)]
   return generator, phi
 
 

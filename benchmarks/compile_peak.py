@@ -177,6 +177,7 @@ def measure(
     row["eval_L"] = eval_mc_samples if algorithm != "maml" else 1
     row["after_eval_mb"] = _rss_mb()
   row["process_peak_mb"] = max(v for k, v in row.items() if k.endswith("peak_mb") and v is not None)
+  row["processor"] = backend.processor_record()
   return row
 
 

@@ -61,6 +61,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
+from vampire_jax import backend
 from vampire_jax.backend import default_to_all_cpu_cores
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -210,6 +211,7 @@ def measure(lever: Lever, quick: bool) -> dict:
     peak_mb=peak_mb,
     peak_source=peak_source,
     loss_finite=bool(np.all(np.isfinite(np.asarray(metrics["loss"])))),
+    processor=backend.processor_record(),
   )
 
 

@@ -17,6 +17,7 @@ so peak RSS shows what is really used).
 
 import argparse
 import concurrent.futures
+import json
 import multiprocessing
 import resource
 import time
@@ -76,6 +77,7 @@ def measure(
     "argument_mb": _megabytes(memory, "argument_size_in_bytes"),
     "output_mb": _megabytes(memory, "output_size_in_bytes"),
     "hlo_gflop": _hlo_gflop(setting, algorithm, apply_fn, nll, remat, optimizer, state, tasks),
+    "processor": backend.processor_record(),
   }
   if run:
     jax.block_until_ready(compiled(state, tasks, jax.random.key(3)))  # warm-up
@@ -108,6 +110,7 @@ def main(argv=None) -> list[dict]:
     action="store_true",
     help="unroll the inner loop (the CPU path) instead of lax.scan",
   )
+  parser.add_argument("--json", default=None, help="also write the rows to this file")
   args = parser.parse_args(argv)
   algorithms = arguments.names(parser, "--algorithms", args.algorithms, ALGORITHMS)
   import jax
@@ -115,7 +118,8 @@ def main(argv=None) -> list[dict]:
   from benchmarks import suite
 
   print(
-    f"backend {jax.default_backend()}, jax {jax.__version__}; Conv4-32, 84x84x3, 5-way,"
+    f"{backend.describe_machine(backend.machine_identity())}, jax {jax.__version__};"
+    " Conv4-32, 84x84x3, 5-way,"
     f" T=2, S=5, L={args.mc_samples} (VAMPIRE), inner loop"
     f" {'unrolled' if args.unroll_inner_steps else 'scan'}",
     flush=True,
@@ -167,6 +171,9 @@ def main(argv=None) -> list[dict]:
       f" {suite.fmt(r['hlo_gflop'], '.1f')} | {suite.fmt(r.get('step_s'), '.2f')} |"
       f" {suite.fmt(r.get('peak_rss_mb'), '.0f')} |"
     )
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=2)
   return rows
 
 

@@ -112,6 +112,7 @@ def time_step(
     "peak_mb": suite.device_peak_mb(timed.memory.process),
     "stepping_peak_mb": timed.memory.stepping,
     "memory_release": backend.memory_release_enabled(),
+    "processor": backend.processor_record(),
   }
 
 
@@ -179,9 +180,8 @@ def main(argv=None) -> list[dict]:
       f"one of {', '.join(known)}"
     )
 
-  device = jax.devices()[0]
   print(
-    f"backend {jax.default_backend()} ({getattr(device, 'device_kind', '')}), jax {jax.__version__},"
+    f"{backend.describe_machine(backend.machine_identity())}, jax {jax.__version__},"
     f" Omniglot 5-way 1-shot, T={args.tasks}, 5 inner steps, L=1, second order"
     f" {'through all steps' if args.second_order_steps is None else f'through {args.second_order_steps} step(s)'},"
     f" inner loop {'unrolled' if args.unroll_inner_steps else 'scan'}, conv {args.conv_impl},"

@@ -314,6 +314,17 @@ def options_from_args(args: argparse.Namespace) -> dict:
   }
 
 
+def this_processor() -> dict:
+  """The CPU both sides ran on (`vampire_jax.backend.processor_record`) with this jaxlib,
+  without starting JAX in this process (each side's rows name it too)."""
+  import jaxlib
+
+  from vampire_jax import backend
+
+  machine = {"platform": "cpu", "device_kind": "cpu", **backend.cpu_identity()}
+  return backend.processor_record(dict(machine, jaxlib=jaxlib.__version__))
+
+
 def main(argv=None) -> list[dict]:
   parser = build_parser()
   args = parser.parse_args(argv)
@@ -354,11 +365,14 @@ def main(argv=None) -> list[dict]:
           flush=True,
         )
   entries = collect(runs, [int(n) for n in args.episode_tasks.split(",") if n.strip()])
-  print(f"\ntotal wall time {time.time() - start:.0f} s\n")
+  processor = this_processor()
+  print(f"\ntotal wall time {time.time() - start:.0f} s on {processor['description']}\n")
   print(format_table(entries))
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"options": options, "entries": entries, "runs": runs}, f, indent=2)
+      json.dump(
+        {"processor": processor, "options": options, "entries": entries, "runs": runs}, f, indent=2
+      )
   failed = [f"{r['row']} {r['side']} round {r['round']}" for r in runs if not r["ok"]]
   if failed:  # the table is printed: the exit status says it is incomplete
     raise SystemExit(

@@ -94,8 +94,9 @@ import tempfile
 import time
 from typing import NamedTuple, Optional
 
-from vampire_jax import backend
-
+# The standard library only at the module level: `benchmarks/authors_pytorch.py` reads the
+# settings and `measure_stepping` in a process that holds no JAX while PyTorch steps (JAX's
+# import alone is about 160 MB of resident memory). Functions import the library.
 SETTINGS_HELP = "omniglot_5w1s, omniglot_20w1s, mini_imagenet_5w1s, regression"
 # --sample-batching: how VAMPIRE's L draws are batched (auto: the backend's choice).
 DRAW_BATCHINGS = ("auto", "vmap", "map", "remat_map", "unroll")
@@ -255,7 +256,9 @@ def measure_stepping(first_call, timed_calls, release: bool = True) -> MemoryPea
   `vampire_jax.backend.release_freed_memory` (off with `VAMPIRE_JAX_MEMORY_RELEASE=0`).
   """
   first_call()
-  if release:
+  if release:  # PyTorch's harness passes False: its process never imports JAX
+    from vampire_jax import backend
+
     backend.release_freed_memory()
   before = peak_rss_mb()
   reset = reset_peak_rss()
@@ -306,6 +309,7 @@ def random_tasks(setting: Setting, key, num_tasks: int):
 
 def network(setting: Setting, algorithm: str = "maml"):
   """`(apply_fn, params, nll)` of the setting's network (ProtoNet's: no head)."""
+  from vampire_jax import backend
   import jax
   import vampire_jax as vj
 
@@ -351,6 +355,7 @@ def make_learner(
   `sample_batching` None: the draws as `backend.sample_batching` batches them (below);
   `first_order` stops the meta-gradient at the inner updates (MAML and VAMPIRE).
   """
+  from vampire_jax import backend
   import vampire_jax as vj
 
   if algorithm not in ALGORITHMS:  # never time VAMPIRE under another name
@@ -399,6 +404,8 @@ def make_learner(
 
 def choose_batching(setting: Setting, requested: Optional[str]) -> tuple[str, int]:
   """`requested` (STRATEGY[:CHUNK]), else what `backend.task_batching` picks for the setting."""
+  from vampire_jax import backend
+
   if requested:
     name, _, chunk = requested.partition(":")
     return name, int(chunk or 1)
@@ -428,6 +435,7 @@ def build_train_step(
   otherwise `make_train_step` with `strategy`, jitted, the state donated
   unless `donate` is False.
   """
+  from vampire_jax import backend
   import jax
   import vampire_jax as vj
 
@@ -594,6 +602,8 @@ def _row_setting(name: str, options: dict) -> Setting:
 
 def draw_batching(setting: Setting, options: dict) -> str:
   """How the row batches VAMPIRE's draws: --sample-batching, else the backend's choice."""
+  from vampire_jax import backend
+
   return backend.sample_batching(
     options.get("sample_batching") or "auto", dense_only=setting.kind == "regression"
   )
@@ -601,6 +611,8 @@ def draw_batching(setting: Setting, options: dict) -> str:
 
 def run_row(name: str, algorithm: str, options: dict) -> dict:
   """Times one setting and algorithm's training step; run it in a fresh process."""
+  from vampire_jax import backend
+
   _fresh_compilation_cache()
   import jax
   import numpy as np
@@ -702,6 +714,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     "stepping_peak_mb": timed.memory.stepping,
     "loss": float(losses[-1]),
     "loss_finite": bool(np.all(np.isfinite(losses))),
+    "processor": backend.processor_record(),
   }
 
 
@@ -713,6 +726,8 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
   `lower(...).compile()` alone; `episode_s` is the mean of "repeats" calls
   after one untimed call.
   """
+  from vampire_jax import backend
+
   _fresh_compilation_cache()
   import jax
   import numpy as np
@@ -780,6 +795,7 @@ def run_episode_row(name: str, num_tasks: int, options: dict) -> dict:
     "peak_mb": device_peak_mb(memory.process),
     "stepping_peak_mb": memory.stepping,
     "score_finite": bool(np.all(np.isfinite(np.asarray(score)))),
+    "processor": backend.processor_record(),
   }
 
 
@@ -862,6 +878,7 @@ def _row_line(row: dict) -> str:
 
 def main(argv=None) -> list[dict]:
   from benchmarks import arguments
+  from vampire_jax import backend
 
   backend.default_to_all_cpu_cores()  # one XLA:CPU device per core
   parser = argparse.ArgumentParser(
@@ -962,9 +979,8 @@ def main(argv=None) -> list[dict]:
     return _episodes(names, args, options)
   import jax
 
-  device = jax.devices()[0]
   print(
-    f"backend {jax.default_backend()} ({getattr(device, 'device_kind', '')}) x{jax.device_count()},"
+    f"{backend.describe_machine(backend.machine_identity())} x{jax.device_count()},"
     f" jax {jax.__version__}; {'quick' if args.quick else 'full'} settings, {options['repeats']}"
     f" timed steps, second order through"
     f" {'all' if args.second_order_steps is None else args.second_order_steps} inner steps,"
@@ -991,10 +1007,13 @@ def main(argv=None) -> list[dict]:
 def _episodes(names: list[str], args, options: dict) -> list[dict]:
   import jax
 
+  from vampire_jax import backend
+
   counts = args.episode_tasks  # a list of counts >= 1 (`arguments.counts`)
   options = dict(options, mc_samples=args.episode_mc_samples)
   print(
-    f"backend {jax.default_backend()}, jax {jax.__version__}; VAMPIRE test episodes,"
+    f"{backend.describe_machine(backend.machine_identity())}, jax {jax.__version__};"
+    " VAMPIRE test episodes,"
     f" L={args.episode_mc_samples}, {options['repeats']} timed calls",
     flush=True,
   )

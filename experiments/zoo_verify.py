@@ -18,14 +18,9 @@ of the machine the identity does not hold) the failure does not claim to know.
 """
 
 import importlib
-import os
-import platform
-import re
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
-import jax
-import jaxlib
 import numpy as np
 
 import vampire_jax as vj
@@ -53,86 +48,13 @@ EXPERIMENT_MODULES = {
 
 # -- The machine -------------------------------------------------------------------------
 
-
-def this_machine() -> dict:
-  """What decides the last bits of a score here, and nothing else.
-
-  XLA compiles for the device it runs on: on a GPU its kind; on a CPU the processor's
-  vendor, family, model and stepping and the instruction sets LLVM targets (two "AMD EPYC"
-  of different generations, one with AVX-512, compile different kernels), and the number
-  of cores (XLA splits a large matmul's sum over its threads). Then jaxlib's version and
-  XLA's flags (`--xla_cpu_max_isa=SSE4_2` makes another CPU's programs). Not the device
-  count, which changes no score (docs/zoo.md).
-  """
-  device = jax.devices()[0]
-  machine = {"platform": device.platform, "device_kind": device.device_kind}
-  if device.platform == "cpu":
-    machine.update(cpu_identity())
-  machine["jaxlib"] = jaxlib.__version__
-  flags = [
-    flag
-    for flag in os.environ.get("XLA_FLAGS", "").split()
-    if not flag.startswith("--xla_force_host_platform_device_count")
-  ]
-  return dict(machine, xla_flags=" ".join(flags)) if flags else machine
-
-
-# The instruction-set flags of /proc/cpuinfo that change what LLVM emits for XLA:CPU
-# (vector width, fused multiply-add, AVX-512's and AMX's dot-product units).
-_ISA_FLAG = re.compile(r"^(sse\d.*|ssse3|avx.*|fma.*|f16c|amx.*|bmi\d)$")
-
-
-def cpu_identity(cpuinfo: Optional[str] = None) -> dict:
-  """`{"cpu": model name, "cpu_id": "vendor family F model M stepping S", "isa": flags,
-  "cores": n}` of this machine (of `cpuinfo`'s text, given), as far as the system says."""
-  fields = {}
-  try:
-    text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
-  except OSError:
-    text = ""
-  for line in text.splitlines():
-    if not line.strip():
-      break  # the first processor's block describes them all
-    key, _, value = line.partition(":")
-    fields[key.strip()] = value.strip()
-  name = fields.get("model name") or platform.processor() or platform.machine() or "unknown"
-  identity = {"cpu": name}
-  if "vendor_id" in fields:
-    identity["cpu_id"] = " ".join(
-      [fields["vendor_id"]]
-      + [
-        f"{key.split()[-1]} {fields[key]}"
-        for key in ("cpu family", "model", "stepping")
-        if key in fields
-      ]
-    )
-  identity["isa"] = " ".join(
-    sorted(f for f in fields.get("flags", "").split() if _ISA_FLAG.match(f))
-  )
-  identity["cores"] = (
-    len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  )
-  return identity
-
-
-def describe_machine(machine: dict) -> str:
-  """e.g. "cpu (AMD EPYC, AuthenticAMD family 25 model 17 stepping 1, AVX-512, 2 cores),
-  jaxlib 0.10.2" or "gpu (NVIDIA H200), jaxlib 0.11.2". A record of an older manifest
-  names the CPU's model name alone."""
-  if machine["platform"] == "cpu":
-    isa = machine.get("isa", "").split()
-    widest = next((name for flag, name in _WIDEST if flag in isa), None)
-    parts = [machine.get("cpu"), machine.get("cpu_id"), widest]
-    parts += [f"{machine['cores']} cores"] if "cores" in machine else []
-    kind = ", ".join(part for part in parts if part)
-  else:
-    kind = machine["device_kind"]
-  flags = f", XLA_FLAGS {machine['xla_flags']}" if "xla_flags" in machine else ""
-  return f"{machine['platform']} ({kind}), jaxlib {machine['jaxlib']}{flags}"
-
-
-# The widest vector unit among the ISA flags, as a reader names it.
-_WIDEST = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"))
+# What decides the last bits of a score here, and nothing else: the library's identity of
+# the machine (`vampire_jax.backend.machine_identity`: the device kind; on a CPU the
+# processor's vendor, family, model, stepping, instruction sets and cores; jaxlib and XLA's
+# flags; not the device count). The manifest records it where a cell was verified equal.
+this_machine = backend.machine_identity
+cpu_identity = backend.cpu_identity
+describe_machine = backend.describe_machine
 
 
 # -- Scoring -------------------------------------------------------------------------------

@@ -17,6 +17,12 @@ draws, the convolution, the device mesh) is resolved for the backend JAX runs on
   `same_padding` is XLA's 'SAME' padding. It is reverse-mode only (a `jax.custom_vjp`):
   `jax.jvp`, `jax.jacfwd` and `jax.hessian` of it raise a TypeError; `conv_impl="xla"`
   differentiates forward, or take `jax.jacrev(jax.jacrev(f))` for a Hessian;
+- `machine_identity` is what decides the last bits of a number here (the device kind; on a
+  CPU the processor's vendor, family, model, stepping, instruction sets and cores; jaxlib;
+  XLA's flags); `cpu_identity` reads the CPU's from `/proc/cpuinfo`; `processor_record`
+  adds the family and model numbers, the vector units (`avx2`, `avx512f`, `amx`) and a
+  line (`describe_machine`): what a benchmark row and a run's `run.json` name their
+  processor by;
 - `default_to_all_cpu_cores` gives XLA one CPU device per core, as the commands do;
   `enable_compilation_cache` keeps compiled programs on disk; `release_freed_memory`
   hands the memory a compile freed back to the operating system
@@ -54,6 +60,12 @@ from vampire_jax._src.core.host_memory import (
 from vampire_jax._src.core.host_memory import (
   release_freed_memory,
 )
+from vampire_jax._src.core.machine import (
+  cpu_identity,
+  describe_machine,
+  machine_identity,
+  processor_record,
+)
 from vampire_jax._src.core.models import (
   CONV_IMPLS,
 )
@@ -80,6 +92,11 @@ __all__ = (
   "filter_gradient",
   "kernel_taps",
   "same_padding",
+  # The machine a number was measured on, or a choice made on.
+  "machine_identity",
+  "cpu_identity",
+  "processor_record",
+  "describe_machine",
   # The process: CPU devices, the compilation cache, host memory.
   "default_to_all_cpu_cores",
   "enable_compilation_cache",

@@ -285,7 +285,7 @@ def test_rows_use_the_settings_we_time():
     config = ap.row_config(row, setting, options)
     expected = suite.SETTINGS[name]
     assert setting.tasks == (32 if algorithm == "episode" else expected.tasks)
-    assert config.algorithm.num_mc_train == config.algorithm.num_mc_query == setting.mc_samples
+    assert config.num_mc_train == config.num_mc_query == setting.mc_samples
     assert setting.mc_samples == {"maml": 1, "episode": 10}.get(algorithm, expected.mc_samples)
     apply_fn, _, nll = suite.network(setting)
     if setting.kind == "regression":
@@ -298,12 +298,12 @@ def test_rows_use_the_settings_we_time():
       unroll_steps=False,
       remat=False,
     ).settings
-    assert (config.algorithm.inner_lr, config.algorithm.num_inner_steps) == (
+    assert (config.inner_lr, config.num_inner_steps) == (
       ours.inner_lr,
       ours.num_inner_steps,
     )
     if algorithm != "maml":
-      assert config.algorithm.kl_weight == ours.kl_weight
+      assert config.kl_weight == ours.kl_weight
 
 
 @pytest.mark.parametrize("separately", [True, False])

@@ -18,7 +18,8 @@ on a CPU), averages the query losses' gradients and applies Adam.
 Nothing but the state and a few scalars crosses between host and device.
 
 What a run leaves in `workdir`: `run.json` (the config, network and data it
-was trained with), `config.json`, `checkpoints/`, `best/`, `metrics.jsonl`
+was trained with, and what the backend's 'auto' choices were: `recorded_choices`,
+which a resumed run keeps), `config.json`, `checkpoints/`, `best/`, `metrics.jsonl`
 (and TensorBoard files), `results.json`, `test_per_task.npz`, `recalibration.json`; `run_folder`
 owns them (atomic writes, the folder's lock, checkpoints that fall back to an
 older one). Ctrl-C or SIGTERM saves a checkpoint before the run stops;
@@ -46,7 +47,7 @@ from vampire_jax.runs import run_config, run_folder
 from vampire_jax.runs import inner_loop_check
 from vampire_jax.runs import init_from as run_start
 from vampire_jax.runs import problem as problem_lib
-from vampire_jax.runs import recalibration
+from vampire_jax.runs import recalibration, recorded_choices
 from vampire_jax.runs.problem import Problem
 from vampire_jax.runs.reporting import MetricWriter, Progress, format_duration
 from vampire_jax.runs.run_folder import RunCheckpoints
@@ -468,10 +469,19 @@ def train_and_evaluate(
   if is_main:
     run_folder.make_folder(workdir)
   with run_folder.lock(workdir, is_main=is_main, print_fn=print_fn):
+    # The backend's 'auto' choices: the folder's recorded ones on a resume, else decided here;
+    # the run runs with them (`running`), its record keeps them and the config as given.
+    mesh = backend_defaults.task_mesh_for(config, config.schedule.tasks_per_step)
+    choices = recorded_choices.choose(problem, config, mesh, run_folder.read_run_record(workdir))
+    problem, running = recorded_choices.apply(problem, config, choices)
     record = run_start.with_start(run_folder.run_record(problem, config), workdir, source)
+    record[recorded_choices.RECORD_KEY] = choices.to_record()
     prepare_workdir(workdir, record, config, is_main=is_main, print_fn=print_fn)
+    kept = recorded_choices.describe_kept(choices)
+    if kept is not None:
+      print_fn(kept)
     session, state, earlier_seconds = _setup(
-      problem, config, workdir, progress, print_fn, record, source
+      problem, running, workdir, progress, print_fn, record, source
     )
     first_step = int(state.step)
     try:
@@ -513,6 +523,8 @@ def train_and_evaluate(
       # XLA (in jaxlib) compiles for the CPU it runs on, and its version changes the
       # rounding: a run is repeatable to the bit only with the same jaxlib.
       "jaxlib_version": jaxlib.__version__,
+      # What 'auto' ran as, and the processor that decided it (kept since the run began).
+      recorded_choices.RECORD_KEY: choices.to_record(),
     }
     if is_main:
       run_folder.write_results(workdir, results)

@@ -11,6 +11,11 @@ this module instead of deciding on their own.
 | gpu | `vmap` | `vmap` | `patches` (im2col and one batched matrix product) in loops; `xla` in a loop-free program | one wide batch keeps the device busy; on one H100 `patches` ran the 5-way 1-shot loop at 839 tasks/s against `xla`'s 531 (docs/performance.md, GPU campaign) |
 | tpu, other | `vmap` | `vmap` | `xla` | grouped convolutions are fast there (unmeasured) |
 
+A run makes these choices once, when its folder is first recorded (`decide_run_choices`),
+records them in `run.json` with the processor it made them on, and a resumed run keeps
+them (`vampire_jax.runs.recorded_choices`): a run resumed on another processor, or after
+this table changed, computes what it would have computed uninterrupted.
+
 Tasks sharded over devices are batched the same way on each device (on a
 CPU each device runs its share in `lax.map`: one device per core, two
 independent streams of small operations). A network without convolutions (`dense_only`) is
@@ -154,6 +159,40 @@ def config_conv_impl(config) -> str:
     inner_steps_unrolled=bool(config.speed.unroll_inner_steps),
     draws_mapped=mapped_draws,
   )
+
+
+# The speed settings a run resolves here, with the value that says "the backend's" (a chunk's
+# 0), by field: what a run records it ran with (`run.json`'s backend_choices) and a
+# resumed run keeps. A config's `conv_impl` is the network's, chosen beside them.
+RUN_CHOICES = {
+  "task_batching": "auto",
+  "chunk_size": 0,
+  "eval_task_batching": "auto",
+  "eval_chunk_size": 0,
+  "sample_batching": "auto",
+}
+
+
+def decide_run_choices(speed, *, train_tasks: int, eval_tasks: int) -> dict:
+  """What this backend runs a run's speed settings (a `Speed` part) with: each field of
+  `RUN_CHOICES`, 'auto' (or 0) resolved, the chunks fitted to the tasks each device runs.
+
+  Args:
+    speed: the run's speed settings.
+    train_tasks: a meta-step's tasks per device.
+    eval_tasks: an evaluation call's tasks per device.
+  """
+  strategy, chunk = task_batching(speed.task_batching, speed.chunk_size, train_tasks)
+  eval_strategy, eval_chunk = task_batching(
+    speed.eval_task_batching, speed.eval_chunk_size, eval_tasks
+  )
+  return {
+    "task_batching": strategy,
+    "chunk_size": chunk,
+    "eval_task_batching": eval_strategy,
+    "eval_chunk_size": eval_chunk,
+    "sample_batching": sample_batching(speed.sample_batching),
+  }
 
 
 def steps_per_call(config, first_step: int) -> int:

@@ -2,7 +2,8 @@
 
     workdir/
       .lock              pid and host of the process that owns the folder (`fcntl.flock`)
-      run.json           the run record: config, network, input shape, kind, data
+      run.json           the run record: config, network, input shape, kind, data, and
+                         what the backend's 'auto' choices ran as (`recorded_choices`)
       config.json        the config alone, for people
       checkpoints/<n>/   orbax: the full `MetaState` of the last two saves; each step
                          also carries the run record (with the run's id), its step and
