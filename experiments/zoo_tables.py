@@ -53,7 +53,10 @@ ECE_DEFINITIONS = (
 RATE_DEFINITION = (
   "**training**: meta-steps, the median of the steps per second the run's own loop logged "
   "in its `metrics.jsonl` (training only: compilation, validation and checkpoints left out), "
-  "the tasks per step (T), and the device."
+  "the tasks per step (T), and the device. A rate is the run's as it ran, on the machine as "
+  "it was then: a CPU shared with other jobs logs less (the quick VAMPIRE cell's 0.221 "
+  "steps/s, where the README's main command, the same settings, logged 11.8 steps/s alone "
+  "on a 2-core Zen 4), so compare rates of one device only, and speed by docs/performance.md."
 )
 
 
