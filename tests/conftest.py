@@ -338,3 +338,48 @@ def tiny_omniglot_run(omniglot_cache, tmp_path_factory):
 
   assert results["config"] == json.loads(json.dumps(config_records.to_record(config)))
   return workdir, config, results
+
+
+# -- Two untrained learners and their evaluators' results, read by the tests of
+# predictive distributions, summaries and refusals (tests/metrics, tests/runs, tests/core).
+
+
+@pytest.fixture(scope="module")
+def regressor():
+  """A VAMPIRE regressor (untrained: the numbers are checked against the evaluator's),
+  five sine/line tasks, their keys and the evaluator's per-task results."""
+  import jax
+
+  import vampire_jax as vj
+  from tests.helpers import NOISE
+  from vampire_jax.data import sine_line
+
+  model = vj.MLP((16,), 1)
+  learner = vj.vampire(
+    vj.pure_apply(model), vj.gaussian_nll(NOISE), num_mc_query=4, log_std_init=(-2.0, -1.5)
+  )
+  meta_params = learner.init(vj.init_params(model, jax.random.key(0), (1, 1)), jax.random.key(1))
+  task_keys = jax.random.split(jax.random.key(2), 5)
+  tasks = sine_line.tasks_from_keys(task_keys)
+  keys = jax.random.split(jax.random.key(3), 5)
+  per_task = vj.make_regression_evaluator(learner, NOISE)(meta_params, tasks, keys)
+  return learner, meta_params, tasks, task_keys, keys, per_task
+
+
+@pytest.fixture(scope="module")
+def classifier():
+  """A 3-way VAMPIRE classifier on 2-D blobs: 4 tasks of 6 queries, and its per-task results."""
+  import jax
+  import jax.numpy as jnp
+
+  import vampire_jax as vj
+
+  model = vj.MLP((8,), 3)
+  learner = vj.vampire(vj.pure_apply(model), vj.categorical_nll, num_mc_query=4)
+  meta_params = learner.init(vj.init_params(model, jax.random.key(15), (1, 2)), jax.random.key(16))
+  blobs = jax.random.normal(jax.random.key(14), (4, 6, 2))
+  labels = jnp.tile(jnp.arange(3), (4, 2))  # [4, 6]
+  tasks = vj.Task(blobs + labels[..., None], labels, blobs + 2 * labels[..., None], labels)
+  keys = jax.random.split(jax.random.key(17), 4)
+  per_task = vj.make_classification_evaluator(learner)(meta_params, tasks, keys)
+  return learner, meta_params, tasks, keys, per_task

@@ -7,19 +7,10 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import _tiny_hidden_mlp
 from vampire_jax import baselines
 
 NOISE_STD = 0.3
-
-
-def _tiny_hidden_mlp(dtype=jnp.float32, hidden=(8,)):
-  model = vj.MLP(hidden, 1)
-  params = jax.tree_util.tree_map(
-    lambda p: p.astype(dtype), vj.init_params(model, jax.random.key(0), (1, 1))
-  )
-  apply_fn = vj.pure_apply(model)
-  nll = vj.gaussian_nll(0.5)
-  return params, apply_fn, nll, vj.loss_from_apply(apply_fn, nll)
 
 
 def _sine_tasks(key, num_tasks, shots=5, query=10, dtype=jnp.float32):

@@ -9,17 +9,8 @@ import numpy as np
 import scipy.stats
 
 import vampire_jax as vj
+from tests.helpers import _max_abs_difference, _tiny_hidden_mlp
 from vampire_jax import baselines
-
-
-def _tiny_hidden_mlp(dtype=jnp.float32, hidden=(8,)):
-  model = vj.MLP(hidden, 1)
-  params = jax.tree_util.tree_map(
-    lambda p: p.astype(dtype), vj.init_params(model, jax.random.key(0), (1, 1))
-  )
-  apply_fn = vj.pure_apply(model)
-  nll = vj.gaussian_nll(0.5)
-  return params, apply_fn, nll, vj.loss_from_apply(apply_fn, nll)
 
 
 def _sine_tasks(key, num_tasks, shots=5, query=10, dtype=jnp.float32):
@@ -33,13 +24,6 @@ def _sine_tasks(key, num_tasks, shots=5, query=10, dtype=jnp.float32):
 
 def _one_task(key, dtype=jnp.float32):
   return jax.tree_util.tree_map(lambda a: a[0], _sine_tasks(key, 1, dtype=dtype))
-
-
-def _max_abs_difference(a, b):
-  return max(
-    float(jnp.max(jnp.abs(x - y)))
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
-  )
 
 
 def test_median_bandwidth_equals_a_hand_computation():

@@ -5,17 +5,12 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import (
+  _check_gradient_by_finite_differences,
+  _max_abs_difference,
+  _tiny_hidden_mlp,
+)
 from vampire_jax import baselines
-
-
-def _tiny_hidden_mlp(dtype=jnp.float32, hidden=(8,)):
-  model = vj.MLP(hidden, 1)
-  params = jax.tree_util.tree_map(
-    lambda p: p.astype(dtype), vj.init_params(model, jax.random.key(0), (1, 1))
-  )
-  apply_fn = vj.pure_apply(model)
-  nll = vj.gaussian_nll(0.5)
-  return params, apply_fn, nll, vj.loss_from_apply(apply_fn, nll)
 
 
 def _sine_tasks(key, num_tasks, shots=5, query=10, dtype=jnp.float32):
@@ -29,39 +24,6 @@ def _sine_tasks(key, num_tasks, shots=5, query=10, dtype=jnp.float32):
 
 def _one_task(key, dtype=jnp.float32):
   return jax.tree_util.tree_map(lambda a: a[0], _sine_tasks(key, 1, dtype=dtype))
-
-
-def _max_abs_difference(a, b):
-  return max(
-    float(jnp.max(jnp.abs(x - y)))
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
-  )
-
-
-def _check_gradient_by_finite_differences(f, args, seed=0, num_directions=3, eps=1e-5, rtol=1e-5):
-  """<∇f(x), v> against (f(x + eps v) − f(x − eps v)) / 2 eps along random directions v (float64).
-
-  One compiled `value_and_grad` gives the gradient and the shifted values;
-  the directions are drawn with NumPy to keep eager JAX work out of it.
-  """
-  value_and_grad = jax.jit(jax.value_and_grad(f))
-  _, grads = value_and_grad(args)
-  leaves, treedef = jax.tree_util.tree_flatten(jax.tree_util.tree_map(np.asarray, args))
-  rng = np.random.default_rng(seed)
-  for _ in range(num_directions):
-    direction = [rng.standard_normal(x.shape) for x in leaves]
-    shifted = [
-      jax.tree_util.tree_unflatten(treedef, [x + sign * eps * v for x, v in zip(leaves, direction)])
-      for sign in (1.0, -1.0)
-    ]
-    numerical = (float(value_and_grad(shifted[0])[0]) - float(value_and_grad(shifted[1])[0])) / (
-      2 * eps
-    )
-    analytic = sum(
-      float(np.vdot(g, v)) for g, v in zip(jax.tree_util.tree_leaves(grads), direction)
-    )
-    np.testing.assert_allclose(analytic, numerical, rtol=rtol)
-    assert abs(analytic) > 1e-3
 
 
 def _random_like(tree, key, low, high):

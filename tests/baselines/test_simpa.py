@@ -9,7 +9,6 @@ and the refusals.
 """
 
 import argparse
-import importlib
 import math
 import re
 
@@ -20,13 +19,11 @@ import pytest
 
 import vampire_jax as vj
 from experiments import cli
+from tests.helpers import _flat, _simpa_task, simpa_module
 from vampire_jax.baselines import _simpa_networks as networks
 from vampire_jax.data import sine_line
 from vampire_jax.runs import algorithms
 from vampire_jax.runs.experiment_configs import RegressionConfig
-
-simpa_module = importlib.import_module("vampire_jax.baselines.simpa")
-
 
 NOISE_STD = 0.3
 
@@ -39,15 +36,6 @@ def _tiny(**settings):
     vj.pure_apply(model), vj.gaussian_nll(NOISE_STD), **{**options, **settings}
   )
   return learner, learner.init(params, jax.random.key(1)), params
-
-
-def _simpa_task(index=0):
-  tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(7), 2))
-  return jax.tree_util.tree_map(lambda field: field[index], tasks)
-
-
-def _flat(tree) -> np.ndarray:
-  return np.concatenate([np.ravel(leaf) for leaf in jax.tree_util.tree_leaves(tree)])
 
 
 def _task_terms_at(learner, adapted, task, key):

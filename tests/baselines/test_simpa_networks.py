@@ -1,14 +1,11 @@
-import importlib
 import math
 
 import jax
 import numpy as np
 
 import vampire_jax as vj
+from tests.helpers import _flat, simpa_module
 from vampire_jax.baselines import _simpa_networks as networks
-
-simpa_module = importlib.import_module("vampire_jax.baselines.simpa")
-
 
 NOISE_STD = 0.3
 
@@ -21,10 +18,6 @@ def _tiny(**settings):
     vj.pure_apply(model), vj.gaussian_nll(NOISE_STD), **{**options, **settings}
   )
   return learner, learner.init(params, jax.random.key(1)), params
-
-
-def _flat(tree) -> np.ndarray:
-  return np.concatenate([np.ravel(leaf) for leaf in jax.tree_util.tree_leaves(tree)])
 
 
 def _flat_rows(tree, axis) -> np.ndarray:

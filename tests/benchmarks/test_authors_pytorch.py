@@ -32,10 +32,8 @@ import pytest
 import vampire_jax as vj
 from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
 from benchmarks import side_by_side, suite
+from tests.helpers import torch
 from vampire_jax._src.core import gaussian
-
-torch = pytest.importorskip("torch")
-
 
 TINY = dict(tasks=2, ways=3, query=2, inner_steps=3, mc_samples=2, conv_impl="loop_safe")
 

@@ -31,9 +31,7 @@ from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
 from benchmarks import authors_pytorch_head as head  # noqa: E402
 from benchmarks import suite
 from tests.benchmarks.test_authors_pytorch import ReplayNoise, _torch_tasks, _worst_error  # noqa: E402
-
-torch = pytest.importorskip("torch")
-
+from tests.helpers import torch
 
 RTOL = 1e-4  # of the largest entry of the whole tree (or the loss): float32 rounding
 

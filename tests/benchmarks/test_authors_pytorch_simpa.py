@@ -24,11 +24,9 @@ from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
 from benchmarks import authors_pytorch_simpa as sp  # noqa: E402
 from benchmarks import suite
 from tests.benchmarks.test_authors_pytorch import _torch_field  # noqa: E402
+from tests.helpers import torch
 from vampire_jax.baselines import _simpa_networks as networks
 from vampire_jax.data import sine_line
-
-torch = pytest.importorskip("torch")
-
 
 NUM_TASKS, NUM_STEPS, NUM_DRAWS = 2, 2, 2
 

@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -15,17 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks import gpu_sweep, meta_step, simpa_inner_loop, simpa_step_tasks, suite
-
-
-def _argparse_error(capsys, parse) -> str:
-  with pytest.raises(SystemExit) as raised:
-    parse()
-  assert raised.value.code == 2
-  return capsys.readouterr().err.splitlines()[-1]
-
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
+from tests.helpers import REPO_ROOT, _argparse_error
 
 QUICK_OPTIONS = {
   "quick": True,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import _small_regression
 from vampire_jax._src.core.errors import InputError
 
 
@@ -76,18 +77,6 @@ def _adapt(prior, task, loss_fn, **settings):
   return vj.adapt(
     prior, task.support_x, task.support_y, jax.random.key(2), loss_fn=loss_fn, **settings
   )
-
-
-MLP_16 = vj.MLP((16,), 1)
-
-
-def _small_regression():
-  from vampire_jax.data import sine_line
-
-  apply_fn = vj.pure_apply(MLP_16)
-  params = vj.init_params(MLP_16, jax.random.key(0), (1, 1))
-  task = jax.tree_util.tree_map(lambda v: v[0], sine_line.sample_tasks(jax.random.key(5), 1))
-  return apply_fn, params, task
 
 
 class AdaptationMathsTest(chex.TestCase):

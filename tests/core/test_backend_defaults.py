@@ -6,14 +6,7 @@ from pathlib import Path
 import pytest
 
 import vampire_jax as vj
-
-
-def _regression_problem(hidden=(16,)):
-  from experiments import regression
-
-  config = regression.get_config("quick").replace(hidden_sizes=hidden)
-  return regression.make_problem(config)
-
+from tests.helpers import _regression_problem
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,6 +12,14 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import (
+  MLP_8,
+  REGRESSION_MLP,
+  _classification_problem,
+  _simpa_task,
+  _small_regression,
+  _vampire_regression_learner,
+)
 from vampire_jax._src.core import diagnostics
 from vampire_jax._src.core.errors import InputError
 from vampire_jax.data import sine_line
@@ -42,29 +50,9 @@ def _tiny(**settings):
   return learner, learner.init(params, jax.random.key(1)), params
 
 
-def _simpa_task(index=0):
-  tasks = sine_line.tasks_from_keys(jax.random.split(jax.random.key(7), 2))
-  return jax.tree_util.tree_map(lambda field: field[index], tasks)
-
-
-REGRESSION_MLP = vj.MLP((100, 100, 100), 1)  # the paper's regression network
-
-
 def _regression_setup():
   apply_fn = vj.pure_apply(REGRESSION_MLP)
   params = vj.init_params(REGRESSION_MLP, jax.random.key(0), (1, 1))
-  task = jax.tree_util.tree_map(lambda v: v[0], sine_line.sample_tasks(jax.random.key(5), 1))
-  return apply_fn, params, task
-
-
-MLP_16 = vj.MLP((16,), 1)
-
-
-def _small_regression():
-  from vampire_jax.data import sine_line
-
-  apply_fn = vj.pure_apply(MLP_16)
-  params = vj.init_params(MLP_16, jax.random.key(0), (1, 1))
   task = jax.tree_util.tree_map(lambda v: v[0], sine_line.sample_tasks(jax.random.key(5), 1))
   return apply_fn, params, task
 
@@ -73,35 +61,6 @@ def _one_line(raised) -> str:
   message = str(raised.value)
   assert len(message.splitlines()) == 1, message
   return message
-
-
-MLP_8 = vj.MLP((8,), 1)
-
-
-def _vampire_regression_learner(**settings):
-  params = vj.init_params(MLP_8, jax.random.key(0), (1, 1))
-  learner = vj.vampire(
-    vj.pure_apply(MLP_8), vj.gaussian_nll(0.3), **{"num_inner_steps": 1, **settings}
-  )
-  return learner, params
-
-
-def _classification_problem(num_outputs: int, ways: int = 5):
-  """Random 8x8 'images' of 10 classes; a Conv4 of `num_outputs` outputs."""
-  from vampire_jax.data import tasks_from_keys
-
-  images = jax.random.randint(jax.random.key(0), (10, 4, 8, 8, 1), 0, 255).astype(jnp.uint8)
-
-  def sample_tasks(class_images, task_keys):
-    return tasks_from_keys(task_keys, class_images, ways=ways, shots=1, query=1)
-
-  return vj.Problem(
-    model=vj.Conv4(num_classes=num_outputs, num_filters=4),
-    input_shape=(8, 8, 1),
-    splits={"train": images, "val": images, "test": images},
-    sample_tasks=sample_tasks,
-    kind="classification",
-  )
 
 
 def _inner_loop_case(**settings):

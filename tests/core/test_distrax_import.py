@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-NOISE = 0.3
+from tests.helpers import NOISE
 
 
 def test_distrax_loads_without_importing_tensorflow():

@@ -1,8 +1,8 @@
-import jax
 import jax.numpy as jnp
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import _classifier_predictive
 from vampire_jax._src.core.errors import InputError
 
 
@@ -11,31 +11,6 @@ def _one_line(raised) -> str:
   assert len(message.splitlines()) == 1, message
   assert "ArrayImpl" not in message, message
   return message
-
-
-@pytest.fixture(scope="module")
-def classifier():
-  """A 3-way VAMPIRE classifier on 2-D blobs: 4 tasks of 6 queries, and its per-task results."""
-  model = vj.MLP((8,), 3)
-  learner = vj.vampire(vj.pure_apply(model), vj.categorical_nll, num_mc_query=4)
-  meta_params = learner.init(vj.init_params(model, jax.random.key(15), (1, 2)), jax.random.key(16))
-  blobs = jax.random.normal(jax.random.key(14), (4, 6, 2))
-  labels = jnp.tile(jnp.arange(3), (4, 2))  # [4, 6]
-  tasks = vj.Task(blobs + labels[..., None], labels, blobs + 2 * labels[..., None], labels)
-  keys = jax.random.split(jax.random.key(17), 4)
-  per_task = vj.make_classification_evaluator(learner)(meta_params, tasks, keys)
-  return learner, meta_params, tasks, keys, per_task
-
-
-def _first(tasks):
-  return jax.tree.map(lambda field: field[0], tasks)
-
-
-def _classifier_predictive(classifier):
-  learner, meta_params, tasks, keys, per_task = classifier
-  task = _first(tasks)
-  dist = vj.predictive(learner, meta_params, task.support_x, task.support_y, task.query_x, keys[0])
-  return dist, task, per_task
 
 
 @pytest.mark.parametrize(

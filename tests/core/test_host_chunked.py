@@ -6,6 +6,14 @@ import optax
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import (
+  _max_abs_difference,
+  _sample,
+  _sampler,
+  _setup,
+  _tiny_hidden_mlp,
+  _vampire_regression_learner,
+)
 from vampire_jax import baselines
 from vampire_jax._src.core.errors import InputError
 from vampire_jax._src.core.host_chunked import (
@@ -15,41 +23,6 @@ from vampire_jax._src.core.host_chunked import (
 from vampire_jax.data import sine_line
 
 
-def _sampler(data, task_keys):
-  del data  # generated tasks
-  return sine_line.tasks_from_keys(task_keys, num_support=5, num_query=5)
-
-
-def _setup(algorithm, num_tasks=4):
-  model = vj.MLP((16,), 1)
-  params = vj.init_params(model, jax.random.key(0), (1, 1))
-  apply_fn, nll = vj.pure_apply(model), vj.gaussian_nll(0.3)
-  if algorithm == "maml":
-    learner = vj.maml(apply_fn, nll, num_inner_steps=2, inner_lr=0.005)
-  else:
-    learner = vj.vampire(
-      apply_fn,
-      nll,
-      num_inner_steps=2,
-      inner_lr=0.005,
-      kl_weight=0.1,
-      num_mc_train=2,
-      num_mc_query=2,
-    )
-  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
-  return learner, optimizer, vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
-
-
-def _tiny_hidden_mlp(dtype=jnp.float32, hidden=(8,)):
-  model = vj.MLP(hidden, 1)
-  params = jax.tree_util.tree_map(
-    lambda p: p.astype(dtype), vj.init_params(model, jax.random.key(0), (1, 1))
-  )
-  apply_fn = vj.pure_apply(model)
-  nll = vj.gaussian_nll(0.5)
-  return params, apply_fn, nll, vj.loss_from_apply(apply_fn, nll)
-
-
 def _sine_tasks(key, num_tasks, shots=5, query=10, dtype=jnp.float32):
   k_amp, k_phase, k_x = jax.random.split(key, 3)
   amp = jax.random.uniform(k_amp, (num_tasks, 1, 1), dtype, minval=0.5, maxval=3.0)
@@ -57,29 +30,6 @@ def _sine_tasks(key, num_tasks, shots=5, query=10, dtype=jnp.float32):
   x = jax.random.uniform(k_x, (num_tasks, shots + query, 1), dtype, minval=-5.0, maxval=5.0)
   y = amp * jnp.sin(x + phase)
   return vj.Task(x[:, :shots], y[:, :shots], x[:, shots:], y[:, shots:])
-
-
-def _max_abs_difference(a, b):
-  return max(
-    float(jnp.max(jnp.abs(x - y)))
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
-  )
-
-
-MLP_8 = vj.MLP((8,), 1)
-
-
-def _vampire_regression_learner(**settings):
-  params = vj.init_params(MLP_8, jax.random.key(0), (1, 1))
-  learner = vj.vampire(
-    vj.pure_apply(MLP_8), vj.gaussian_nll(0.3), **{"num_inner_steps": 1, **settings}
-  )
-  return learner, params
-
-
-def _sample(data, task_keys):
-  del data
-  return sine_line.tasks_from_keys(task_keys)
 
 
 @pytest.mark.parametrize("algorithm", ["maml", "vampire"])

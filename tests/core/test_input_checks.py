@@ -16,6 +16,7 @@ import optax
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import BAD_LABELS, NLL, REGRESSION_MLP
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.errors import InputError
 from vampire_jax.data import sine_line
@@ -24,9 +25,6 @@ MODEL = vj.MLP((4,), 1)
 
 
 APPLY = vj.pure_apply(MODEL)
-
-
-NLL = vj.gaussian_nll(0.3)
 
 
 LOSS = vj.loss_from_apply(APPLY, NLL)
@@ -115,9 +113,6 @@ CASES = [(where, name) for where, (names, _) in FACTORIES.items() for name in na
 
 
 NOT_BOOLS = [("False", "a str"), (0, "an int"), (1.0, "a float"), (None, "None")]
-
-
-REGRESSION_MLP = vj.MLP((100, 100, 100), 1)  # the paper's regression network
 
 
 def _regression_setup():
@@ -264,9 +259,6 @@ X_FEATURES = jax.random.normal(jax.random.key(2), (WAYS, 3))
 
 
 LABELS = jnp.arange(WAYS)
-
-
-BAD_LABELS = jnp.array([0, 1, 2, 3, 5])  # label 5 of a 5-way task
 
 
 REGRESSOR = vj.MLP((8,), 1)

@@ -14,13 +14,11 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import NLL, _loss, _max_abs_difference, _tiny_hidden_mlp
 from vampire_jax._src.core import gaussian
 from vampire_jax._src.core.errors import InputError
 
 APPLY = vj.pure_apply(vj.MLP((4,), 1))
-
-
-NLL = vj.gaussian_nll(0.3)
 
 
 def _tiny_mlp():
@@ -40,26 +38,6 @@ def _network(outputs=1):
   return vj.init_params(model, jax.random.key(0), (1, 1)), vj.pure_apply(model)
 
 
-def _classification_task(classes=None):
-  x = jax.random.uniform(jax.random.key(2), (12, 1), minval=-3.0, maxval=3.0)
-  y = jnp.sin(x) if classes is None else jnp.arange(12) % classes  # labels: a classifier's
-  return vj.Task(x[:5], y[:5], x[5:], y[5:])
-
-
-def _loss(learner, prior, classes=None):
-  return vj.query_loss(learner, prior, _classification_task(classes), jax.random.key(3))[0]
-
-
-def _tiny_hidden_mlp(dtype=jnp.float32, hidden=(8,)):
-  model = vj.MLP(hidden, 1)
-  params = jax.tree_util.tree_map(
-    lambda p: p.astype(dtype), vj.init_params(model, jax.random.key(0), (1, 1))
-  )
-  apply_fn = vj.pure_apply(model)
-  nll = vj.gaussian_nll(0.5)
-  return params, apply_fn, nll, vj.loss_from_apply(apply_fn, nll)
-
-
 def _sine_tasks(key, num_tasks, shots=5, query=10, dtype=jnp.float32):
   k_amp, k_phase, k_x = jax.random.split(key, 3)
   amp = jax.random.uniform(k_amp, (num_tasks, 1, 1), dtype, minval=0.5, maxval=3.0)
@@ -71,13 +49,6 @@ def _sine_tasks(key, num_tasks, shots=5, query=10, dtype=jnp.float32):
 
 def _one_task(key, dtype=jnp.float32):
   return jax.tree_util.tree_map(lambda a: a[0], _sine_tasks(key, 1, dtype=dtype))
-
-
-def _max_abs_difference(a, b):
-  return max(
-    float(jnp.max(jnp.abs(x - y)))
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
-  )
 
 
 @pytest.mark.parametrize("value", ["prior", "standard_normal"])

@@ -6,10 +6,9 @@ import optax
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import BAD_LABELS, REGRESSION_MLP
 from vampire_jax._src.core.errors import InputError
 from vampire_jax.data import sine_line
-
-REGRESSION_MLP = vj.MLP((100, 100, 100), 1)  # the paper's regression network
 
 
 def _regression_setup():
@@ -35,9 +34,6 @@ X_FEATURES = jax.random.normal(jax.random.key(2), (WAYS, 3))
 
 
 LABELS = jnp.arange(WAYS)
-
-
-BAD_LABELS = jnp.array([0, 1, 2, 3, 5])  # label 5 of a 5-way task
 
 
 def _prior(params=CLASSIFIER_PARAMS):

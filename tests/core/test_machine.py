@@ -11,9 +11,8 @@ import jax
 import jaxlib
 import pytest
 
+from tests.helpers import REPO_ROOT
 from vampire_jax import backend
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cpuinfo(family: int, model: int, name: str, vendor: str, flags: str) -> str:

@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import _sample, _small_regression, _vampire_regression_learner
 from vampire_jax._src.core.errors import InputError
 from vampire_jax._src.core.meta_step import log_std_mask
 from vampire_jax.baselines.platipus import PlatipusParams
@@ -56,38 +57,10 @@ def _torch_adam_reference(params, gradients, *, lr, decay, clip_norm, separately
   return vj.Gaussian(mean, log_std)
 
 
-MLP_16 = vj.MLP((16,), 1)
-
-
-def _small_regression():
-  from vampire_jax.data import sine_line
-
-  apply_fn = vj.pure_apply(MLP_16)
-  params = vj.init_params(MLP_16, jax.random.key(0), (1, 1))
-  task = jax.tree_util.tree_map(lambda v: v[0], sine_line.sample_tasks(jax.random.key(5), 1))
-  return apply_fn, params, task
-
-
 def _one_line(raised) -> str:
   message = str(raised.value)
   assert len(message.splitlines()) == 1, message
   return message
-
-
-MLP_8 = vj.MLP((8,), 1)
-
-
-def _vampire_regression_learner(**settings):
-  params = vj.init_params(MLP_8, jax.random.key(0), (1, 1))
-  learner = vj.vampire(
-    vj.pure_apply(MLP_8), vj.gaussian_nll(0.3), **{"num_inner_steps": 1, **settings}
-  )
-  return learner, params
-
-
-def _sample(data, task_keys):
-  del data
-  return sine_line.tasks_from_keys(task_keys)
 
 
 def _train_one_step(optimizer, tasks_per_step):

@@ -16,6 +16,15 @@ import optax
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import (
+  MLP_8,
+  REGRESSION_MLP,
+  _sample,
+  _sampler,
+  _setup,
+  _small_regression,
+  _vampire_regression_learner,
+)
 from vampire_jax._src.core import meta_step
 from vampire_jax._src.core.batching import batched_map
 from vampire_jax._src.core.errors import InputError
@@ -52,31 +61,6 @@ def _regression_learner(algorithm, hidden=(40, 40), **kw):
       **kw,
     )
   return learner, params
-
-
-def _sampler(data, task_keys):
-  del data  # generated tasks
-  return sine_line.tasks_from_keys(task_keys, num_support=5, num_query=5)
-
-
-def _setup(algorithm, num_tasks=4):
-  model = vj.MLP((16,), 1)
-  params = vj.init_params(model, jax.random.key(0), (1, 1))
-  apply_fn, nll = vj.pure_apply(model), vj.gaussian_nll(0.3)
-  if algorithm == "maml":
-    learner = vj.maml(apply_fn, nll, num_inner_steps=2, inner_lr=0.005)
-  else:
-    learner = vj.vampire(
-      apply_fn,
-      nll,
-      num_inner_steps=2,
-      inner_lr=0.005,
-      kl_weight=0.1,
-      num_mc_train=2,
-      num_mc_query=2,
-    )
-  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
-  return learner, optimizer, vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
 
 
 INNER_LR, KL_WEIGHT, NOISE_STD, STEPS, DRAWS = 0.005, 0.1, 0.3, 2, 2  # as in _setup
@@ -194,17 +178,9 @@ def _simpa_shapes(learner):
   return jax.eval_shape(learner.init, _params(), jax.random.key(1))
 
 
-def _sample(data, task_keys):
-  del data
-  return sine_line.tasks_from_keys(task_keys)
-
-
 def _sample_tasks(data, task_keys):
   del data
   return sine_line.tasks_from_keys(task_keys)
-
-
-REGRESSION_MLP = vj.MLP((100, 100, 100), 1)  # the paper's regression network
 
 
 def _regression_setup():
@@ -218,29 +194,6 @@ def _sine_line_tasks(data, task_keys):
   """The library's convention: `sample_tasks(data, task_keys [n]) -> Task [n, ...]`."""
   del data
   return sine_line.tasks_from_keys(task_keys)
-
-
-MLP_16 = vj.MLP((16,), 1)
-
-
-def _small_regression():
-  from vampire_jax.data import sine_line
-
-  apply_fn = vj.pure_apply(MLP_16)
-  params = vj.init_params(MLP_16, jax.random.key(0), (1, 1))
-  task = jax.tree_util.tree_map(lambda v: v[0], sine_line.sample_tasks(jax.random.key(5), 1))
-  return apply_fn, params, task
-
-
-MLP_8 = vj.MLP((8,), 1)
-
-
-def _vampire_regression_learner(**settings):
-  params = vj.init_params(MLP_8, jax.random.key(0), (1, 1))
-  learner = vj.vampire(
-    vj.pure_apply(MLP_8), vj.gaussian_nll(0.3), **{"num_inner_steps": 1, **settings}
-  )
-  return learner, params
 
 
 def test_meta_step_gradient_is_the_mean_of_task_gradients():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import _conv4, _images
 from vampire_jax._src.core import adaptation, models
 
 
@@ -50,16 +51,6 @@ def _abml_and_task(draw_outputs, num_mc=8):
   x = jnp.linspace(-5.0, 5.0, 10)[:, None]
   task = vj.Task(x[:5], jnp.sin(x[:5]), x[5:], jnp.sin(x[5:]))
   return learner, learner.init(params, jax.random.key(1)), task
-
-
-def _conv4(padding, conv_impl="xla", max_pool=False):
-  return vj.Conv4(
-    num_classes=3, num_filters=4, max_pool=max_pool, conv_impl=conv_impl, padding=padding
-  )
-
-
-def _images(size=28, channels=1):
-  return jax.random.uniform(jax.random.key(0), (2, size, size, channels))
 
 
 def test_import_does_not_load_tensorflow():

@@ -22,6 +22,7 @@ import optax
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import _regression_problem, _sample, _vampire_regression_learner
 from vampire_jax._src.core import sharding
 from vampire_jax._src.core.errors import InputError
 from vampire_jax._src.metrics.evaluation import evaluate_split
@@ -203,13 +204,6 @@ def _sharded_measurements() -> dict:
   return out
 
 
-def _regression_problem(hidden=(16,)):
-  from experiments import regression
-
-  config = regression.get_config("quick").replace(hidden_sizes=hidden)
-  return regression.make_problem(config)
-
-
 def _runner_measurements(workdir: Path) -> dict:
   """A short regression run through the training loop, sharded over 8 devices and not."""
   from experiments import regression
@@ -338,22 +332,6 @@ def _one_line(raised) -> str:
   message = str(raised.value)
   assert len(message.splitlines()) == 1, message
   return message
-
-
-MLP_8 = vj.MLP((8,), 1)
-
-
-def _vampire_regression_learner(**settings):
-  params = vj.init_params(MLP_8, jax.random.key(0), (1, 1))
-  learner = vj.vampire(
-    vj.pure_apply(MLP_8), vj.gaussian_nll(0.3), **{"num_inner_steps": 1, **settings}
-  )
-  return learner, params
-
-
-def _sample(data, task_keys):
-  del data
-  return sine_line.tasks_from_keys(task_keys)
 
 
 def test_child_sees_eight_devices(sharded):

@@ -5,33 +5,23 @@ holds Ravi & Larochelle's full CSVs and the first 12 images of each class.
 """
 
 import csv
-import os
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from PIL import Image
 
+from tests.helpers import PER_CLASS, SAMPLE_DIR
 from vampire_jax import data
 from vampire_jax.data import mini_imagenet as mi
-
-SAMPLE_DIR = Path(
-  os.environ.get("MINI_IMAGENET_DIR")
-  or Path(__file__).resolve().parents[3] / "shared/data/mini_imagenet_sample"
-)
-
 
 pytestmark = pytest.mark.skipif(
   not (SAMPLE_DIR / "split" / "test.csv").exists(),
   reason=f"mini-ImageNet sample not found in {SAMPLE_DIR}",
 )
-
-
-PER_CLASS = 12  # images per class in the sample
 
 
 @pytest.fixture(scope="module")

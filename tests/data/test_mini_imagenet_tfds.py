@@ -1,17 +1,9 @@
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from tests.helpers import SAMPLE_DIR
 from vampire_jax import data
 from vampire_jax.data import mini_imagenet as mi
-
-SAMPLE_DIR = Path(
-  os.environ.get("MINI_IMAGENET_DIR")
-  or Path(__file__).resolve().parents[3] / "shared/data/mini_imagenet_sample"
-)
-
 
 pytestmark = pytest.mark.skipif(
   not (SAMPLE_DIR / "split" / "test.csv").exists(),

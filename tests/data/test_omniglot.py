@@ -9,7 +9,6 @@ full TFDS offline build (about 45 s) is marked `slow` (deselect it with
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import jax
@@ -21,6 +20,7 @@ from tests.conftest import (
   OMNIGLOT_DIR,
   needs_omniglot,
 )
+from tests.helpers import BIG_ZIPS, DATA_DIR, SMALL_ZIPS, needs_data, needs_small_zips
 from vampire_jax import data
 from vampire_jax.data import (
   ALPHABETS,
@@ -36,29 +36,6 @@ from vampire_jax.data import (
   split_indices,
 )
 from vampire_jax.runs import experiment_configs
-
-DATA_DIR = Path(
-  os.environ.get("OMNIGLOT_DIR") or Path(__file__).resolve().parents[3] / "shared/data/omniglot"
-)
-
-
-BIG_ZIPS = ("images_background.zip", "images_evaluation.zip")
-
-
-SMALL_ZIPS = ("images_background_small1.zip", "images_background_small2.zip")
-
-
-needs_data = pytest.mark.skipif(
-  not all((DATA_DIR / f).is_file() for f in BIG_ZIPS),
-  reason=f"Omniglot zips not found in {DATA_DIR} (set OMNIGLOT_DIR).",
-)
-
-
-needs_small_zips = pytest.mark.skipif(
-  not all((DATA_DIR / f).is_file() for f in SMALL_ZIPS),
-  reason=f"Omniglot small zips not found in {DATA_DIR}.",
-)
-
 
 # Characters per alphabet, from the data folder's README.
 ALPHABET_SIZES = {

@@ -1,34 +1,11 @@
-import os
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.helpers import BIG_ZIPS, DATA_DIR, SMALL_ZIPS, needs_data, needs_small_zips
 from vampire_jax._src.core.errors import DataError
 from vampire_jax.data import load_omniglot, omniglot
-
-DATA_DIR = Path(
-  os.environ.get("OMNIGLOT_DIR") or Path(__file__).resolve().parents[3] / "shared/data/omniglot"
-)
-
-
-BIG_ZIPS = ("images_background.zip", "images_evaluation.zip")
-
-
-SMALL_ZIPS = ("images_background_small1.zip", "images_background_small2.zip")
-
-
-needs_data = pytest.mark.skipif(
-  not all((DATA_DIR / f).is_file() for f in BIG_ZIPS),
-  reason=f"Omniglot zips not found in {DATA_DIR} (set OMNIGLOT_DIR).",
-)
-
-
-needs_small_zips = pytest.mark.skipif(
-  not all((DATA_DIR / f).is_file() for f in SMALL_ZIPS),
-  reason=f"Omniglot small zips not found in {DATA_DIR}.",
-)
 
 
 @pytest.fixture

@@ -1,7 +1,5 @@
 import io
-import os
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,20 +7,8 @@ from PIL import Image
 
 import vampire_jax as vj
 from tests.conftest import OMNIGLOT_DIR, needs_omniglot
+from tests.helpers import BIG_ZIPS, DATA_DIR, needs_data
 from vampire_jax.data import load_omniglot
-
-DATA_DIR = Path(
-  os.environ.get("OMNIGLOT_DIR") or Path(__file__).resolve().parents[3] / "shared/data/omniglot"
-)
-
-
-BIG_ZIPS = ("images_background.zip", "images_evaluation.zip")
-
-
-needs_data = pytest.mark.skipif(
-  not all((DATA_DIR / f).is_file() for f in BIG_ZIPS),
-  reason=f"Omniglot zips not found in {DATA_DIR} (set OMNIGLOT_DIR).",
-)
 
 
 def _reference_image(zip_name, member):

@@ -21,19 +21,13 @@ from tests.conftest import (
   OMNIGLOT_DIR,
   needs_omniglot,
 )
+from tests.helpers import _one_line_error
 from vampire_jax.runs import algorithms
 from vampire_jax.runs.interrupts import TrainingInterrupted
 from vampire_jax.runs.run_config import PARTS
 from vampire_jax.runs.run_folder import storage as run_folder_storage
 
 _SPLITS = ("train", "val", "test")
-
-
-def _one_line_error(output: str, *needles: str) -> None:
-  errors = [line for line in output.splitlines() if line.startswith("error: ")]
-  assert len(errors) == 1 and "Traceback" not in output, output
-  for needle in needles:
-    assert needle in errors[0], (needle, errors[0])
 
 
 def _read_only_folder(tmp_path: Path, monkeypatch) -> tuple[Path, str]:

@@ -15,6 +15,7 @@ import pytest
 
 import vampire_jax as vj
 from experiments import inner_loop_stability, regression, zoo
+from tests.helpers import _argparse_error
 from vampire_jax._src.core.errors import ConfigError
 
 
@@ -22,13 +23,6 @@ def _one_line(raised) -> str:
   message = str(raised.value)
   assert len(message.splitlines()) == 1, message
   return message
-
-
-def _argparse_error(capsys, parse) -> str:
-  with pytest.raises(SystemExit) as raised:
-    parse()
-  assert raised.value.code == 2
-  return capsys.readouterr().err.splitlines()[-1]
 
 
 def test_inner_loop_stability_measures_curvature_against_the_supports_spread():

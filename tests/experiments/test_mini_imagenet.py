@@ -1,6 +1,4 @@
 import json
-import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import jax
@@ -8,21 +6,13 @@ import numpy as np
 import pytest
 
 from experiments import calibration_protocol, cli, mini_imagenet
+from tests.helpers import PER_CLASS, SAMPLE_DIR
 from vampire_jax import data
-
-SAMPLE_DIR = Path(
-  os.environ.get("MINI_IMAGENET_DIR")
-  or Path(__file__).resolve().parents[3] / "shared/data/mini_imagenet_sample"
-)
-
 
 pytestmark = pytest.mark.skipif(
   not (SAMPLE_DIR / "split" / "test.csv").exists(),
   reason=f"mini-ImageNet sample not found in {SAMPLE_DIR}",
 )
-
-
-PER_CLASS = 12  # images per class in the sample
 
 
 @pytest.fixture(scope="module")

@@ -8,28 +8,9 @@ import pytest
 
 from experiments import plots
 from tests.conftest import REPO
+from tests.helpers import _synthetic_classifier, _two_component_problem
 from vampire_jax._src.core.errors import StorageError
 from vampire_jax._src.metrics import calibration as cal
-
-
-def _synthetic_classifier(rng, n, num_classes, confidence, accuracy_given_confidence):
-  """Probabilities whose max is `confidence`, correct with the given probability."""
-  probs = np.tile(((1 - confidence) / (num_classes - 1))[:, None], (1, num_classes))
-  predicted = rng.integers(num_classes, size=n)
-  probs[np.arange(n), predicted] = confidence
-  correct = rng.random(n) < accuracy_given_confidence
-  # A wrong label is any other class.
-  wrong = (predicted + rng.integers(1, num_classes, size=n)) % num_classes
-  return probs, np.where(correct, predicted, wrong)
-
-
-def _two_component_problem(rng, n, true_std, noise_std=0.3):
-  """Predicted means [2, n] and targets drawn from the mixture with `true_std`."""
-  centre = rng.uniform(-3, 3, size=n)
-  means = np.stack([centre - 0.5, centre + rng.uniform(0, 1.5, size=n)])
-  component = rng.integers(2, size=n)
-  targets = means[component, np.arange(n)] + true_std * rng.normal(size=n)
-  return means, targets
 
 
 def _is_png(path):

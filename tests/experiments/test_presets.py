@@ -12,6 +12,7 @@ import pytest
 
 import vampire_jax as vj
 from experiments import cli, presets
+from tests.helpers import ROOT, _conv4, _images
 from vampire_jax._src.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,19 +47,6 @@ def _log_std_settings(config) -> tuple[bool, float]:
   if not taken:
     return False, 0.0
   return spec.meta_grad_clip_separately, spec.log_std_weight_decay
-
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _conv4(padding, conv_impl="xla", max_pool=False):
-  return vj.Conv4(
-    num_classes=3, num_filters=4, max_pool=max_pool, conv_impl=conv_impl, padding=padding
-  )
-
-
-def _images(size=28, channels=1):
-  return jax.random.uniform(jax.random.key(0), (2, size, size, channels))
 
 
 def _guide_section() -> str:

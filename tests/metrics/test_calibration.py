@@ -9,18 +9,8 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import _synthetic_classifier
 from vampire_jax._src.metrics import calibration as cal
-
-
-def _synthetic_classifier(rng, n, num_classes, confidence, accuracy_given_confidence):
-  """Probabilities whose max is `confidence`, correct with the given probability."""
-  probs = np.tile(((1 - confidence) / (num_classes - 1))[:, None], (1, num_classes))
-  predicted = rng.integers(num_classes, size=n)
-  probs[np.arange(n), predicted] = confidence
-  correct = rng.random(n) < accuracy_given_confidence
-  # A wrong label is any other class.
-  wrong = (predicted + rng.integers(1, num_classes, size=n)) % num_classes
-  return probs, np.where(correct, predicted, wrong)
 
 
 def test_calibrated_classifier_has_small_ece():

@@ -5,14 +5,10 @@ import pytest
 
 import vampire_jax as vj
 from experiments import regression
-from tests.conftest import tiny_regression_config
+from tests.helpers import _tiny_regression_config
 from vampire_jax._src.metrics import evaluation
 from vampire_jax._src.metrics.evaluation import evaluate_split
 from vampire_jax.runs import loop as training
-
-
-def _tiny_regression_config(**changes):
-  return tiny_regression_config("maml", **{"num_meta_steps": 2, **changes})
 
 
 def test_classification_evaluator_numbers():

@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tests.conftest import REPO, untrained_regression_run
 
 import vampire_jax as vj
+from tests.conftest import REPO, untrained_regression_run
 from vampire_jax import metrics
 
 # -- Tasks of a known miscalibration ------------------------------------------------------------

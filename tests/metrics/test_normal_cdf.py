@@ -4,9 +4,8 @@ import statistics
 import numpy as np
 import pytest
 
+from tests.helpers import LEVELS
 from vampire_jax._src.metrics import calibration as cal
-
-LEVELS = np.linspace(0.1, 0.9, 9)
 
 
 def test_normal_cdf_matches_erfc():

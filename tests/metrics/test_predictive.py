@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import NOISE, _classifier_predictive, _first
 from vampire_jax._src.core import losses
 from vampire_jax._src.core.errors import InputError
 from vampire_jax._src.metrics.calibration import mixture_cdf
 from vampire_jax.data import sine_line
-
-NOISE = 0.3
 
 
 def _regression_learner(algorithm="vampire"):
@@ -42,49 +41,8 @@ def _one_line(raised) -> str:
   return message
 
 
-@pytest.fixture(scope="module")
-def regressor():
-  """A VAMPIRE regressor (untrained: the numbers are checked against the evaluator's),
-  five sine/line tasks, their keys and the evaluator's per-task results."""
-  model = vj.MLP((16,), 1)
-  learner = vj.vampire(
-    vj.pure_apply(model), vj.gaussian_nll(NOISE), num_mc_query=4, log_std_init=(-2.0, -1.5)
-  )
-  meta_params = learner.init(vj.init_params(model, jax.random.key(0), (1, 1)), jax.random.key(1))
-  task_keys = jax.random.split(jax.random.key(2), 5)
-  tasks = sine_line.tasks_from_keys(task_keys)
-  keys = jax.random.split(jax.random.key(3), 5)
-  per_task = vj.make_regression_evaluator(learner, NOISE)(meta_params, tasks, keys)
-  return learner, meta_params, tasks, task_keys, keys, per_task
-
-
-@pytest.fixture(scope="module")
-def classifier():
-  """A 3-way VAMPIRE classifier on 2-D blobs: 4 tasks of 6 queries, and its per-task results."""
-  model = vj.MLP((8,), 3)
-  learner = vj.vampire(vj.pure_apply(model), vj.categorical_nll, num_mc_query=4)
-  meta_params = learner.init(vj.init_params(model, jax.random.key(15), (1, 2)), jax.random.key(16))
-  blobs = jax.random.normal(jax.random.key(14), (4, 6, 2))
-  labels = jnp.tile(jnp.arange(3), (4, 2))  # [4, 6]
-  tasks = vj.Task(blobs + labels[..., None], labels, blobs + 2 * labels[..., None], labels)
-  keys = jax.random.split(jax.random.key(17), 4)
-  per_task = vj.make_classification_evaluator(learner)(meta_params, tasks, keys)
-  return learner, meta_params, tasks, keys, per_task
-
-
-def _first(tasks):
-  return jax.tree.map(lambda field: field[0], tasks)
-
-
 def _regression_predictive(regressor):
   learner, meta_params, tasks, _, keys, per_task = regressor
-  task = _first(tasks)
-  dist = vj.predictive(learner, meta_params, task.support_x, task.support_y, task.query_x, keys[0])
-  return dist, task, per_task
-
-
-def _classifier_predictive(classifier):
-  learner, meta_params, tasks, keys, per_task = classifier
   task = _first(tasks)
   dist = vj.predictive(learner, meta_params, task.support_x, task.support_y, task.query_x, keys[0])
   return dist, task, per_task

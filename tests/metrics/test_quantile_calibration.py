@@ -3,18 +3,8 @@ import statistics
 import numpy as np
 import pytest
 
+from tests.helpers import LEVELS, _two_component_problem
 from vampire_jax._src.metrics import calibration as cal
-
-LEVELS = np.linspace(0.1, 0.9, 9)
-
-
-def _two_component_problem(rng, n, true_std, noise_std=0.3):
-  """Predicted means [2, n] and targets drawn from the mixture with `true_std`."""
-  centre = rng.uniform(-3, 3, size=n)
-  means = np.stack([centre - 0.5, centre + rng.uniform(0, 1.5, size=n)])
-  component = rng.integers(2, size=n)
-  targets = means[component, np.arange(n)] + true_std * rng.normal(size=n)
-  return means, targets
 
 
 def test_targets_from_the_predictive_lie_on_the_diagonal():

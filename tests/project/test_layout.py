@@ -1,6 +1,9 @@
 """The test tree mirrors the library: a module's tests are found by its name."""
 
+import os
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -44,3 +47,22 @@ def test_at_least_80_percent_of_the_modules_have_a_test_file_of_their_name():
 
 def test_no_test_file_sits_at_the_top_of_the_tests_folder():
   assert sorted(p.name for p in (REPO / "tests").glob("test_*.py")) == []
+
+
+def test_the_shared_data_paths_name_the_shared_data_folder():
+  """A wrong path would skip every test that needs the data, silently."""
+  from tests import conftest, helpers
+
+  shared = REPO.parent / "shared" / "data"
+  if not shared.is_dir():
+    pytest.skip("no ../shared/data beside the clone")
+  expected = {
+    "OMNIGLOT_DIR": (conftest.OMNIGLOT_DIR, shared / "omniglot"),
+    "OMNIGLOT_DIR ": (helpers.DATA_DIR, shared / "omniglot"),
+    "MINI_IMAGENET_DIR": (helpers.SAMPLE_DIR, shared / "mini_imagenet_sample"),
+  }
+  for variable, (path, default) in expected.items():
+    if not os.environ.get(variable.strip()):
+      assert path.resolve() == default.resolve(), (variable, path)
+      assert path.is_dir(), path
+  assert helpers.REPO_ROOT == helpers.ROOT == REPO

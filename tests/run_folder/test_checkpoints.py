@@ -33,6 +33,15 @@ from tests.conftest import (
   tiny_omniglot_config,
   tiny_regression_config,
 )
+from tests.helpers import (
+  QUERY_X,
+  SUPPORT_X,
+  _checkpoint_params,
+  _leaves_equal,
+  _one_line_error,
+  _tiny_config,
+  _truncate_data,
+)
 from vampire_jax.runs import reporting, run_folder
 from vampire_jax.runs.run_folder import record as run_folder_record
 
@@ -43,33 +52,6 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
   copy = tmp_path / "run"
   shutil.copytree(run_dir, copy)
   return copy
-
-
-def _truncate_data(folder: Path) -> None:
-  """Cuts every array data file of an orbax checkpoint to 10 bytes (the metadata stays)."""
-  files = list(folder.glob("**/ocdbt.process_0/d/*"))
-  assert files, folder
-  for path in files:
-    with open(path, "r+b") as f:
-      f.truncate(10)
-
-
-def _one_line_error(output: str, *needles: str) -> None:
-  errors = [line for line in output.splitlines() if line.startswith("error: ")]
-  assert len(errors) == 1 and "Traceback" not in output, output
-  for needle in needles:
-    assert needle in errors[0], (needle, errors[0])
-
-
-def _leaves_equal(a, b) -> bool:
-  return all(
-    np.array_equal(np.asarray(x), np.asarray(y))
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
-  )
-
-
-def _checkpoint_params(workdir: Path, step: int):
-  return run_folder.read_checkpoint(workdir / "checkpoints", step)["meta_params"]
 
 
 TINY_FLAGS = [
@@ -106,13 +88,7 @@ REFUSED = [  # (flags, what the one line names: the fields that differ, as the c
 ]
 
 
-SUPPORT_X = np.linspace(-4.0, 4.0, 5, dtype=np.float32)[:, None]
-
-
 SUPPORT_Y = np.sin(SUPPORT_X)
-
-
-QUERY_X = np.linspace(-5.0, 5.0, 7, dtype=np.float32)[:, None]
 
 
 def _train(config, workdir: Path, model=None) -> dict:
@@ -184,10 +160,6 @@ class NarrowMLP(nn.Module):
   @nn.compact
   def __call__(self, x):
     return nn.Dense(self.num_outputs)(nn.relu(nn.Dense(3)(x)))
-
-
-def _tiny_config(**changes):
-  return tiny_regression_config(**{"num_meta_steps": 4, "num_mc_test": 2, **changes})
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import vampire_jax as vj
 from experiments import cli
 from experiments import omniglot as omniglot_experiment
 from tests.conftest import needs_omniglot
+from tests.helpers import _one_line_error
 from vampire_jax.runs import run_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,13 +25,6 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
   copy = tmp_path / "run"
   shutil.copytree(run_dir, copy)
   return copy
-
-
-def _one_line_error(output: str, *needles: str) -> None:
-  errors = [line for line in output.splitlines() if line.startswith("error: ")]
-  assert len(errors) == 1 and "Traceback" not in output, output
-  for needle in needles:
-    assert needle in errors[0], (needle, errors[0])
 
 
 def test_a_second_process_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken(tmp_path):

@@ -17,18 +17,13 @@ import pytest
 import vampire_jax as vj
 from experiments import regression
 from tests.conftest import REPO, tiny_regression_config
+from tests.helpers import QUERY_X, SUPPORT_X
 from vampire_jax.runs import run_folder
 
 QUIET = dict(progress=False, print_fn=lambda message: None)
 
 
-SUPPORT_X = np.linspace(-4.0, 4.0, 5, dtype=np.float32)[:, None]
-
-
 SUPPORT_Y = np.sin(SUPPORT_X)
-
-
-QUERY_X = np.linspace(-5.0, 5.0, 7, dtype=np.float32)[:, None]
 
 
 def _train(config, workdir: Path, model=None) -> dict:

@@ -9,14 +9,10 @@ import warnings
 from pathlib import Path
 
 from experiments import regression
-from tests.conftest import tiny_regression_config
+from tests.helpers import _tiny_config
 from vampire_jax.runs import run_folder
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _tiny_config(**changes):
-  return tiny_regression_config(**{"num_meta_steps": 4, "num_mc_test": 2, **changes})
 
 
 def _garbage(folder: Path) -> None:

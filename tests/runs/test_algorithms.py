@@ -9,7 +9,7 @@ import pytest
 
 import vampire_jax as vj
 from experiments import regression
-from tests.conftest import tiny_regression_config
+from tests.helpers import _flat, _loss, _tiny_config
 from vampire_jax._src.core import learners
 from vampire_jax._src.core.errors import ConfigError
 from vampire_jax.runs import algorithms
@@ -20,30 +20,12 @@ def _network(outputs=1):
   return vj.init_params(model, jax.random.key(0), (1, 1)), vj.pure_apply(model)
 
 
-def _classification_task(classes=None):
-  x = jax.random.uniform(jax.random.key(2), (12, 1), minval=-3.0, maxval=3.0)
-  y = jnp.sin(x) if classes is None else jnp.arange(12) % classes  # labels: a classifier's
-  return vj.Task(x[:5], y[:5], x[5:], y[5:])
-
-
-def _loss(learner, prior, classes=None):
-  return vj.query_loss(learner, prior, _classification_task(classes), jax.random.key(3))[0]
-
-
 def _loss_and_grad(learner, prior):
   return jax.jit(jax.value_and_grad(lambda meta_params: _loss(learner, meta_params, 3)))(prior)
 
 
 def _default(factory, name):
   return inspect.signature(factory).parameters[name].default
-
-
-def _flat(tree) -> np.ndarray:
-  return np.concatenate([np.ravel(leaf) for leaf in jax.tree_util.tree_leaves(tree)])
-
-
-def _tiny_config(**changes):
-  return tiny_regression_config(**{"num_meta_steps": 4, "num_mc_test": 2, **changes})
 
 
 def test_vampire2_is_the_registrys_vampire2_with_the_authors_defaults():

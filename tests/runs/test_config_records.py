@@ -11,8 +11,8 @@ import vampire_jax as vj
 from experiments import presets, regression
 from tests.conftest import (
   REPO,
-  tiny_regression_config,
 )
+from tests.helpers import ROOT, _tiny_config
 from vampire_jax._src.core import models
 from vampire_jax.runs import (
   config_records,
@@ -20,13 +20,6 @@ from vampire_jax.runs import (
   run_config,
   run_folder,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _tiny_config(**changes):
-  return tiny_regression_config(**{"num_meta_steps": 4, "num_mc_test": 2, **changes})
-
 
 # Every preset of every experiment for every algorithm, as the flat `RunConfig` of 249503e
 # recorded it (`dataclasses.asdict`): 133 configs.

@@ -4,10 +4,7 @@ import pytest
 import vampire_jax as vj
 from experiments import regression
 from tests.conftest import tiny_regression_config
-
-
-def _tiny_regression_config(**changes):
-  return tiny_regression_config("maml", **{"num_meta_steps": 2, **changes})
+from tests.helpers import _tiny_regression_config
 
 
 def test_training_refuses_an_inner_loop_that_diverges_at_initialisation(tmp_path):

@@ -15,16 +15,12 @@ import pytest
 
 import vampire_jax as vj
 from experiments import cli, regression
-from tests.conftest import tiny_regression_config
+from tests.helpers import _tiny_config
 from vampire_jax._src.core.errors import DataError
 from vampire_jax.runs import interrupts, run_folder
 from vampire_jax.runs import loop as training
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _tiny_config(**changes):
-  return tiny_regression_config(**{"num_meta_steps": 4, "num_mc_test": 2, **changes})
 
 
 EXIT_ROWS = {  # error -> (exit code, the line), None: a bug, raised with its traceback

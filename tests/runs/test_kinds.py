@@ -17,12 +17,11 @@ import pytest
 
 import vampire_jax as vj
 from tests.conftest import tiny_regression_config
+from tests.helpers import NOISE, _small_regression
 from vampire_jax._src.core.errors import ConfigError, InputError
 from vampire_jax._src.metrics import calibration, summary_inputs
 from vampire_jax.data import sine_line
 from vampire_jax.runs import kinds
-
-NOISE = 0.3
 
 
 def _one_line(raised) -> str:
@@ -30,36 +29,6 @@ def _one_line(raised) -> str:
   assert len(message.splitlines()) == 1, message
   assert "ArrayImpl" not in message, message
   return message
-
-
-@pytest.fixture(scope="module")
-def regressor():
-  """A VAMPIRE regressor (untrained: the numbers are checked against the evaluator's),
-  five sine/line tasks, their keys and the evaluator's per-task results."""
-  model = vj.MLP((16,), 1)
-  learner = vj.vampire(
-    vj.pure_apply(model), vj.gaussian_nll(NOISE), num_mc_query=4, log_std_init=(-2.0, -1.5)
-  )
-  meta_params = learner.init(vj.init_params(model, jax.random.key(0), (1, 1)), jax.random.key(1))
-  task_keys = jax.random.split(jax.random.key(2), 5)
-  tasks = sine_line.tasks_from_keys(task_keys)
-  keys = jax.random.split(jax.random.key(3), 5)
-  per_task = vj.make_regression_evaluator(learner, NOISE)(meta_params, tasks, keys)
-  return learner, meta_params, tasks, task_keys, keys, per_task
-
-
-@pytest.fixture(scope="module")
-def classifier():
-  """A 3-way VAMPIRE classifier on 2-D blobs: 4 tasks of 6 queries, and its per-task results."""
-  model = vj.MLP((8,), 3)
-  learner = vj.vampire(vj.pure_apply(model), vj.categorical_nll, num_mc_query=4)
-  meta_params = learner.init(vj.init_params(model, jax.random.key(15), (1, 2)), jax.random.key(16))
-  blobs = jax.random.normal(jax.random.key(14), (4, 6, 2))
-  labels = jnp.tile(jnp.arange(3), (4, 2))  # [4, 6]
-  tasks = vj.Task(blobs + labels[..., None], labels, blobs + 2 * labels[..., None], labels)
-  keys = jax.random.split(jax.random.key(17), 4)
-  per_task = vj.make_classification_evaluator(learner)(meta_params, tasks, keys)
-  return learner, meta_params, tasks, keys, per_task
 
 
 def _with_mae(evaluate):
@@ -88,18 +57,6 @@ def _regression_tasks(predictions: np.ndarray, targets: np.ndarray) -> dict:
     nll=np.mean(0.5 * squared / 0.09 + np.log(0.3 * np.sqrt(2 * np.pi)), axis=1),  # noise 0.3
     predictions=predictions[:, None, :, None],
   )
-
-
-MLP_16 = vj.MLP((16,), 1)
-
-
-def _small_regression():
-  from vampire_jax.data import sine_line
-
-  apply_fn = vj.pure_apply(MLP_16)
-  params = vj.init_params(MLP_16, jax.random.key(0), (1, 1))
-  task = jax.tree_util.tree_map(lambda v: v[0], sine_line.sample_tasks(jax.random.key(5), 1))
-  return apply_fn, params, task
 
 
 def test_summarise_refuses_other_labels_than_the_evaluators(classifier):

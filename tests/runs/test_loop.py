@@ -15,6 +15,7 @@ import pytest
 import vampire_jax as vj
 from experiments import regression
 from tests.conftest import tiny_regression_config
+from tests.helpers import _tiny_regression_config
 from vampire_jax._src.core.errors import ConfigError, InputError
 from vampire_jax.runs import loop
 
@@ -110,10 +111,6 @@ def _count_calls(monkeypatch, module, name, calls):
     return real(*args, **kwargs)
 
   monkeypatch.setattr(module, name, counted)
-
-
-def _tiny_regression_config(**changes):
-  return tiny_regression_config("maml", **{"num_meta_steps": 2, **changes})
 
 
 @pytest.mark.parametrize("name", list(SPECS))

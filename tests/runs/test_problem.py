@@ -8,13 +8,13 @@ leaves the caller's params usable under a donated step; the caches follow `XDG_C
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 import vampire_jax as vj
 from experiments import regression
+from tests.helpers import _classification_problem, _regression_problem_and_config
 from vampire_jax._src.core.errors import InputError
 from vampire_jax.runs import problem as problem_lib
 
@@ -28,14 +28,6 @@ def _one_line(raised) -> str:
 QUIET = dict(progress=False, print_fn=lambda message: None)
 
 
-def _regression_problem_and_config():
-  from experiments import regression
-  from tests.conftest import tiny_regression_config
-
-  config = tiny_regression_config(num_meta_steps=2)
-  return regression.make_problem(config), config
-
-
 def _refused(problem, config, tmp_path, match):
   """train_and_evaluate's refusal, in one line, with no folder made."""
   workdir = tmp_path / "run"
@@ -43,24 +35,6 @@ def _refused(problem, config, tmp_path, match):
     vj.train_and_evaluate(problem, config, workdir, **QUIET)
   assert not workdir.exists()  # refused before the folder is made
   return _one_line(raised)
-
-
-def _classification_problem(num_outputs: int, ways: int = 5):
-  """Random 8x8 'images' of 10 classes; a Conv4 of `num_outputs` outputs."""
-  from vampire_jax.data import tasks_from_keys
-
-  images = jax.random.randint(jax.random.key(0), (10, 4, 8, 8, 1), 0, 255).astype(jnp.uint8)
-
-  def sample_tasks(class_images, task_keys):
-    return tasks_from_keys(task_keys, class_images, ways=ways, shots=1, query=1)
-
-  return vj.Problem(
-    model=vj.Conv4(num_classes=num_outputs, num_filters=4),
-    input_shape=(8, 8, 1),
-    splits={"train": images, "val": images, "test": images},
-    sample_tasks=sample_tasks,
-    kind="classification",
-  )
 
 
 def test_splits_draw_different_tasks_and_the_truth_matches_the_queries():

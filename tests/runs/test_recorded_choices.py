@@ -8,9 +8,9 @@ import jax
 import numpy as np
 
 import vampire_jax as vj
-from tests.conftest import tiny_regression_config
 from experiments import regression
 from experiments.presets import omniglot_config
+from tests.conftest import tiny_regression_config
 from vampire_jax import backend
 from vampire_jax._src.core import backend_defaults
 from vampire_jax.runs import recorded_choices

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from tests.helpers import _regression_problem_and_config
 from vampire_jax._src.core.errors import ConfigError, InputError
 from vampire_jax.runs import run_config
 from vampire_jax.runs import run_config as config_lib
@@ -18,14 +19,6 @@ def _one_line(raised) -> str:
 
 
 QUIET = dict(progress=False, print_fn=lambda message: None)
-
-
-def _regression_problem_and_config():
-  from experiments import regression
-  from tests.conftest import tiny_regression_config
-
-  config = tiny_regression_config(num_meta_steps=2)
-  return regression.make_problem(config), config
 
 
 def _refused(problem, config, tmp_path, match):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from tests.conftest import tiny_regression_config
+from tests.helpers import _tiny_config
 from vampire_jax._src.core import gaussian
 from vampire_jax._src.core.errors import ConfigError
 from vampire_jax.runs import algorithms, specs
@@ -33,10 +33,6 @@ def _prior(hidden=(16, 16), log_std=(-1.5, -0.5), seed=0):
   model = vj.MLP(hidden, 1)
   params = vj.init_params(model, jax.random.key(seed), (1, 1))
   return model, vj.gaussian_from_params(params, jax.random.key(seed + 1), log_std)
-
-
-def _tiny_config(**changes):
-  return tiny_regression_config(**{"num_meta_steps": 4, "num_mc_test": 2, **changes})
 
 
 OTHER_ALGORITHMS_OPTIONS = {  # an algorithm, an option it does not take -> who takes it

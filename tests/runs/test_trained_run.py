@@ -20,13 +20,12 @@ import vampire_jax as vj
 from experiments import omniglot, regression
 from experiments.presets import OmniglotConfig
 from tests.conftest import needs_omniglot, tiny_regression_config
+from tests.helpers import NOISE, _checkpoint_params, _leaves_equal, _truncate_data
 from vampire_jax._src.core.errors import InputError
 from vampire_jax._src.metrics import evaluation
 from vampire_jax._src.metrics.evaluation import evaluate_split
 from vampire_jax.data import sine_line
-from vampire_jax.runs import programs, run_folder
-
-NOISE = 0.3
+from vampire_jax.runs import programs
 
 
 def _regression_learner(algorithm="vampire"):
@@ -46,26 +45,6 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
   copy = tmp_path / "run"
   shutil.copytree(run_dir, copy)
   return copy
-
-
-def _truncate_data(folder: Path) -> None:
-  """Cuts every array data file of an orbax checkpoint to 10 bytes (the metadata stays)."""
-  files = list(folder.glob("**/ocdbt.process_0/d/*"))
-  assert files, folder
-  for path in files:
-    with open(path, "r+b") as f:
-      f.truncate(10)
-
-
-def _leaves_equal(a, b) -> bool:
-  return all(
-    np.array_equal(np.asarray(x), np.asarray(y))
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
-  )
-
-
-def _checkpoint_params(workdir: Path, step: int):
-  return run_folder.read_checkpoint(workdir / "checkpoints", step)["meta_params"]
 
 
 DAMAGE = {  # what is damaged -> what load_run must still do
