@@ -10,7 +10,7 @@ module level imports the standard library only: the process holds no JAX while i
 steps; a row's `processor` is `vampire_jax.backend.processor_record`, read after the
 row's memory was measured, None where the library is not installed).
 `python -m benchmarks.side_by_side` runs it beside our benchmarks, one process at a
-time; `tests/benchmarks/test_authors_pytorch.py` checks, where torch is installed, that it
+time; `tests/benchmark_scripts/test_authors_pytorch.py` checks, where torch is installed, that it
 computes our meta-loss and meta-gradient.
 
 What it follows: `vampire.py` of cnguyen10/few_shot_meta_learning (the code
@@ -22,7 +22,7 @@ of the paper), function by function:
     before the next is built; then the step. `--meta-backward summed` is
     `vampire.py`'s `meta_train` (2019): the T losses summed into one
     meta-loss, divided by T and back-propagated once, holding T graphs at
-    once (the same gradient: `tests/benchmarks/test_authors_loop.py`). Either way the
+    once (the same gradient: `tests/benchmark_scripts/test_authors_loop.py`). Either way the
     gradient norms of the means and of the log-stds are clipped at 10
     separately (`vampire.py`'s; `MLBaseClass.train` clips nowhere), then Adam,
     lr 1e-3.
@@ -111,7 +111,7 @@ if __package__ in (None, ""):  # run by path: the repository root makes `benchma
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import suite  # noqa: E402  (its module level imports the standard library only)
 
-# As benchmarks.suite builds our learners and networks (checked by tests/benchmarks/test_authors_pytorch.py).
+# As benchmarks.suite builds our learners and networks (checked by tests/benchmark_scripts/test_authors_pytorch.py).
 KL_WEIGHT = 0.1  # beta, `suite.make_learner`
 NOISE_STD = 0.3  # the regression likelihood's sigma, `suite.network`
 BATCH_NORM_EPS = 1e-5  # `models.BatchStatNorm`

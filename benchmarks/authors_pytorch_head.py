@@ -1,8 +1,8 @@
 """The authors' Vampire2 and ProtoNet at the HEAD of their repository, in PyTorch (issue 51).
 
-    PYTHONPATH=.:$TORCH_ONLY python -m pytest tests/benchmarks/test_authors_pytorch_head.py -s
+    PYTHONPATH=.:$TORCH_ONLY python -m pytest tests/benchmark_scripts/test_authors_pytorch_head.py -s
 
-Needs torch and numpy only. `tests/benchmarks/test_authors_pytorch_head.py` checks, where torch is
+Needs torch and numpy only. `tests/benchmark_scripts/test_authors_pytorch_head.py` checks, where torch is
 installed, that one meta-step's loss and meta-gradient (before the optimiser) of each
 equal ours, at the same weights, tasks and weight noise.
 

@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD:/work/torch_only python benchmarks/authors_pytorch_simpa.py   # one timed step
 
 Needs torch and numpy only (and `benchmarks.authors_pytorch` for our networks in
-PyTorch's layout). `tests/benchmarks/test_authors_pytorch_simpa.py` checks, where torch is
+PyTorch's layout). `tests/benchmark_scripts/test_authors_pytorch_simpa.py` checks, where torch is
 installed, that one meta-step's loss and gradients (of the generator and of the PHI
 network, before clipping and Adam) equal `vj.baselines.simpa`'s.
 

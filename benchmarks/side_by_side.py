@@ -11,7 +11,7 @@ with --torch-python, which needs torch and numpy only) and our own benchmark,
 each in its own process, one after the other; the order alternates between
 rounds (PyTorch first in odd rounds), so drift in the machine's load falls on
 both. Ours, per row (the same settings as `benchmarks.suite.SETTINGS`; the
-like-for-like check of the two is tests/benchmarks/test_authors_pytorch.py):
+like-for-like check of the two is tests/benchmark_scripts/test_authors_pytorch.py):
 
   omniglot_vampire       python -m benchmarks.meta_step --algorithms vampire --second-order-steps 1
   omniglot_maml          python -m benchmarks.meta_step --algorithms maml

@@ -28,7 +28,7 @@ ZOO = Path(__file__).resolve().parents[1] / "zoo"  # the clone's trained runs, b
 
 # `--help`'s groups, in order, and the config fields each shows (the fields of the config,
 # its parts and every algorithm's spec, by name). A new field goes in one of them
-# (tests/experiments/test_cli.py checks that every field has one).
+# (tests/experiment_scripts/test_cli.py checks that every field has one).
 GROUPS = {
   "run": (
     "num_meta_steps",

@@ -20,7 +20,7 @@ the paper's networks. `experiments.paper_runs` writes it back after every call o
 (stopped by its time budget, failed or done), and, where the cell's run folder is absent
 (a fresh clone), starts from it: the run then resumes from that checkpoint as it would in
 its own folder, and gives what an uninterrupted run gives, row for row and bit for bit
-(tests/experiments/test_training_cells.py). Once a cell is done and in `zoo/`, `git rm -r
+(tests/experiment_scripts/test_training_cells.py). Once a cell is done and in `zoo/`, `git rm -r
 training/<cell>`.
 """
 

@@ -25,9 +25,6 @@ from vampire_jax.runs import (
 simpa_module = importlib.import_module("vampire_jax.baselines.simpa")
 
 
-torch = pytest.importorskip("torch")
-
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -44,9 +41,6 @@ NOISE = 0.3
 
 
 NLL = vj.gaussian_nll(0.3)
-
-
-BAD_LABELS = jnp.array([0, 1, 2, 3, 5])  # label 5 of a 5-way task
 
 
 SAMPLE_DIR = Path(

@@ -1,7 +1,7 @@
 """ProtoNet (Snell et al. 2017): prototypes, distances and the learner, by closed forms (issue 51).
 
-`tests/benchmarks/test_authors_pytorch_head.py` checks an episode against the authors' ProtoNet.py;
-`tests/experiments/test_vampire2_protonet_runs.py` runs it through the experiments end to end.
+`tests/benchmark_scripts/test_authors_pytorch_head.py` checks an episode against the authors' ProtoNet.py;
+`tests/experiment_scripts/test_vampire2_protonet_runs.py` runs it through the experiments end to end.
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """SImPa (`vj.baselines.simpa`): its pieces against closed forms and hand computations.
 
-Its equality with the authors' `Simpa.py` (PyTorch) is `tests/benchmarks/test_authors_pytorch_simpa.py`
+Its equality with the authors' `Simpa.py` (PyTorch) is `tests/benchmark_scripts/test_authors_pytorch_simpa.py`
 (skipped without torch); here, without torch: the generator is one dense layer over all
 the base weights, the KL estimate and the hyper-prior are `Simpa.py`'s formulas (checked
 against NumPy on flat vectors, as the authors compute them), the bound terms, the clip,

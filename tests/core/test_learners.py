@@ -2,7 +2,7 @@
 
 `vj.vampire(..., kl_target="standard_normal", outer_kl_weight=w)`: the inner loop's KL is to
 N(0, I), and the adapted posterior's KL to it enters each task's meta-loss with weight w.
-`tests/benchmarks/test_authors_pytorch_head.py` checks a meta-step against the authors' code itself.
+`tests/benchmark_scripts/test_authors_pytorch_head.py` checks a meta-step against the authors' code itself.
 """
 
 import doctest

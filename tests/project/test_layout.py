@@ -66,3 +66,11 @@ def test_the_shared_data_paths_name_the_shared_data_folder():
       assert path.resolve() == default.resolve(), (variable, path)
       assert path.is_dir(), path
   assert helpers.REPO_ROOT == helpers.ROOT == REPO
+
+
+def test_no_test_folder_shadows_a_package_of_the_repository():
+  """A script run from tests/ (tests/sigterm_at_step.py) has tests/ on its path: a folder
+  tests/experiments would stand in for the experiments package."""
+  packages = {p.parent.name for p in REPO.glob("*/__init__.py")}
+  folders = {p.parent.name for p in (REPO / "tests").glob("*/__init__.py")}
+  assert folders & packages == set()

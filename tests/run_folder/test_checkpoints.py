@@ -505,7 +505,7 @@ def test_checkpoints_deleted_and_fewer_steps_set_the_old_best_aside(two_runs, tm
   it, and tests its own best (step 2).
 
   Without results.json, as a run stopped before its first checkpoint leaves it: a finished
-  run without checkpoints is refused instead (tests/experiments/test_omniglot.py)."""
+  run without checkpoints is refused instead (tests/experiment_scripts/test_omniglot.py)."""
   workdir = _copy_folder(two_runs[0], tmp_path)
   shutil.rmtree(workdir / "checkpoints")
   (workdir / "results.json").unlink()

@@ -347,7 +347,7 @@ def test_run_predict_takes_a_query_sharded_over_devices(tiny_regression_folder):
     from vampire_jax.data import sine_line
     from jax.sharding import NamedSharding, PartitionSpec
     assert jax.device_count() == 2
-    run = vj.load_run({str(tiny_regression_run)!r})
+    run = vj.load_run({str(tiny_regression_folder)!r})
     task = jax.tree_util.tree_map(lambda v: v[0], sine_line.sample_tasks(jax.random.key(0), 1))
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("q",))
     query = jax.device_put(task.query_x, NamedSharding(mesh, PartitionSpec("q")))

@@ -383,7 +383,7 @@ def vampire2(
   None is `vampire`'s: 0.01 (their `--inner-lr`), lowered to a Gaussian likelihood's
   `default_inner_lr` (their sine/line commands pass 0.001). `vj.specs.Vampire2()` in a run
   builds the same learner. Their reported KL subtracts a constant that the
-  true KL here does not: their gradients are these (`tests/benchmarks/test_authors_pytorch_head.py`).
+  true KL here does not: their gradients are these (`tests/benchmark_scripts/test_authors_pytorch_head.py`).
 
   Args:
     apply_fn: the network, `apply_fn(params, x)`.

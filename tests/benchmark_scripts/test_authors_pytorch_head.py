@@ -1,6 +1,6 @@
 """Vampire2 and ProtoNet equal the authors' code at HEAD, re-expressed in PyTorch (issue 51).
 
-    PYTHONPATH=$PWD:/work/torch_only python -m pytest tests/benchmarks/test_authors_pytorch_head.py -s
+    PYTHONPATH=$PWD:/work/torch_only python -m pytest tests/benchmark_scripts/test_authors_pytorch_head.py -s
 
 Skipped where torch is not installed (CI has none). At identical weights (ours
 converted to PyTorch's layout), identical tasks (NHWC -> NCHW) and identical weight
@@ -27,11 +27,12 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
+from benchmarks import suite
+
+torch = pytest.importorskip("torch")
 from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
 from benchmarks import authors_pytorch_head as head  # noqa: E402
-from benchmarks import suite
-from tests.benchmarks.test_authors_pytorch import ReplayNoise, _torch_tasks, _worst_error  # noqa: E402
-from tests.helpers import torch
+from tests.benchmark_scripts.test_authors_pytorch import ReplayNoise, _torch_tasks, _worst_error  # noqa: E402
 
 RTOL = 1e-4  # of the largest entry of the whole tree (or the loss): float32 rounding
 

@@ -1,6 +1,6 @@
 """Our SImPa meta-step equals `Simpa.py`'s, re-expressed in PyTorch (`benchmarks/authors_pytorch_simpa.py`).
 
-    PYTHONPATH=$PWD:/work/torch_only python -m pytest tests/benchmarks/test_authors_pytorch_simpa.py -q -s
+    PYTHONPATH=$PWD:/work/torch_only python -m pytest tests/benchmark_scripts/test_authors_pytorch_simpa.py -q -s
 
 Skipped where torch is not installed (CI has none). At identical weights (our
 generator and PHI network as `Simpa.py`'s flat tensors, rows and columns in
@@ -20,13 +20,14 @@ import numpy as np
 import pytest
 
 import vampire_jax as vj
-from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
-from benchmarks import authors_pytorch_simpa as sp  # noqa: E402
 from benchmarks import suite
-from tests.benchmarks.test_authors_pytorch import _torch_field  # noqa: E402
-from tests.helpers import torch
 from vampire_jax.baselines import _simpa_networks as networks
 from vampire_jax.data import sine_line
+
+torch = pytest.importorskip("torch")
+from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
+from benchmarks import authors_pytorch_simpa as sp  # noqa: E402
+from tests.benchmark_scripts.test_authors_pytorch import _torch_field  # noqa: E402
 
 NUM_TASKS, NUM_STEPS, NUM_DRAWS = 2, 2, 2
 

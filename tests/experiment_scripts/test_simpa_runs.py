@@ -16,7 +16,7 @@ import pytest
 import vampire_jax as vj
 from experiments import compare
 from tests.conftest import OMNIGLOT_DIR, TINY_REGRESSION, needs_omniglot
-from tests.experiments.test_vampire2_protonet_runs import LOAD_AND_PREDICT, TINY, _run
+from tests.experiment_scripts.test_vampire2_protonet_runs import LOAD_AND_PREDICT, TINY, _run
 
 SIMPA_FLAGS = ["--num-inner-steps", "1", "--num-mc-test", "3", "--simpa-kl-samples", "16"]
 

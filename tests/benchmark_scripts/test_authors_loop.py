@@ -10,8 +10,9 @@ the weight noise drawn from one seeded generator in the order both loops consume
 import numpy as np
 import pytest
 
+
+torch = pytest.importorskip("torch")
 from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
-from tests.helpers import torch
 
 TASKS = 3
 # float64 round-off of a sum of three tasks' gradients, each through three inner steps.

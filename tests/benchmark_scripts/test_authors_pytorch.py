@@ -1,6 +1,6 @@
 """The PyTorch harness of the authors' algorithm computes our meta-loss and meta-gradient.
 
-    PYTHONPATH=.:$TORCH_ONLY .venv/bin/python -m pytest tests/benchmarks/test_authors_pytorch.py -s
+    PYTHONPATH=.:$TORCH_ONLY .venv/bin/python -m pytest tests/benchmark_scripts/test_authors_pytorch.py -s
 
 Skipped where torch is not installed (CI has none): `benchmarks/authors_pytorch.py`
 runs with a PyTorch interpreter, and this check needs one Python with both
@@ -30,10 +30,11 @@ import optax
 import pytest
 
 import vampire_jax as vj
-from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
 from benchmarks import side_by_side, suite
-from tests.helpers import torch
 from vampire_jax._src.core import gaussian
+
+torch = pytest.importorskip("torch")
+from benchmarks import authors_pytorch as ap  # noqa: E402  (needs torch)
 
 TINY = dict(tasks=2, ways=3, query=2, inner_steps=3, mc_samples=2, conv_impl="loop_safe")
 

@@ -140,7 +140,7 @@ def test_every_method_diverging_is_an_error(tmp_path):
 @pytest.mark.parametrize(
   "algorithms",
   [
-    ("platipus", "bmaml", "abml"),  # MAML, VAMPIRE: tests/experiments/test_regression.py
+    ("platipus", "bmaml", "abml"),  # MAML, VAMPIRE: tests/experiment_scripts/test_regression.py
     pytest.param(compare.ALGORITHMS, marks=pytest.mark.slow),
   ],
 )
