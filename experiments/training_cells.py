@@ -9,7 +9,7 @@ cell trained part of the way there is lost with the machine unless it is committ
 `training/<cell>/` (tracked, at the repository's root; not in `zoo/`, whose checks refuse
 folders its manifest does not list) holds what resuming needs and nothing more:
 
-  run.json, metrics.jsonl      the run's record and its log, as the run wrote them
+  run.json, metrics.jsonl      the run's record and its log to the checkpoint's step
   checkpoints/<n>/             the newest complete checkpoint only (the full training state:
                                the meta-parameters, the optimiser state, the steps'
                                log window)
@@ -77,6 +77,9 @@ def _keep_run(run: Path, target: Path) -> None:
     if (run / name).is_file():
       shutil.copy2(run / name, target / name)
   step = run_folder.latest_checkpoint_step(run)
+  # A run killed past its checkpoint (a crash, a kill after the grace) logged steps that
+  # the resumed run logs again: the kept log ends where its checkpoint is.
+  run_folder.drop_rows_after(target / run_folder.METRICS_FILE, step)
   shutil.copytree(run / "checkpoints" / str(step), target / "checkpoints" / str(step))
   best = _best_step(run)
   if best is not None and best <= step:  # a best ahead of the state would be set aside

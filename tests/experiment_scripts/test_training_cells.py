@@ -16,6 +16,7 @@ import pytest
 
 import vampire_jax as vj
 from experiments import compare, paper_runs, regression, training_cells
+from tests.conftest import tiny_regression_config
 from vampire_jax.runs import reporting, run_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,3 +205,23 @@ def test_every_tracked_cell_is_one_the_next_gpu_run_resumes(kept):
     loaded = vj.load_run(run)  # the best meta-parameters, as the zoo will take them
     assert loaded.step <= step
     assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(loaded.meta_params))
+
+
+def test_a_kept_log_ends_at_its_checkpoint(tmp_path):
+  """A cell's child killed past its checkpoint (out of memory, killed after the grace) logged
+  steps its resumed run logs again: the kept metrics.jsonl ends at the checkpoint's step (a
+  GPU campaign's 20-way cell: checkpoint 635, rows to 1000)."""
+  run = tmp_path / "run"
+  config = tiny_regression_config(num_meta_steps=4, log_every=1)
+  vj.train_and_evaluate(
+    regression.make_problem(config), config, run, progress=False, print_fn=lambda line: None
+  )
+  shutil.rmtree(run / "checkpoints" / "4")  # as if killed after logging steps 3 and 4
+  assert run_folder.latest_checkpoint_step(run) == 2
+  steps = [row["step"] for row in run_folder.read_metrics(run)]  # training and validation rows
+  assert sorted(set(steps)) == [1, 2, 3, 4]
+  training_cells.keep(run, tmp_path / "kept")
+  assert [row["step"] for row in run_folder.read_metrics(tmp_path / "kept")] == [
+    step for step in steps if step <= 2
+  ]
+  assert [row["step"] for row in run_folder.read_metrics(run)] == steps  # its own log, whole

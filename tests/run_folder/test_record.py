@@ -272,3 +272,18 @@ def test_a_float32_run_predicts_the_same_numbers_under_x64(trained):
   as_x64 = pickle.loads(pickle.dumps(run))
   as_x64.record = dict(run.record, x64=True)
   assert np.asarray(as_x64.predict(*inputs, jax.random.key(3))).dtype == np.float64
+
+
+def test_a_resume_whose_record_its_checkpoints_refuse_leaves_run_json_as_it_was(trained, tmp_path):
+  """A run resumed with another network than its checkpoints hold is refused before its
+  `run.json` is written: written, the folder would no longer load ("edited after training"),
+  and a kept paper cell copied back after the failed call would carry it."""
+  workdir = _copy_trained(trained, tmp_path)
+  before = (workdir / "run.json").read_bytes()
+  other = regression.make_problem(trained[1]).model.clone(hidden_sizes=(8, 4))
+  with pytest.raises(vj.RunFolderError) as error:
+    _train(trained[1].replace(num_meta_steps=6), workdir, model=other)
+  assert "this run's record differs from the one its checkpoints carry (model:" in str(error.value)
+  assert str(error.value).endswith("run.json is left as it was")
+  assert (workdir / "run.json").read_bytes() == before
+  assert _load(workdir)[0].step == 4  # the folder still loads

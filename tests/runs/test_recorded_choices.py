@@ -154,3 +154,23 @@ def test_a_record_without_choices_decides_them_as_before():
     assert choices.choices == backend_defaults.decide_run_choices(
       config.speed, train_tasks=2, eval_tasks=2
     )
+
+
+def test_a_record_without_choices_keeps_the_convolution_its_network_was_recorded_with():
+  """A run recorded before the choices (a GPU's paper cell: 'patches') resumed where the backend
+  decides another convolution: its record's network names the one its checkpoints hold."""
+  config = omniglot_config("quick", "vampire")
+  trained = recorded_choices.choose(_conv_problem("patches"), config, None, None)
+  legacy = {"model": {"class": "Conv4", "fields": {"conv_impl": "patches"}}}
+  today = _conv_problem("loop_safe")
+  choices = recorded_choices.choose(today, config, None, legacy)
+  assert choices.choices["conv_impl"] == "patches" and choices.kept == ("conv_impl",)
+  assert choices.decided_on == backend.processor_record()  # the rest decided here, and said so
+  assert {k: v for k, v in choices.choices.items() if k != "conv_impl"} == {
+    k: v for k, v in trained.choices.items() if k != "conv_impl"
+  }
+  problem, running = recorded_choices.apply(today, config, choices)
+  assert problem.model.conv_impl == "patches" and running.conv_impl == "patches"
+  # Named in the config, the convolution is taken as named.
+  named = config.replace(conv_impl="loop_safe")
+  assert recorded_choices.choose(today, named, None, legacy).choices["conv_impl"] == "loop_safe"

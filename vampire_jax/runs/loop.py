@@ -62,9 +62,11 @@ def prepare_workdir(workdir: Path, record: dict, config, *, is_main: bool, print
 
   Raises:
     ConfigError: the folder holds a run of another config (`check_resumable`).
+    RunFolderError: `record` differs from the one the folder's checkpoints carry.
     StorageError: the record cannot be written.
   """
   run_folder.check_resumable(workdir, config, print_fn=print_fn)
+  run_folder.check_new_record(workdir, record)  # a record its checkpoints refuse: not written
   if is_main:
     run_folder.write_run_record(workdir, record)
 

@@ -22,7 +22,9 @@ config names (not 'auto') is taken as named, and the record then holds it. `conv
 the network's convolution (`problem.model.conv_impl`, which an experiment builds from its
 config's 'auto'): where the config says 'auto', the recorded one is put back in the network.
 A run recorded before the choices were (no `backend_choices`) decides them when it resumes,
-as it did before, and records them from then on.
+as it did before, and records them from then on; its network's convolution, which its record
+names (`model`), it keeps: its checkpoints carry that record, and a network of another
+convolution would not be the one they hold.
 """
 
 from typing import NamedTuple, Optional
@@ -66,6 +68,15 @@ def recorded(record: Optional[dict]) -> Optional[dict]:
   return None
 
 
+def _recorded_model_conv(record: Optional[dict]) -> Optional[str]:
+  """The convolution a run record's network was recorded with (`model.fields.conv_impl`), or
+  None: how a run recorded before `backend_choices` names the one it trained with."""
+  model = record.get("model") if isinstance(record, dict) else None
+  fields = model.get("fields") if isinstance(model, dict) else None
+  conv = fields.get(CONV_IMPL) if isinstance(fields, dict) else None
+  return conv if isinstance(conv, str) and conv != "auto" else None
+
+
 def _auto(config, field: str) -> bool:
   """Whether `config` leaves `field` to the backend ('auto', or a chunk of 0)."""
   if field == CONV_IMPL:
@@ -93,7 +104,9 @@ def choose(problem: Problem, config, mesh, saved_record: Optional[dict]) -> RunC
   if isinstance(model_conv, str):
     decided[CONV_IMPL] = model_conv
   saved = recorded(saved_record)
-  earlier = saved["choices"] if saved else {}
+  earlier = dict(saved["choices"]) if saved else {}
+  if saved is None and CONV_IMPL in decided and _recorded_model_conv(saved_record):
+    earlier[CONV_IMPL] = _recorded_model_conv(saved_record)  # recorded before the choices
   choices, kept = {}, []
   for field, value in decided.items():
     if _auto(config, field) and field in earlier:

@@ -80,6 +80,7 @@ from vampire_jax.runs.run_folder.folder_lock import (
   lock as lock,
 )
 from vampire_jax.runs.run_folder.record import (
+  check_new_record as check_new_record,
   check_record_matches_checkpoints as check_record_matches_checkpoints,
 )
 from vampire_jax.runs.run_folder.record import (

@@ -175,11 +175,36 @@ def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -
   rather than used to rebuild a learner the weights were not trained for.
   Settings a resumed run may change (schedule, evaluation, speed) are not compared.
   """
+  listed = _record_differences(workdir, record)
+  if listed:
+    raise RunFolderError(
+      f"{Path(workdir) / RUN_RECORD} disagrees with the record its checkpoints carry "
+      f"({listed}): it was edited after training. Put the trained values back, or delete "
+      f"{RUN_RECORD}: the checkpoints' own record is then used"
+    )
+
+
+def check_new_record(workdir: os.PathLike | str, record: dict) -> None:
+  """Raises RunFolderError if `record`, about to be written as `run.json` by a resumed run,
+  says other than the record its newest checkpoint carries: written, it would make the
+  folder unloadable (`check_record_matches_checkpoints`), so `run.json` is left as it was."""
+  as_written = json.loads(json.dumps(with_run_id(Path(workdir), record), default=_jsonable))
+  listed = _record_differences(workdir, as_written)
+  if listed:
+    raise RunFolderError(
+      f"{workdir}: this run's record differs from the one its checkpoints carry ({listed}), "
+      f"so it cannot resume them; {RUN_RECORD} is left as it was"
+    )
+
+
+def _record_differences(workdir: os.PathLike | str, record: dict) -> str:
+  """Where `record` and the newest checkpoint's record differ, in words ('' where they agree,
+  or the folder has no checkpoint, or its checkpoints are another run's)."""
   carried = checkpointed_record(workdir)
   if not isinstance(carried, dict) or "config" not in carried:
-    return
+    return ""
   if carried.get("run_id") and record.get("run_id") and carried["run_id"] != record["run_id"]:
-    return  # checkpoints of another run: refused as such where they are read (`_check_own`)
+    return ""  # checkpoints of another run: refused as such where they are read (`_check_own`)
   # Older runs' names of the same classes (`experiments.configs.<Class>`,
   # `vampire_jax.models.MLP` before issue 43) compare equal to today's.
   normal = {
@@ -199,16 +224,10 @@ def check_record_matches_checkpoints(workdir: os.PathLike | str, record: dict) -
   for name in sorted(set(saved) | set(now)):
     if name not in resumable and saved.get(name) != now.get(name):
       differences[f"config.{name}"] = (saved.get(name), now.get(name))
-  if differences:
-    listed = "; ".join(
-      f"{name}: {theirs!r} in the checkpoints, {ours!r} in {RUN_RECORD}"
-      for name, (theirs, ours) in list(differences.items())[:4]
-    )
-    raise RunFolderError(
-      f"{Path(workdir) / RUN_RECORD} disagrees with the record its checkpoints carry "
-      f"({listed}): it was edited after training. Put the trained values back, or delete "
-      f"{RUN_RECORD}: the checkpoints' own record is then used"
-    )
+  return "; ".join(
+    f"{name}: {theirs!r} in the checkpoints, {ours!r} in {RUN_RECORD}"
+    for name, (theirs, ours) in list(differences.items())[:4]
+  )
 
 
 def _resumable_names(record: dict) -> frozenset[str]:
