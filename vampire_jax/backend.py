@@ -25,8 +25,9 @@ draws, the convolution, the device mesh) is resolved for the backend JAX runs on
   processor by;
 - `default_to_all_cpu_cores` gives XLA one CPU device per core, as the commands do;
   `enable_compilation_cache` keeps compiled programs on disk; `release_freed_memory`
-  hands the memory a compile freed back to the operating system
-  (`memory_release_enabled`: unless `VAMPIRE_JAX_MEMORY_RELEASE` turns it off).
+  hands the memory a compile freed back to the operating system, and
+  `drop_compiled_programs` forgets the programs compiled so far, with their memory
+  (`memory_release_enabled`: unless `VAMPIRE_JAX_MEMORY_RELEASE` turns them off).
 
 The training loop decides by the same functions, so a benchmark that asks them measures
 what a run does.
@@ -58,6 +59,7 @@ from vampire_jax._src.core.host_memory import (
   enabled as memory_release_enabled,
 )
 from vampire_jax._src.core.host_memory import (
+  drop_compiled_programs,
   release_freed_memory,
 )
 from vampire_jax._src.core.machine import (
@@ -101,5 +103,6 @@ __all__ = (
   "default_to_all_cpu_cores",
   "enable_compilation_cache",
   "release_freed_memory",
+  "drop_compiled_programs",
   "memory_release_enabled",
 )

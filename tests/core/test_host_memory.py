@@ -137,3 +137,39 @@ def test_the_switch_refuses_any_other_value_naming_it_and_the_values_it_takes(mo
     for value in ("1", "on", "true", "yes", "0", "off", "false", "no"):
       assert re.search(rf"\b{value}\b", message), (value, message)
   assert not compiled
+
+
+def test_dropping_the_compiled_programs_forgets_them_unless_the_release_is_off(monkeypatch):
+  """`drop_compiled_programs` empties JAX's caches (a program called again compiles again, to
+  the same numbers) and gives the memory back; with the release off it does nothing."""
+  host_memory._listen()
+  square = jax.jit(lambda x: x * x + 1.0)
+  x = jnp.arange(3.0)
+  before = square(x)
+  seen = host_memory.compiles_seen()
+  square(x)
+  assert host_memory.compiles_seen() == seen  # cached
+  monkeypatch.setenv(host_memory.ENV_VAR, "0")
+  assert host_memory.drop_compiled_programs() is False
+  square(x)
+  assert host_memory.compiles_seen() == seen  # still cached
+  monkeypatch.setenv(host_memory.ENV_VAR, "1")
+  assert host_memory.drop_compiled_programs() is GLIBC
+  again = square(x)
+  assert host_memory.compiles_seen() == seen + 1  # compiled again
+  assert jnp.array_equal(again, before)
+
+
+def test_the_training_loop_drops_its_setup_programs_before_it_steps(tmp_path, monkeypatch):
+  """The run forgets what it compiled to set up (initialisation, the inner-loop check) once,
+  before its training step compiles; its rows are those of the release tests above."""
+  dropped = []
+  drop = host_memory.drop_compiled_programs
+  monkeypatch.setattr(
+    host_memory,
+    "drop_compiled_programs",
+    lambda: dropped.append(host_memory.compiles_seen()) or drop(),
+  )
+  rows, _ = _train(tmp_path / "run", monkeypatch, "1")
+  assert len(dropped) == 1 and dropped[0] > 0  # after the setup's compiles
+  assert rows

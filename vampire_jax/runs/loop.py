@@ -38,7 +38,7 @@ import jaxlib
 import numpy as np
 from jax.sharding import Mesh
 
-from vampire_jax._src.core import backend_defaults, meta_step, models, sharding
+from vampire_jax._src.core import backend_defaults, host_memory, meta_step, models, sharding
 from vampire_jax._src.core.errors import ConfigError, DivergenceError
 from vampire_jax._src.core.learners import MetaLearner
 from vampire_jax._src.metrics import calibration, evaluation, predictive_uncertainty
@@ -360,6 +360,9 @@ def _setup(
         f"{int(state.step)} (or more) to test or continue it",
         fields=("num_meta_steps",),
       )
+  # The programs compiled to set up (initialisation, the inner-loop check, a tried task) run
+  # once: forgotten, their memory is not held while the run steps.
+  host_memory.drop_compiled_programs()
   num_steps = backend_defaults.steps_per_call(config, int(state.step))
   evaluate = programs.build_evaluator(problem.kind, problem.noise_std, config, test_learner, mesh)
   session = Session(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
-import orbax.checkpoint as ocp
+from vampire_jax.runs.run_folder.orbax_module import ocp
 
 from vampire_jax._src.core.errors import RunFolderError, StorageError
 from vampire_jax.runs.run_folder.reading import _first_line, environment_cause, restore_target
@@ -40,7 +40,7 @@ PyTree = Any
 # -- Checkpoints ----------------------------------------------------------------------------
 
 
-def _manager(folder: Path, max_to_keep: int, create: bool) -> ocp.CheckpointManager:
+def _manager(folder: Path, max_to_keep: int, create: bool) -> "ocp.CheckpointManager":
   return ocp.CheckpointManager(
     folder.absolute(),
     options=ocp.CheckpointManagerOptions(

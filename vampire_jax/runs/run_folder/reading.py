@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
-import orbax.checkpoint as ocp
+from vampire_jax.runs.run_folder.orbax_module import ocp
 
 from vampire_jax._src.core.errors import RunFolderError
 from vampire_jax.runs.run_folder.record import _step_folders
