@@ -306,7 +306,8 @@ def describe_run(folder: Path, name: Optional[str] = None) -> tuple[str, dict]:
 def from_results(results: dict) -> dict:
   """The manifest entry's fields copied from the run's `results.json` (its numbers)."""
   score = "accuracy" if results["kind"] == "classification" else "mse"
-  keep = (score, f"{score}_ci95", "nll", "nll_ci95", "ece", "mce", "num_tasks")
+  # A regressor's PIT ECE too: the calibration its recalibrated test is compared by.
+  keep = (score, f"{score}_ci95", "nll", "nll_ci95", "ece", "mce", "pit_ece", "num_tasks")
   return {
     "commit": results.get("git_commit", "unknown"),
     "device": results.get("device", "unknown"),

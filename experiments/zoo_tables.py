@@ -13,6 +13,7 @@ manifest entry's `paper_note` (hand-written: a cause measured, or the question l
 or, where there is none, a line saying the difference is unexplained.
 """
 
+import math
 import re
 import statistics
 from pathlib import Path
@@ -34,21 +35,33 @@ ECE_COLUMNS = {
   "classification": "classification ECE",
   "regression": "quantile ECE (paper's)",
 }
+PIT_COLUMN = "PIT ECE: raw / recalibrated"  # a regressor's calibration, like for like
 ECE_DEFINITIONS = (
   "**classification ECE**: the expected calibration error over 15 equal-width confidence "
   "bins, pooled over every test query (Guo et al. 2017); **quantile ECE (paper's)**: the "
   "paper's regression calibration as the authors' code computes it, the mean over the 11 "
   "levels p = 0, 0.1, …, 1 of |observed_p − p|, where observed_p is the share of N(y₀, 0.3²) "
   "around the noiseless truth y₀ that falls below the p-quantile of the network outputs "
-  "over the weight draws (`vj.paper_quantile_calibration`). Each shows raw / recalibrated: "
-  "the recalibrated ECE is the test's under the map that `python -m experiments.zoo "
-  "recalibrate` fits on the cell's validation tasks (– where none has been fitted): a "
-  "temperature for a classifier; for a regressor a quantile map (Kuleshov et al. 2018) over a "
-  "variance scale of the predictive, whose quantile ECE is taken of the recalibrated "
-  "predictive's own quantiles, noise included. **NLL**: the mean over test tasks of the "
+  "over the weight draws (`vj.paper_quantile_calibration`), raw only: a recalibrated "
+  "predictive is a distribution of the noisy targets, which that measure does not score. "
+  "**PIT ECE**: a regressor's calibration raw and recalibrated by one definition, the mean "
+  "over the 9 levels p = 0.1, …, 0.9 of |observed_p − p|, where observed_p is the share of "
+  "the noisy test targets at or below the predictive's p-quantile, noise included "
+  "(`vj.regression_quantile_calibration`). Raw / recalibrated: the recalibrated number is the "
+  "test's under the map that `python -m experiments.zoo recalibrate` fits on the cell's "
+  "validation tasks (– where none has been fitted): a temperature for a classifier; for a "
+  "regressor a quantile map (Kuleshov et al. 2018) over a variance scale of the predictive. "
+  "**NLL**: the mean over test tasks of the "
   "predictive's negative log-likelihood of the query targets, raw / recalibrated. **90 % "
   "interval coverage**: the share of the test targets inside the predictive's central 90 % "
   "interval, raw / recalibrated (90 % is calibrated)."
+)
+SEEDS_DEFINITION = (
+  "**seeds**: a row of several training seeds (`--seed`, each its own cell) shows in "
+  "**measured** the mean over the seeds and their standard deviation, and in the other "
+  "columns the mean over the seeds; **seeds** lists each seed's number with its 95 % "
+  "interval over test tasks. A row of one seed says so: its interval is over test tasks "
+  "only, and says nothing of how much another training seed would move it."
 )
 RATE_DEFINITION = (
   "**training**: meta-steps, the median of the steps per second the run's own loop logged "
@@ -144,38 +157,64 @@ def measured(entry: dict) -> str:
   return text + (f", {ECE_COLUMNS[entry['kind']]} {test['ece']:.3f}" if "ece" in test else "")
 
 
-def ece(entry: dict) -> str:
-  """`raw / recalibrated` ECE ("–" for what the manifest does not have)."""
-  raw = entry["test"].get("ece")
-  recalibrated = entry.get("test_recalibrated") or {}
+def _entries(cells) -> list[dict]:
+  """A row's manifest entries: one cell's, or a seed group's (`seed_groups`)."""
+  return [cells] if isinstance(cells, dict) else list(cells)
+
+
+def _mean(values: list) -> Optional[float]:
+  """The mean of `values`, None where any is missing (a mean of some seeds is not the row's)."""
+  return None if not values or any(v is None for v in values) else statistics.fmean(values)
+
+
+def _raw_and_recalibrated(cells, field: str, raw_section: str = "test"):
+  """`(raw, recalibrated)` of `field`, each the mean over the row's seeds (None: missing)."""
+  entries = _entries(cells)
+  raw = _mean([(e.get(raw_section) or {}).get(field) for e in entries])
+  recalibrated = _mean([(e.get("test_recalibrated") or {}).get(field) for e in entries])
+  return raw, recalibrated
+
+
+def ece(cells) -> str:
+  """`raw / recalibrated` ECE ("–" for what the manifest does not have); a regressor's is the
+  paper's quantile ECE, raw only (`pit` holds its calibration raw and recalibrated)."""
+  entries = _entries(cells)
+  raw, recalibrated = _raw_and_recalibrated(entries, "ece")
   text = f"{raw:.3f}" if raw is not None else "–"
-  if recalibrated.get("ece") is None:
+  if entries[0]["kind"] == "regression":
+    return text
+  if recalibrated is None:
     return text + " / –"
-  return text + f" / {recalibrated['ece']:.3f}" + subset(entry)
+  return text + f" / {recalibrated:.3f}" + subset(entries)
 
 
-def nll(entry: dict) -> str:
+def pit(cells) -> str:
+  """A regressor's `raw / recalibrated` PIT ECE: one definition both sides."""
+  return _pair(*_raw_and_recalibrated(cells, "pit_ece"), 3) + subset(cells)
+
+
+def nll(cells) -> str:
   """`raw / recalibrated` mean test NLL ("–" for what the manifest does not have)."""
-  recalibrated = entry.get("test_recalibrated") or {}
-  return _pair(entry["test"].get("nll"), recalibrated.get("nll"), 3) + subset(entry)
+  return _pair(*_raw_and_recalibrated(cells, "nll"), 3) + subset(cells)
 
 
-def coverage(entry: dict) -> str:
+def coverage(cells) -> str:
   """A regressor's `raw / recalibrated` 90 % interval coverage, in %: both of the tasks that
   `zoo recalibrate` scored (`subset`)."""
-  raw = (entry.get("test_raw_interval") or {}).get("interval_90_coverage")
-  recalibrated = (entry.get("test_recalibrated") or {}).get("interval_90_coverage")
+  raw, recalibrated = _raw_and_recalibrated(cells, "interval_90_coverage", "test_raw_interval")
   scale = lambda v: None if v is None else 100 * v  # noqa: E731
   text = _pair(scale(raw), scale(recalibrated), 1, " %")
-  return text + (subset(entry) if raw is not None or recalibrated is not None else "")
+  return text + (subset(cells) if raw is not None or recalibrated is not None else "")
 
 
-def subset(entry: dict) -> str:
+def subset(cells) -> str:
   """The suffix ` (N tasks)` where `zoo recalibrate` scored N of the test tasks, not all."""
-  tasks = (entry.get("test_recalibrated") or {}).get("num_tasks")
-  if tasks is None or tasks == entry["test"].get("num_tasks"):
-    return ""
-  return f" ({int(tasks)} tasks)"
+  counts = set()
+  for entry in _entries(cells):
+    tasks = (entry.get("test_recalibrated") or {}).get("num_tasks")
+    if tasks is not None and tasks != entry["test"].get("num_tasks"):
+      counts.add(int(tasks))
+  return f" ({' / '.join(str(n) for n in sorted(counts))} tasks)" if counts else ""
 
 
 def _pair(raw, recalibrated, digits: int, unit: str = "") -> str:
@@ -183,60 +222,151 @@ def _pair(raw, recalibrated, digits: int, unit: str = "") -> str:
   return f"{show(raw)} / {show(recalibrated)}"
 
 
-def rate(entry: dict) -> str:
-  """The training cell: "15000 steps, 28 steps/s, T = 32, gpu: NVIDIA H200 x1"."""
-  training = entry.get("training") or {}
-  steps_per_s = training.get("steps_per_s")
-  shown = f"{steps_per_s:.3g} steps/s" if steps_per_s is not None else "no rate logged"
-  tasks = training.get("tasks_per_step")
+def rate(cells) -> str:
+  """The training cell: "15000 steps, 28 steps/s, T = 32, gpu: NVIDIA H200 x1" (a seed
+  group's rates one per seed, "3.3 / 4.8 steps/s", where its steps, T and device agree)."""
+  entries = _entries(cells)
+
+  def steps_per_s(entry: dict) -> str:
+    value = (entry.get("training") or {}).get("steps_per_s")
+    return f"{value:.3g}" if value is not None else "no rate logged"
+
+  shared = {
+    (e["meta_steps"], (e.get("training") or {}).get("tasks_per_step"), e["device"]) for e in entries
+  }
+  if len(shared) > 1:
+    return "; ".join(rate(e) for e in entries)
+  ((meta_steps, tasks, device),) = shared
+  shown = " / ".join(steps_per_s(e) for e in entries)
+  shown += "" if shown.endswith("logged") else " steps/s"
   tasks = f", T = {tasks}" if tasks else ""
-  return f"{entry['meta_steps']} steps, {shown}{tasks}, {entry['device']}"
+  return f"{meta_steps} steps, {shown}{tasks}, {device}"
 
 
-def label(entry: dict) -> str:
+# -- Training seeds -----------------------------------------------------------------------------
+
+SEED_SUFFIX = re.compile(r"_seed\d+$")
+
+
+def seed_of(entry: dict) -> int:
+  """The training seed of a cell's command (`--seed N`; 0 where it gives none)."""
+  seed = re.search(r"--seed (\d+)", entry["command"])
+  return int(seed.group(1)) if seed else 0
+
+
+def seed_groups(manifest: dict, names: list[str]) -> list[list[str]]:
+  """`names` (in table order) gathered by cell less its `_seed<n>`: the cells of one setting
+  trained from several seeds, each group in the order of its seeds."""
+  groups: dict[str, list[str]] = {}
+  for name in names:
+    groups.setdefault(SEED_SUFFIX.sub("", name), []).append(name)
+  cells = manifest["cells"]
+  return [sorted(group, key=lambda n: seed_of(cells[n])) for group in groups.values()]
+
+
+def seeds(cells) -> str:
+  """Each seed's number with its interval over test tasks ("one seed (0)" for a single cell)."""
+  entries = _entries(cells)
+  if len(entries) == 1:
+    return f"one seed ({seed_of(entries[0])})"
+  return "; ".join(
+    f"{seed_of(e)}: " + zoo_verify.headline(e["kind"], e["test"]).removeprefix("MSE ")
+    for e in entries
+  )
+
+
+def measured_over_seeds(cells) -> str:
+  """One seed's number and its interval over test tasks; several seeds' mean and standard
+  deviation over the seeds."""
+  entries = _entries(cells)
+  if len(entries) == 1:
+    return zoo_verify.headline(entries[0]["kind"], entries[0]["test"])
+  values = [measured_value(e)[0] for e in entries]
+  mean, spread = statistics.fmean(values), statistics.stdev(values)
+  if entries[0]["kind"] == "classification":
+    return f"{mean:.2f} % (sd {spread:.2f} over {len(values)} seeds)"
+  return f"MSE {mean:.3f} (sd {spread:.3f} over {len(values)} seeds)"
+
+
+def label(entry: dict, *, with_seed: bool = True) -> str:
   data = {"omniglot": "Omniglot", "regression": "sine/line", "mini_imagenet": "mini-ImageNet"}
   preset = "paper preset" if entry["paper_protocol"] else f"`{entry['preset']}` preset"
   setting = entry["setting"].replace(" sine/line", "")
   algorithm = ALGORITHM_NAMES.get(entry["algorithm"], entry["algorithm"].upper())
   seed = re.search(r"--seed (\d+)", entry["command"])
-  seed = f", seed {seed.group(1)}" if seed and seed.group(1) != "0" else ""
+  seed = f", seed {seed.group(1)}" if with_seed and seed and seed.group(1) != "0" else ""
   return f"{data.get(entry['experiment'], '')} {setting}, {algorithm}, {preset}{seed}"
 
 
 def _table(manifest: dict, names: list[str], with_paper: bool) -> list[str]:
+  """One row per setting: a cell, or the cells of its training seeds (`seed_groups`)."""
   kinds = [k for k in ECE_COLUMNS if any(manifest["cells"][n]["kind"] == k for n in names)]
-  header = ["cell", *(["paper"] if with_paper else []), "measured"]
-  header += [f"{ECE_COLUMNS[k]}: raw / recalibrated" for k in kinds]
+  regression = "regression" in kinds
+  header = ["cell", *(["paper"] if with_paper else []), "measured", "seeds"]
+  header += [
+    f"{ECE_COLUMNS[k]}: raw / recalibrated" if k == "classification" else ECE_COLUMNS[k]
+    for k in kinds
+  ]
+  header += [PIT_COLUMN] if regression else []
   header += ["NLL: raw / recalibrated"]
-  header += ["90 % interval coverage: raw / recalibrated"] if "regression" in kinds else []
+  header += ["90 % interval coverage: raw / recalibrated"] if regression else []
   header += ["training", "in `zoo/`"]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  for name in names:
-    entry = manifest["cells"][name]
-    row = [label(entry), *([paper_text(entry)] if with_paper else [])]
-    row.append(zoo_verify.headline(entry["kind"], entry["test"]))
-    row += [ece(entry) if entry["kind"] == k else "" for k in kinds]
-    row += [nll(entry)]
-    if "regression" in kinds:
-      row += [coverage(entry) if entry["kind"] == "regression" else ""]
-    row += [rate(entry), f"`{name}`"]
+  for group in seed_groups(manifest, names):
+    entries = [manifest["cells"][name] for name in group]
+    first = entries[0]
+    is_regression = first["kind"] == "regression"
+    row = [label(first, with_seed=len(group) == 1)]
+    row += [paper_text(first)] if with_paper else []
+    row += [measured_over_seeds(entries), seeds(entries)]
+    row += [ece(entries) if first["kind"] == k else "" for k in kinds]
+    row += [pit(entries) if is_regression else ""] if regression else []
+    row += [nll(entries)]
+    row += [coverage(entries) if is_regression else ""] if regression else []
+    row += [rate(entries), ", ".join(f"`{name}`" for name in group)]
     lines.append("| " + " | ".join(row) + " |")
   return lines
 
 
 def paper_notes(manifest: dict) -> list[str]:
-  """One line for every cell further from the paper than the two intervals."""
+  """One line for every setting further from the paper than the two intervals (a seed
+  group's mean, with the interval of that mean, `_group_entry`), with the note of its first
+  cell that has one."""
   lines = []
-  for name in sorted_names(manifest):
-    entry = manifest["cells"][name]
-    if not differs_from_paper(entry):
+  for group in seed_groups(manifest, sorted_names(manifest)):
+    entries = [manifest["cells"][name] for name in group]
+    if not differs_from_paper(_group_entry(entries)):
       continue
-    note = entry.get("paper_note") or (
+    note = next((e["paper_note"] for e in entries if e.get("paper_note")), None) or (
       "Why it differs has not been measured; the question is open."
     )
-    number = zoo_verify.headline(entry["kind"], entry["test"])
-    lines.append(f"- `{name}`: {number} against the paper's {paper_text(entry)}. {note}")
+    number = measured_over_seeds(entries)
+    cells = ", ".join(f"`{name}`" for name in group)
+    lines.append(f"- {cells}: {number} against the paper's {paper_text(entries[0])}. {note}")
   return lines
+
+
+# Student's t at 0.975 for 1..10 degrees of freedom; beyond, 1.96 + 2.5 / df (within 0.002).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def t_975(degrees: int) -> float:
+  return T_975[degrees - 1] if degrees <= len(T_975) else 1.96 + 2.5 / degrees
+
+
+def _group_entry(entries: list[dict]) -> dict:
+  """A seed group as one entry for `differs_from_paper`: the seeds' mean, and the 95 %
+  half-width of that mean, the wider of two: Student's t over the seeds' spread, and the
+  seeds' test intervals combined (their test tasks are drawn apart)."""
+  if len(entries) == 1:
+    return entries[0]
+  score = "accuracy" if entries[0]["kind"] == "classification" else "mse"
+  values = [e["test"][score] for e in entries]
+  n = len(values)
+  over_seeds = t_975(n - 1) * statistics.stdev(values) / math.sqrt(n)
+  over_tasks = math.sqrt(sum(e["test"][f"{score}_ci95"] ** 2 for e in entries)) / n
+  test = {score: statistics.fmean(values), f"{score}_ci95": max(over_seeds, over_tasks)}
+  return dict(entries[0], test=test)
 
 
 def readme_table(manifest: dict) -> str:
@@ -261,7 +391,7 @@ def readme_table(manifest: dict) -> str:
       "",
     ]
     lines += _table(manifest, short, with_paper=False)
-  lines += ["", ECE_DEFINITIONS, "", RATE_DEFINITION]
+  lines += ["", ECE_DEFINITIONS, "", SEEDS_DEFINITION, "", RATE_DEFINITION]
   notes = paper_notes(manifest)
   if notes:
     lines += ["", "Where a cell differs from the paper by more than the two intervals:", ""]
