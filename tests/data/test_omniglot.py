@@ -109,26 +109,6 @@ def _fake_arrays():
   )
 
 
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-  return tmp_path_factory.mktemp("omniglot_cache")
-
-
-@pytest.fixture(scope="session")
-def data_listing():
-  if not DATA_DIR.is_dir():
-    pytest.skip(f"No Omniglot folder {DATA_DIR} (set OMNIGLOT_DIR).")
-  return sorted((p.name, p.stat().st_mtime) for p in DATA_DIR.iterdir())
-
-
-@pytest.fixture(scope="session")
-def arrays(cache_dir, data_listing):
-  del data_listing  # Taken before the build.
-  if not all((DATA_DIR / f).is_file() for f in BIG_ZIPS):
-    pytest.skip(f"Omniglot zips not found in {DATA_DIR} (set OMNIGLOT_DIR).")
-  return load_omniglot(DATA_DIR, cache_dir=cache_dir, source="zip")
-
-
 @pytest.fixture
 def small_folder(tmp_path):
   """A folder laid out like the data folder, the big zips being the small."""

@@ -3,7 +3,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from tests.helpers import BIG_ZIPS, DATA_DIR, needs_data, needs_small_zips
+from tests.helpers import DATA_DIR, needs_data, needs_small_zips
 from vampire_jax._src.core.errors import DataError
 from vampire_jax.data import (
   load_omniglot,
@@ -15,26 +15,6 @@ def _per_character_multisets(images):
   """[C, 20, 28, 28] -> each character's drawings in a canonical order."""
   flat = images.reshape(images.shape[0], images.shape[1], -1)
   return np.stack([np.stack(sorted(c, key=bytes)) for c in flat])
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-  return tmp_path_factory.mktemp("omniglot_cache")
-
-
-@pytest.fixture(scope="session")
-def data_listing():
-  if not DATA_DIR.is_dir():
-    pytest.skip(f"No Omniglot folder {DATA_DIR} (set OMNIGLOT_DIR).")
-  return sorted((p.name, p.stat().st_mtime) for p in DATA_DIR.iterdir())
-
-
-@pytest.fixture(scope="session")
-def arrays(cache_dir, data_listing):
-  del data_listing  # Taken before the build.
-  if not all((DATA_DIR / f).is_file() for f in BIG_ZIPS):
-    pytest.skip(f"Omniglot zips not found in {DATA_DIR} (set OMNIGLOT_DIR).")
-  return load_omniglot(DATA_DIR, cache_dir=cache_dir, source="zip")
 
 
 def test_a_failed_tfds_build_leaves_no_files(tmp_path, monkeypatch):

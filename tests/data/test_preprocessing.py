@@ -7,8 +7,7 @@ from PIL import Image
 
 import vampire_jax as vj
 from tests.conftest import OMNIGLOT_DIR, needs_omniglot
-from tests.helpers import BIG_ZIPS, DATA_DIR, needs_data
-from vampire_jax.data import load_omniglot
+from tests.helpers import DATA_DIR, needs_data
 
 
 def _reference_image(zip_name, member):
@@ -18,26 +17,6 @@ def _reference_image(zip_name, member):
     gray = np.asarray(image.convert("L"))
   small = Image.fromarray(gray).resize((28, 28), Image.Resampling.LANCZOS)
   return gray, 255 - np.asarray(small)
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-  return tmp_path_factory.mktemp("omniglot_cache")
-
-
-@pytest.fixture(scope="session")
-def data_listing():
-  if not DATA_DIR.is_dir():
-    pytest.skip(f"No Omniglot folder {DATA_DIR} (set OMNIGLOT_DIR).")
-  return sorted((p.name, p.stat().st_mtime) for p in DATA_DIR.iterdir())
-
-
-@pytest.fixture(scope="session")
-def arrays(cache_dir, data_listing):
-  del data_listing  # Taken before the build.
-  if not all((DATA_DIR / f).is_file() for f in BIG_ZIPS):
-    pytest.skip(f"Omniglot zips not found in {DATA_DIR} (set OMNIGLOT_DIR).")
-  return load_omniglot(DATA_DIR, cache_dir=cache_dir, source="zip")
 
 
 @needs_data

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import flax.linen as nn
@@ -31,17 +30,17 @@ from tests.conftest import (
   REPO,
   needs_omniglot,
   tiny_omniglot_config,
-  tiny_regression_config,
 )
 from tests.helpers import (
-  QUERY_X,
-  SUPPORT_X,
   _checkpoint_params,
   _leaves_equal,
   _one_line_error,
   _tiny_config,
   _truncate_data,
 )
+from tests.run_folder.conftest import copy_trained as _copy_trained
+from tests.run_folder.conftest import load_with_warnings as _load
+from tests.run_folder.conftest import predict as _predict
 from vampire_jax.runs import reporting, run_folder
 from vampire_jax.runs.run_folder import record as run_folder_record
 
@@ -86,45 +85,6 @@ REFUSED = [  # (flags, what the one line names: the fields that differ, as the c
   (["--algorithm", "maml"], "--algorithm: 'vampire' -> 'maml'"),
   (["--num-meta-steps", "3"], "--num-meta-steps 3: "),  # fewer steps than trained
 ]
-
-
-SUPPORT_Y = np.sin(SUPPORT_X)
-
-
-def _train(config, workdir: Path, model=None) -> dict:
-  problem = regression.make_problem(config)
-  if model is not None:
-    problem = problem._replace(model=model)
-  return vj.train_and_evaluate(problem, config, workdir, **QUIET)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """`(workdir, config, results)`: 4 steps, checkpoints 2 and 4, `best/` and results.json."""
-  workdir = tmp_path_factory.mktemp("edges") / "run"
-  config = tiny_regression_config(num_meta_steps=4)
-  return workdir, config, _train(config, workdir)
-
-
-def _copy_trained(trained, tmp_path: Path, *, best: bool = True) -> Path:
-  """A copy of the trained run; without `best/`, `load_run` reads `checkpoints/`."""
-  workdir = tmp_path / "run"
-  shutil.copytree(trained[0], workdir)
-  if not best:
-    shutil.rmtree(workdir / "best")
-  return workdir
-
-
-def _load(workdir: Path, **kwargs):
-  """`vj.load_run(workdir)` and the messages of the warnings it gave."""
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    run = vj.load_run(workdir, **kwargs)
-  return run, [str(w.message) for w in caught]
-
-
-def _predict(run):
-  return np.asarray(run.predict(SUPPORT_X, SUPPORT_Y, QUERY_X, jax.random.key(3)))
 
 
 def _equal(a, b) -> bool:

@@ -2,11 +2,9 @@ import importlib.util
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 from typing import Callable
 
 import flax.linen as nn
@@ -16,50 +14,16 @@ import pytest
 
 import vampire_jax as vj
 from experiments import regression
-from tests.conftest import REPO, tiny_regression_config
+from tests.conftest import REPO
 from tests.helpers import QUERY_X, SUPPORT_X
+from tests.run_folder.conftest import SUPPORT_Y
+from tests.run_folder.conftest import copy_trained as _copy_trained
+from tests.run_folder.conftest import load_with_warnings as _load
+from tests.run_folder.conftest import predict as _predict
+from tests.run_folder.conftest import train_regression as _train
 from vampire_jax.runs import run_folder
 
 QUIET = dict(progress=False, print_fn=lambda message: None)
-
-
-SUPPORT_Y = np.sin(SUPPORT_X)
-
-
-def _train(config, workdir: Path, model=None) -> dict:
-  problem = regression.make_problem(config)
-  if model is not None:
-    problem = problem._replace(model=model)
-  return vj.train_and_evaluate(problem, config, workdir, **QUIET)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """`(workdir, config, results)`: 4 steps, checkpoints 2 and 4, `best/` and results.json."""
-  workdir = tmp_path_factory.mktemp("edges") / "run"
-  config = tiny_regression_config(num_meta_steps=4)
-  return workdir, config, _train(config, workdir)
-
-
-def _copy_trained(trained, tmp_path: Path, *, best: bool = True) -> Path:
-  """A copy of the trained run; without `best/`, `load_run` reads `checkpoints/`."""
-  workdir = tmp_path / "run"
-  shutil.copytree(trained[0], workdir)
-  if not best:
-    shutil.rmtree(workdir / "best")
-  return workdir
-
-
-def _load(workdir: Path, **kwargs):
-  """`vj.load_run(workdir)` and the messages of the warnings it gave."""
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    run = vj.load_run(workdir, **kwargs)
-  return run, [str(w.message) for w in caught]
-
-
-def _predict(run):
-  return np.asarray(run.predict(SUPPORT_X, SUPPORT_Y, QUERY_X, jax.random.key(3)))
 
 
 def _one_line(error: pytest.ExceptionInfo) -> str:
