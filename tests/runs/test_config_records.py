@@ -109,12 +109,16 @@ def test_a_record_reads_back_as_the_config_it_records(key):
 def test_every_kept_run_folder_reads_its_config_by_parts():
   folders = [p for base in ("zoo", "training") for p in (REPO / base).iterdir() if p.is_dir()]
   assert len(folders) >= 9
+  formats = set()
   for folder in folders:
     record = json.loads((folder / "run.json").read_text())
-    assert config_records.is_old_format(record["config"])  # written before the specs
+    old = config_records.is_old_format(record["config"])
+    formats.add("flat, before the specs" if old else "by parts")
     run = vj.load_run(folder)
-    assert run.config.algorithm.name == record["config"]["algorithm"]
+    algorithm = record["config"]["algorithm"]
+    assert run.config.algorithm.name == (algorithm if old else algorithm["name"])
     assert config_records.flat(record["config"])["seed"] == run.config.seed
+  assert formats == {"flat, before the specs", "by parts"}  # both read
 
 
 def test_a_spec_that_does_not_import_is_refused_with_the_way_to_pass_it():

@@ -5,14 +5,14 @@ own loop over `vj.adapt`, a benchmark) never needs: `import vampire_jax` leaves 
 `ocp.<name>` imports it on first use.
 """
 
-import importlib
-
 
 class _OrbaxCheckpoint:
   """Stands for the module `orbax.checkpoint`; each attribute is the module's own."""
 
   def __getattr__(self, name: str):
-    return getattr(importlib.import_module("orbax.checkpoint"), name)
+    import orbax.checkpoint
+
+    return getattr(orbax.checkpoint, name)
 
 
 ocp = _OrbaxCheckpoint()
