@@ -204,6 +204,24 @@ def omniglot_cache(tmp_path_factory):
   return made_once(tmp_path_factory, "omniglot_cache", build)
 
 
+@pytest.fixture(scope="session")
+def mini_imagenet_cache(tmp_path_factory):
+  """The cache `mini_imagenet_sample` builds from the mini-ImageNet sample's folder."""
+  return tmp_path_factory.mktemp("mini_cache")
+
+
+@pytest.fixture(scope="session")
+def mini_imagenet_sample(mini_imagenet_cache):
+  """The real mini-ImageNet sample's splits, loaded once from its folder (the tests that use
+  it skip with `tests.helpers.needs_mini_imagenet_sample` where it is absent)."""
+  from tests.helpers import SAMPLE_DIR
+  from vampire_jax import data
+
+  return data.load_mini_imagenet(
+    SAMPLE_DIR, cache_dir=mini_imagenet_cache, source="folder", existing_only=True
+  )
+
+
 def tiny_regression_config(algorithm: str = "vampire", **changes):
   """Sine/line regression at the smallest size that trains, validates, checkpoints and tests."""
   from experiments import regression

@@ -52,6 +52,12 @@ SAMPLE_DIR = Path(
 PER_CLASS = 12  # images per class in the sample
 
 
+needs_mini_imagenet_sample = pytest.mark.skipif(
+  not (SAMPLE_DIR / "split" / "test.csv").exists(),
+  reason=f"mini-ImageNet sample not found in {SAMPLE_DIR}",
+)
+
+
 DATA_DIR = Path(
   os.environ.get("OMNIGLOT_DIR") or Path(__file__).resolve().parents[2] / "shared/data/omniglot"
 )

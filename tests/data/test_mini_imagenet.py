@@ -14,26 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import PER_CLASS, SAMPLE_DIR
+from tests.helpers import needs_mini_imagenet_sample, PER_CLASS, SAMPLE_DIR
 from vampire_jax import data
 from vampire_jax.data import mini_imagenet as mi
 
-pytestmark = pytest.mark.skipif(
-  not (SAMPLE_DIR / "split" / "test.csv").exists(),
-  reason=f"mini-ImageNet sample not found in {SAMPLE_DIR}",
-)
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-  return tmp_path_factory.mktemp("mini_cache")
-
-
-@pytest.fixture(scope="module")
-def sample(cache_dir):
-  return data.load_mini_imagenet(
-    SAMPLE_DIR, cache_dir=cache_dir, source="folder", existing_only=True
-  )
+pytestmark = needs_mini_imagenet_sample
 
 
 def _csv_rows(split):
@@ -41,9 +26,9 @@ def _csv_rows(split):
     return list(csv.reader(f))[1:]
 
 
-def test_folder_loader_matches_csv_and_pil(sample):
+def test_folder_loader_matches_csv_and_pil(mini_imagenet_sample):
   for split, num_classes in mi.NUM_CLASSES.items():
-    images, wnids = sample[split]
+    images, wnids = mini_imagenet_sample[split]
     rows = _csv_rows(split)
     assert images.shape == (num_classes, PER_CLASS, 84, 84, 3) and images.dtype == np.uint8
     assert wnids.tolist() == sorted({label for _, label in rows})
@@ -56,12 +41,14 @@ def test_folder_loader_matches_csv_and_pil(sample):
       for i in (0, PER_CLASS - 1):  # the i-th existing image of the class, in CSV order
         expected = np.asarray(Image.open(SAMPLE_DIR / "images" / existing[i]).convert("RGB"))
         np.testing.assert_array_equal(images[c, i], expected)
-  all_wnids = np.concatenate([s.wnids for s in sample.values()])
+  all_wnids = np.concatenate([s.wnids for s in mini_imagenet_sample.values()])
   assert len(set(all_wnids.tolist())) == len(all_wnids) == 100  # class-disjoint
 
 
-def test_missing_files_and_layouts_get_clear_errors(tmp_path, cache_dir, sample):
-  del sample  # builds the cache the last check reads, whatever order the tests run in
+def test_missing_files_and_layouts_get_clear_errors(
+  tmp_path, mini_imagenet_cache, mini_imagenet_sample
+):
+  del mini_imagenet_sample  # builds the cache the last check reads, whatever order the tests run in
   with pytest.raises(FileNotFoundError, match="existing_only"):
     data.load_mini_imagenet(SAMPLE_DIR, cache_dir=tmp_path, source="folder")
   with pytest.raises(FileNotFoundError, match=r"split/train.csv.*mini-imagenet-cache"):
@@ -73,7 +60,9 @@ def test_missing_files_and_layouts_get_clear_errors(tmp_path, cache_dir, sample)
   # The 12-per-class sample is not the full set: the full-set check says so.
   with pytest.raises(ValueError, match="expected 64 of 600"):
     mi._validate(
-      data.load_mini_imagenet(SAMPLE_DIR, cache_dir=cache_dir, source="cache", existing_only=True),
+      data.load_mini_imagenet(
+        SAMPLE_DIR, cache_dir=mini_imagenet_cache, source="cache", existing_only=True
+      ),
       existing_only=False,
     )
 
@@ -87,11 +76,11 @@ def test_import_does_not_load_tensorflow():
   assert out.stdout.strip() == "False"
 
 
-def test_pickle_caches_and_other_sizes_are_read(sample, tmp_path):
+def test_pickle_caches_and_other_sizes_are_read(mini_imagenet_sample, tmp_path):
   # The common pickles: 'image_data' [N, 84, 84, 3], 'class_dict' {wnid: indices}.
   rng = np.random.default_rng(0)
   for split in mi.SPLITS:
-    images, wnids = sample[split]
+    images, wnids = mini_imagenet_sample[split]
     flat = images.reshape(-1, 84, 84, 3)
     order = rng.permutation(len(flat))  # rows shuffled; class_dict says where
     position = np.argsort(order)
@@ -103,8 +92,8 @@ def test_pickle_caches_and_other_sizes_are_read(sample, tmp_path):
       pickle.dump({"image_data": flat[order], "class_dict": class_dict}, f)
   loaded = data.load_mini_imagenet(tmp_path, cache_dir=tmp_path / "cache", existing_only=True)
   for split in mi.SPLITS:
-    np.testing.assert_array_equal(loaded[split].images, sample[split].images)
-    assert loaded[split].wnids.tolist() == sample[split].wnids.tolist()
+    np.testing.assert_array_equal(loaded[split].images, mini_imagenet_sample[split].images)
+    assert loaded[split].wnids.tolist() == mini_imagenet_sample[split].wnids.tolist()
 
   # A Ravi-layout copy at another size (and PNG) is resized with LANCZOS.
   folder = tmp_path / "big"
@@ -128,17 +117,17 @@ def test_pickle_caches_and_other_sizes_are_read(sample, tmp_path):
     np.testing.assert_array_equal(loaded[split].images[c, i], image)
 
 
-def test_episodes_stay_in_their_split(sample):
+def test_episodes_stay_in_their_split(mini_imagenet_sample):
   # Every sampled image is traced back to its (split, class, index) by its bytes.
   table = {}
-  for split, (images, _) in sample.items():
+  for split, (images, _) in mini_imagenet_sample.items():
     for c in range(images.shape[0]):
       for i in range(PER_CLASS):
         table[images[c, i].tobytes()] = (split, c, i)
   for split in ("train", "test"):  # val is drawn by the same code
     tasks = data.sample_tasks(
       jax.random.key(1),
-      jax.device_put(sample[split].images),
+      jax.device_put(mini_imagenet_sample[split].images),
       num_tasks=4,
       ways=5,
       shots=1,

@@ -6,25 +6,10 @@ import numpy as np
 import pytest
 
 from experiments import calibration_protocol, cli, mini_imagenet
-from tests.helpers import PER_CLASS, SAMPLE_DIR
+from tests.helpers import needs_mini_imagenet_sample, PER_CLASS, SAMPLE_DIR
 from vampire_jax import data
 
-pytestmark = pytest.mark.skipif(
-  not (SAMPLE_DIR / "split" / "test.csv").exists(),
-  reason=f"mini-ImageNet sample not found in {SAMPLE_DIR}",
-)
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-  return tmp_path_factory.mktemp("mini_cache")
-
-
-@pytest.fixture(scope="module")
-def sample(cache_dir):
-  return data.load_mini_imagenet(
-    SAMPLE_DIR, cache_dir=cache_dir, source="folder", existing_only=True
-  )
+pytestmark = needs_mini_imagenet_sample
 
 
 ENV_ROWS = {  # MINI_IMAGENET_DIR -> the one line
@@ -61,10 +46,10 @@ def test_cli_presets():
 
 
 @pytest.mark.slow  # a mini-ImageNet run and the calibration protocol's command
-def test_tiny_run_and_calibration_protocol(sample, cache_dir, tmp_path):
+def test_tiny_run_and_calibration_protocol(mini_imagenet_sample, mini_imagenet_cache, tmp_path):
   config = mini_imagenet.get_config("quick", "maml").replace(
     data_dir=str(SAMPLE_DIR),
-    cache_dir=str(cache_dir),
+    cache_dir=str(mini_imagenet_cache),
     image_size=16,
     num_filters=8,
     num_inner_steps=1,
@@ -95,7 +80,7 @@ def test_tiny_run_and_calibration_protocol(sample, cache_dir, tmp_path):
   np.testing.assert_allclose(saved["test"]["accuracy"], per_test_task["accuracy"].mean())
   assert saved["config"]["image_size"] == 16 and saved["config"]["existing_only"]
   split_record = json.loads((tmp_path / "split.json").read_text())
-  assert split_record["test"]["wnids"] == sample["test"].wnids.tolist()
+  assert split_record["test"]["wnids"] == mini_imagenet_sample["test"].wnids.tolist()
 
   # --calibration-only --calibration-tasks 5: the saved best checkpoint on 5 of the
   # 15 504 combinations (the whole protocol is 15 504 such tasks).
