@@ -293,8 +293,7 @@ def label(entry: dict, *, with_seed: bool = True) -> str:
   preset = "paper preset" if entry["paper_protocol"] else f"`{entry['preset']}` preset"
   setting = entry["setting"].replace(" sine/line", "")
   algorithm = ALGORITHM_NAMES.get(entry["algorithm"], entry["algorithm"].upper())
-  seed = re.search(r"--seed (\d+)", entry["command"])
-  seed = f", seed {seed.group(1)}" if with_seed and seed and seed.group(1) != "0" else ""
+  seed = f", seed {seed_of(entry)}" if with_seed and seed_of(entry) else ""
   return f"{data.get(entry['experiment'], '')} {setting}, {algorithm}, {preset}{seed}"
 
 

@@ -105,8 +105,9 @@ def choose(problem: Problem, config, mesh, saved_record: Optional[dict]) -> RunC
     decided[CONV_IMPL] = model_conv
   saved = recorded(saved_record)
   earlier = dict(saved["choices"]) if saved else {}
-  if saved is None and CONV_IMPL in decided and _recorded_model_conv(saved_record):
-    earlier[CONV_IMPL] = _recorded_model_conv(saved_record)  # recorded before the choices
+  trained_conv = _recorded_model_conv(saved_record) if saved is None else None
+  if trained_conv is not None and CONV_IMPL in decided:
+    earlier[CONV_IMPL] = trained_conv  # a run recorded before the choices: its network's
   choices, kept = {}, []
   for field, value in decided.items():
     if _auto(config, field) and field in earlier:
