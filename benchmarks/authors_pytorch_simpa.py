@@ -317,7 +317,8 @@ def init_networks(net: ap.Network) -> tuple[list, list]:
 
 
 def main() -> None:
-  """Times one meta-step of SImPa on the regression MLP (1-100-100-100-1), T = 10, S = 5, L = 1."""
+  """Times one meta-step of SImPa on the regression MLP (1-100-100-100-1), T = 10, S = 5, L = 1;
+  then names the processor, `processor: ...` (`benchmarks.suite.cpu_processor`)."""
   net = ap.mlp((100, 100, 100), 1, 1)
   config = Config(net, ap.gaussian_nll, 5, 0.001, 1, 10)
   generator, phi = init_networks(net)
@@ -327,6 +328,7 @@ def main() -> None:
     start = time.perf_counter()
     meta_step_gradients(config, generator, phi, tasks, Noise())
     print(f"SImPa meta-step in PyTorch: {time.perf_counter() - start:.1f} s", flush=True)
+  print(ap.suite.processor_line(ap.suite.cpu_processor(with_jaxlib=False)))
 
 
 if __name__ == "__main__":

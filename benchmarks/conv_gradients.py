@@ -11,7 +11,8 @@ speed in loops. This prints, for one 3x3 'SAME' convolution layer of the
 given input shape (NHWC; default: a mini-ImageNet query batch after the
 first pool), the input and filter gradients of both implementations, and
 the gradient of a 2x2 max-pool, once at the top level and once per trip of
-a 3-trip `lax.scan`.
+a 3-trip `lax.scan`; then the processor it ran on, `processor: ...` (each row's
+`processor`: `vampire_jax.backend.processor_record()`).
 """
 
 import argparse
@@ -21,6 +22,7 @@ import flax.linen as nn
 import jax
 from jax import lax
 
+from benchmarks import suite
 from vampire_jax import backend
 
 
@@ -84,7 +86,8 @@ def main(argv=None) -> list[dict]:
   shape = tuple(int(v) for v in args.shape.split(","))
   if len(shape) != 4 or min(shape) < 1:
     parser.error(f"--shape takes four positive sizes N,H,W,C, got {args.shape!r}")
-  rows = measure(shape, args.features, args.repeats)
+  processor = backend.processor_record()
+  rows = [dict(row, processor=processor) for row in measure(shape, args.features, args.repeats)]
   print(
     f"backend {jax.default_backend()}, jax {jax.__version__}, input {shape}, "
     f"{args.features} filters\n"
@@ -92,6 +95,7 @@ def main(argv=None) -> list[dict]:
   print("| operation | top level (ms) | inside a scan (ms per trip) |\n|---|---|---|")
   for row in rows:
     print(f"| {row['operation']} | {row['top_ms']:.1f} | {row['loop_ms']:.1f} |")
+  print(suite.processor_line(processor))
   return rows
 
 

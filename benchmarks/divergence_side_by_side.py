@@ -37,7 +37,9 @@ hard-coded `num_samples = 512` is replaced in the source as it is loaded).
 
 Each side prints one line per `--every` steps (the step's mean task loss) and its end: the
 first step whose loss is not finite (theirs: the step where `train()` raised "Loss is NaN"
-or "Adaptation loss is NaN"), or that it finished finite. `--json` writes every step's loss.
+or "Adaptation loss is NaN"), or that it finished finite. Before the sides it prints the
+processor they run on, `processor: ...`; `--json` writes it (`processor`:
+`vampire_jax.backend.processor_record()`) beside every step's loss.
 SImPa's theirs logs a loss only where `Simpa.train` made a meta-update, which it skips when a
 step's last task is dropped for a NaN PHI loss: its end line counts those updates as its
 steps, and the harness prints, per step, the kept tasks' query losses, the tasks dropped and
@@ -590,7 +592,7 @@ def authors_repo_problem(path: str) -> str:
 
 
 def main(argv=None) -> None:
-  from benchmarks import arguments
+  from benchmarks import arguments, suite
 
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--algorithm", choices=("vampire2", "simpa"), required=True)
@@ -631,6 +633,8 @@ def main(argv=None) -> None:
     + f"; {jax.device_count()} XLA devices",
     flush=True,
   )
+  processor = backend.processor_record()
+  print(suite.processor_line(processor), flush=True)
   results = {}
   for side in sides:
     config = run_config(args.algorithm, args.seed, args.kl_samples, side != "ours")
@@ -647,7 +651,8 @@ def main(argv=None) -> None:
         config, args.steps, args.every, authors_folder(args.authors_repo)
       )
   if args.json:
-    Path(args.json).write_text(json.dumps({"args": vars(args), "sides": results}, indent=1))
+    record = {"processor": processor, "args": vars(args), "sides": results}
+    Path(args.json).write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ replaced:
                 library before issue 62's rules (the same values to float rounding)
 
 and prints `benchmarks.meta_step`'s row for each (a variant whose process failed: its
-error, and the command exits with status 1 at the end). The difference default - zero is what
-the filter gradient costs; autodiff - default is what the rules save. It changes nothing
-in the library.
+error, and the command exits with status 1 at the end), then the processor they ran on,
+`processor: ...` (each row's `processor`, as `meta_step` records it). The difference
+default - zero is what the filter gradient costs; autodiff - default is what the rules save.
+It changes nothing in the library.
 """
 
 import argparse
@@ -82,8 +83,9 @@ def use_variant(variant: str) -> None:
     backend.conv2d.defvjp(forward, backward)
 
 
-def main(argv=None) -> None:
-  from benchmarks import arguments
+def main(argv=None) -> list[dict]:
+  """`benchmarks.meta_step`'s rows (the parent's: each with its `variant`)."""
+  from benchmarks import arguments, suite
 
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -100,15 +102,14 @@ def main(argv=None) -> None:
   args.repeats = str(args.repeats)  # passed on to meta_step's command line
   if args.one:
     use_variant(args.one)
-    meta_step.main(
+    return meta_step.main(
       ["--algorithms", args.algorithms, "--repeats", args.repeats, "--json", args.json]
     )
-    return
   variants = [v.strip() for v in args.variants.split(",") if v.strip()]
   unknown = [v for v in variants if v not in VARIANTS]
   if unknown:
     parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
-  failed = []
+  rows, failed = [], []
   with tempfile.TemporaryDirectory() as folder:
     for variant in variants:
       rows_path = os.path.join(folder, f"{variant}.json")
@@ -122,8 +123,12 @@ def main(argv=None) -> None:
       with open(rows_path) as f:
         for row in json.load(f):  # meta_step's table row for it, the variant named first
           print(f"{variant:>12} {meta_step.format_table([row]).splitlines()[-1]}", flush=True)
+          rows.append(dict(row, variant=variant))
+  if rows:
+    print(suite.processor_line(rows[0]["processor"]))
   if failed:  # the others' rows are printed: the exit status says the table is incomplete
     raise SystemExit(f"filter_gradient_cost: the variants {', '.join(failed)} failed (above)")
+  return rows
 
 
 if __name__ == "__main__":

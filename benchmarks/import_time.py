@@ -5,12 +5,16 @@
 Each row imports in a fresh interpreter (`python -X importtime -c ...`) and sums the
 top-level modules' cumulative times, so start-up and the shell are not counted. The issue
 that moved distrax behind first use (the predictive) asks `import vampire_jax` to stay
-within 2x of `import jax, flax, optax`.
+within 2x of `import jax, flax, optax`. After the table it prints the processor it ran on,
+with jaxlib's version, `processor: ...` (`benchmarks.suite.cpu_processor`, read without
+starting JAX).
 """
 
 import argparse
 import subprocess
 import sys
+
+from benchmarks import suite
 
 ROWS = {
   "jax, flax, optax": "import jax, flax, optax",
@@ -47,6 +51,7 @@ def main(argv=None) -> None:
     seconds = min(import_seconds(code) for _ in range(args.repeats))
     base = base or seconds
     print(f"| {name} | {seconds:.2f} | {seconds / base:.2f} |")
+  print(suite.processor_line(suite.cpu_processor()))
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ def time_step(
   unroll_steps: bool,
   conv_impl: str,
   second_order_steps: Optional[int] = None,
+  fusion_emitters: str = "auto",
 ) -> dict:
   """Compiles and times the training step of one algorithm and task batching."""
   if conv_impl == "auto":
@@ -96,6 +97,8 @@ def time_step(
     num_tasks=num_tasks,
     strategy=strategy,
     chunk=chunk,
+    fusion_emitters=fusion_emitters,
+    input_size=suite.input_size(setting),
   )
   timed = suite.time_calls(step, state, data, jax.random.key(3), repeats)
   compile_s, step_s = timed.first_s, timed.call_s
@@ -105,6 +108,7 @@ def time_step(
     "tasks": num_tasks,
     "conv_impl": conv_impl,
     "inner_loop": "unrolled" if unroll_steps else "scan",
+    "fusion_emitters": backend.fusion_emitters(fusion_emitters, suite.input_size(SETTING)),
     "compile_s": compile_s,
     "step_s": step_s,
     "tasks_per_s": num_tasks / step_s,
@@ -166,6 +170,12 @@ def main(argv=None) -> list[dict]:
     help="differentiate the likelihood's gradient in the first K inner steps "
     "only (1: the authors' code); default: all",
   )
+  parser.add_argument(
+    "--cpu-fusion-emitters",
+    default="auto",
+    choices=("auto", "on", "off"),
+    help="XLA:CPU's fusion emitters (auto: the processor's, as a run compiles with)",
+  )
   parser.add_argument("--json", default=None, help="also write the rows to this file")
   args = parser.parse_args(argv)
   algorithms = arguments.names(parser, "--algorithms", args.algorithms, ALGORITHMS)
@@ -185,6 +195,8 @@ def main(argv=None) -> list[dict]:
     f" Omniglot 5-way 1-shot, T={args.tasks}, 5 inner steps, L=1, second order"
     f" {'through all steps' if args.second_order_steps is None else f'through {args.second_order_steps} step(s)'},"
     f" inner loop {'unrolled' if args.unroll_inner_steps else 'scan'}, conv {args.conv_impl},"
+    " XLA:CPU fusion emitters"
+    f" {backend.fusion_emitters(args.cpu_fusion_emitters, suite.input_size(SETTING))},"
     " tasks sampled inside the step"
   )
   rows = []
@@ -199,6 +211,7 @@ def main(argv=None) -> list[dict]:
         args.unroll_inner_steps,
         args.conv_impl,
         args.second_order_steps,
+        args.cpu_fusion_emitters,
       )
       rows.append(row)
       print(

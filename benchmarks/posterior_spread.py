@@ -11,7 +11,9 @@ scored on the same number of the run's own test tasks: the 90 % interval's cover
 paper's quantile ECE, the PIT ECE and the NLL. `epistemic_std` is the root mean variance of
 the network's outputs over the weight draws, to be set beside the noise's std and the root
 mean squared error of the predictive mean: a predictive whose spread is far below its
-error is overconfident. Prints one JSON line a checkpoint.
+error is overconfident. Prints the processor it runs on, `processor: ...`, then one JSON line a
+checkpoint (the rows `main` returns carry it too, as `processor`:
+`vampire_jax.backend.processor_record()`).
 """
 
 import argparse
@@ -135,7 +137,8 @@ def checkpoint_of(spec: str) -> tuple[Path, str]:
 
 
 def main(argv=None) -> list[dict]:
-  from benchmarks import arguments
+  from benchmarks import arguments, suite
+  from vampire_jax import backend
 
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("checkpoints", nargs="+", metavar="FOLDER:STEP")
@@ -147,12 +150,14 @@ def main(argv=None) -> list[dict]:
       found.append((spec, *checkpoint_of(spec)))
     except ValueError as error:
       parser.error(f"FOLDER:STEP {spec!r}: {error}")
+  processor = backend.processor_record()
+  print(suite.processor_line(processor), flush=True)
   rows = []
   with tempfile.TemporaryDirectory() as scratch:
     for spec, folder, step in found:
       row = {"run": spec, **measure(load_at(folder, step, Path(scratch)), args.num_tasks)}
       print(json.dumps(row), flush=True)
-      rows.append(row)
+      rows.append(dict(row, processor=processor))
   return rows
 
 

@@ -7,13 +7,16 @@ Runs `experiments.regression` (sine/line tasks, MLP 1-100-100-100-1) once
 with `compute_dtype='float32'` and once with 'bfloat16' (the network's
 matmuls in bfloat16; weight distributions, KL and likelihood in float32),
 same seed and tasks, and prints test MSE +- 95% CI, NLL and the training
-wall time of each. For speed see `python -m benchmarks.suite --compute-dtype
-bfloat16`.
+wall time of each, then the processor they ran on, `processor: ...` (each
+method's result carries it as `processor`: `vampire_jax.backend.processor_record()`).
+For speed see `python -m benchmarks.suite --compute-dtype bfloat16`.
 """
 
 import argparse
 import tempfile
 from pathlib import Path
+
+from benchmarks import suite
 from vampire_jax import backend
 
 
@@ -38,6 +41,7 @@ def main(argv=None) -> dict:
 
   workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vj_precision_"))
   algorithms = args.algorithms.split(",")
+  processor = backend.processor_record()
   results = {}
   for dtype in ("float32", "bfloat16"):
     overrides = {"compute_dtype": dtype}
@@ -52,7 +56,8 @@ def main(argv=None) -> dict:
     combined = regression.run(
       algorithms, args.preset, workdir / dtype, overrides=overrides, progress=False
     )
-    results[dtype] = combined["methods"]
+    methods = combined["methods"].items()
+    results[dtype] = {name: dict(method, processor=processor) for name, method in methods}
 
   print(f"\nregression preset {args.preset!r}, results in {workdir}\n")
   print("| algorithm | compute dtype | test MSE +- 95% CI | test NLL | tasks | train time (s) |")
@@ -64,6 +69,7 @@ def main(argv=None) -> dict:
         f"| {algorithm} | {dtype} | {m['mse']:.3f} +- {m['mse_ci95']:.3f} | {m['nll']:.3f} |"
         f" {m['num_tasks']} | {m['wall_time_s']['train']:.0f} |"
       )
+  print(suite.processor_line(processor))
   return results
 
 

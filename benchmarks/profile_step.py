@@ -35,6 +35,9 @@ itself slows XLA:CPU's many small operations (the MAML Omniglot step at T=32: 7.
 traced step against 1.5 untraced, 89,760 operations run), so shares lean towards
 them; `benchmarks.filter_gradient_cost` measures one part's cost untraced, by removal.
 `benchmarks.profile_step_pytorch` profiles the authors' step alike.
+
+The report ends with the processor it ran on, `processor: ...` (the result's `processor`:
+`vampire_jax.backend.processor_record()`).
 """
 
 import argparse
@@ -294,6 +297,7 @@ def profile(
     traced_step_s=step_s,
     repeats=repeats,
     trace_folder=folder,
+    processor=backend.processor_record(),
   )
   return result
 
@@ -322,6 +326,7 @@ def format_report(result: dict, rows: int = 12) -> str:
     f"| {r['name']} | {r['kind']} | {r['source']} | {100 * r['share']:.1f} % |"
     for r in result["heaviest"]
   ]
+  lines += ["", suite.processor_line(result["processor"])]
   return "\n".join(lines)
 
 

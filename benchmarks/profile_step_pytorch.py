@@ -18,6 +18,10 @@ that of the operations nested in it), and grouped as `benchmarks.profile_step` g
 "outside the operators" is the step's wall time less the operators' self time on the
 calling thread: Python, the autograd engine's bookkeeping and the profiler itself.
 
+The report ends with the processor it ran on, `processor: ...` (the result's `processor`:
+`benchmarks.suite.cpu_processor`, read after the profiled steps without starting JAX, as
+`benchmarks.authors_pytorch` names its rows'; None where the library is not installed).
+
 Needs torch and numpy only (and this repository on PYTHONPATH).
 """
 
@@ -26,6 +30,8 @@ import collections
 import json
 import re
 import time
+
+from benchmarks import suite
 
 # torch and `benchmarks.authors_pytorch` are imported where a step is built, so that the
 # grouping below can be read (and tested) without PyTorch.
@@ -127,6 +133,7 @@ def profile(row: str, options: dict, repeats: int, top: int) -> dict:
     traced_step_s=wall_s / repeats,
     untraced_step_s=untraced_s,
     torch=torch.__version__,
+    processor=suite.cpu_processor(with_jaxlib=False),
   )
   return result
 
@@ -149,6 +156,7 @@ def format_report(result: dict) -> str:
   ]
   lines += ["", "| heaviest operations | kind | share |", "|---|---|---|"]
   lines += [f"| {r['name']} | {r['kind']} | {100 * r['share']:.1f} % |" for r in result["heaviest"]]
+  lines += ["", suite.processor_line(result["processor"])]
   return "\n".join(lines)
 
 

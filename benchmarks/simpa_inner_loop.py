@@ -9,7 +9,8 @@ initial meta-parameters and the same training task, from the run's keys) and run
 check the loop runs there (`vj.check_inner_loop`): the support loss before and after the
 inner loop. Variants: the preset (MLP 100-100-100, Gaussian NLL at sigma 0.3, inner lr
 1e-3); inner lr 1e-4 and 1e-5; and the authors' regression network and loss (FcNet 40-40,
-the MSE, i.e. --likelihood-std 0.7071).
+the MSE, i.e. --likelihood-std 0.7071). Before the table it prints the processor it runs
+on, `processor: ...` (`vampire_jax.backend.processor_record()`).
 """
 
 import argparse
@@ -18,7 +19,9 @@ import time
 
 import jax
 
+from benchmarks import suite
 from experiments import cli, regression
+from vampire_jax import backend
 from vampire_jax.runs import algorithms, inner_loop_check, loop, programs
 
 VARIANTS = {
@@ -69,6 +72,7 @@ def main(argv=None) -> None:
   )
   args = parser.parse_args(argv)
   print(f"SImPa, regression `cpu` preset, {args.kl_samples} KL draws, {jax.default_backend()}")
+  print(suite.processor_line(backend.processor_record()))
   print("| variant | seed | support loss before | after the inner loop | seconds |")
   print("|---|---|---|---|---|")
   for name, changes in VARIANTS.items():

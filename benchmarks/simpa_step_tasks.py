@@ -8,7 +8,8 @@ finite, then takes meta-step `--stop` + 1's tasks and keys one at a time: each t
 meta-loss and whether its meta-gradient is finite, whether its adapted parameters are, and its
 KL estimate (the PHI network's lower bound, whose NaN makes SImPa skip the task) with its
 gradient. A step whose loss is finite but whose update is not shows here as the task whose
-meta-gradient is not finite.
+meta-gradient is not finite. It first prints the processor it runs on, `processor: ...`
+(`vampire_jax.backend.processor_record()`).
 """
 
 import argparse
@@ -18,7 +19,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from benchmarks import suite
 from experiments import cli
+from vampire_jax import backend
 from vampire_jax.runs import programs
 
 simpa = importlib.import_module("vampire_jax.baselines.simpa")  # the module, not the builder
@@ -49,6 +52,7 @@ def main(argv=None) -> None:
   # Imported here: it gives the process one XLA:CPU device per core, as the harness's runs have.
   from benchmarks import divergence_side_by_side as side_by_side
 
+  print(suite.processor_line(backend.processor_record()))
   config = side_by_side.run_config("simpa", args.seed, args.kl_samples)
   problem, learner, _, start, _ = side_by_side.initial_state(config)
   _, state = side_by_side.run_ours(config, args.stop, 5, "ours", stop_at=args.stop)

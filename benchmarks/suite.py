@@ -120,6 +120,11 @@ class Setting:
   conv_impl: str = "auto"  # Conv4's: "xla", "patches", "loop_safe"; auto: the library's
 
 
+def input_size(setting: Setting) -> int:
+  """The values in one input of the setting's network (a regression's x is one)."""
+  return 1 if setting.kind == "regression" else math.prod(setting.image)
+
+
 SETTINGS = {
   "omniglot_5w1s": Setting("classification", tasks=32, mc_samples=1),
   "omniglot_20w1s": Setting("classification", tasks=16, mc_samples=1, ways=20),
@@ -428,12 +433,16 @@ def build_train_step(
   mesh=None,
   steps_per_call: int = 1,
   donate: bool = True,
+  fusion_emitters: str = "auto",
+  input_size: Optional[int] = None,
 ):
   """`step(state, data, key) -> (state, metrics)`: the training step, tasks sampled inside.
 
   `host_chunked`: `make_host_chunked_train_step` (one step per call);
-  otherwise `make_train_step` with `strategy`, jitted, the state donated
-  unless `donate` is False.
+  otherwise `make_train_step` with `strategy`, jitted with a run's XLA options for
+  XLA:CPU's `fusion_emitters` ('auto': the processor's for a network of `input_size` input
+  values, as a run compiles; `backend.compiler_options`), the state donated unless
+  `donate` is False.
   """
   from vampire_jax import backend
   import jax
@@ -453,7 +462,11 @@ def build_train_step(
     chunk_size=chunk,
     mesh=mesh,
   )
-  return jax.jit(step, donate_argnums=0 if donate else ())
+  return jax.jit(
+    step,
+    donate_argnums=0 if donate else (),
+    compiler_options=backend.compiler_options(fusion_emitters, input_size),
+  )
 
 
 class Timed(NamedTuple):
@@ -658,8 +671,17 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
   mesh = vj.task_mesh() if jax.device_count() > 1 and strategy != "host_chunked" else None
   if mesh is not None:
     state, data = vj.replicate(state, mesh), vj.replicate(data, mesh)
+  emitters = options.get("fusion_emitters", "auto")
   step = build_train_step(
-    learner, optimizer, sample_tasks, num_tasks=num_tasks, strategy=strategy, chunk=chunk, mesh=mesh
+    learner,
+    optimizer,
+    sample_tasks,
+    num_tasks=num_tasks,
+    strategy=strategy,
+    chunk=chunk,
+    mesh=mesh,
+    fusion_emitters=emitters,
+    input_size=input_size(setting),
   )
   timed = time_calls(step, state, data, jax.random.key(3), options["repeats"])
   state, metrics, compile_s, step_s = timed.state, timed.metrics, timed.first_s, timed.call_s
@@ -702,6 +724,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     "remat": options["remat"],
     "second_order_steps": options.get("second_order_steps"),
     "compute_dtype": options["compute_dtype"],
+    "fusion_emitters": backend.fusion_emitters(emitters, input_size(setting)),
     "compile_s": compile_s,
     "step_s": step_s,
     "steps_per_s": 1 / step_s,
@@ -832,6 +855,33 @@ def fmt(value, spec: str) -> str:
   return format(value, spec)
 
 
+def cpu_processor(with_jaxlib: bool = True) -> Optional[dict]:
+  """This CPU's `vampire_jax.backend.processor_record`, without starting JAX: for a process
+  that holds no JAX while it measures (a PyTorch side, the parent of fresh interpreters), as
+  `benchmarks/authors_pytorch.py`'s rows name theirs. With jaxlib's version unless
+  `with_jaxlib` is False (a PyTorch row ran without it); None where the library is not
+  installed (a PyTorch interpreter without it)."""
+  try:
+    from vampire_jax import backend
+  except ImportError:  # a PyTorch interpreter without the library
+    return None
+  machine = {"platform": "cpu", "device_kind": "cpu", **backend.cpu_identity()}
+  if with_jaxlib:
+    import jaxlib
+
+    machine["jaxlib"] = jaxlib.__version__
+  return backend.processor_record(machine)
+
+
+def processor_line(processor: Optional[dict]) -> str:
+  """`processor: <description>`, the line a benchmark prints with its table so that a copied
+  table says where it was measured (`processor`: a `processor_record`, or `cpu_processor`'s
+  None)."""
+  if processor is None:
+    return "processor: unknown (vampire_jax is not installed in this Python)"
+  return f"processor: {processor['description']}"
+
+
 def _percent(fraction: Optional[float]) -> Optional[float]:
   return None if fraction is None else 100 * fraction
 
@@ -930,6 +980,12 @@ def main(argv=None) -> list[dict]:
   )
   parser.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument(
+    "--cpu-fusion-emitters",
+    default="auto",
+    choices=["auto", "on", "off"],
+    help="XLA:CPU's fusion emitters (auto: the processor's, as a run's)",
+  )
+  parser.add_argument(
     "--peak-tflops",
     type=float,
     default=None,
@@ -969,6 +1025,7 @@ def main(argv=None) -> list[dict]:
     "batching": args.batching,
     "unroll_inner_steps": args.unroll_inner_steps,
     "remat": args.remat,
+    "fusion_emitters": args.cpu_fusion_emitters,
     "sample_batching": args.sample_batching,
     "compute_dtype": args.compute_dtype,
     "peak_tflops": args.peak_tflops,

@@ -8,7 +8,9 @@ that listens to JAX's monitoring events and, for each test (setup, call and tear
 together), sums the seconds spent tracing to jaxprs, lowering them to MLIR, and in XLA's
 backend compiles, with the number of compiles. What is left is running the programs and
 Python. Tests in fresh processes count only their parent's share: their children's time is
-"rest". Any pytest arguments after the script's own are passed on.
+"rest". Any pytest arguments after the script's own are passed on. Before the table it
+prints the processor the tests ran on, `processor: ...`; each test's row of `--json` carries
+it as `processor` (`vampire_jax.backend.processor_record()`).
 """
 
 import argparse
@@ -19,6 +21,8 @@ import time
 
 import pytest
 from jax import monitoring
+
+from benchmarks import suite
 
 EVENTS = {
   "/jax/core/compile/jaxpr_trace_duration": "trace",
@@ -85,12 +89,17 @@ def main(argv=None):
   args, pytest_args = parser.parse_known_args(argv)
   plugin = TimeBreakdown()
   code = pytest.main(["-p", "no:xdist", "-q", *pytest_args], plugins=[plugin])
+  from vampire_jax import backend  # after the tests, which import the library as they need
+
+  processor = backend.processor_record()
+  print(suite.processor_line(processor))
   print(table(plugin.rows, args.top))
   for (test, program), seconds in plugin.programs.most_common(args.programs):
     print(f"{seconds:7.2f} s  {program}  ({test})")
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({name: dict(row) for name, row in plugin.rows.items()}, f, indent=1)
+      rows = {name: dict(row, processor=processor) for name, row in plugin.rows.items()}
+      json.dump(rows, f, indent=1)
   return int(code)
 
 

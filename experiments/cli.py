@@ -114,6 +114,7 @@ GROUPS = {
     "unroll_inner_steps",
     "sample_batching",
     "conv_impl",
+    "cpu_fusion_emitters",
     "shard_tasks",
     "remat",
     "compute_dtype",

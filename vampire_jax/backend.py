@@ -5,7 +5,11 @@ draws, the convolution, the device mesh) is resolved for the backend JAX runs on
 
 - `task_batching`, `sample_batching`, `conv_impl` and `config_conv_impl` resolve 'auto'
   (on a CPU: tasks and draws in `lax.map`, the loop-safe convolution; on a GPU: `vmap`,
-  the im2col convolution); `task_mesh_for` is the mesh a config's tasks are split over;
+  the im2col convolution); `fusion_emitters` resolves XLA:CPU's fusion emitters and
+  `compiler_options` gives the XLA options a run's programs compile with; on a CPU each
+  is the processor's: its row of `CPU_ROWS` (`cpu_row`, a `ProcessorRow` measured on that
+  kind of processor), else today's CPU choices; `task_mesh_for` is the mesh a config's
+  tasks are split over;
 - `BATCHING_STRATEGIES` names the ways to batch tasks or draws, `MAPPED_STRATEGIES` those
   that loop over them one at a time, `CONV_IMPLS` the convolutions `vj.Conv4` takes;
 - `make_host_chunked_train_step` is the 'host_chunked' task batching: a loop-free jitted
@@ -34,10 +38,15 @@ what a run does.
 """
 
 from vampire_jax._src.core.backend_defaults import (
+  CPU_ROWS,
   MAPPED_STRATEGIES,
+  ProcessorRow,
+  compiler_options,
   config_conv_impl,
   conv_impl,
+  cpu_row,
   enable_compilation_cache,
+  fusion_emitters,
   sample_batching,
   task_batching,
   task_mesh_for,
@@ -81,7 +90,13 @@ __all__ = (
   "sample_batching",
   "conv_impl",
   "config_conv_impl",
+  "fusion_emitters",
+  "compiler_options",
   "task_mesh_for",
+  # What 'auto' means on each processor kind met, and this one's.
+  "CPU_ROWS",
+  "ProcessorRow",
+  "cpu_row",
   # The choices' names.
   "BATCHING_STRATEGIES",
   "MAPPED_STRATEGIES",

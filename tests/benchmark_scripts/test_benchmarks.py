@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks import gpu_sweep, meta_step, simpa_inner_loop, simpa_step_tasks, suite
 from tests.helpers import REPO_ROOT, _argparse_error
+from vampire_jax import backend
 
 QUICK_OPTIONS = {
   "quick": True,
@@ -493,7 +494,10 @@ def test_profile_of_a_test_episode(capsys):
   )
   assert result["episode"] and result["traced_op_seconds"] > 0
   assert sum(row["share"] for row in result["by_kind"]) == pytest.approx(1.0)
-  assert "traced episode call(s)" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "traced episode call(s)" in out
+  assert result["processor"] == backend.processor_record()
+  assert out.splitlines()[-1] == "processor: " + result["processor"]["description"]
 
 
 def test_simpa_inner_loop_replays_the_runs_check_and_its_runaway():
@@ -528,6 +532,11 @@ def test_suite_time_counts_a_tests_compiles_and_its_time(tmp_path):
   assert compiled["compiles"] >= 1 and 0 < compiled["compile"] <= compiled["wall"]
   assert idle.get("compiles", 0) == 0 and idle["wall"] > 0
   assert "| all tests |" in done.stdout
+  processor = backend.processor_record()  # the same machine, the same XLA_FLAGS
+  assert all(row["processor"] == processor for row in rows.values())
+  lines = done.stdout.splitlines()
+  at = lines.index("processor: " + processor["description"])
+  assert lines[at + 1].startswith("| test | wall s |")  # just before the table
 
 
 def test_make_learner_refuses_an_algorithm_it_does_not_know():

@@ -4,8 +4,8 @@ the backend would now decide otherwise, computing what the run computes uninterr
 
 import json
 
-import jax
 import numpy as np
+import pytest
 
 import vampire_jax as vj
 from experiments import regression
@@ -20,13 +20,15 @@ QUIET = dict(progress=False)
 
 def _other_decision(monkeypatch):
   """This backend's 'auto' made another choice, as another processor or a later version
-  of the defaults would make it: tasks and draws batched the other way."""
+  of the defaults would make it: tasks and draws batched the other way, XLA:CPU's other
+  fusion emitters."""
   here = backend_defaults.for_backend()
   other = here._replace(
     task_batching="vmap" if here.task_batching != "vmap" else "map",
     sample_batching="vmap" if here.sample_batching != "vmap" else "remat_map",
+    older_emitters_up_to=0 if here.older_emitters_up_to else 10**9,
   )
-  monkeypatch.setitem(backend_defaults.DEFAULTS, jax.default_backend(), other)
+  monkeypatch.setattr(backend_defaults, "for_backend", lambda backend=None: other)
   return other
 
 
@@ -53,7 +55,12 @@ def test_a_resumed_run_keeps_the_choices_it_recorded(tmp_path, monkeypatch):
 
   first = _train(config.replace(num_meta_steps=2), tmp_path / "resumed")
   record = json.loads((tmp_path / "resumed" / "run.json").read_text())
-  here = backend_defaults.decide_run_choices(config.speed, train_tasks=2, eval_tasks=2)
+  here = backend_defaults.decide_run_choices(
+    config.speed,
+    train_tasks=2,
+    eval_tasks=2,
+    input_size=1,  # a regression's x
+  )
   assert record["backend_choices"]["choices"] == here  # the names and what each ran as
   assert set(here) == {
     "task_batching",
@@ -61,6 +68,7 @@ def test_a_resumed_run_keeps_the_choices_it_recorded(tmp_path, monkeypatch):
     "eval_task_batching",
     "eval_chunk_size",
     "sample_batching",
+    "cpu_fusion_emitters",
   }
   assert "auto" not in here.values() and 0 not in here.values()
   decided_on = record["backend_choices"]["decided_on"]
@@ -71,6 +79,7 @@ def test_a_resumed_run_keeps_the_choices_it_recorded(tmp_path, monkeypatch):
   other = _other_decision(monkeypatch)
   assert backend.task_batching("auto", 0, 2)[0] == other.task_batching != here["task_batching"]
   assert backend.sample_batching("auto") == other.sample_batching != here["sample_batching"]
+  assert backend.fusion_emitters("auto", 1) != here["cpu_fusion_emitters"]
   lines = []
   resumed = _train(config, tmp_path / "resumed", lines)
 
@@ -148,12 +157,38 @@ def test_a_record_without_choices_decides_them_as_before():
   """A run recorded before the choices were (no `backend_choices`, or a damaged entry)."""
   config = tiny_regression_config("vampire")
   problem = regression.make_problem(config)
+  decided = backend_defaults.decide_run_choices(
+    config.speed, train_tasks=2, eval_tasks=2, input_size=1
+  )
   for old in ({"format": 2}, {"backend_choices": "damaged"}, {"backend_choices": {}}):
     choices = recorded_choices.choose(problem, config, None, old)
-    assert choices.kept == () and choices.decided_on == backend.processor_record()
-    assert choices.choices == backend_defaults.decide_run_choices(
-      config.speed, train_tasks=2, eval_tasks=2
-    )
+    assert choices.kept == ("cpu_fusion_emitters",)
+    assert choices.decided_on == backend.processor_record()
+    # XLA's default fusion emitters, as every run recorded then ran; the rest decided here.
+    assert choices.choices == dict(decided, cpu_fusion_emitters="on")
+
+
+def test_a_record_that_predates_a_choice_resumes_as_it_ran():
+  """`backend_choices` recorded before XLA:CPU's fusion emitters were a choice: the resumed
+  run compiles with XLA's default emitters, whatever this processor's row says, and a new
+  run with the row's."""
+  config = tiny_regression_config("vampire")
+  problem = regression.make_problem(config)
+  fresh = recorded_choices.choose(problem, config, None, None)
+  assert fresh.choices["cpu_fusion_emitters"] == backend.fusion_emitters("auto", 1)
+  earlier = {k: v for k, v in fresh.choices.items() if k != "cpu_fusion_emitters"}
+  saved = {"backend_choices": {"choices": earlier, "decided_on": fresh.decided_on}}
+  resumed = recorded_choices.choose(problem, config, None, saved)
+  assert resumed.choices == dict(earlier, cpu_fusion_emitters="on")
+  assert "cpu_fusion_emitters" in resumed.kept
+  _, running = recorded_choices.apply(problem, config, resumed)
+  assert running.speed.cpu_fusion_emitters == "on"
+  assert backend.compiler_options(running.speed.cpu_fusion_emitters) == {}
+  # Named in the config, the emitters are taken as named.
+  named = config.replace(cpu_fusion_emitters="off")
+  assert (
+    recorded_choices.choose(problem, named, None, saved).choices["cpu_fusion_emitters"] == "off"
+  )
 
 
 def test_a_record_without_choices_keeps_the_convolution_its_network_was_recorded_with():
@@ -164,13 +199,37 @@ def test_a_record_without_choices_keeps_the_convolution_its_network_was_recorded
   legacy = {"model": {"class": "Conv4", "fields": {"conv_impl": "patches"}}}
   today = _conv_problem("loop_safe")
   choices = recorded_choices.choose(today, config, None, legacy)
-  assert choices.choices["conv_impl"] == "patches" and choices.kept == ("conv_impl",)
+  assert choices.choices["conv_impl"] == "patches"
+  assert set(choices.kept) == {"conv_impl", "cpu_fusion_emitters"}  # the emitters: XLA's then
   assert choices.decided_on == backend.processor_record()  # the rest decided here, and said so
   assert {k: v for k, v in choices.choices.items() if k != "conv_impl"} == {
-    k: v for k, v in trained.choices.items() if k != "conv_impl"
+    **{k: v for k, v in trained.choices.items() if k != "conv_impl"},
+    "cpu_fusion_emitters": "on",  # XLA's default, as the run ran before it was a choice
   }
   problem, running = recorded_choices.apply(today, config, choices)
   assert problem.model.conv_impl == "patches" and running.conv_impl == "patches"
   # Named in the config, the convolution is taken as named.
   named = config.replace(conv_impl="loop_safe")
   assert recorded_choices.choose(today, named, None, legacy).choices["conv_impl"] == "loop_safe"
+
+
+def test_the_run_programs_compile_with_the_chosen_xla_options(tmp_path, monkeypatch):
+  """The emitters are a compile option of every program a run compiles (its train step and
+  evaluators): an option XLA does not have fails the run's first compile, and the two
+  emitters give the same run to float rounding."""
+  config = tiny_regression_config("maml", num_meta_steps=2)
+  runs = {
+    emitters: _train(config.replace(cpu_fusion_emitters=emitters), tmp_path / emitters)
+    for emitters in ("on", "off")
+  }
+  assert runs["on"]["backend_choices"]["choices"]["cpu_fusion_emitters"] == "on"
+  assert runs["off"]["backend_choices"]["choices"]["cpu_fusion_emitters"] == "off"
+  for name in ("mse", "nll"):
+    np.testing.assert_allclose(
+      runs["off"]["test"][name], runs["on"]["test"][name], rtol=1e-4, atol=1e-6
+    )
+  monkeypatch.setattr(
+    backend_defaults, "compiler_options", lambda setting="auto": {"xla_cpu_no_such_option": True}
+  )
+  with pytest.raises(Exception, match="xla_cpu_no_such_option"):
+    _train(config, tmp_path / "unknown_option")

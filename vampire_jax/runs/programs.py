@@ -5,8 +5,9 @@
 and the devices (`backend_defaults.task_mesh_for`), and jits
 `meta_step.make_train_step` (or its host-chunked or NaN-checked variants);
 `build_evaluator`, `split_evaluator` and `open_set_evaluator` do the same for
-the scores of a split. Each gives the memory its compile freed back to the
-system after the call that compiled it (`host_memory.releasing_after_compiles`).
+the scores of a split. Each compiles with the run's XLA options (XLA:CPU's fusion
+emitters, `backend_defaults.compiler_options`) and gives the memory its compile freed back
+to the system after the call that compiled it (`host_memory.releasing_after_compiles`).
 """
 
 from typing import Callable, NamedTuple, Optional
@@ -83,8 +84,13 @@ def build_train_step(
   if config.speed.debug_nans:
     step = diagnostics.debug_nonfinite(train_step)
   else:
-    step = jax.jit(train_step, donate_argnums=0)
+    step = jax.jit(train_step, donate_argnums=0, compiler_options=_compiler_options(config))
   return host_memory.releasing_after_compiles(lambda state, key: step(state, data, key))
+
+
+def _compiler_options(config) -> dict:
+  """The XLA options of the run's programs (`backend_defaults.compiler_options`)."""
+  return backend_defaults.compiler_options(config.speed.cpu_fusion_emitters)
 
 
 def eval_batch_size(config, mesh: Optional[Mesh] = None) -> int:
@@ -101,7 +107,9 @@ def build_evaluator(
   evaluate = kinds.get(kind).make_evaluator(
     learner, noise_std, task_batching=strategy, chunk_size=chunk, mesh=mesh
   )
-  return host_memory.releasing_after_compiles(jax.jit(evaluate))
+  return host_memory.releasing_after_compiles(
+    jax.jit(evaluate, compiler_options=_compiler_options(config))
+  )
 
 
 def _eval_batching(config, mesh: Optional[Mesh]) -> tuple[str, int]:
@@ -143,7 +151,8 @@ def open_set_evaluator(
     jax.jit(
       evaluation.make_open_set_evaluator(
         learner, task_batching=strategy, chunk_size=chunk, mesh=mesh
-      )
+      ),
+      compiler_options=_compiler_options(config),
     )
   )
   return evaluation.make_split_evaluator(

@@ -12,7 +12,8 @@ makes them once, when its folder is first recorded, and `run.json` keeps them un
 
     "backend_choices": {"choices": {"task_batching": "map", "chunk_size": 1,
                                     "eval_task_batching": "map", "eval_chunk_size": 1,
-                                    "sample_batching": "remat_map", "conv_impl": "loop_safe"},
+                                    "sample_batching": "remat_map",
+                                    "cpu_fusion_emitters": "off", "conv_impl": "loop_safe"},
                         "decided_on": {"cpu": "AMD EPYC", "family": 25, "model": 17, ...}}
 
 A resumed run whose config still says 'auto' for a setting takes the recorded value, not
@@ -21,12 +22,15 @@ changed, it computes what it would have computed uninterrupted. A setting the re
 config names (not 'auto') is taken as named, and the record then holds it. `conv_impl` is
 the network's convolution (`problem.model.conv_impl`, which an experiment builds from its
 config's 'auto'): where the config says 'auto', the recorded one is put back in the network.
+A choice added after a run was recorded (`backend_defaults.RECORDED_BEFORE`: XLA:CPU's
+fusion emitters) resumes as the run ran before it existed.
 A run recorded before the choices were (no `backend_choices`) decides them when it resumes,
 as it did before, and records them from then on; its network's convolution, which its record
 names (`model`), it keeps: its checkpoints carry that record, and a network of another
 convolution would not be the one they hold.
 """
 
+import math
 from typing import NamedTuple, Optional
 
 from vampire_jax._src.core import backend_defaults, machine
@@ -99,12 +103,15 @@ def choose(problem: Problem, config, mesh, saved_record: Optional[dict]) -> RunC
     config.speed,
     train_tasks=config.schedule.tasks_per_step // devices,
     eval_tasks=programs.eval_batch_size(config, mesh) // devices,
+    input_size=math.prod(problem.input_shape),
   )
   model_conv = getattr(problem.model, CONV_IMPL, None)
   if isinstance(model_conv, str):
     decided[CONV_IMPL] = model_conv
   saved = recorded(saved_record)
   earlier = dict(saved["choices"]) if saved else {}
+  if saved_record is not None:  # a choice its record predates: what the run ran with then
+    earlier = {**backend_defaults.RECORDED_BEFORE, **earlier}
   trained_conv = _recorded_model_conv(saved_record) if saved is None else None
   if trained_conv is not None and CONV_IMPL in decided:
     earlier[CONV_IMPL] = trained_conv  # a run recorded before the choices: its network's

@@ -135,6 +135,13 @@ class Speed(Settings):
   shard_tasks: str = setting(
     "auto", "split tasks over devices", resumable=True, choices=("auto", "on", "off")
   )
+  cpu_fusion_emitters: str = setting(
+    "auto",
+    "XLA:CPU's fusion emitters (on: its MLIR ones, XLA's own choice; the third: its older "
+    "LLVM ones, less memory; auto: the processor's, vampire_jax.backend.cpu_row)",
+    resumable=True,
+    choices=("auto", "on", "off"),
+  )
   remat: bool = setting(
     False, "recompute inner steps in the backward pass (less memory)", resumable=True
   )

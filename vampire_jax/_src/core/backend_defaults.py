@@ -1,7 +1,8 @@
 """The backend's "auto" choices, decided once: what each backend picks, and why.
 
 Every setting that says 'auto' (task batching, Monte-Carlo draw batching,
-convolution) and the number of meta-steps per jitted call is resolved here;
+convolution, XLA:CPU's fusion emitters) and the number of meta-steps per jitted call is
+resolved here;
 the training loop, `algorithms`, `models`, `batching` and the benchmarks ask
 this module instead of deciding on their own.
 
@@ -10,6 +11,16 @@ this module instead of deciding on their own.
 | cpu | `lax.map`, chunk 1 | `lax.map`, each draw recomputed in the backward pass (`remat_map`) | `loop_safe`; `xla` in a loop-free program | per-task weights make `vmap` turn each convolution into a grouped one, which XLA:CPU runs slowly; XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its own convolution wins only where nothing loops; a CPU step is limited by moving the draws' stacked activations, which recomputing them avoids (docs/performance.md) |
 | gpu | `vmap` | `vmap` | `patches` (im2col and one batched matrix product) in loops; `xla` in a loop-free program | one wide batch keeps the device busy; on one H100 `patches` ran the 5-way 1-shot loop at 839 tasks/s against `xla`'s 531 (docs/performance.md, GPU campaign) |
 | tpu, other | `vmap` | `vmap` | `xla` | grouped convolutions are fast there (unmeasured) |
+
+On a CPU, "auto" is decided for the processor at hand: `CPU_ROWS` holds one row per kind of
+processor met (vendor, family and model numbers), each filled from measurements on that
+kind; a processor of no row gets the `cpu` line above. A row also names the networks XLA:CPU's older
+fusion emitters compile, a compile option of every program a run compiles
+(`compiler_options`): on a Zen 4 they held 80-110 MB less while stepping on Omniglot at the
+same or a faster step, and stepped 10 % slower on mini-ImageNet, so that row takes them for
+inputs of up to 28 x 28 values.
+The table is fixed, not timed when a run starts, so no run's numbers depend on how busy the
+machine was when its choices were made.
 
 A run makes these choices once, when its folder is first recorded (`decide_run_choices`),
 records them in `run.json` with the processor it made them on, and a resumed run keeps
@@ -24,6 +35,7 @@ only the benchmarks pass it so far (the training loop keeps `lax.map` on a
 CPU for every network, as its timings in docs/performance.md were taken).
 """
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -32,7 +44,7 @@ from typing import NamedTuple, Optional
 import jax
 from jax.sharding import Mesh
 
-from vampire_jax._src.core import sharding
+from vampire_jax._src.core import machine, sharding
 
 
 class BackendDefaults(NamedTuple):
@@ -45,6 +57,10 @@ class BackendDefaults(NamedTuple):
     conv_in_loops: the convolution where its gradient runs inside a loop.
     conv_loop_free: the convolution in a program with no loop around it.
     why: the reason, in one line.
+    older_emitters_up_to: XLA:CPU's older LLVM fusion emitters (`cpu_fusion_emitters`
+      'off') for a network whose input holds at most this many values, its default MLIR
+      emitters ('on') above it; 0: never. Passed to each run program's compile
+      (`compiler_options`); 0 off a CPU, where the option does nothing.
   """
 
   task_batching: str
@@ -53,6 +69,7 @@ class BackendDefaults(NamedTuple):
   conv_in_loops: str
   conv_loop_free: str
   why: str
+  older_emitters_up_to: int = 0
 
 
 CPU = BackendDefaults(
@@ -84,9 +101,88 @@ ACCELERATOR = BackendDefaults(
 DEFAULTS = {"cpu": CPU, "gpu": GPU, "tpu": ACCELERATOR}
 
 
+class ProcessorRow(NamedTuple):
+  """One kind of processor's CPU choices, and the measurements they were made from.
+
+  Attributes:
+    name: the processor kind, as a reader names it.
+    vendor: `/proc/cpuinfo`'s vendor_id.
+    family: its cpu family.
+    models: the model numbers of the kind (empty: every model of the family).
+    defaults: what 'auto' means there.
+    measured: where the choices were measured, and against what.
+  """
+
+  name: str
+  vendor: str
+  family: int
+  models: tuple
+  defaults: BackendDefaults
+  measured: str
+
+  def matches(self, processor: dict) -> bool:
+    """Whether `processor` (a `machine.processor_record` or `cpu_identity`) is of this kind."""
+    numbers = machine.cpu_numbers(processor)
+    vendor = processor.get("cpu_id", "").split()[:1]
+    return (
+      vendor == [self.vendor]
+      and numbers.get("family") == self.family
+      and (not self.models or numbers.get("model") in self.models)
+    )
+
+
+# What 'auto' means on each processor kind met, from measurements on it (BUILD_NOTES, "Against
+# their own loop, one table per processor"); a processor of no row gets `CPU`, today's
+# choices wherever they were not measured against others. A row changes only with a
+# measurement on its processor; a run records the choices it ran with and keeps them.
+CPU_ROWS = (
+  ProcessorRow(
+    "AMD Zen 4 (EPYC Genoa / Bergamo, Ryzen 7000)",
+    "AuthenticAMD",
+    25,
+    tuple(range(0x10, 0x20)) + tuple(range(0x60, 0x80)) + tuple(range(0xA0, 0xB0)),
+    CPU._replace(older_emitters_up_to=28 * 28),
+    "family 25 model 17, 2026-11-29: XLA:CPU's older fusion emitters held 80-110 MB less "
+    "while stepping on Omniglot (28x28x1) at the same or a faster step, and stepped 10 % "
+    "slower on mini-ImageNet (84x84x3); tasks and draws in lax.map and the loop-safe "
+    "convolution beat vmap, chunked vmap, patches and XLA's convolution (docs/performance.md)",
+  ),
+  ProcessorRow(
+    "AMD Zen 5 (EPYC Turin, Ryzen 9000)",
+    "AuthenticAMD",
+    26,
+    (),
+    CPU,
+    "issue 70's sitting: today's choices only, 2.25 / 1.74 / 1.12x the authors' loop",
+  ),
+  ProcessorRow(
+    "Intel Xeon, Emerald Rapids (family 6 model 207)",
+    "GenuineIntel",
+    6,
+    (207,),
+    CPU,
+    "issue 70's sitting: today's choices only, 1.61 / 1.06 / 0.59-0.86x the authors' loop",
+  ),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _this_processor() -> dict:
+  return machine.cpu_identity()
+
+
+def cpu_row(processor: Optional[dict] = None) -> Optional[ProcessorRow]:
+  """The row of `CPU_ROWS` that `processor` (default: this machine's) is of, or None."""
+  processor = _this_processor() if processor is None else processor
+  return next((row for row in CPU_ROWS if row.matches(processor)), None)
+
+
 def for_backend(backend: Optional[str] = None) -> BackendDefaults:
-  """The defaults of `backend` (default: JAX's default backend); unknown ones as a TPU."""
-  return DEFAULTS.get(backend or jax.default_backend(), ACCELERATOR)
+  """The defaults of `backend` (default: JAX's default backend); unknown ones as a TPU. On a
+  CPU, its processor's row of `CPU_ROWS`, else `DEFAULTS["cpu"]`."""
+  backend = backend or jax.default_backend()
+  row = cpu_row() if backend == "cpu" else None
+  return row.defaults if row is not None else DEFAULTS.get(backend, ACCELERATOR)
 
 
 def default_task_batching() -> tuple[str, int]:
@@ -125,6 +221,30 @@ def sample_batching(requested: str = "auto", *, dense_only: bool = False) -> str
   if requested != "auto":
     return requested
   return "vmap" if dense_only else for_backend().sample_batching
+
+
+FUSION_EMITTERS = ("auto", "on", "off")
+
+
+def fusion_emitters(requested: str = "auto", input_size: Optional[int] = None) -> str:
+  """XLA:CPU's fusion emitters: `requested`, or for 'auto' the backend's (processor's) choice
+  for a network whose input holds `input_size` values ('on', XLA's default, where unknown).
+  """
+  if requested not in FUSION_EMITTERS:
+    raise ValueError(f"cpu_fusion_emitters must be one of {FUSION_EMITTERS}, got {requested!r}")
+  if requested != "auto":
+    return requested
+  up_to = for_backend().older_emitters_up_to
+  return "off" if input_size is not None and input_size <= up_to else "on"
+
+
+def compiler_options(setting: str = "auto", input_size: Optional[int] = None) -> dict:
+  """The XLA options a run's programs compile with (`jax.jit(..., compiler_options=...)`):
+  on a CPU whose fusion emitters are `setting` ('auto' resolved for `input_size`,
+  `fusion_emitters`) 'off', XLA:CPU's older emitters; else none (XLA's defaults)."""
+  if jax.default_backend() != "cpu" or fusion_emitters(setting, input_size) == "on":
+    return {}
+  return {"xla_cpu_use_fusion_emitters": False}
 
 
 def conv_impl(*, task_batching: str, inner_steps_unrolled: bool, draws_mapped: bool) -> str:
@@ -170,10 +290,17 @@ RUN_CHOICES = {
   "eval_task_batching": "auto",
   "eval_chunk_size": 0,
   "sample_batching": "auto",
+  "cpu_fusion_emitters": "auto",
 }
 
+# What a run recorded before a choice existed ran with, by field: a resumed run of such a
+# record keeps it (XLA's defaults then).
+RECORDED_BEFORE = {"cpu_fusion_emitters": "on"}
 
-def decide_run_choices(speed, *, train_tasks: int, eval_tasks: int) -> dict:
+
+def decide_run_choices(
+  speed, *, train_tasks: int, eval_tasks: int, input_size: Optional[int] = None
+) -> dict:
   """What this backend runs a run's speed settings (a `Speed` part) with: each field of
   `RUN_CHOICES`, 'auto' (or 0) resolved, the chunks fitted to the tasks each device runs.
 
@@ -181,6 +308,7 @@ def decide_run_choices(speed, *, train_tasks: int, eval_tasks: int) -> dict:
     speed: the run's speed settings.
     train_tasks: a meta-step's tasks per device.
     eval_tasks: an evaluation call's tasks per device.
+    input_size: the values in one input of the network (28 * 28 for Omniglot), or None.
   """
   strategy, chunk = task_batching(speed.task_batching, speed.chunk_size, train_tasks)
   eval_strategy, eval_chunk = task_batching(
@@ -192,6 +320,7 @@ def decide_run_choices(speed, *, train_tasks: int, eval_tasks: int) -> dict:
     "eval_task_batching": eval_strategy,
     "eval_chunk_size": eval_chunk,
     "sample_batching": sample_batching(speed.sample_batching),
+    "cpu_fusion_emitters": fusion_emitters(speed.cpu_fusion_emitters, input_size),
   }
 
 
