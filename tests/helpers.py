@@ -3,7 +3,10 @@ checks. (Fixtures shared the same way are in conftest.py.)"""
 
 import importlib
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -91,6 +94,16 @@ SUPPORT_X = np.linspace(-4.0, 4.0, 5, dtype=np.float32)[:, None]
 
 
 QUERY_X = np.linspace(-5.0, 5.0, 7, dtype=np.float32)[:, None]
+
+
+def python_json(code: str, timeout: int = 120):
+  """What `code`, run by this Python in a fresh interpreter at the repository's root, prints
+  as JSON on its last line (the run must succeed)."""
+  done = subprocess.run(
+    [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _argparse_error(capsys, parse) -> str:

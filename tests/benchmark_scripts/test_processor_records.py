@@ -6,14 +6,13 @@ says where it was measured. The work itself is replaced where it takes more than
 import ast
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import jaxlib
 import pytest
 
 from benchmarks import suite
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, python_json
 from vampire_jax import backend
 
 # Those that run the authors' PyTorch code (torch imported at their top or where a step is
@@ -54,11 +53,7 @@ def test_the_cpu_record_is_read_without_starting_jax():
     "bridge = sys.modules.get('jax._src.xla_bridge'); "
     "print(json.dumps([records, bool(bridge and bridge._backends)]))"
   )
-  done = subprocess.run(
-    [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
-  )
-  assert done.returncode == 0, done.stderr[-2000:]
-  (with_jaxlib, without), started = json.loads(done.stdout.strip().splitlines()[-1])
+  (with_jaxlib, without), started = python_json(code)
   assert not started
   machine = {"platform": "cpu", "device_kind": "cpu", **backend.cpu_identity()}
   assert without == backend.processor_record(machine)

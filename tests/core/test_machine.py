@@ -3,15 +3,13 @@
 jaxlib, read from `/proc/cpuinfo`; and the benchmark rows that name it."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import jaxlib
 import pytest
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import python_json
 from vampire_jax import backend
 
 
@@ -133,11 +131,7 @@ def test_the_pytorch_harness_names_its_processor_without_starting_jax():
     "print(json.dumps([row['processor'], 'jax._src.xla_bridge' in sys.modules "
     "and bool(sys.modules['jax._src.xla_bridge']._backends)]))"
   )
-  done = subprocess.run(
-    [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
-  )
-  assert done.returncode == 0, done.stderr[-2000:]
-  processor, started = json.loads(done.stdout.strip().splitlines()[-1])
+  processor, started = python_json(code)
   assert not started
   here = backend.cpu_identity()
   assert processor["cpu"] == here["cpu"] and processor["isa"] == here["isa"]
