@@ -710,16 +710,10 @@ def run_episode_row(row: str, num_tasks: int, options: dict) -> dict:
 
 
 def _environment(options: dict) -> dict:
-  """PyTorch's version and threads, and the processor the row ran on (`processor_record` of
-  `vampire_jax.backend`, imported only now, after the row's memory was measured, and without
-  starting JAX: this process holds no JAX while it steps)."""
-  try:
-    from vampire_jax import backend
-  except ImportError:  # a PyTorch interpreter without the library
-    processor = None
-  else:
-    machine = {"platform": "cpu", "device_kind": "cpu", **backend.cpu_identity()}
-    processor = backend.processor_record(machine)
+  """PyTorch's version and threads, and the processor the row ran on (`suite.cpu_processor`:
+  `vampire_jax.backend` imported only now, after the row's memory was measured, and JAX not
+  started: this process holds no JAX while it steps)."""
+  processor = suite.cpu_processor(with_jaxlib=False)
   return {"torch": torch.__version__, "threads": torch.get_num_threads(), "processor": processor}
 
 

@@ -317,12 +317,9 @@ def options_from_args(args: argparse.Namespace) -> dict:
 def this_processor() -> dict:
   """The CPU both sides ran on (`vampire_jax.backend.processor_record`) with this jaxlib,
   without starting JAX in this process (each side's rows name it too)."""
-  import jaxlib
+  from benchmarks import suite
 
-  from vampire_jax import backend
-
-  machine = {"platform": "cpu", "device_kind": "cpu", **backend.cpu_identity()}
-  return backend.processor_record(dict(machine, jaxlib=jaxlib.__version__))
+  return suite.cpu_processor()
 
 
 def main(argv=None) -> list[dict]:
