@@ -26,6 +26,7 @@ CASES = [  # (height, width, in, out, stride): odd and even sizes, where 'SAME' 
   (7, 7, 3, 4, 2),
   (8, 6, 2, 3, 2),
   (5, 5, 2, 2, 1),
+  (6, 6, 1, 10, 2),  # Conv4's first layer: fewer taps x channels in (9) than out
 ]
 
 
@@ -40,6 +41,7 @@ PADDED_CASES = [
   (10, 7, 2, 3, (3, 3), 3, ((2, 0), (0, 1))),
   (9, 11, 2, 2, (2, 3), 4, ((1, 0), (2, 1))),
   (5, 6, 2, 2, (3, 3), 1, ((0, 1), (2, 0))),
+  (9, 8, 1, 7, (2, 3), 3, "VALID"),  # 6 taps x 1 channel in, 7 out
 ]
 
 
