@@ -1,11 +1,11 @@
 """What the loop-safe convolution's filter gradient costs a CPU meta-step (issue 62, item 5).
 
-    python -m benchmarks.filter_gradient_cost                      # MAML, the four variants
+    python -m benchmarks.filter_gradient_cost                      # MAML, the five variants
     python -m benchmarks.filter_gradient_cost --variants default,concatenated --algorithms vampire
 
 On a CPU, Conv4's convolution is `conv_impl="loop_safe"` (`vampire_jax.backend.conv2d`):
-its filter gradient stacks the nine kernel taps' strided slices of the
-padded input and takes one matrix product; a second-order meta-gradient differentiates it
+its filter gradient puts the nine kernel taps' strided slices of the padded
+input side by side and takes one matrix product; a second-order meta-gradient differentiates it
 by its own rule (a forward convolution and an input gradient). `benchmarks.profile_step`
 charged the filter gradient 43-48 % of the traced MAML step when autodiff differentiated
 the taps, but tracing slows XLA:CPU about 5x; this measures the cost untraced, by removal.
@@ -19,6 +19,10 @@ replaced:
                 second order included)
   autodiff      both gradients differentiated by autodiff, not by their rules: the
                 library before issue 62's rules (the same values to float rounding)
+  stacked       the filter gradient as the library computed it before `e6a3b7a` (the
+                taps stacked in front of the pixels, one product, a transposed copy of
+                the stack), differentiated by the library's rule (the same values to
+                float rounding)
 
 and prints `benchmarks.meta_step`'s row for each (a variant whose process failed: its
 error, and the command exits with status 1 at the end), then the processor they ran on,
@@ -28,6 +32,7 @@ It changes nothing in the library.
 """
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -36,7 +41,39 @@ import tempfile
 
 import jax.numpy as jnp
 
-VARIANTS = ("default", "zero", "concatenated", "autodiff")
+VARIANTS = ("default", "zero", "concatenated", "autodiff", "stacked")
+
+
+@functools.lru_cache(maxsize=None)
+def stacked_filter_gradient():
+  """The library's filter gradient before `e6a3b7a`, its own gradient by the library's rule.
+
+  The taps stacked in front of the pixels (`[taps, n, out_h, out_w, in]`) and one product
+  contracting the pixels: XLA copies the stack transposed before it multiplies.
+  """
+  import jax
+
+  from vampire_jax import backend
+
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+  def filter_gradient(x, grad, kernel_shape, stride, padding):
+    (low_h, high_h), (low_w, high_w) = padding
+    padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
+    taps = jnp.stack(backend.kernel_taps(padded, kernel_shape[:2], grad.shape[1:3], stride))
+    return jnp.einsum("tnhwc,nhwd->tcd", taps, grad).reshape(kernel_shape)
+
+  def forward(x, grad, kernel_shape, stride, padding):
+    return filter_gradient(x, grad, kernel_shape, stride, padding), (x, grad)
+
+  def backward(kernel_shape, stride, padding, residuals, cotangent):  # the library's rule
+    x, grad = residuals
+    return (
+      backend.input_gradient(cotangent, grad, x.shape, stride, padding),
+      backend.conv2d(x, cotangent, stride, padding),
+    )
+
+  filter_gradient.defvjp(forward, backward)
+  return filter_gradient
 
 
 def concatenated_filter_gradient(stride: int, padding, x, kernel, grad):
@@ -75,6 +112,8 @@ def use_variant(variant: str) -> None:
       d_kernel = jnp.zeros_like(kernel)
     elif variant == "concatenated":
       d_kernel = concatenated_filter_gradient(stride, padding, x, kernel, grad)
+    elif variant == "stacked":
+      d_kernel = stacked_filter_gradient()(x, grad, kernel.shape, stride, padding)
     else:
       d_kernel = backend.filter_gradient(x, grad, kernel.shape, stride, padding)
     return d_x, d_kernel

@@ -445,6 +445,29 @@ def test_the_concatenated_filter_gradient_is_the_librarys_to_second_order():
     filter_gradient_cost.main(["--variants", "default,fastest"])
 
 
+def test_the_stacked_variant_is_the_librarys_filter_gradient_to_second_order():
+  """`filter_gradient_cost`'s "stacked" (the library's filter gradient before `e6a3b7a`)
+  computes what the library computes, value and gradient."""
+  from benchmarks import filter_gradient_cost
+  from vampire_jax._src.core import convolution
+
+  x = jax.random.normal(jax.random.key(0), (3, 9, 9, 4))
+  grad = jax.random.normal(jax.random.key(2), (3, 5, 5, 6))
+  padding = convolution.same_padding(9, 9, (3, 3), 2)
+  stacked = filter_gradient_cost.stacked_filter_gradient()
+
+  def readout(filter_gradient):
+    return lambda x, grad: jnp.sum(jnp.sin(filter_gradient(x, grad, (3, 3, 4, 6), 2, padding)))
+
+  for ours, theirs in zip(
+    (stacked(x, grad, (3, 3, 4, 6), 2, padding),)
+    + jax.grad(readout(stacked), argnums=(0, 1))(x, grad),
+    (convolution.filter_gradient(x, grad, (3, 3, 4, 6), 2, padding),)
+    + jax.grad(readout(convolution.filter_gradient), argnums=(0, 1))(x, grad),
+  ):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
 def test_the_autodiff_variant_is_the_librarys_rules_to_second_order():
   """`filter_gradient_cost`'s "autodiff" (the gradients' functions differentiated by autodiff,
   the library before its rules) computes what the rules compute, to the second order."""
