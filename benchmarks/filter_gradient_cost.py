@@ -65,12 +65,14 @@ def stacked_filter_gradient():
   def forward(x, grad, kernel_shape, stride, padding):
     return filter_gradient(x, grad, kernel_shape, stride, padding), (x, grad)
 
-  def backward(kernel_shape, stride, padding, residuals, cotangent):  # the library's rule
+  def backward(kernel_shape, stride, padding, residuals, cotangent):
+    # The library's own rule: the pullback of `backend.filter_gradient` at the same inputs
+    # (its value, unused, is dropped by XLA under jit).
     x, grad = residuals
-    return (
-      backend.input_gradient(cotangent, grad, x.shape, stride, padding),
-      backend.conv2d(x, cotangent, stride, padding),
+    _, pullback = jax.vjp(
+      lambda x, grad: backend.filter_gradient(x, grad, kernel_shape, stride, padding), x, grad
     )
+    return pullback(cotangent)
 
   filter_gradient.defvjp(forward, backward)
   return filter_gradient

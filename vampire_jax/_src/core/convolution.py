@@ -136,7 +136,7 @@ def filter_gradient(x, grad, kernel_shape, stride: int, padding: Padding) -> jax
   grad_rows = grad.reshape(-1, channels_out)  # [n*oh*ow, out]
   # One matrix product for all taps, both operands contracted on their rows, so that no
   # transposed copy of the patches is made (the taps stacked in front of the pixels, as
-  # before, took one: 8-20 % slower, and a further copy of the patches in memory). The
+  # before, took one: 8-33 % slower alone, and a further copy of the patches). The
   # longer side of the result goes as its columns: measured faster both ways round
   # (Conv4's first layer: 9 taps x 1 channel against 64; the others: 576 against 64).
   # Nine products stacked (one per tap) gave a wrong second-order meta-gradient under jit
