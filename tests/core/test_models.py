@@ -106,6 +106,63 @@ def test_batch_norm_uses_the_batch_statistics():
   np.testing.assert_allclose(jnp.std(y, 0), [2.0, 1.0], rtol=1e-4)
 
 
+def _plain_batch_norm(x, scale, offset, epsilon=1e-5):
+  """Batch norm as plain operations, for autodiff to differentiate."""
+  axes = tuple(range(x.ndim - 1))
+  mean = jnp.mean(x, axis=axes, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+  normalised = (x - mean) * jax.lax.rsqrt(var + epsilon)
+  return normalised if scale is None else normalised * scale + offset
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_forward_is_the_plain_formula_bit_for_bit(affine):
+  keys = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(keys[0], (5, 6, 6, 4)) * 3.0 + 2.0
+  scale, offset = (jax.random.normal(keys[1], (4,)), jax.random.normal(keys[2], (4,)))
+  if not affine:
+    scale = offset = None
+  ours = models.batch_stat_norm(x, scale, offset, 1e-5)
+  np.testing.assert_array_equal(ours, _plain_batch_norm(x, scale, offset))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_gradient_rule_equals_autodiff_to_second_order(affine):
+  """`batch_stat_norm`'s own rule against autodiff of the plain formula, float64: the
+  gradient, the gradient of a function of the gradient (the second-order meta-gradient's
+  kind), and both under vmap."""
+  with jax.enable_x64(True):
+    keys = jax.random.split(jax.random.key(1), 5)
+    x = jax.random.normal(keys[0], (3, 5, 4, 3), jnp.float64) * 2.0 + 1.0
+    scale = jax.random.normal(keys[1], (3,), jnp.float64)
+    offset = jax.random.normal(keys[2], (3,), jnp.float64)
+    readout = jax.random.normal(keys[3], x.shape, jnp.float64)
+    if not affine:
+      scale = offset = None
+
+    def loss(norm, x, scale, offset):  # non-linear, so the second order is not trivial
+      return jnp.sum(jnp.sin(norm(x, scale, offset)) * readout)
+
+    def ours(x, scale, offset):
+      return models.batch_stat_norm(x, scale, offset, 1e-5)
+
+    def gradient_norm(norm, x, scale):  # a function of the gradient, as a meta-loss is
+      grads = jax.grad(loss, argnums=(1, 2, 3) if affine else 1)(norm, x, scale, offset)
+      return sum(jnp.sum(g**2) for g in jax.tree_util.tree_leaves(grads))
+
+    argnums = (1, 2) if affine else 1
+    for order in (
+      lambda norm, x, scale: jax.grad(loss, argnums=(1, 2, 3))(norm, x, scale, offset),
+      lambda norm, x, scale: jax.grad(gradient_norm, argnums=argnums)(norm, x, scale),
+    ):
+      chex.assert_trees_all_close(
+        order(ours, x, scale), order(_plain_batch_norm, x, scale), rtol=1e-12, atol=1e-12
+      )
+      batched_x = jnp.stack([x, 2.0 * x + 1.0])
+      vmapped = lambda norm: jax.vmap(lambda x: order(norm, x, scale))(batched_x)
+      chex.assert_trees_all_close(vmapped(ours), vmapped(_plain_batch_norm), rtol=1e-12, atol=1e-12)
+
+
 def test_max_pool_2x2_equals_flax_max_pool_at_odd_sizes():
   flax_pool = lambda x: flax.linen.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
   x = jax.random.normal(jax.random.key(0), (2, 84, 84, 3))  # continuous: no tied maxima

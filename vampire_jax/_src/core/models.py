@@ -21,6 +21,7 @@ batch-norm statistics stay in float32.
 """
 
 import dataclasses
+import functools
 import importlib
 import math
 import sys
@@ -54,7 +55,8 @@ class BatchStatNorm(nn.Module):
 
   Statistics are taken in float32 (or wider) whatever the input's precision;
   the output has the input's dtype. `use_scale_offset=False` drops the
-  scale and offset (y = (x - mean) / std).
+  scale and offset (y = (x - mean) / std). The gradient is
+  `batch_stat_norm`'s own rule, which keeps only the normalised input.
   """
 
   epsilon: float = 1e-5
@@ -62,17 +64,60 @@ class BatchStatNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    axes = tuple(range(x.ndim - 1))
-    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    mean = jnp.mean(wide, axis=axes, keepdims=True)
-    var = jnp.mean(jnp.square(wide - mean), axis=axes, keepdims=True)
-    normalised = (wide - mean) * jax.lax.rsqrt(var + self.epsilon)
+    scale = offset = None
     if self.use_scale_offset:
       features = x.shape[-1]
       scale = self.param("scale", nn.initializers.ones, (features,))
       offset = self.param("offset", nn.initializers.zeros, (features,))
-      normalised = normalised * scale + offset
-    return normalised.astype(x.dtype)
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return batch_stat_norm(wide, scale, offset, self.epsilon).astype(x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def batch_stat_norm(x, scale, offset, epsilon: float):
+  """Normalises each channel (last axis) of `x` by its batch mean and std, then scales
+  and offsets it (`scale` and `offset` `[channels]`, or both None for neither).
+
+  Its gradient is the closed form, from the normalised input x_hat alone:
+  dx = (g - mean(g) - x_hat * mean(g * x_hat)) / std, g the cotangent of x_hat,
+  dscale = sum(dy * x_hat), doffset = sum(dy); autodiff of the forward would keep
+  x - mean and its square as well, and take more passes over them (docs/performance.md,
+  "Batch norm's own gradient"). The rule is written in differentiable operations,
+  so the second-order meta-gradient differentiates it as autodiff would.
+  """
+  return _batch_stat_norm_forward(x, scale, offset, epsilon)[0]
+
+
+def _batch_stat_norm_forward(x, scale, offset, epsilon):
+  axes = tuple(range(x.ndim - 1))
+  mean = jnp.mean(x, axis=axes, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+  inv_std = jax.lax.rsqrt(var + epsilon)
+  normalised = (x - mean) * inv_std
+  y = normalised if scale is None else normalised * scale + offset
+  return y, (normalised, inv_std, scale)
+
+
+def _batch_stat_norm_fwd(x, scale, offset, epsilon):
+  return _batch_stat_norm_forward(x, scale, offset, epsilon)
+
+
+def _batch_stat_norm_bwd(epsilon, residuals, dy):
+  normalised, inv_std, scale = residuals
+  axes = tuple(range(dy.ndim - 1))
+  if scale is None:
+    g, dscale, doffset = dy, None, None
+  else:
+    g = dy * scale
+    dscale = jnp.sum(dy * normalised, axis=axes)
+    doffset = jnp.sum(dy, axis=axes)
+  mean_g = jnp.mean(g, axis=axes, keepdims=True)
+  mean_g_normalised = jnp.mean(g * normalised, axis=axes, keepdims=True)
+  dx = (g - mean_g - normalised * mean_g_normalised) * inv_std
+  return dx, dscale, doffset
+
+
+batch_stat_norm.defvjp(_batch_stat_norm_fwd, _batch_stat_norm_bwd)
 
 
 class PatchConv(nn.Module):
