@@ -163,6 +163,31 @@ def test_batch_norm_gradient_rule_equals_autodiff_to_second_order(affine):
       chex.assert_trees_all_close(vmapped(ours), vmapped(_plain_batch_norm), rtol=1e-12, atol=1e-12)
 
 
+def test_conv4_takes_batch_norms_rule_with_the_loop_safe_convolution_only():
+  """The rule is reverse mode only, as the loop-safe convolution is: Conv4 with XLA's
+  convolution keeps forward mode (`jax.jvp`), and equals the loop-safe network's outputs
+  and gradients."""
+  x = _images(28, 1)
+  xla_net, loop_safe_net = (models.Conv4(5, conv_impl=impl) for impl in ("xla", "loop_safe"))
+  params = vj.init_params(xla_net, jax.random.key(0), x.shape)
+
+  def loss(net):
+    return lambda params: jnp.sum(jnp.tanh(vj.pure_apply(net)(params, x)))
+
+  tangent = jax.tree_util.tree_map(jnp.ones_like, params)
+  _, forward = jax.jvp(loss(xla_net), (params,), (tangent,))
+  np.testing.assert_allclose(
+    forward,
+    sum(jnp.sum(g) for g in jax.tree_util.tree_leaves(jax.grad(loss(xla_net))(params))),
+    rtol=1e-4,
+  )
+  with pytest.raises(TypeError, match="forward-mode"):
+    jax.jvp(loss(loop_safe_net), (params,), (tangent,))
+  chex.assert_trees_all_close(
+    jax.grad(loss(loop_safe_net))(params), jax.grad(loss(xla_net))(params), rtol=1e-4, atol=1e-5
+  )
+
+
 def test_max_pool_2x2_equals_flax_max_pool_at_odd_sizes():
   flax_pool = lambda x: flax.linen.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
   x = jax.random.normal(jax.random.key(0), (2, 84, 84, 3))  # continuous: no tied maxima
