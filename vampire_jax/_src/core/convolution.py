@@ -16,7 +16,9 @@ input, HWIO kernel, explicit padding, a stride) with a custom gradient:
   d input        = a stride-1, unpadded forward convolution of the output
                    gradient, dilated by the stride and padded by the kernel
                    size less one, with the kernel flipped and its channels
-                   swapped (`input_gradient`).
+                   swapped (`input_gradient`); at strides above 1, one matrix
+                   product for every tap's window, laid back on the input and
+                   summed, which skips the dilation's zeros.
 
 Both gradients are bilinear, and each has its own rule: its gradients are
 `conv2d`, `filter_gradient` and `input_gradient` again. So the gradient of
@@ -163,7 +165,8 @@ def input_gradient(kernel, grad, x_shape, stride: int, padding: Padding) -> jax.
   """d x of `conv2d(x, kernel, stride, padding)` (x of shape `x_shape`) at output cotangent `grad`.
 
   The full correlation of the stride-dilated `grad` with the flipped kernel,
-  its channels swapped: a stride-1 forward convolution.
+  its channels swapped: a stride-1 forward convolution. At strides above 1 the
+  same values by one matrix product per tap (`_input_gradient_by_taps`).
   """
   if stride > 1:
     return _input_gradient_by_taps(kernel, grad, x_shape, stride, padding)

@@ -96,7 +96,7 @@ def batch_stat_norm(x, scale, offset, epsilon: float):
   return _batch_stat_norm_forward(x, scale, offset, epsilon)[0]
 
 
-def _batch_stat_norm_forward(x, scale, offset, epsilon):
+def _batch_stat_norm_forward(x, scale, offset, epsilon):  # the output, and the rule's residuals
   axes = tuple(range(x.ndim - 1))
   mean = jnp.mean(x, axis=axes, keepdims=True)
   var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
@@ -104,10 +104,6 @@ def _batch_stat_norm_forward(x, scale, offset, epsilon):
   normalised = (x - mean) * inv_std
   y = normalised if scale is None else normalised * scale + offset
   return y, (normalised, inv_std, scale)
-
-
-def _batch_stat_norm_fwd(x, scale, offset, epsilon):
-  return _batch_stat_norm_forward(x, scale, offset, epsilon)
 
 
 def _batch_stat_norm_bwd(epsilon, residuals, dy):
@@ -125,7 +121,7 @@ def _batch_stat_norm_bwd(epsilon, residuals, dy):
   return dx, dscale, doffset
 
 
-batch_stat_norm.defvjp(_batch_stat_norm_fwd, _batch_stat_norm_bwd)
+batch_stat_norm.defvjp(_batch_stat_norm_forward, _batch_stat_norm_bwd)
 
 
 class PatchConv(nn.Module):
