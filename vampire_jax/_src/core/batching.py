@@ -13,12 +13,15 @@ the compile time: `lax.map` over chunks, each chunk unrolled (or vmapped).
 measured best per backend, as `backend_defaults` decides it.
 """
 
-from typing import Callable, Literal, TypeVar
+import itertools
+import math
+from typing import Callable, Literal, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 
 from vampire_jax._src.core import backend_defaults
+from vampire_jax._src.core.summation import is_power_of_two, pairwise_sum
 
 Batching = Literal["vmap", "map", "remat_map", "unroll", "chunked_unroll", "chunked_vmap"]
 BATCHING_STRATEGIES = ("vmap", "map", "remat_map", "unroll", "chunked_unroll", "chunked_vmap")
@@ -148,3 +151,163 @@ def batched_map(
     per_chunk = lambda chunk: _unrolled(fn, chunk, chunk_size)  # noqa: E731
   out = map_fn(per_chunk, chunks)
   return jax.tree_util.tree_map(lambda y: y.reshape((size,) + y.shape[2:]), out)
+
+
+def _tree_where(condition, a, b):
+  return jax.tree_util.tree_map(lambda x, y: jnp.where(condition, x, y), a, b)
+
+
+def _counter_add(slots: list, value, index, adding=True) -> list:
+  """The binary counter's slots after item `index` (traced) added `value` (if `adding`)."""
+  carrying = jnp.asarray(adding)
+  new_slots = []
+  for level, slot in enumerate(slots):
+    bit_set = (index >> level) & 1 == 1
+    new_slots.append(_tree_where(carrying & ~bit_set, value, slot))  # an empty slot: kept
+    merged = jax.tree_util.tree_map(jnp.add, slot, value)  # the earlier block on the left
+    value = _tree_where(carrying & bit_set, merged, value)
+    carrying = carrying & bit_set
+  return new_slots
+
+
+def _counter_total(slots: list, count: int):
+  """The pairwise sum of `count` items from the counter's slots (those of `count`'s bits)."""
+  total = None
+  for level, slot in enumerate(slots):
+    if (count >> level) & 1:
+      total = slot if total is None else jax.tree_util.tree_map(jnp.add, slot, total)
+  return total
+
+
+class _Vector(NamedTuple):
+  """The flattened first output's shape and dtype, varying as `like` (a leaf of it)."""
+
+  shape: tuple
+  dtype: object
+  like: jax.ShapeDtypeStruct
+
+
+def _zeros(shapes, rows: tuple = ()):
+  """Zeros of a tree of shapes (or a `_Vector`), each with `rows` in front."""
+  if isinstance(shapes, _Vector):
+    return _like_varying(jnp.zeros(rows + shapes.shape, shapes.dtype), shapes.like)
+  return jax.tree_util.tree_map(
+    lambda s: _like_varying(jnp.zeros(rows + s.shape, s.dtype), s), shapes
+  )
+
+
+def _summing_loop(fn: Callable, xs, count: int, exact: bool):
+  """`(pairwise sum of fn's first output, fn's second output stacked)` over `count` items,
+  one item at a time; with `exact`, the loop of `loop_map` (its trip count hidden).
+
+  An item's value is added in the next trip, from the loop's state: XLA fuses no
+  operation that made it with the addition (a product and a sum fused are one
+  fused multiply-add, rounded once, and a device holding one task would add differently).
+  """
+  summed_shape, kept_shape = jax.eval_shape(fn, jax.tree_util.tree_map(lambda x: x[0], xs))
+  leaves = jax.tree_util.tree_leaves(summed_shape)
+  unflatten = None
+  if len(leaves) > 1 and len({leaf.dtype for leaf in leaves}) == 1:
+    # One vector to add up, not a counter per leaf: the same additions, element by
+    # element, in a program a fraction of the size.
+    fn, unflatten = _flattening_first_output(fn, summed_shape)
+    size = sum(math.prod(leaf.shape) for leaf in leaves)
+    summed_shape = _Vector((size,), leaves[0].dtype, leaves[0])
+  rows = max(count, 2) if exact else count
+  if rows > count:  # as in `loop_map`
+    xs = jax.tree_util.tree_map(lambda x: jnp.concatenate([x, x]), xs)
+  slots = [_zeros(summed_shape) for _ in range(max(count.bit_length(), 1))]
+  pending = _zeros(summed_shape)
+  kept = _zeros(kept_shape, (rows,))
+
+  def add_item(index, slots, pending, kept):
+    slots = _counter_add(slots, pending, index - 1, adding=index > 0)  # the last trip's item
+    item = jax.tree_util.tree_map(
+      lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False), xs
+    )
+    summed, kept_item = fn(item)
+    kept = jax.tree_util.tree_map(
+      lambda buffer, y: jax.lax.dynamic_update_index_in_dim(buffer, y, index, 0), kept, kept_item
+    )
+    return index + 1, slots, summed, kept
+
+  start = (jnp.int32(0), slots, pending, kept)
+  if exact:
+    num_items = jax.lax.optimization_barrier(jnp.int32(count))
+    _, slots, pending, kept = jax.lax.while_loop(
+      lambda carry: carry[0] < num_items, lambda carry: add_item(*carry), start
+    )
+  else:
+    _, slots, pending, kept = jax.lax.fori_loop(
+      0, count, lambda _, carry: add_item(*carry), start
+    )
+  slots = _counter_add(slots, pending, count - 1)
+  total = _counter_total(slots, count)
+  return (total if unflatten is None else unflatten(total)), jax.tree_util.tree_map(
+    lambda y: y[:count], kept
+  )
+
+
+def _flattening_first_output(fn: Callable, summed_shape):
+  """`fn` with its first output (a tree of one dtype) as one vector, and the inverse."""
+  treedef = jax.tree_util.tree_structure(summed_shape)
+  shapes = [leaf.shape for leaf in jax.tree_util.tree_leaves(summed_shape)]
+  sizes = [math.prod(shape) for shape in shapes]
+
+  def flat_fn(item):
+    summed, kept = fn(item)
+    return jnp.concatenate([leaf.reshape(-1) for leaf in jax.tree_util.tree_leaves(summed)]), kept
+
+  def unflatten(vector):
+    parts = jnp.split(vector, list(itertools.accumulate(sizes))[:-1])
+    return jax.tree_util.tree_unflatten(
+      treedef, [part.reshape(shape) for part, shape in zip(parts, shapes)]
+    )
+
+  return flat_fn, unflatten
+
+
+def batched_map_sum(
+  fn: Callable,
+  xs,
+  *,
+  strategy: Batching = "vmap",
+  chunk_size: int = 1,
+  any_count_exact: bool = False,
+):
+  """`batched_map` of `fn(item) -> (summed, kept)`: `summed` added up over the items in
+  the pairwise order (`pairwise_sum`), `kept` stacked.
+
+  The looping strategies keep a running sum (a slot per bit of n) instead of every
+  item's `summed`, so their memory does not grow with n; `vmap`, `unroll` and chunks of
+  a size that is not a power of two stack the items and sum the stack. Every strategy
+  adds in the same order, so the sum of the same items' values is the same to the bit.
+  """
+  leaves = jax.tree_util.tree_leaves(xs)
+  if not leaves:
+    raise ValueError("batched_map_sum needs at least one array to map over")
+  size = jnp.shape(leaves[0])[0]
+  looping = strategy in MAPPED_STRATEGIES or (
+    strategy in ("chunked_unroll", "chunked_vmap") and is_power_of_two(chunk_size)
+  )
+  if not looping or size % max(chunk_size, 1):
+    summed, kept = batched_map(
+      fn, xs, strategy=strategy, chunk_size=chunk_size, any_count_exact=any_count_exact
+    )
+    return pairwise_sum(summed), kept
+  if strategy in MAPPED_STRATEGIES:
+    body = jax.checkpoint(fn) if strategy == "remat_map" else fn
+    return _summing_loop(body, xs, size, any_count_exact)
+  chunks = jax.tree_util.tree_map(
+    lambda x: x.reshape((size // chunk_size, chunk_size) + x.shape[1:]), xs
+  )
+  per_chunk = jax.vmap(fn) if strategy == "chunked_vmap" else (
+    lambda chunk: _unrolled(fn, chunk, chunk_size)
+  )
+
+  def chunk_sum(chunk):  # a chunk of 2^k items is a subtree of the pairwise sum
+    summed, kept = per_chunk(chunk)
+    return pairwise_sum(summed), kept
+
+  total, kept = _summing_loop(chunk_sum, chunks, size // chunk_size, any_count_exact)
+  return total, jax.tree_util.tree_map(lambda y: y.reshape((size,) + y.shape[2:]), kept)
