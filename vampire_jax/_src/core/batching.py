@@ -238,9 +238,7 @@ def _summing_loop(fn: Callable, xs, count: int, exact: bool):
       lambda carry: carry[0] < num_items, lambda carry: add_item(*carry), start
     )
   else:
-    _, slots, pending, kept = jax.lax.fori_loop(
-      0, count, lambda _, carry: add_item(*carry), start
-    )
+    _, slots, pending, kept = jax.lax.fori_loop(0, count, lambda _, carry: add_item(*carry), start)
   slots = _counter_add(slots, pending, count - 1)
   total = _counter_total(slots, count)
   return (total if unflatten is None else unflatten(total)), jax.tree_util.tree_map(
@@ -301,8 +299,8 @@ def batched_map_sum(
   chunks = jax.tree_util.tree_map(
     lambda x: x.reshape((size // chunk_size, chunk_size) + x.shape[1:]), xs
   )
-  per_chunk = jax.vmap(fn) if strategy == "chunked_vmap" else (
-    lambda chunk: _unrolled(fn, chunk, chunk_size)
+  per_chunk = (
+    jax.vmap(fn) if strategy == "chunked_vmap" else (lambda chunk: _unrolled(fn, chunk, chunk_size))
   )
 
   def chunk_sum(chunk):  # a chunk of 2^k items is a subtree of the pairwise sum
