@@ -168,25 +168,22 @@ def make_meta_gradient(
       metrics.update(metrics_fn(outputs, task.query_y))
     return grads, metrics
 
-  def summed_over_tasks(meta_params, tasks: Task, task_keys: jax.Array):
-    # The gradients added up as they come (`batched_map_sum`: memory that does not grow
-    # with the number of tasks), the metrics stacked.
-    return batching.batched_map_sum(
-      lambda args: one_task(meta_params, *args),
-      (tasks, task_keys),
-      strategy=task_batching,
-      chunk_size=chunk_size,
-      any_count_exact=True,  # a task's numbers do not depend on its device's share
-    )
+  def over_tasks(batch):
+    def batched(meta_params, tasks: Task, task_keys: jax.Array):
+      return batch(
+        lambda args: one_task(meta_params, *args),
+        (tasks, task_keys),
+        strategy=task_batching,
+        chunk_size=chunk_size,
+        any_count_exact=True,  # a task's numbers do not depend on its device's share
+      )
 
-  def per_task(meta_params, tasks: Task, task_keys: jax.Array):
-    return batching.batched_map(
-      lambda args: one_task(meta_params, *args),
-      (tasks, task_keys),
-      strategy=task_batching,
-      chunk_size=chunk_size,
-      any_count_exact=True,
-    )
+    return batched
+
+  # The gradients added up as they come (memory that does not grow with the number of
+  # tasks) or stacked, task by task; the metrics stacked.
+  summed_over_tasks = over_tasks(batching.batched_map_sum)
+  per_task = over_tasks(batching.batched_map)
 
   def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
     num_tasks = check_task_batch(tasks, "meta_gradient")
