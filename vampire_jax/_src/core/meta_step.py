@@ -23,7 +23,7 @@ import optax
 from jax.sharding import Mesh
 
 from vampire_jax._src import deprecations
-from vampire_jax._src.core import batching, sharding, summation
+from vampire_jax._src.core import batching, sharding
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.errors import InputError
 from vampire_jax._src.core.learners import (
@@ -168,42 +168,25 @@ def make_meta_gradient(
       metrics.update(metrics_fn(outputs, task.query_y))
     return grads, metrics
 
-  def over_tasks(batch):
-    def batched(meta_params, tasks: Task, task_keys: jax.Array):
-      return batch(
-        lambda args: one_task(meta_params, *args),
-        (tasks, task_keys),
-        strategy=task_batching,
-        chunk_size=chunk_size,
-        any_count_exact=True,  # a task's numbers do not depend on its device's share
-      )
-
-    return batched
-
-  # The gradients added up as they come (memory that does not grow with the number of
-  # tasks) or stacked, task by task; the metrics stacked.
-  summed_over_tasks = over_tasks(batching.batched_map_sum)
-  per_task = over_tasks(batching.batched_map)
+  def per_task(meta_params, tasks: Task, task_keys: jax.Array):
+    return batching.batched_map(
+      lambda args: one_task(meta_params, *args),
+      (tasks, task_keys),
+      strategy=task_batching,
+      chunk_size=chunk_size,
+      any_count_exact=True,  # a task's numbers do not depend on its device's share
+    )
 
   def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
     num_tasks = check_task_batch(tasks, "meta_gradient")
     checks.prng_keys("meta_gradient", "task_keys", task_keys, num_tasks)
     if mesh is None:
-      grad_sum, metrics = summed_over_tasks(meta_params, tasks, task_keys)
+      results = per_task(meta_params, tasks, task_keys)
     else:
       sharding.check_divisible(num_tasks, mesh, "meta_gradient: tasks")
-      if summation.is_power_of_two(num_tasks // mesh.shape[sharding.TASK_AXIS]):
-        grad_sum, metrics = sharding.sum_over_task_shards(summed_over_tasks, mesh)(
-          meta_params, tasks, task_keys
-        )
-      else:  # a device's share is not a subtree of the pairwise sum: every task's, gathered
-        grads, metrics = sharding.gather_over_task_shards(per_task, mesh)(
-          meta_params, tasks, task_keys
-        )
-        grad_sum = summation.pairwise_sum(grads)
-    # The mean over tasks: their pairwise sum (the same on any number of devices) over T.
-    grads = jax.tree_util.tree_map(lambda g: g / num_tasks, grad_sum)
-    return grads, jax.tree_util.tree_map(lambda m: jnp.mean(m, axis=0), metrics)
+      results = sharding.gather_over_task_shards(per_task, mesh)(meta_params, tasks, task_keys)
+    # The mean of the [tasks, ...] results, reduced alike on any number of devices.
+    return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), results)
 
   return meta_gradient
 

@@ -29,7 +29,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vampire_jax._src.core import input_checks as checks
 from vampire_jax._src.core.errors import InputError
-from vampire_jax._src.core.summation import pairwise_sum
 from vampire_jax._src.core.tasks import Task, check_task_batch
 
 PyTree = Any
@@ -296,34 +295,6 @@ def gather_over_task_shards(fn: Callable, mesh: Mesh) -> Callable:
   # The gathered results are the same on every device; the replication check cannot
   # tell (the public all_gather's result is typed as varying), so it is off here.
   return jax.shard_map(
-    per_device,
-    mesh=mesh,
-    in_specs=(PartitionSpec(), task_spec, task_spec),
-    out_specs=PartitionSpec(),
-    check_vma=False,
-  )
-
-
-def sum_over_task_shards(fn: Callable, mesh: Mesh) -> Callable:
-  """`fn(shared, tasks, keys) -> (summed, kept)`, run per device: the devices' `summed`
-  added up pairwise (`summation.pairwise_sum` of them in device order), `kept` (a tree of
-  `[tasks, ...]`) gathered whole, both on every device.
-
-  With 2^k tasks on each device, each device's `summed` (`batching.batched_map_sum`) is a
-  subtree of the pairwise sum over all tasks, so the result is the one-device sum bit for
-  bit, and no device holds every task's value (`gather_over_task_shards` does).
-  """
-
-  def per_device(shared, tasks, keys):
-    summed, kept = fn(_per_device_copy(shared), tasks, keys)
-    per_device_sums = jax.lax.all_gather(summed, TASK_AXIS)  # [devices, ...], device order
-    return (
-      pairwise_sum(per_device_sums),
-      jax.lax.all_gather(kept, TASK_AXIS, tiled=True),
-    )
-
-  task_spec = PartitionSpec(TASK_AXIS)
-  return jax.shard_map(  # the same on every device, as in `gather_over_task_shards`
     per_device,
     mesh=mesh,
     in_specs=(PartitionSpec(), task_spec, task_spec),
