@@ -116,8 +116,15 @@ def measure(
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
   data = jax.block_until_ready(suite.random_data(setting, jax.random.key(2)))
+  state, data, mesh = suite.on_every_device(state, data, strategy)  # as a run shards it
   step = suite.build_train_step(
-    learner, optimizer, suite.task_sampler(setting), num_tasks=tasks, strategy=strategy, chunk=chunk
+    learner,
+    optimizer,
+    suite.task_sampler(setting),
+    num_tasks=tasks,
+    strategy=strategy,
+    chunk=chunk,
+    mesh=mesh,
   )
   row = {
     "algorithm": algorithm,
@@ -126,7 +133,7 @@ def measure(
     "tasks": tasks,
     "L": mc_samples if algorithm != "maml" else 1,
     "inner_loop": "unrolled" if unroll_steps else "scan",
-    "batching": f"{strategy}:{chunk}",
+    "batching": suite.batching_label(strategy, chunk, mesh),
     "conv_impl": conv_impl,
     "memory_release": backend.memory_release_enabled(),
     "before_mb": _rss_mb(),

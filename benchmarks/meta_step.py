@@ -90,6 +90,7 @@ def time_step(
   optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
   data = suite.random_data(setting, jax.random.key(2))
+  state, data, mesh = suite.on_every_device(state, data, strategy)  # as a run shards it
   step = suite.build_train_step(
     learner,
     optimizer,
@@ -97,6 +98,7 @@ def time_step(
     num_tasks=num_tasks,
     strategy=strategy,
     chunk=chunk,
+    mesh=mesh,
     fusion_emitters=fusion_emitters,
     input_size=suite.input_size(setting),
   )
@@ -104,7 +106,7 @@ def time_step(
   compile_s, step_s = timed.first_s, timed.call_s
   return {
     "algorithm": algorithm,
-    "strategy": f"{strategy}:{chunk}",
+    "strategy": suite.batching_label(strategy, chunk, mesh),
     "tasks": num_tasks,
     "conv_impl": conv_impl,
     "inner_loop": "unrolled" if unroll_steps else "scan",

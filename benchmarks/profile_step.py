@@ -240,6 +240,7 @@ def profile(
       "--settings: host_chunked steps run several programs; profile a one-program step"
     )
   key = jax.random.key(3)
+  mesh = None  # a test episode's evaluator runs on one device
   if episode:
     meta_params = learner.init(params, jax.random.key(1))
     episode_tasks = suite.random_tasks(setting, jax.random.key(2), tasks)
@@ -256,6 +257,7 @@ def profile(
     optimizer = vj.meta_optimizer(1e-3, tasks_per_step=tasks)
     state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
     data = suite.random_data(setting, jax.random.key(2))
+    state, data, mesh = suite.on_every_device(state, data, strategy)  # as a run shards it
     program = suite.build_train_step(
       learner,
       optimizer,
@@ -263,7 +265,9 @@ def profile(
       num_tasks=tasks,
       strategy=strategy,
       chunk=chunk,
+      mesh=mesh,
       donate=False,
+      input_size=suite.input_size(setting),  # XLA:CPU's options as a run's
     )
     arguments = (state, data, key)
   start = time.perf_counter()
@@ -291,7 +295,7 @@ def profile(
     mc_samples=mc_samples,
     remat=remat,
     sample_batching=sample_batching,
-    batching=f"{strategy}:{chunk}",
+    batching=suite.batching_label(strategy, chunk, mesh),
     conv_impl=setting.conv_impl if setting.kind == "classification" else "none",
     compile_s=compile_s,
     traced_step_s=step_s,

@@ -625,6 +625,25 @@ def draw_batching(setting: Setting, options: dict) -> str:
   )
 
 
+def on_every_device(state, data, strategy: str):
+  """`(state, data, mesh)` as a run shards its training step: with more than one device (one
+  per core, `backend.default_to_all_cpu_cores`), a task mesh over all of them and the state
+  and data replicated on it, for `build_train_step(..., mesh=mesh)`; with one device, or a
+  `host_chunked` step (several programs), the arguments as they are and no mesh."""
+  import jax
+  import vampire_jax as vj
+
+  if jax.device_count() == 1 or strategy == "host_chunked":
+    return state, data, None
+  mesh = vj.task_mesh()
+  return vj.replicate(state, mesh), vj.replicate(data, mesh), mesh
+
+
+def batching_label(strategy: str, chunk: int, mesh) -> str:
+  """How a row's tasks ran, e.g. `map:1 x2 devices` (`on_every_device`'s mesh, or None)."""
+  return f"{strategy}:{chunk}" + (f" x{mesh.size} devices" if mesh is not None else "")
+
+
 def run_row(name: str, algorithm: str, options: dict) -> dict:
   """Times one setting and algorithm's training step; run it in a fresh process."""
   from vampire_jax import backend
@@ -668,9 +687,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
   data, sample_tasks = random_data(setting, jax.random.key(2)), task_sampler(setting)
-  mesh = vj.task_mesh() if jax.device_count() > 1 and strategy != "host_chunked" else None
-  if mesh is not None:
-    state, data = vj.replicate(state, mesh), vj.replicate(data, mesh)
+  state, data, mesh = on_every_device(state, data, strategy)
   emitters = options.get("fusion_emitters", "auto")
   step = build_train_step(
     learner,
@@ -718,7 +735,7 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     "algorithm": algorithm,
     "tasks": num_tasks,
     "mc_samples": setting.mc_samples if algorithm in ("vampire", "vampire2", "simpa") else 1,
-    "batching": f"{strategy}:{chunk}" + (f" x{mesh.size} devices" if mesh else ""),
+    "batching": batching_label(strategy, chunk, mesh),
     "inner_loop": "unrolled" if unroll_steps else "scan",
     "sample_batching": draws,
     "remat": options["remat"],
@@ -845,7 +862,16 @@ def format_episode_table(rows: list[dict]) -> str:
 def _in_fresh_process(name: str, algorithm: str, options: dict, row_fn=None) -> dict:
   context = multiprocessing.get_context("spawn")
   with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-    return pool.submit(row_fn or run_row, name, algorithm, options).result()
+    return pool.submit(_on_every_core, row_fn or run_row, name, algorithm, options).result()
+
+
+def _on_every_core(row_fn, *args) -> dict:
+  """`row_fn(*args)` with one XLA:CPU device per core, as `main` gives its own process: a
+  spawned interpreter starts JAX afresh, and without this its rows ran on one device."""
+  from vampire_jax import backend
+
+  backend.default_to_all_cpu_cores()
+  return row_fn(*args)
 
 
 def fmt(value, spec: str) -> str:

@@ -187,6 +187,28 @@ def test_the_stepping_peak_leaves_out_the_first_call():
   assert memory.stepping >= 50, memory
 
 
+@pytest.mark.parametrize(
+  "command, label",
+  [
+    (["benchmarks.suite", "--quick", "--settings", "regression", "--repeats", "1"], "batching"),
+    (["benchmarks.meta_step", "--tasks", "2", "--repeats", "1"], "strategy"),
+  ],
+)
+def test_benchmark_steps_run_on_every_core_as_a_user_runs_them(tmp_path, command, label):
+  """Run as a user runs them, `benchmarks.suite` (each row in a spawned interpreter) and
+  `benchmarks.meta_step` shard the step's tasks over one XLA:CPU device per core, as the
+  experiments do (each once timed one device of the several its process had)."""
+  from tests.conftest import user_env
+
+  out = tmp_path / "rows.json"
+  argv = [sys.executable, "-m", *command, "--algorithms", "maml", "--json", str(out)]
+  done = subprocess.run(argv, cwd=REPO_ROOT, env=user_env(), capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
+  (row,) = json.loads(out.read_text())
+  cores = len(os.sched_getaffinity(0))  # the cores this process may run on
+  assert row[label].endswith(f" x{cores} devices") == (cores > 1), (row[label], cores)
+
+
 def test_suite_number_formatting():
   assert suite.fmt(None, ".1f") == "n/a" and suite.fmt(float("nan"), ".1f") == "n/a"
   assert suite.fmt(2.345, ".1f") == "2.3"
