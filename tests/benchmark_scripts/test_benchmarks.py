@@ -199,13 +199,14 @@ def test_benchmark_steps_run_on_every_core_as_a_user_runs_them(tmp_path, command
   `benchmarks.meta_step` shard the step's tasks over one XLA:CPU device per core, as the
   experiments do (each once timed one device of the several its process had)."""
   from tests.conftest import user_env
+  from vampire_jax._src.core import sharding
 
   out = tmp_path / "rows.json"
   argv = [sys.executable, "-m", *command, "--algorithms", "maml", "--json", str(out)]
   done = subprocess.run(argv, cwd=REPO_ROOT, env=user_env(), capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-2000:]
   (row,) = json.loads(out.read_text())
-  cores = len(os.sched_getaffinity(0))  # the cores this process may run on
+  cores = sharding.cpu_core_count()  # the count `default_to_all_cpu_cores` gives a command
   assert row[label].endswith(f" x{cores} devices") == (cores > 1), (row[label], cores)
 
 
