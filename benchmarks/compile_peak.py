@@ -113,18 +113,8 @@ def measure(
     second_order_steps=second_order_steps if order == "truncated" else None,
     first_order=order == "first",
   )
-  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=tasks)
-  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
-  data = jax.block_until_ready(suite.random_data(setting, jax.random.key(2)))
-  state, data, mesh = suite.on_every_device(state, data, strategy)  # as a run shards it
-  step = suite.build_train_step(
-    learner,
-    optimizer,
-    suite.task_sampler(setting),
-    num_tasks=tasks,
-    strategy=strategy,
-    chunk=chunk,
-    mesh=mesh,
+  step, state, data, mesh = suite.train_step_as_a_run(
+    setting, learner, params, strategy=strategy, chunk=chunk
   )
   row = {
     "algorithm": algorithm,

@@ -33,7 +33,6 @@ from typing import Optional
 
 import jax
 
-import vampire_jax as vj
 from benchmarks import suite
 from vampire_jax import backend
 
@@ -87,18 +86,12 @@ def time_step(
     remat=False,
     second_order_steps=second_order_steps,
   )
-  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
-  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
-  data = suite.random_data(setting, jax.random.key(2))
-  state, data, mesh = suite.on_every_device(state, data, strategy)  # as a run shards it
-  step = suite.build_train_step(
+  step, state, data, mesh = suite.train_step_as_a_run(
+    setting,
     learner,
-    optimizer,
-    suite.task_sampler(setting),
-    num_tasks=num_tasks,
+    params,
     strategy=strategy,
     chunk=chunk,
-    mesh=mesh,
     fusion_emitters=fusion_emitters,
     input_size=suite.input_size(setting),
   )

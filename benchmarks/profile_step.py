@@ -254,18 +254,12 @@ def profile(
       )
     program, arguments = jax.jit(evaluator), (meta_params, episode_tasks, key)
   else:
-    optimizer = vj.meta_optimizer(1e-3, tasks_per_step=tasks)
-    state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
-    data = suite.random_data(setting, jax.random.key(2))
-    state, data, mesh = suite.on_every_device(state, data, strategy)  # as a run shards it
-    program = suite.build_train_step(
+    program, state, data, mesh = suite.train_step_as_a_run(
+      setting,
       learner,
-      optimizer,
-      suite.task_sampler(setting),
-      num_tasks=tasks,
+      params,
       strategy=strategy,
       chunk=chunk,
-      mesh=mesh,
       donate=False,
       input_size=suite.input_size(setting),  # XLA:CPU's options as a run's
     )

@@ -639,6 +639,34 @@ def on_every_device(state, data, strategy: str):
   return vj.replicate(state, mesh), vj.replicate(data, mesh), mesh
 
 
+def train_step_as_a_run(setting, learner, params, *, strategy, chunk, optimizer=None, **build):
+  """`(step, state, data, mesh)`: the setting's training step over its random class images,
+  the state and data placed as a run places them (`on_every_device`).
+
+  `optimizer`: the meta-optimiser (None: `vj.meta_optimizer(1e-3)` for the setting's tasks);
+  `build`: `build_train_step`'s other options (donation, XLA's options, steps per call).
+  """
+  import jax
+  import vampire_jax as vj
+
+  if optimizer is None:
+    optimizer = vj.meta_optimizer(1e-3, tasks_per_step=setting.tasks)
+  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
+  data = jax.block_until_ready(random_data(setting, jax.random.key(2)))
+  state, data, mesh = on_every_device(state, data, strategy)
+  step = build_train_step(
+    learner,
+    optimizer,
+    task_sampler(setting),
+    num_tasks=setting.tasks,
+    strategy=strategy,
+    chunk=chunk,
+    mesh=mesh,
+    **build,
+  )
+  return step, state, data, mesh
+
+
 def batching_label(strategy: str, chunk: int, mesh) -> str:
   """How a row's tasks ran, e.g. `map:1 x2 devices` (`on_every_device`'s mesh, or None)."""
   return f"{strategy}:{chunk}" + (f" x{mesh.size} devices" if mesh is not None else "")
@@ -685,18 +713,15 @@ def run_row(name: str, algorithm: str, options: dict) -> dict:
     optimizer = vj.baselines.simpa_optimizer(1e-3, tasks_per_step=num_tasks)
   else:
     optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
-  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
-  data, sample_tasks = random_data(setting, jax.random.key(2)), task_sampler(setting)
-  state, data, mesh = on_every_device(state, data, strategy)
+  sample_tasks = task_sampler(setting)  # for the FLOP counts below
   emitters = options.get("fusion_emitters", "auto")
-  step = build_train_step(
+  step, state, data, mesh = train_step_as_a_run(
+    setting,
     learner,
-    optimizer,
-    sample_tasks,
-    num_tasks=num_tasks,
+    params,
     strategy=strategy,
     chunk=chunk,
-    mesh=mesh,
+    optimizer=optimizer,
     fusion_emitters=emitters,
     input_size=input_size(setting),
   )
