@@ -29,7 +29,8 @@ draws, the convolution, the device mesh) is resolved for the backend JAX runs on
   processor by;
 - `default_to_all_cpu_cores` gives XLA one CPU device per core, as the commands do;
   `enable_compilation_cache` keeps compiled programs on disk; `release_freed_memory`
-  hands the memory a compile freed back to the operating system, and
+  hands the memory a compile freed back to the operating system, with the resident pages of
+  the process's read-only file mappings (jaxlib's compiler code above all), and
   `drop_compiled_programs` forgets the programs compiled so far, with their memory
   (`memory_release_enabled`: unless `VAMPIRE_JAX_MEMORY_RELEASE` turns them off).
 

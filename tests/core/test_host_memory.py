@@ -1,6 +1,7 @@
 """The compiler's freed memory goes back to the system, and no number changes (issue 62)."""
 
 import ctypes
+import os
 import json
 import re
 from pathlib import Path
@@ -173,3 +174,80 @@ def test_the_training_loop_drops_its_setup_programs_before_it_steps(tmp_path, mo
   rows, _ = _train(tmp_path / "run", monkeypatch, "1")
   assert len(dropped) == 1 and dropped[0] > 0  # after the setup's compiles
   assert rows
+
+
+def _resident_kb(start: int) -> int:
+  """Rss (KiB) of this process's mapping that begins at address `start`, from smaps."""
+  text = Path("/proc/self/smaps").read_text()
+  lines = text.splitlines()
+  for i, line in enumerate(lines):
+    if line.split("-", 1)[0] == f"{start:x}":
+      for detail in lines[i + 1 :]:
+        if detail.startswith("Rss:"):
+          return int(detail.split()[1])
+  raise AssertionError(f"no mapping at {start:x}")
+
+
+def test_the_file_mappings_are_the_read_only_regular_files():
+  """Writable mappings (copied on write: a library's data), anonymous memory, the heap and
+  devices are not a file's own pages and are left out; paths with spaces are kept whole."""
+  maps = "\n".join(
+    [
+      "7f0000000000-7f0000100000 r-xp 00000000 08:01 11 /lib/libjax_common.so",
+      "7f0000100000-7f0000200000 r--p 00100000 08:01 11 /lib/libjax_common.so",
+      "7f0000200000-7f0000210000 rw-p 00200000 08:01 11 /lib/libjax_common.so",
+      "7f0000300000-7f0000400000 rw-p 00000000 00:00 0 ",
+      "55d000000000-55d000100000 rw-p 00000000 00:00 0                [heap]",
+      "7f0000500000-7f0000600000 r--s 00000000 00:05 3 /dev/shm/segment",
+      "7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0                [vdso]",
+      "7f0000700000-7f0000800000 r--p 00000000 08:01 12 /opt/my libs/data file.bin",
+    ]
+  )
+  assert host_memory.file_mappings(maps) == [
+    (0x7F0000000000, 0x7F0000100000),
+    (0x7F0000100000, 0x7F0000200000),
+    (0x7F0000700000, 0x7F0000800000),
+  ]
+
+
+def test_paging_out_drops_a_read_only_files_resident_pages_and_loses_nothing(tmp_path):
+  """A file of this test's own, mapped read-only and read through: `page_out_file_pages`
+  takes its pages out of this process's resident memory, and reading it again gives the
+  same bytes (read back from the file)."""
+  import mmap
+
+  path = tmp_path / "pages.bin"
+  content = bytes(range(256)) * (32 * 4096)  # 32 MiB
+  with open(path, "wb") as out:
+    out.write(content)
+    out.flush()
+    os.fsync(out.fileno())  # clean pages: the kernel can drop them at once
+  with open(path, "rb") as source:
+    view = mmap.mmap(source.fileno(), 0, prot=mmap.PROT_READ)
+  try:
+    start = next(
+      int(line.split("-", 1)[0], 16)
+      for line in Path("/proc/self/maps").read_text().splitlines()
+      if line.rstrip().endswith(str(path))
+    )
+    pages = range(7, len(content), 4096)
+    assert sum(view[i] for i in pages) == 7 * len(pages)  # every page read
+    before = _resident_kb(start)
+    taken = host_memory.page_out_file_pages()
+    after = _resident_kb(start)
+    if taken == 0:
+      pytest.skip("this kernel has no MADV_PAGEOUT (Linux 5.4 or later)")
+    assert before > 30 * 1024 and after < 4 * 1024, (before, after)
+    assert view[:] == content  # nothing lost
+  finally:
+    view.close()
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_the_release_pages_the_files_out_unless_turned_off(monkeypatch, setting):
+  monkeypatch.setenv(host_memory.ENV_VAR, setting)
+  calls = []
+  monkeypatch.setattr(host_memory, "page_out_file_pages", lambda: calls.append(1) or 3)
+  released = host_memory.release_freed_memory()
+  assert calls == ([1] if setting == "1" else [])
+  assert released is (setting == "1")
