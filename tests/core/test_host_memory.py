@@ -52,7 +52,11 @@ def _train(workdir: Path, monkeypatch, setting: str) -> tuple[list[dict], list[b
   """A tiny regression run's logged rows (no wall-clock rates) and what each release did."""
   monkeypatch.setenv(host_memory.ENV_VAR, setting)
   released = []
-  monkeypatch.setattr(host_memory, "release_freed_memory", lambda: released.append(RELEASE()))
+  monkeypatch.setattr(
+    host_memory,
+    "release_freed_memory",
+    lambda page_out=True: released.append(RELEASE(page_out)),
+  )
   config = tiny_regression_config("vampire", num_meta_steps=4, num_mc_test=2)
   results = regression.run_experiment(config, workdir, progress=False, print_fn=lambda m: None)
   rows = [
@@ -258,9 +262,13 @@ def test_paging_out_drops_a_read_only_files_resident_pages_and_loses_nothing(tmp
 
 @pytest.mark.parametrize("setting", ["1", "0"])
 def test_the_release_pages_the_files_out_unless_turned_off(monkeypatch, setting):
+  """The release after a compile pages the files out; dropping the setup's programs does
+  not (a compile follows it, and would read the compiler back from the disk)."""
   monkeypatch.setenv(host_memory.ENV_VAR, setting)
   calls = []
   monkeypatch.setattr(host_memory, "page_out_file_pages", lambda: calls.append(1) or 3)
   released = host_memory.release_freed_memory()
   assert calls == ([1] if setting == "1" else [])
   assert released is (setting == "1")
+  host_memory.drop_compiled_programs()
+  assert len(calls) == (1 if setting == "1" else 0)

@@ -144,37 +144,39 @@ def page_out_file_pages() -> int:
   return sum(advise(start, end - start, MADV_PAGEOUT) == 0 for start, end in file_mappings(text))
 
 
-def release_freed_memory() -> bool:
+def release_freed_memory(page_out: bool = True) -> bool:
   """Returns the C heap's free pages and jaxlib's resident code to the system; True if anything ran.
 
   `malloc_trim(0)` on glibc (every arena, and the free pages inside each heap, not only
-  its top), then `page_out_file_pages`; nothing when turned off. Safe while other
-  threads allocate (glibc takes each arena's lock) or run jaxlib's code (a page dropped
-  under a running thread is read back, as under memory pressure).
+  its top), then `page_out_file_pages` (unless `page_out` is False); nothing when turned
+  off. Safe while other threads allocate (glibc takes each arena's lock) or run jaxlib's
+  code (a page dropped under a running thread is read back, as under memory pressure).
   """
   if not enabled():
     return False
   trim = _glibc_malloc_trim()
   if trim is not None:
     trim(0)
-  return bool(page_out_file_pages()) or trim is not None
+  paged_out = page_out and page_out_file_pages() > 0
+  return paged_out or trim is not None
 
 
 def drop_compiled_programs() -> bool:
   """Forgets every program JAX has compiled in this process (`jax.clear_caches`) and gives
-  their memory back (`release_freed_memory`); True if anything ran.
+  their memory back (`release_freed_memory`, the files' pages kept); True if anything ran.
 
   For the programs a run compiles once before it steps (the network's and the optimiser's
   initialisation, the inner-loop check, a tried task): kept, they hold about 45 MB (VAMPIRE,
   Omniglot Conv4-64) for the length of the run. A program called again after this compiles
-  again, to the same numbers. Off with the release (`VAMPIRE_JAX_MEMORY_RELEASE=0`).
+  again, to the same numbers. The files' pages stay: the compile that follows would read
+  XLA's compiler back from the disk. Off with the release (`VAMPIRE_JAX_MEMORY_RELEASE=0`).
   """
   if not enabled():
     return False
   import jax
 
   jax.clear_caches()
-  return release_freed_memory()
+  return release_freed_memory(page_out=False)
 
 
 def _count_compile(event: str, duration: float, **kwargs) -> None:
