@@ -17,8 +17,9 @@ integer comparison. Where the C library is not glibc (macOS, musl) it does nothi
 The release also drops the resident pages of the process's read-only file mappings
 (`page_out_file_pages`), above all jaxlib's: XLA's compiler, LLVM and MLIR live in
 `libjax_common.so`, and about 120 MB of it is resident after a compile, of which a CPU step
-runs about 25 MB. The pages are the files', read-only; the kernel reads back what runs again. A Conv4 Omniglot step then holds about 130 MB less
-while it steps (docs/performance.md, "jaxlib's pages").
+runs about 25 MB. The pages are the files', read-only; the kernel reads back what runs
+again. A Conv4 Omniglot step then holds about 120 MB less while it steps
+(docs/performance.md, "jaxlib's pages").
 
 `VAMPIRE_JAX_MEMORY_RELEASE` turns it off (to measure what it saves): 0, off, false or no
 (in any case); 1, on, true or yes, unset or empty, leave it on. Any other value is refused
@@ -128,7 +129,7 @@ def page_out_file_pages() -> int:
   120 MB is resident after a compile and a CPU step runs about 25 MB. The pages are the
   files' own, so nothing is lost and no number changes: a page the process touches again is
   read back from its file (the step's code on its next call; a later compile, the
-  compiler's, a few tenths of a second). The kernel leaves pages another process maps too,
+  compiler's: about a second on a 2-core VM's disk). The kernel leaves pages another process maps too,
   and those of files the process neither owns nor could write. 0 where there is no
   `/proc/self/maps` or `madvise`; on Linux before 5.4 (no `MADV_PAGEOUT`) the kernel
   refuses each advice and 0 is returned.
@@ -145,7 +146,7 @@ def page_out_file_pages() -> int:
 
 
 def release_freed_memory(page_out: bool = True) -> bool:
-  """Returns the C heap's free pages and jaxlib's resident code to the system; True if anything ran.
+  """Returns the C heap's free pages and the read-only file pages to the system; True if anything ran.
 
   `malloc_trim(0)` on glibc (every arena, and the free pages inside each heap, not only
   its top), then `page_out_file_pages` (unless `page_out` is False); nothing when turned
