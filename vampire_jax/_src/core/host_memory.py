@@ -127,12 +127,12 @@ def page_out_file_pages() -> int:
   `madvise(MADV_PAGEOUT)` on each mapping of `file_mappings`: the libraries' code, above
   all jaxlib's `libjax_common.so` (XLA's compiler, LLVM, MLIR and runtime), of which about
   120 MB is resident after a compile and a CPU step runs about 25 MB. The pages are the
-  files' own, so nothing is lost and no number changes: a page the process touches again is
-  read back from its file (the step's code on its next call; a later compile, the
-  compiler's: about a second on a 2-core VM's disk). The kernel leaves pages another process maps too,
-  and those of files the process neither owns nor could write. 0 where there is no
-  `/proc/self/maps` or `madvise`; on Linux before 5.4 (no `MADV_PAGEOUT`) the kernel
-  refuses each advice and 0 is returned.
+  files' own, so nothing is lost and no number changes: a page the process touches again
+  is read back from its file (the step's code on its next call; a later compile, the
+  compiler's: about a second on a 2-core VM's disk). The kernel leaves pages another
+  process maps too, and those of files the process neither owns nor could write. 0 where
+  there is no `/proc/self/maps` or `madvise`; on Linux before 5.4 (no `MADV_PAGEOUT`) the
+  kernel refuses each advice and 0 is returned.
   """
   try:
     with open("/proc/self/maps") as maps:
@@ -146,7 +146,7 @@ def page_out_file_pages() -> int:
 
 
 def release_freed_memory(page_out: bool = True) -> bool:
-  """Returns the C heap's free pages and the read-only file pages to the system; True if anything ran.
+  """Gives the C heap's free pages and the read-only file pages back; True if anything ran.
 
   `malloc_trim(0)` on glibc (every arena, and the free pages inside each heap, not only
   its top), then `page_out_file_pages` (unless `page_out` is False); nothing when turned
