@@ -329,3 +329,48 @@ def _vampire_regression_learner(**settings):
     vj.pure_apply(MLP_8), vj.gaussian_nll(0.3), **{"num_inner_steps": 1, **settings}
   )
   return learner, params
+
+
+def _resident_kb(start: int) -> int:
+  """Rss (KiB) of this process's mapping that begins at address `start`, from smaps."""
+  lines = Path("/proc/self/smaps").read_text().splitlines()
+  for i, line in enumerate(lines):
+    if line.split("-", 1)[0] == f"{start:x}":
+      for detail in lines[i + 1 :]:
+        if detail.startswith("Rss:"):
+          return int(detail.split()[1])
+  raise AssertionError(f"no mapping at {start:x}")
+
+
+def check_page_out_drops_a_files_pages(tmp_path: Path, page_out) -> None:
+  """Maps a 32 MiB file of the caller's own read-only, reads every page, calls `page_out()`
+  (a page-out of the process's read-only file pages, returning the mappings the kernel
+  took): its pages leave the resident memory, and reading it again gives the same bytes.
+  Skips where the kernel has no MADV_PAGEOUT (Linux before 5.4)."""
+  import mmap
+
+  path = tmp_path / "pages.bin"
+  content = bytes(range(256)) * (32 * 4096)  # 32 MiB
+  with open(path, "wb") as out:
+    out.write(content)
+    out.flush()
+    os.fsync(out.fileno())  # clean pages: the kernel can drop them at once
+  with open(path, "rb") as source:
+    view = mmap.mmap(source.fileno(), 0, prot=mmap.PROT_READ)
+  try:
+    start = next(
+      int(line.split("-", 1)[0], 16)
+      for line in Path("/proc/self/maps").read_text().splitlines()
+      if line.rstrip().endswith(str(path))
+    )
+    pages = range(7, len(content), 4096)
+    assert sum(view[i] for i in pages) == 7 * len(pages)  # every page read
+    before = _resident_kb(start)
+    taken = page_out()
+    after = _resident_kb(start)
+    if taken == 0:
+      pytest.skip("this kernel has no MADV_PAGEOUT (Linux 5.4 or later)")
+    assert before > 30 * 1024 and after < 4 * 1024, (before, after)
+    assert view[:] == content  # nothing lost
+  finally:
+    view.close()

@@ -31,6 +31,7 @@ import pytest
 
 import vampire_jax as vj
 from benchmarks import side_by_side, suite
+from tests.helpers import check_page_out_drops_a_files_pages
 from vampire_jax._src.core import gaussian
 
 torch = pytest.importorskip("torch")
@@ -357,3 +358,10 @@ def test_meta_optimizer_is_torch_adam_with_the_authors_weight_decay(separately):
   for ours, theirs in ((params.mean, t_mean), (params.log_std, t_log_std)):
     for k in ours:
       np.testing.assert_allclose(ours[k], theirs[k].detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_page_out_drops_a_read_only_files_resident_pages_as_ours_does(tmp_path):
+  """`--page-out`'s page-out (the authors' process given what our release does): a file of
+  this test's own, mapped read-only and read through, leaves the resident memory, and
+  reads back the same (tests/core/test_host_memory.py checks ours alike)."""
+  check_page_out_drops_a_files_pages(tmp_path, ap.page_out_file_pages)

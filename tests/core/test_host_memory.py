@@ -1,7 +1,6 @@
 """The compiler's freed memory goes back to the system, and no number changes (issue 62)."""
 
 import ctypes
-import os
 import json
 import re
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from experiments import regression
 from tests.conftest import tiny_regression_config
+from tests.helpers import check_page_out_drops_a_files_pages
 from vampire_jax._src.core import host_memory
 from vampire_jax._src.core.errors import ConfigError
 
@@ -180,18 +180,6 @@ def test_the_training_loop_drops_its_setup_programs_before_it_steps(tmp_path, mo
   assert rows
 
 
-def _resident_kb(start: int) -> int:
-  """Rss (KiB) of this process's mapping that begins at address `start`, from smaps."""
-  text = Path("/proc/self/smaps").read_text()
-  lines = text.splitlines()
-  for i, line in enumerate(lines):
-    if line.split("-", 1)[0] == f"{start:x}":
-      for detail in lines[i + 1 :]:
-        if detail.startswith("Rss:"):
-          return int(detail.split()[1])
-  raise AssertionError(f"no mapping at {start:x}")
-
-
 def test_the_file_mappings_are_the_read_only_regular_files():
   """Writable mappings (copied on write: a library's data), anonymous memory, the heap and
   devices are not a file's own pages and are left out; paths with spaces are kept whole."""
@@ -214,50 +202,12 @@ def test_the_file_mappings_are_the_read_only_regular_files():
   ]
 
 
-def _library_page_out() -> int:
-  return host_memory.page_out_file_pages()
-
-
-def _pytorch_harness_page_out() -> int:
-  pytest.importorskip("torch")  # the harness imports it
-  from benchmarks import authors_pytorch
-
-  return authors_pytorch.page_out_file_pages()
-
-
-@pytest.mark.parametrize("page_out", [_library_page_out, _pytorch_harness_page_out])
-def test_paging_out_drops_a_read_only_files_resident_pages_and_loses_nothing(tmp_path, page_out):
-  """A file of this test's own, mapped read-only and read through: the library's page-out
-  (and the PyTorch harness's `--page-out`, the same for the authors' process) takes its
-  pages out of this process's resident memory, and reading it again gives the same bytes
-  (read back from the file)."""
-  import mmap
-
-  path = tmp_path / "pages.bin"
-  content = bytes(range(256)) * (32 * 4096)  # 32 MiB
-  with open(path, "wb") as out:
-    out.write(content)
-    out.flush()
-    os.fsync(out.fileno())  # clean pages: the kernel can drop them at once
-  with open(path, "rb") as source:
-    view = mmap.mmap(source.fileno(), 0, prot=mmap.PROT_READ)
-  try:
-    start = next(
-      int(line.split("-", 1)[0], 16)
-      for line in Path("/proc/self/maps").read_text().splitlines()
-      if line.rstrip().endswith(str(path))
-    )
-    pages = range(7, len(content), 4096)
-    assert sum(view[i] for i in pages) == 7 * len(pages)  # every page read
-    before = _resident_kb(start)
-    taken = page_out()
-    after = _resident_kb(start)
-    if taken == 0:
-      pytest.skip("this kernel has no MADV_PAGEOUT (Linux 5.4 or later)")
-    assert before > 30 * 1024 and after < 4 * 1024, (before, after)
-    assert view[:] == content  # nothing lost
-  finally:
-    view.close()
+def test_paging_out_drops_a_read_only_files_resident_pages_and_loses_nothing(tmp_path):
+  """A file of this test's own, mapped read-only and read through: the release's page-out
+  takes its pages out of this process's resident memory, and reading it again gives the
+  same bytes (read back from the file). The PyTorch harness's twin:
+  tests/benchmark_scripts/test_authors_pytorch.py."""
+  check_page_out_drops_a_files_pages(tmp_path, host_memory.page_out_file_pages)
 
 
 @pytest.mark.parametrize("setting", ["1", "0"])

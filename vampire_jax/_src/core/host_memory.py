@@ -47,8 +47,7 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatc
 _lock = threading.Lock()
 _compiles = [0]  # compilations seen since the listener was registered
 _listening = [False]
-_malloc_trim: list = []  # [function or None], looked up once
-_madvise: list = []  # the same, for madvise
+_libc_functions: dict = {}  # name: the C library's function, or None; looked up once
 
 
 def enabled() -> bool:
@@ -69,17 +68,22 @@ def enabled() -> bool:
   )
 
 
-def _glibc_malloc_trim() -> Optional[Callable[[int], int]]:
-  """glibc's `malloc_trim`, or None where the process's C library has none."""
-  if not _malloc_trim:
+def _libc_function(name: str, argtypes: list) -> Optional[Callable[..., int]]:
+  """The process's C library's function `name` (returning an int), or None where it has
+  none; looked up once."""
+  if name not in _libc_functions:
     try:
-      libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-      trim = libc.malloc_trim  # glibc only: musl and macOS's libc have no such symbol
-      trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+      function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+      function.argtypes, function.restype = argtypes, ctypes.c_int
     except (OSError, AttributeError):
-      trim = None
-    _malloc_trim.append(trim)
-  return _malloc_trim[0]
+      function = None
+    _libc_functions[name] = function
+  return _libc_functions[name]
+
+
+def _glibc_malloc_trim() -> Optional[Callable[[int], int]]:
+  """glibc's `malloc_trim`, or None where the process's C library has none (musl, macOS)."""
+  return _libc_function("malloc_trim", [ctypes.c_size_t])
 
 
 # madvise(2), Linux 5.4: reclaim the range's pages now, keeping their contents (a page
@@ -91,16 +95,7 @@ MADV_PAGEOUT = 21
 
 def _libc_madvise() -> Optional[Callable[[int, int, int], int]]:
   """The C library's `madvise`, or None where there is none."""
-  if not _madvise:
-    try:
-      libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-      advise = libc.madvise
-      advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-      advise.restype = ctypes.c_int
-    except (OSError, AttributeError):
-      advise = None
-    _madvise.append(advise)
-  return _madvise[0]
+  return _libc_function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
 
 
 def file_mappings(maps_text: str) -> list[tuple[int, int]]:
@@ -112,9 +107,9 @@ def file_mappings(maps_text: str) -> list[tuple[int, int]]:
   ranges = []
   for line in maps_text.splitlines():
     fields = line.split(maxsplit=5)
-    if len(fields) < 6 or not fields[5].startswith("/") or fields[5].startswith("/dev/"):
+    if len(fields) < 6 or "w" in fields[1]:
       continue
-    if "w" in fields[1]:
+    if not fields[5].startswith("/") or fields[5].startswith("/dev/"):
       continue
     start, end = (int(address, 16) for address in fields[0].split("-"))
     ranges.append((start, end))
