@@ -114,7 +114,9 @@ def source_of(op_name: str) -> str:
 
 def part_of(op_name: str) -> str:
   """The network part (flax module path, e.g. `Conv4/conv1`) that made an instruction, if any."""
-  match = re.search(r"/([A-Z]\w*)/(?:jit\()?(\w+)", op_name)
+  # The module's name may sit inside transforms' brackets: `Conv4/conv1` (VAMPIRE's draws),
+  # `jvp(Conv4)/conv1` and `transpose(jvp(Conv4))/conv1` (MAML's network, differentiated).
+  match = re.search(r"/(?:\w+\()*([A-Z]\w*)\)*/(?:jit\()?(\w+)", op_name)
   if not match:
     return "outside the network (sampling, loops, KL, optimiser)"
   return f"{match.group(1)}/{match.group(2)}"

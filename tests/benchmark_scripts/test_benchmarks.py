@@ -399,6 +399,18 @@ def test_profile_charges_each_operation_its_exclusive_time():
   assert profile_step.source_of("jit(f)/transpose(jvp(g))/conv_general_dilated") == (
     "conv_general_dilated [backward]"
   )
+  # The network part, whether or not a transform wraps the module's name (MAML's op names
+  # wrap it, VAMPIRE's draws do not), as the two profiles of issue 70 named them.
+  where = "jit(train_step)/shard_map/while/body/"
+  for op_name, part in [
+    (where + "jvp(Conv4)/conv1/conv_general_dilated", "Conv4/conv1"),
+    (where + "transpose(jvp(Conv4))/conv2/dot_general", "Conv4/conv2"),
+    (where + "transpose(jvp())/while/body/closed_call/checkpoint/Conv4/conv0/stack", "Conv4/conv0"),
+    (where + "jvp()/while/body/closed_call/Conv4/max", "Conv4/max"),
+    (where + "jvp(MLP)/Dense_0/dot_general", "MLP/Dense_0"),
+  ]:
+    assert profile_step.part_of(op_name) == part, op_name
+  assert profile_step.part_of(where + "transpose(jvp())/add_any").startswith("outside")
   times = {name: 1.0 for name in hlo}
   summary = profile_step.summarise(times, hlo, top=3)
   assert sum(row["share"] for row in summary["by_kind"]) == pytest.approx(1.0)
