@@ -58,9 +58,12 @@ def loop_map(fn: Callable[..., T], xs) -> T:
   `lax.map`, a device that holds one task computes it differently from a
   device that holds several. Here the trip count passes through an
   `optimization_barrier`, so XLA cannot see it, and the body is the same
-  program for 1 item or 100. Each item's result then depends on that item
-  alone, to the last bit: the tasks of a meta-step split over 1, 2 or 8
-  devices give the same numbers. The loop is a `while_loop`, so it is not
+  program for 1 item or 100: on one device, an item's result is the same
+  to the last bit whatever the count. Split over devices, XLA still compiles
+  the body in the context of the whole program, which a large network's last
+  bits can show (BUILD_NOTES, "The device count changes a large run's last
+  bits"); the regression MLP's meta-steps on 1, 2 and 8 devices give the
+  same numbers. The loop is a `while_loop`, so it is not
   differentiable in reverse mode (differentiate inside `fn`, as the meta-
   gradient and the evaluators do).
   """

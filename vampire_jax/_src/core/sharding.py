@@ -5,14 +5,19 @@ one-axis device mesh (`task_mesh`) and everything else is replicated. Inside
 the jitted meta-step, `jax.shard_map` gives each device its slice of tasks;
 each device computes its tasks' gradients, they are gathered in task order
 onto every device, and each device takes their mean: the same array reduced
-in the same order as on one device, so the meta-gradient is the one-device
-meta-gradient bit for bit, whatever the number of devices.
+in the same order as on one device. Where XLA compiles each device's loop of
+tasks alike, the meta-gradient is the one-device one bit for bit (the
+regression MLP on 1, 2 and 8 devices, the README's Omniglot run on 1 and 2);
+at full optimisation XLA compiles that loop in the context of the whole
+program, and a large network's last bits can then depend on the device
+count (a Conv4-64 step of 8 tasks on 4 devices; BUILD_NOTES).
 
 One CPU: XLA gives a CPU one device unless told otherwise, and a CPU step
 is a long stream of small operations that leaves cores idle. Call
 `use_all_cpu_cores()` first thing (the experiments and benchmarks do): XLA
 then has one CPU device per core, the tasks are sharded over them, and each
-core runs its own stream; the results stay the same bit for bit.
+core runs its own stream; the results stay the same as on one device (bit
+for bit where measured, above).
 
 Several hosts: call `initialize_multihost()` before anything else touches
 JAX. `jax.devices()` then lists every host's devices, so `task_mesh()` spans
