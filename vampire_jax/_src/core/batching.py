@@ -97,6 +97,24 @@ def loop_map(fn: Callable[..., T], xs) -> T:
   return jax.tree_util.tree_map(lambda y: y[:size], outputs)
 
 
+def map_tasks(
+  fn: Callable[..., T], shared, tasks, keys, *, strategy: Batching, chunk_size: int = 1
+) -> T:
+  """`fn(shared, task, key)` of each task, stacked `[tasks, ...]` in task order.
+
+  `tasks` and `keys` share a leading task axis; `shared` (e.g. the meta-parameters) goes
+  whole to every task. Batched by `strategy`, each task's numbers independent of how many
+  tasks its device holds (`batched_map(..., any_count_exact=True)`).
+  """
+  return batched_map(
+    lambda args: fn(shared, *args),
+    (tasks, keys),
+    strategy=strategy,
+    chunk_size=chunk_size,
+    any_count_exact=True,
+  )
+
+
 def batched_map(
   fn: Callable[..., T],
   xs,

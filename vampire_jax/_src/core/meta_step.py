@@ -14,6 +14,7 @@ looped in Python) are in `host_chunked`; the meta-optimiser and its schedule in
 """
 
 import contextlib
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import chex
@@ -147,15 +148,9 @@ def _per_task_results(one_task, task_batching, chunk_size: int, mesh: Optional[M
   task order, batched by `task_batching`; with a mesh, each device runs its share and the
   results are gathered whole onto every device (`sharding.gather_over_task_shards`)."""
 
-  def per_task(shared, xs, keys):
-    return batching.batched_map(
-      lambda args: one_task(shared, *args),
-      (xs, keys),
-      strategy=task_batching,
-      chunk_size=chunk_size,
-      any_count_exact=True,  # a task's numbers do not depend on its device's share
-    )
-
+  per_task = functools.partial(
+    batching.map_tasks, one_task, strategy=task_batching, chunk_size=chunk_size
+  )
   return per_task if mesh is None else sharding.gather_over_task_shards(per_task, mesh)
 
 

@@ -21,6 +21,7 @@ and mutual information, which `predictive_uncertainty.open_set_summary` turns in
 AUROCs.
 """
 
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import chex
@@ -84,14 +85,9 @@ def _map_tasks(learner, meta_params, tasks, keys, score, task_batching, chunk_si
     )
     return score(learner.predict(task_params, task.query_x, predict_key), task.query_y)
 
-  def map_tasks(meta_params, tasks, task_keys):
-    return batching.batched_map(
-      lambda args: one_task(meta_params, *args),
-      (tasks, task_keys),
-      strategy=task_batching,
-      chunk_size=chunk_size,
-      any_count_exact=True,  # a task's numbers do not depend on its device's share
-    )
+  map_tasks = functools.partial(
+    batching.map_tasks, one_task, strategy=task_batching, chunk_size=chunk_size
+  )
 
   task_keys = per_task_keys(keys, num_tasks)
   if mesh is None:
