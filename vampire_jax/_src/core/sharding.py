@@ -10,7 +10,7 @@ tasks alike, the meta-gradient is the one-device one bit for bit (the
 regression MLP on 1, 2 and 8 devices, the README's Omniglot run on 1 and 2);
 at full optimisation XLA compiles that loop in the context of the whole
 program, and a large network's last bits can then depend on the device
-count (a Conv4-64 step of 8 tasks on 4 devices; BUILD_NOTES).
+count (a Conv4-64 step of 8 tasks on 4 devices differed from one device's).
 
 One CPU: XLA gives a CPU one device unless told otherwise, and a CPU step
 is a long stream of small operations that leaves cores idle. Call
