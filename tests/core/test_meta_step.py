@@ -295,44 +295,6 @@ def test_train_step_is_the_meta_step_on_the_tasks_it_draws(algorithm):
     chex.assert_trees_all_close(state.meta_params, params, rtol=1e-5, atol=1e-7)
 
 
-def test_the_train_step_draws_each_task_where_it_adapts_to_it():
-  """With the tasks in a loop, the step holds one task's inputs at a time, not all T tasks'
-  for the whole step: the sampler is called with one key at a time, and XLA's temporaries
-  (each task's inputs and their random draws) are a fraction of the same step's with the T
-  tasks drawn in one batch first. Wide inputs and a narrow network make the inputs the
-  bulk."""
-  num_tasks, query, width = 8, 256, 1024  # each task's query inputs: 1 MiB
-  model = vj.MLP((4,), 1)
-  params = vj.init_params(model, jax.random.key(0), (1, width))
-  learner = vj.maml(vj.pure_apply(model), vj.gaussian_nll(0.3), num_inner_steps=1)
-  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=num_tasks)
-  state = vj.init_meta_state(learner, optimizer, params, jax.random.key(1))
-  key_counts = []
-
-  def sample_tasks(data, task_keys):
-    key_counts.append(task_keys.shape[0])
-    x = jax.vmap(lambda k: jax.random.normal(k, (5 + query, width)))(task_keys)
-    y = jnp.sum(x, axis=-1, keepdims=True)
-    return vj.Task(x[:, :5], y[:, :5], x[:, 5:], y[:, 5:])
-
-  def temporaries(step):
-    compiled = jax.jit(step).lower(state, None, jax.random.key(2)).compile()
-    return compiled.memory_analysis().temp_size_in_bytes
-
-  in_the_loop = temporaries(
-    vj.make_train_step(learner, optimizer, sample_tasks, task_batching="map")
-  )
-  assert set(key_counts) == {1}
-  meta_step_ = vj.make_meta_step(learner, optimizer, task_batching="map")
-  drawn_first = temporaries(
-    lambda state, data, key: meta_step_(state, sample_tasks(data, jax.random.split(key, 8)), key)
-  )
-  all_queries = num_tasks * query * width * 4
-  print(f"temporaries: drawn in the loop {in_the_loop}, drawn first {drawn_first}")
-  assert drawn_first > all_queries
-  assert in_the_loop < drawn_first / 4  # about 1 / T
-
-
 def test_a_simpa_learner_of_another_task_count_than_its_step_is_refused():
   """`simpa(tasks_per_step=2)` in a step of 4 tasks (its hyper-prior term would count M = 2)
   is refused, whether T comes from the optimizer, the step or the tasks, naming both counts

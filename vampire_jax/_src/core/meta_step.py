@@ -126,39 +126,6 @@ def classification_metrics(outputs: jax.Array, labels: jax.Array) -> dict:
   return {"accuracy": accuracy(probs, labels)}
 
 
-def _one_task_gradient(learner: MetaLearner, metrics_fn: Optional[MetricsFn]):
-  """`one_task(meta_params, task, key) -> (grads, metrics)`: one task's query loss, its
-  gradient w.r.t. the meta-parameters, and `metrics_fn`'s values."""
-  loss_and_grad = jax.value_and_grad(
-    lambda meta_params, task, key: query_loss(learner, meta_params, task, key), has_aux=True
-  )
-
-  def one_task(meta_params, task, key):
-    (loss, outputs), grads = loss_and_grad(meta_params, task, key)
-    metrics = {"loss": loss}
-    if metrics_fn is not None:
-      metrics.update(metrics_fn(outputs, task.query_y))
-    return grads, metrics
-
-  return one_task
-
-
-def _per_task_results(one_task, task_batching, chunk_size: int, mesh: Optional[Mesh]):
-  """`results(shared, xs, keys)`: `one_task(shared, x, key)` of each task, `[tasks, ...]` in
-  task order, batched by `task_batching`; with a mesh, each device runs its share and the
-  results are gathered whole onto every device (`sharding.gather_over_task_shards`)."""
-
-  per_task = functools.partial(
-    batching.map_tasks, one_task, strategy=task_batching, chunk_size=chunk_size
-  )
-  return per_task if mesh is None else sharding.gather_over_task_shards(per_task, mesh)
-
-
-def _task_mean(results: PyTree) -> PyTree:
-  # The mean of the [tasks, ...] results, reduced alike on any number of devices.
-  return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), results)
-
-
 def make_meta_gradient(
   learner: MetaLearner,
   *,
@@ -191,16 +158,31 @@ def make_meta_gradient(
   """
   if mesh is not None:
     sharding.check_mesh("make_meta_gradient", mesh)
-  results_of = _per_task_results(
-    _one_task_gradient(learner, metrics_fn), task_batching, chunk_size, mesh
+  loss_and_grad = jax.value_and_grad(
+    lambda meta_params, task, key: query_loss(learner, meta_params, task, key), has_aux=True
+  )
+
+  def one_task(meta_params, task, key):
+    (loss, outputs), grads = loss_and_grad(meta_params, task, key)
+    metrics = {"loss": loss}
+    if metrics_fn is not None:
+      metrics.update(metrics_fn(outputs, task.query_y))
+    return grads, metrics
+
+  per_task = functools.partial(
+    batching.map_tasks, one_task, strategy=task_batching, chunk_size=chunk_size
   )
 
   def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
     num_tasks = check_task_batch(tasks, "meta_gradient")
     checks.prng_keys("meta_gradient", "task_keys", task_keys, num_tasks)
-    if mesh is not None:
+    if mesh is None:
+      results = per_task(meta_params, tasks, task_keys)
+    else:
       sharding.check_divisible(num_tasks, mesh, "meta_gradient: tasks")
-    return _task_mean(results_of(meta_params, tasks, task_keys))
+      results = sharding.gather_over_task_shards(per_task, mesh)(meta_params, tasks, task_keys)
+    # The mean of the [tasks, ...] results, reduced alike on any number of devices.
+    return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), results)
 
   return meta_gradient
 
@@ -328,20 +310,16 @@ def make_train_step(
 ):
   """Builds `train_step(state, data, key) -> (state, metrics)`: `steps_per_call` meta-steps.
 
-  Each meta-step samples its `tasks_per_step` tasks inside the step
-  (`step_keys(key, state.step, ...)`), so no tasks cross between host and
-  device: task i as `sample_tasks(data, task_keys[i:i + 1])`, where the step
-  adapts to it, so that only the tasks being adapted to hold their images.
-  By the sampler's convention (task i from `task_keys[i]` alone) these are
-  the tasks `sample_tasks(data, task_keys)` draws in one batch. Wrap it in
+  Each meta-step samples its `tasks_per_step` tasks with
+  `sample_tasks(data, task_keys)` inside the step (`step_keys(key,
+  state.step, ...)`), so no tasks cross between host and device. Wrap it in
   `jax.jit(..., donate_argnums=0)`: the old state's buffers are then reused
   for the new one (a donated state is consumed; the `params` given to
   `init_meta_state` are not, since the state holds copies).
 
   Args:
     learner, optimizer: as in `make_meta_step`.
-    sample_tasks: `sample_tasks(data, task_keys) -> Task`, jittable; called with one key
-      per task (`task_keys` of shape `[1]`).
+    sample_tasks: `sample_tasks(data, task_keys) -> Task`, jittable.
     tasks_per_step: T, the tasks each meta-step draws and adapts to; by
       default the `tasks_per_step` of a `vj.meta_optimizer` (needed with any
       other optimizer; given to both, they must agree).
@@ -385,17 +363,9 @@ def make_train_step(
   if mesh is not None:
     sharding.check_mesh("make_train_step", mesh)
     sharding.check_divisible(tasks_per_step, mesh, "make_train_step: tasks_per_step")
-  one_task = _one_task_gradient(learner, metrics_fn)
-
-  def draw_and_adapt(shared, task_key, adapt_key):
-    # Each task is drawn where it is adapted to, inside the tasks' loop: its images live
-    # for that task alone, not all T tasks' for the whole step (the sampler's convention,
-    # task i from task_keys[i] alone, makes it the same task as drawn in a batch).
-    meta_params, data = shared
-    task = draw_tasks(sample_tasks, data, task_key[None])
-    return one_task(meta_params, jax.tree_util.tree_map(lambda x: x[0], task), adapt_key)
-
-  results_of = _per_task_results(draw_and_adapt, task_batching, chunk_size, mesh)
+  meta_gradient = make_meta_gradient(
+    learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
+  )
   step_tasks = _StepTasks(tasks_per_step, f"make_train_step: tasks_per_step={tasks_per_step}")
 
   def one_step(state: MetaState, data: PyTree, key: jax.Array):
@@ -404,7 +374,8 @@ def make_train_step(
       task_keys, adapt_keys = jax.lax.with_sharding_constraint(
         (task_keys, adapt_keys), sharding.task_sharding(mesh)
       )
-    grads, metrics = _task_mean(results_of((state.meta_params, data), task_keys, adapt_keys))
+    tasks = draw_tasks(sample_tasks, data, task_keys)
+    grads, metrics = meta_gradient(state.meta_params, tasks, adapt_keys)
     metrics = with_log_std(with_health(metrics, grads), state.meta_params)
     return apply_meta_gradient(optimizer, state, grads, step_tasks), metrics
 
