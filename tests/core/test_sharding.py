@@ -494,6 +494,22 @@ def test_mixed_precision_meta_gradient_is_close_to_float32():
   assert _cosine(grads, bf16_grads) > 0.99
 
 
+def _aborted_in_coordinator_teardown(child, stdout: str, stderr: str) -> bool:
+  """Whether process 0 finished, printed its result, then aborted in jaxlib's own teardown.
+
+  jaxlib 0.10.2's coordination service can abort (SIGABRT, a gRPC check in
+  `DistributedRuntimeService::Shutdown`) at interpreter exit, after the work is done: seen
+  once in a CI run under load, never in 27 runs here (docs/devices.md, "Several hosts"). Only
+  that abort, after the result line, passes; the result is still checked.
+  """
+  return (
+    child.returncode == -6
+    and "DistributedRuntimeService::Shutdown" in stderr
+    and stdout.strip().splitlines()[-1:] != []
+    and stdout.strip().splitlines()[-1].startswith("{")
+  )
+
+
 @pytest.mark.slow
 def test_two_processes_give_the_one_device_meta_gradient():
   with socket.socket() as s:
@@ -513,7 +529,9 @@ def test_two_processes_give_the_one_device_meta_gradient():
   ]
   outputs = [child.communicate(timeout=600) for child in children]
   for child, (stdout, stderr) in zip(children, outputs):
-    assert child.returncode == 0, stderr[-4000:]
+    assert child.returncode == 0 or _aborted_in_coordinator_teardown(child, stdout, stderr), (
+      stderr[-4000:]
+    )
   for stdout, _ in outputs:
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["process_count"] == 2 and result["mesh_size"] == 4
