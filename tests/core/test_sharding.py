@@ -529,9 +529,8 @@ def test_two_processes_give_the_one_device_meta_gradient():
   ]
   outputs = [child.communicate(timeout=600) for child in children]
   for child, (stdout, stderr) in zip(children, outputs):
-    assert child.returncode == 0 or _aborted_in_coordinator_teardown(child, stdout, stderr), (
-      stderr[-4000:]
-    )
+    finished = child.returncode == 0 or _aborted_in_coordinator_teardown(child, stdout, stderr)
+    assert finished, stderr[-4000:]
   for stdout, _ in outputs:
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["process_count"] == 2 and result["mesh_size"] == 4
