@@ -169,10 +169,15 @@ def _categorical_wrong_label_shape():
   vj.categorical_nll(jnp.zeros((4, 3)), jnp.zeros((4, 1), jnp.int32))
 
 
-def _meta_step_on(change_tasks):
-  """One jitted MAML meta-step on two sine/line tasks altered by `change_tasks`."""
+def _meta_step_on(change_tasks, vampire_draws_in_a_loop=False):
+  """One jitted MAML meta-step on two sine/line tasks altered by `change_tasks`; or
+  VAMPIRE's, its query draws in a loop (`remat_map`, the CPU's; `batching.map_mean`)."""
   apply_fn, params, _ = _regression_setup()
-  learner = vj.maml(apply_fn, vj.gaussian_nll(0.3))
+  if vampire_draws_in_a_loop:
+    nll = vj.gaussian_nll(0.3)
+    learner = vj.vampire(apply_fn, nll, num_mc_query=3, sample_batching="remat_map")
+  else:
+    learner = vj.maml(apply_fn, vj.gaussian_nll(0.3))
   optimizer = optax.adam(1e-3)
   state = vj.init_meta_state(learner, optimizer, params, jax.random.key(0))
   tasks = change_tasks(sine_line.tasks_from_keys(jax.random.split(jax.random.key(1), 2)))
@@ -181,6 +186,10 @@ def _meta_step_on(change_tasks):
 
 def _meta_step_flat_query_y():
   _meta_step_on(lambda tasks: tasks._replace(query_y=tasks.query_y[..., 0]))
+
+
+def _vampire_meta_step_flat_query_y():
+  _meta_step_on(lambda tasks: tasks._replace(query_y=tasks.query_y[..., 0]), True)
 
 
 def _meta_step_empty_query():
@@ -232,6 +241,10 @@ LIBRARY_ROWS = {
     r"labels must be shaped \[4\]",
   ),
   "meta-step, [K] query_y": (_meta_step_flat_query_y, r"query_y does not fit"),
+  "VAMPIRE meta-step, draws in a loop, [K] query_y": (
+    _vampire_meta_step_flat_query_y,
+    r"^query_y does not fit the network's outputs on query_x: ",
+  ),
   "meta-step, empty query set": (
     _meta_step_empty_query,
     r"tasks.query_x must be at least one example",

@@ -448,6 +448,17 @@ def maml_adapt(
   return adapted[0] if backtracking else adapted
 
 
+def check_prediction(
+  where: str, posterior: Gaussian, x, key, apply_fn: ApplyFn, num_mc_samples: int
+) -> None:
+  """`predict`'s checks of its arguments, at trace time; errors name `where`."""
+  check_gaussian(posterior, where)
+  check_inputs(where, x)
+  _check_num_samples(num_mc_samples, where)
+  checks.prng_key(where, "key", key)
+  checks.network_fits(where, ("posterior", "x"), apply_fn, posterior.mean, x)
+
+
 def predict(
   posterior: Gaussian,
   x: jax.Array,
@@ -485,11 +496,7 @@ def predict(
     >>> draws.shape  # one output per weight draw: [samples, batch, outputs]
     (10, 7, 1)
   """
-  check_gaussian(posterior, "predict")
-  check_inputs("predict", x)
-  _check_num_samples(num_mc_samples, "predict")
-  checks.prng_key("predict", "key", key)
-  checks.network_fits("predict", ("posterior", "x"), apply_fn, posterior.mean, x)
+  check_prediction("predict", posterior, x, key, apply_fn, num_mc_samples)
   if draw_outputs is not None:
     return draw_outputs(posterior, x, key, num_mc_samples)
   weights = sample(posterior, key, num_mc_samples)

@@ -9,10 +9,13 @@ across items (a CPU step is limited by moving such stacks, not by
 arithmetic: docs/performance.md); unrolling gives the fastest CPU code but the
 compile time grows with the number of items. The chunked strategies bound
 the compile time: `lax.map` over chunks, each chunk unrolled (or vmapped).
+`map_mean` is the mean of a loss over items in `lax.map` whose gradient is
+taken item by item as the items run: nothing stacked, nothing run twice.
 `benchmarks/meta_step.py` measures them; `default_task_batching()` gives the
 measured best per backend, as `backend_defaults` decides it.
 """
 
+import functools
 from typing import Callable, Literal, TypeVar
 
 import jax
@@ -169,3 +172,95 @@ def batched_map(
     per_chunk = lambda chunk: _unrolled(fn, chunk, chunk_size)  # noqa: E731
   out = map_fn(per_chunk, chunks)
   return jax.tree_util.tree_map(lambda y: y.reshape((size,) + y.shape[2:]), out)
+
+
+def _value_of(primal):
+  return primal.value
+
+
+def _is_primal(leaf) -> bool:
+  return hasattr(leaf, "perturbed")
+
+
+def _mean_and_outputs(fn, items, shared):
+  values, outputs = jax.lax.map(lambda item: fn(item, shared), items)
+  return jnp.mean(values), outputs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def map_mean(fn: Callable, items, shared):
+  """The mean over items of `fn(item, shared)`'s value, and its outputs stacked.
+
+  `fn(item, shared)` returns `(value, output)`, `value` a scalar. The items
+  run one after another (`lax.map`), as `batched_map`'s "map" strategy. The
+  gradient of the mean is taken item by item as the items run: each item's
+  backward pass follows its forward pass at once, so nothing is stacked
+  across items (as "remat_map") and no forward pass runs twice (as
+  "remat_map" does). Where the outputs themselves are differentiated (a loss
+  of the outputs, not of the mean), their gradient is the map's own,
+  recomputing each item as "remat_map" does: the same values, without the
+  saving.
+
+  Args:
+    fn: `fn(item, shared) -> (value, output)`; a function of arrays only.
+    items: a tree of arrays with a shared leading axis, one item per row.
+    shared: a tree of arrays every item sees (inputs, targets).
+
+  Returns:
+    `(mean of the values, outputs stacked along a new leading axis)`.
+  """
+  return _mean_and_outputs(fn, items, shared)
+
+
+def _map_mean_forward(fn, items, shared):
+  items_value = jax.tree_util.tree_map(_value_of, items, is_leaf=_is_primal)
+  leaves, treedef = jax.tree_util.tree_flatten(shared, is_leaf=_is_primal)
+  perturbed = [leaf.perturbed for leaf in leaves]
+  shared_leaves = [leaf.value for leaf in leaves]
+
+  def fn_of(item, differentiated):  # fn, its perturbed shared arrays as an argument
+    given = iter(differentiated)
+    full = [next(given) if p else v for p, v in zip(perturbed, shared_leaves)]
+    return fn(item, treedef.unflatten(full))
+
+  differentiated = [v for p, v in zip(perturbed, shared_leaves) if p]
+
+  def one_item(item):
+    (value, output), grads = jax.value_and_grad(fn_of, (0, 1), has_aux=True)(item, differentiated)
+    return value, output, grads
+
+  values, outputs, (item_grads, shared_grads) = jax.lax.map(one_item, items_value)
+  # Each item's gradient of a shared array, summed over the items; None where not perturbed.
+  summed = iter([jnp.sum(g, axis=0) for g in shared_grads])
+  shared_grads = treedef.unflatten([next(summed) if p else None for p in perturbed])
+  residuals = (item_grads, shared_grads, items_value, treedef.unflatten(shared_leaves))
+  return (jnp.mean(values), outputs), residuals
+
+
+def _is_zero(cotangent) -> bool:
+  return isinstance(cotangent, jax.custom_derivatives.SymbolicZero)
+
+
+def _map_mean_backward(fn, residuals, cotangents):
+  item_grads, shared_grads, items, shared = residuals
+  mean_cotangent, output_cotangents = cotangents
+  if not all(map(_is_zero, jax.tree_util.tree_leaves(output_cotangents, is_leaf=_is_zero))):
+    # The outputs are differentiated: the map's own gradient, each item recomputed.
+    like = jax.eval_shape(functools.partial(_mean_and_outputs, fn), items, shared)
+    cotangents = jax.tree_util.tree_map(
+      lambda c, x: jnp.zeros(x.shape, x.dtype) if _is_zero(c) else c,
+      cotangents,
+      like,
+      is_leaf=_is_zero,
+    )
+    recomputing = functools.partial(_mean_and_outputs, jax.checkpoint(fn))
+    return jax.vjp(recomputing, items, shared)[1](cotangents)
+  if _is_zero(mean_cotangent):
+    return None, None
+  # d mean / d item = (1 / n) d value_item / d item, each taken in the forward pass.
+  scale = mean_cotangent / jax.tree_util.tree_leaves(items)[0].shape[0]
+  scaled = lambda g: g * scale.astype(g.dtype)  # noqa: E731
+  return jax.tree_util.tree_map(scaled, item_grads), jax.tree_util.tree_map(scaled, shared_grads)
+
+
+map_mean.defvjp(_map_mean_forward, _map_mean_backward, symbolic_zeros=True)

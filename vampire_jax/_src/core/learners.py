@@ -28,6 +28,7 @@ from vampire_jax._src.core.gaussian import (
   Gaussian,
   gaussian_from_params,
   kl_divergence,
+  sample,
   standard_normal_like,
 )
 from vampire_jax._src.core.tasks import Task
@@ -235,7 +236,10 @@ def vampire(
     num_mc_query: L_v, weight draws on the query set (and for prediction).
     first_order: stop gradients through the inner updates.
     log_std_init: range of the uniform initial prior log-stds.
-    sample_batching: how Monte-Carlo forward passes are batched.
+    sample_batching: how Monte-Carlo forward passes are batched. With 'map'
+      or 'remat_map' and `num_mc_query` > 1, the meta-loss takes each query
+      draw's gradient as the draw runs (`batching.map_mean`): the same values,
+      each draw's forward pass run once.
     unroll_steps: unroll the inner loop.
     remat: recompute each inner step in the backward pass instead of storing
       its activations (`jax.checkpoint`): less memory, more compute.
@@ -324,21 +328,34 @@ def vampire(
       draw_outputs=draw_outputs,
     )
 
+  # The query NLL's draws in a loop: each draw's gradient taken as it runs (`map_mean`).
+  draws_in_a_loop = (
+    draw_outputs is None and num_mc_query > 1 and sample_batching in batching.MAPPED_STRATEGIES
+  )
+
   def meta_loss(prior, task, key):
     # `query_loss`'s adaptation and draws (its split of the key), plus the outer KL term.
     adapt_key, predict_key = jax.random.split(key)
     posterior = adapt(prior, task.support_x, task.support_y, adapt_key)
-    outputs = predict(posterior, task.query_x, predict_key)
+    if draws_in_a_loop:
+      loss, outputs = _query_nll_by_draws(
+        posterior, task.query_x, task.query_y, predict_key, apply_fn, nll, num_mc_query
+      )
+    else:
+      outputs = predict(posterior, task.query_x, predict_key)
+      loss = query_nll(nll, outputs, task.query_y)
+    if not outer_kl_weight:
+      return loss, outputs
     target = target_of(prior)
     outer_kl = kl_divergence(posterior, prior if target is None else target)
-    return query_nll(nll, outputs, task.query_y) + outer_kl_weight * outer_kl, outputs
+    return loss + outer_kl_weight * outer_kl, outputs
 
   return MetaLearner(
     init,
     adapt,
     predict,
     nll,
-    meta_loss=meta_loss if outer_kl_weight else None,
+    meta_loss=meta_loss if outer_kl_weight or draws_in_a_loop else None,
     settings=InnerLoopSettings(loss_fn, inner_lr, kl_weight, num_inner_steps, kl_target),
   )
 
@@ -541,6 +558,35 @@ def query_loss(
   task_params, query_key = adapt_to_task(learner, meta_params, task.support_x, task.support_y, key)
   outputs = learner.predict(task_params, task.query_x, query_key)
   return query_nll(learner.nll, outputs, task.query_y), outputs
+
+
+def _query_nll_by_draws(
+  posterior: Gaussian,
+  query_x: jax.Array,
+  query_y: jax.Array,
+  key: jax.Array,
+  apply_fn: losses.ApplyFn,
+  nll: losses.Likelihood,
+  num_samples: int,
+) -> tuple[jax.Array, jax.Array]:
+  """`query_nll` of `adaptation.predict`'s draws (mapped), and the draws' outputs.
+
+  The same draws and values; its gradient is taken draw by draw as the draws
+  run (`batching.map_mean`), so no draw's forward pass runs twice, as it does
+  when "remat_map" predicts and the mean is differentiated after.
+  """
+  adaptation.check_prediction("predict", posterior, query_x, key, apply_fn, num_samples)
+  weights = sample(posterior, key, num_samples)
+
+  def one_draw(draw, shared):
+    x, y = shared
+    outputs = apply_fn(draw, x)
+    return nll(outputs, y), outputs
+
+  try:
+    return batching.map_mean(one_draw, weights, (query_x, query_y))
+  except InputError as error:
+    raise InputError(f"query_y does not fit the network's outputs on query_x: {error}") from None
 
 
 def query_nll(nll: losses.Likelihood, outputs: jax.Array, query_y: jax.Array) -> jax.Array:
