@@ -219,11 +219,13 @@ def test_fomaml_meta_gradient_is_the_query_gradient_at_the_adapted_weights():
     )
 
 
-@pytest.mark.parametrize("second_order_steps", [None, 1])
-def test_draws_in_a_loop_give_the_vmapped_draws_meta_gradient(second_order_steps):
+@pytest.mark.parametrize(
+  "second_order_steps, first_order", [(None, False), (1, False), (None, True)]
+)
+def test_draws_in_a_loop_give_the_vmapped_draws_meta_gradient(second_order_steps, first_order):
   """VAMPIRE's meta-gradient with its draws in a loop ('map', 'remat_map': each draw's
-  gradient taken as it runs on the query set, `batching.map_mean`)
-  against the draws vmapped, fully second order and at the authors' truncation, with and
+  gradient taken as it runs on the query set, `batching.map_mean`) against the draws
+  vmapped, fully second order, at the authors' truncation and first order, with and
   without the outer KL: the same to float64 rounding."""
   with jax.enable_x64(True):
     model = vj.MLP((8,), 1)
@@ -243,6 +245,7 @@ def test_draws_in_a_loop_give_the_vmapped_draws_meta_gradient(second_order_steps
           num_mc_query=4,
           sample_batching=draws,
           second_order_steps=second_order_steps,
+          first_order=first_order,
           outer_kl_weight=outer_kl_weight,
         )
         meta_params = learner.init(params, jax.random.key(1))

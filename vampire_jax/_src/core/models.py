@@ -227,7 +227,7 @@ def max_pool_2x2(x: jax.Array) -> jax.Array:
   ReLU stops. XLA:CPU runs this gradient faster than select-and-scatter
   (`python -m benchmarks.conv_gradients`). The earlier form, a max over a
   reshaped [.., 2, .., 2, ..] window, had XLA:CPU miscompile its gradient
-  under `vmap` and in second-order meta-gradients (docs/performance.md, "A
+  under `vmap` and in second-order meta-gradients (docs/history.md, "A
   miscompiled max-pool gradient"). Tested against `nn.max_pool` and under
   `vmap` in tests/core/test_models.py.
   """
