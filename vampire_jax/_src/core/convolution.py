@@ -70,38 +70,9 @@ def conv2d(x: jax.Array, kernel: jax.Array, stride: int, padding: Padding) -> ja
   Reverse-mode differentiable to any order; not forward mode (`jax.jvp`,
   `jax.jacfwd`, `jax.hessian` raise a TypeError; see the module docstring).
   """
-  kh, kw, channels_in, channels_out = kernel.shape
-  if stride == 1 and kh * kw * channels_in <= PATCHES_FORWARD_MAX_DEPTH:
-    # A first layer (a few input channels): XLA:CPU's convolution runs it at a third of
-    # the speed of one product on its patches, which the filter gradient builds anyway.
-    out_size = _output_size(x.shape, kernel.shape, stride, padding)
-    rows = _patches(x, kernel.shape, out_size, stride, padding) @ kernel.reshape(-1, channels_out)
-    return rows.reshape(x.shape[0], *out_size, channels_out)
   return lax.conv_general_dilated(
     x, kernel, (stride, stride), padding, dimension_numbers=_DIMENSIONS
   )
-
-
-# A stride-1 forward convolution whose patches hold at most this many values (kh * kw *
-# in: 27 for a 3 x 3 kernel on RGB) is one matrix product on them (docs/performance.md).
-PATCHES_FORWARD_MAX_DEPTH = 32
-
-
-def _output_size(x_shape, kernel_shape, stride: int, padding: Padding) -> tuple[int, int]:
-  (low_h, high_h), (low_w, high_w) = padding
-  return (
-    (x_shape[1] + low_h + high_h - kernel_shape[0]) // stride + 1,
-    (x_shape[2] + low_w + high_w - kernel_shape[1]) // stride + 1,
-  )
-
-
-def _patches(x, kernel_shape, out_size, stride: int, padding: Padding) -> jax.Array:
-  """`[n*oh*ow, taps*in]`: each output pixel's input window, its taps side by side."""
-  kh, kw, channels_in, _ = kernel_shape
-  (low_h, high_h), (low_w, high_w) = padding
-  padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
-  taps = kernel_taps(padded, (kh, kw), out_size, stride)
-  return jnp.stack(taps, axis=3).reshape(-1, kh * kw * channels_in)
 
 
 def _keeping_inputs(fn):
@@ -160,7 +131,10 @@ def filter_gradient(x, grad, kernel_shape, stride: int, padding: Padding) -> jax
   matrix product contracting their rows.
   """
   kh, kw, channels_in, channels_out = kernel_shape
-  patches = _patches(x, kernel_shape, grad.shape[1:3], stride, padding)  # [n*oh*ow, taps*in]
+  (low_h, high_h), (low_w, high_w) = padding
+  padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
+  taps = kernel_taps(padded, (kh, kw), grad.shape[1:3], stride)
+  patches = jnp.stack(taps, axis=3).reshape(-1, kh * kw * channels_in)  # [n*oh*ow, taps*in]
   grad_rows = grad.reshape(-1, channels_out)  # [n*oh*ow, out]
   # One matrix product for all taps, both operands contracted on their rows, so that no
   # transposed copy of the patches is made (the taps stacked in front of the pixels, as
