@@ -54,6 +54,7 @@ from vampire_jax._src.core.backend_defaults import (
 )
 from vampire_jax._src.core.batching import (
   BATCHING_STRATEGIES,
+  map_mean,
 )
 from vampire_jax._src.core.convolution import (
   conv2d,
@@ -104,6 +105,8 @@ __all__ = (
   "CONV_IMPLS",
   # Tasks in loop-free chunks, looped on the host.
   "make_host_chunked_train_step",
+  # A mean over items in a loop, each item's gradient taken as it runs.
+  "map_mean",
   # The loop-safe convolution and its gradients.
   "conv2d",
   "input_gradient",

@@ -169,3 +169,14 @@ def test_map_mean_runs_each_items_forward_pass_once():
       return jnp.mean(values)
 
     assert _primitive_count(jax.make_jaxpr(jax.grad(rematted))(weights).jaxpr, "dot_general") == 3
+
+
+def test_map_means_example_runs():
+  import doctest
+
+  globs = {"jax": jax, "jnp": jnp, "vj": vj}
+  tests = doctest.DocTestFinder(recurse=False).find(vj.backend.map_mean, "map_mean", globs=globs)
+  runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+  for test in tests:
+    runner.run(test)
+  assert sum(len(t.examples) for t in tests) >= 4 and runner.failures == 0

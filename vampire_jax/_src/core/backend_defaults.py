@@ -8,7 +8,7 @@ this module instead of deciding on their own.
 
 | backend | tasks | draws | convolution | why |
 |---|---|---|---|---|
-| cpu | `lax.map`, chunk 1 | `lax.map`, each draw recomputed in the backward pass (`remat_map`) | `loop_safe`; `xla` in a loop-free program | per-task weights make `vmap` turn each convolution into a grouped one, which XLA:CPU runs slowly; XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its own convolution wins only where nothing loops; a CPU step is limited by moving the draws' stacked activations, which recomputing them avoids (docs/performance.md) |
+| cpu | `lax.map`, chunk 1 | `lax.map`, each draw recomputed in the backward pass (`remat_map`; VAMPIRE's query loss takes each draw's gradient as it runs, `batching.map_mean`) | `loop_safe`; `xla` in a loop-free program | per-task weights make `vmap` turn each convolution into a grouped one, which XLA:CPU runs slowly; XLA:CPU runs convolution gradients 5-130x slower inside a loop, and its own convolution wins only where nothing loops; a CPU step is limited by moving the draws' stacked activations, which recomputing them avoids (docs/performance.md) |
 | gpu | `vmap` | `vmap` | `patches` (im2col and one batched matrix product) in loops; `xla` in a loop-free program | one wide batch keeps the device busy; on one H100 `patches` ran the 5-way 1-shot loop at 839 tasks/s against `xla`'s 531 (docs/performance.md, GPU campaign) |
 | tpu, other | `vmap` | `vmap` | `xla` | grouped convolutions are fast there (unmeasured) |
 

@@ -208,6 +208,16 @@ def map_mean(fn: Callable, items, shared):
 
   Returns:
     `(mean of the values, outputs stacked along a new leading axis)`.
+
+  Examples:
+    >>> def loss(item, x):  # a value and an output per item
+    ...   return jnp.sum(item * x) ** 2, item @ x
+    >>> items, x = jnp.arange(6.0).reshape(3, 2), jnp.ones(2)
+    >>> mean, outputs = vj.backend.map_mean(loss, items, x)
+    >>> float(mean), outputs.shape
+    (35.666..., (3,))
+    >>> jax.grad(lambda w: vj.backend.map_mean(loss, w, x)[0])(items)[0]  # 2 * 1 / 3 each
+    Array([0.666..., 0.666...], dtype=float32)
   """
   return _mean_and_outputs(fn, items, shared)
 
