@@ -502,11 +502,12 @@ def _aborted_in_coordinator_teardown(child, stdout: str, stderr: str) -> bool:
   once in a CI run under load, never in 27 runs here (docs/devices.md, "Several hosts"). Only
   that abort, after the result line, passes; the result is still checked.
   """
+  lines = stdout.strip().splitlines()
   return (
     child.returncode == -6
     and "DistributedRuntimeService::Shutdown" in stderr
-    and stdout.strip().splitlines()[-1:] != []
-    and stdout.strip().splitlines()[-1].startswith("{")
+    and bool(lines)
+    and lines[-1].startswith("{")
   )
 
 

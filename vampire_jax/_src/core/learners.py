@@ -16,6 +16,7 @@ beta = 0.1 on the summed NLL of a 5-example support set, expressed against
 the mean NLL this library uses.
 """
 
+import contextlib
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -583,8 +584,15 @@ def _query_nll_by_draws(
     outputs = apply_fn(draw, x)
     return nll(outputs, y), outputs
 
-  try:
+  with _said_of_query_y():
     return batching.map_mean(one_draw, weights, (query_x, query_y))
+
+
+@contextlib.contextmanager
+def _said_of_query_y():
+  """The likelihood's `InputError`, said of `query_y` against the outputs on `query_x`."""
+  try:
+    yield
   except InputError as error:
     raise InputError(f"query_y does not fit the network's outputs on query_x: {error}") from None
 
@@ -595,8 +603,6 @@ def query_nll(nll: losses.Likelihood, outputs: jax.Array, query_y: jax.Array) ->
   Raises:
     InputError: `query_y` does not fit the outputs (named as such).
   """
-  try:
+  with _said_of_query_y():
     per_draw = jax.vmap(nll, in_axes=(0, None))(outputs, query_y)
-  except InputError as error:
-    raise InputError(f"query_y does not fit the network's outputs on query_x: {error}") from None
   return jnp.mean(per_draw)
