@@ -161,6 +161,66 @@ def test_third_order_matches_xla(case):
   _assert_trees_close(third(convolution.conv2d), third(xla_conv), 1e-9)
 
 
+def test_patch_chunk_takes_cache_sized_chunks_of_large_patches_only():
+  mib = 2**20
+  assert convolution.patch_chunk(75, 113 * 2**10) == 75  # Omniglot's largest: 8.5 MB, one product
+  assert convolution.patch_chunk(5, 2 * mib) == 5  # a support set: 10 MB
+  assert (
+    convolution.patch_chunk(75, 2032128) == 1
+  )  # mini-ImageNet's conv1: 2 an image fit, 1 divides
+  assert convolution.patch_chunk(75, 1016064) == 3  # its conv0: 4 fit, 3 divides 75
+  assert convolution.patch_chunk(75, 508032) == 5  # its conv2: 8 fit, 5 divides 75
+  assert convolution.patch_chunk(97, mib // 2) == 8  # 97 is prime: 8, and 7 zero images added
+
+
+@pytest.mark.parametrize("batch", [6, 7])  # chunks of 3: that divide 6; with two zero images for 7
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[3], PADDED_CASES[4]])
+def test_chunked_filter_gradient_matches_xla_to_second_order(case, batch, monkeypatch):
+  """The patches a chunk of images at a time: the same filter gradient, and the same rules."""
+  x, kernel, stride, padding, key = _inputs(case, seed=3)
+  x = jax.random.normal(key, (batch,) + x.shape[1:], jnp.float64)
+  out = xla_conv(x, kernel, stride, padding)
+  per_image = out.shape[1] * out.shape[2] * kernel.shape[0] * kernel.shape[1] * x.shape[3] * 8
+  monkeypatch.setattr(convolution, "PATCH_CHUNKING_ABOVE_BYTES", per_image)
+  monkeypatch.setattr(convolution, "PATCH_CHUNK_BYTES", 3 * per_image)
+  assert convolution.patch_chunk(batch, per_image) == 3
+  weights = jax.random.normal(key, out.shape, jnp.float64)
+
+  def loss(conv, x, kernel):
+    return jnp.sum(weights * jnp.tanh(conv(x, kernel, stride, padding)))
+
+  grad = jax.grad(lambda k: loss(convolution.conv2d, x, k))
+  assert "while" in jax.jit(grad).lower(kernel).as_text()  # the chunks' loop runs
+  np.testing.assert_allclose(
+    jax.jit(grad)(kernel), jax.grad(lambda k: loss(xla_conv, x, k))(kernel), rtol=1e-12, atol=1e-12
+  )
+
+  def meta_gradient(conv):  # through the filter gradient's own rule
+    def outer(x, kernel):
+      adapted = kernel - 0.1 * jax.grad(loss, argnums=2)(conv, x, kernel)
+      return loss(conv, x * 0.5, adapted)
+
+    return jax.jit(jax.grad(outer, argnums=(0, 1)))(x, kernel)
+
+  _assert_trees_close(meta_gradient(convolution.conv2d), meta_gradient(xla_conv), 1e-9)
+
+
+def test_chunked_filter_gradient_sums_bfloat16_chunks_in_float32(monkeypatch):
+  x, kernel, stride, padding, key = _inputs(CASES[2], seed=4)
+  x = jax.random.normal(key, (64,) + x.shape[1:], jnp.float64)
+  grad = jax.random.normal(key, xla_conv(x, kernel, stride, padding).shape, jnp.float64)
+  exact = convolution.filter_gradient(x, grad, kernel.shape, stride, padding)
+  low = (x.astype(jnp.bfloat16), grad.astype(jnp.bfloat16), kernel.shape, stride, padding)
+  one_product = convolution.filter_gradient(*low)
+  monkeypatch.setattr(convolution, "PATCH_CHUNKING_ABOVE_BYTES", 0)
+  monkeypatch.setattr(convolution, "PATCH_CHUNK_BYTES", 1)  # one image a chunk
+  chunked = convolution.filter_gradient(*low)
+  assert chunked.dtype == jnp.bfloat16
+  # Each image's product rounded to bfloat16 and summed there would be further off.
+  error = lambda result: float(jnp.max(jnp.abs(result.astype(jnp.float64) - exact)))
+  assert error(chunked) <= 2 * error(one_product)
+
+
 def test_second_order_through_two_layers_and_max_pool_matches_xla():
   """A meta-gradient in every kernel: the first layer's inner gradient runs through the
   second layer's input gradient, and the outer gradient differentiates that again."""

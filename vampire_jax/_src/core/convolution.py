@@ -121,6 +121,30 @@ def _backward(stride, padding, residuals, grad):
 # per tap, summed) and the dilated gradient: 45 % of a MAML step (docs/performance.md).
 
 
+# A filter gradient whose patches would take more than `PATCH_CHUNKING_ABOVE_BYTES` makes
+# and multiplies them a chunk of images at a time, each chunk's patches at most
+# `PATCH_CHUNK_BYTES`, so that they are read back from the processor's cache, not from
+# memory: mini-ImageNet's second layer has 152 MB of patches for 75 query images (2 MB an
+# image). The chunks are fixed by the shapes alone, so a run's numbers never depend on the
+# machine's load. Smaller patches (every Omniglot layer, every support set of 5 images) keep
+# the one product (docs/performance.md, "The filter gradient's patches, a chunk at a time").
+PATCH_CHUNK_BYTES = 4 * 2**20
+PATCH_CHUNKING_ABOVE_BYTES = 16 * 2**20
+
+
+def patch_chunk(batch: int, bytes_per_image: int) -> int:
+  """The images per chunk of `filter_gradient`'s patches (`batch`: no chunks).
+
+  As many images as fit in `PATCH_CHUNK_BYTES` (at least one); a divisor of
+  `batch` where one is at least half that many, so that no zero images are added.
+  """
+  if batch * bytes_per_image <= PATCH_CHUNKING_ABOVE_BYTES:
+    return batch
+  chunk = max(1, min(batch, PATCH_CHUNK_BYTES // bytes_per_image))
+  divisor = max(d for d in range(1, chunk + 1) if batch % d == 0)
+  return divisor if 2 * divisor >= chunk else chunk
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def filter_gradient(x, grad, kernel_shape, stride: int, padding: Padding) -> jax.Array:
   """d kernel of `conv2d(x, kernel, stride, padding)` at output cotangent `grad`.
@@ -128,25 +152,59 @@ def filter_gradient(x, grad, kernel_shape, stride: int, padding: Padding) -> jax
   d kernel[i, j] = sum over (n, h, w) of the input window at tap (i, j),
   strided, times `grad`: the input's patches (a row per output pixel, the
   taps' windows side by side) and `grad` (a row per output pixel), one
-  matrix product contracting their rows.
+  matrix product contracting their rows. Where the patches would be large
+  (`patch_chunk`), a chunk of images at a time, the products summed.
   """
   kh, kw, channels_in, channels_out = kernel_shape
   (low_h, high_h), (low_w, high_w) = padding
   padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
-  taps = kernel_taps(padded, (kh, kw), grad.shape[1:3], stride)
-  patches = jnp.stack(taps, axis=3).reshape(-1, kh * kw * channels_in)  # [n*oh*ow, taps*in]
-  grad_rows = grad.reshape(-1, channels_out)  # [n*oh*ow, out]
+  batch, out_h, out_w, _ = grad.shape
+  # The longer side of the result goes as its columns: measured faster both ways round
+  # (Conv4's first layer: 9 taps x 1 channel against 64; the others: 576 against 64).
+  by_output = kh * kw * channels_in > channels_out
+  chunk = patch_chunk(batch, out_h * out_w * kh * kw * channels_in * x.dtype.itemsize)
+  if chunk == batch:
+    product = _patches_product(padded, grad, (kh, kw), stride, by_output)
+  else:
+    chunks = -(-batch // chunk)
+    extra = chunks * chunk - batch  # zero images: they add nothing to the sums
+    padded = jnp.pad(padded, ((0, extra), (0, 0), (0, 0), (0, 0)))
+    grad = jnp.pad(grad, ((0, extra), (0, 0), (0, 0), (0, 0)))
+    wide = jnp.promote_types(grad.dtype, jnp.float32)  # bfloat16 chunks summed in float32
+
+    def add_chunk(total, chunk_inputs):
+      chunk_x, chunk_grad = chunk_inputs
+      return total + _patches_product(chunk_x, chunk_grad, (kh, kw), stride, by_output, wide), None
+
+    taps_in = kh * kw * channels_in
+    total = jnp.zeros((channels_out, taps_in) if by_output else (taps_in, channels_out), wide)
+    in_chunks = (
+      padded.reshape((chunks, chunk) + padded.shape[1:]),
+      grad.reshape((chunks, chunk) + grad.shape[1:]),
+    )
+    product = lax.scan(add_chunk, total, in_chunks)[0].astype(grad.dtype)
+  if by_output:
+    return product.reshape(channels_out, kh, kw, channels_in).transpose(1, 2, 3, 0)
+  return product.reshape(kh, kw, channels_in, channels_out)
+
+
+def _patches_product(padded, grad, kernel_size, stride: int, by_output: bool, dtype=None):
+  """`grad`'s rows against the patches of `padded`: `[out, taps*in]` if `by_output`, else
+  `[taps*in, out]`; in `dtype` where given."""
+  taps = kernel_taps(padded, kernel_size, grad.shape[1:3], stride)
+  patches = jnp.stack(taps, axis=3).reshape(-1, len(taps) * padded.shape[3])  # [n*oh*ow, taps*in]
+  grad_rows = grad.reshape(-1, grad.shape[3])  # [n*oh*ow, out]
   # One matrix product for all taps, both operands contracted on their rows, so that no
   # transposed copy of the patches is made (the taps stacked in front of the pixels, as
-  # before, took one: 8-33 % slower alone, and a further copy of the patches). The
-  # longer side of the result goes as its columns: measured faster both ways round
-  # (Conv4's first layer: 9 taps x 1 channel against 64; the others: 576 against 64).
+  # before, took one: 8-33 % slower alone, and a further copy of the patches).
   # Nine products stacked (one per tap) gave a wrong second-order meta-gradient under jit
   # on XLA:CPU (its algebraic simplifier; correct op by op), and were slower.
-  if patches.shape[1] > channels_out:
-    by_output = grad_rows.T @ patches  # [out, taps*in]
-    return by_output.reshape(channels_out, kh, kw, channels_in).transpose(1, 2, 3, 0)
-  return (patches.T @ grad_rows).reshape(kh, kw, channels_in, channels_out)
+  if dtype is None:
+    return grad_rows.T @ patches if by_output else patches.T @ grad_rows
+  rows = (((0,), (0,)), ((), ()))
+  if by_output:
+    return lax.dot_general(grad_rows, patches, rows, preferred_element_type=dtype)
+  return lax.dot_general(patches, grad_rows, rows, preferred_element_type=dtype)
 
 
 def _filter_gradient_backward(kernel_shape, stride, padding, residuals, cotangent):
