@@ -157,19 +157,18 @@ def filter_gradient(x, grad, kernel_shape, stride: int, padding: Padding) -> jax
   """
   kh, kw, channels_in, channels_out = kernel_shape
   (low_h, high_h), (low_w, high_w) = padding
-  padded = jnp.pad(x, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
   batch, out_h, out_w, _ = grad.shape
   # The longer side of the result goes as its columns: measured faster both ways round
   # (Conv4's first layer: 9 taps x 1 channel against 64; the others: 576 against 64).
   by_output = kh * kw * channels_in > channels_out
   chunk = patch_chunk(batch, out_h * out_w * kh * kw * channels_in * x.dtype.itemsize)
+  extra = -batch % chunk if chunk < batch else 0  # zero images to fill the last chunk
+  padded = jnp.pad(x, ((0, extra), (low_h, high_h), (low_w, high_w), (0, 0)))
   if chunk == batch:
     product = _patches_product(padded, grad, (kh, kw), stride, by_output)
   else:
-    chunks = -(-batch // chunk)
-    extra = chunks * chunk - batch  # zero images: they add nothing to the sums
-    padded = jnp.pad(padded, ((0, extra), (0, 0), (0, 0), (0, 0)))
-    grad = jnp.pad(grad, ((0, extra), (0, 0), (0, 0), (0, 0)))
+    chunks = (batch + extra) // chunk
+    grad = jnp.pad(grad, ((0, extra), (0, 0), (0, 0), (0, 0)))  # zeros: they add nothing
     wide = jnp.promote_types(grad.dtype, jnp.float32)  # bfloat16 chunks summed in float32
 
     def add_chunk(total, chunk_inputs):
@@ -199,12 +198,10 @@ def _patches_product(padded, grad, kernel_size, stride: int, by_output: bool, dt
   # before, took one: 8-33 % slower alone, and a further copy of the patches).
   # Nine products stacked (one per tap) gave a wrong second-order meta-gradient under jit
   # on XLA:CPU (its algebraic simplifier; correct op by op), and were slower.
-  if dtype is None:
+  if dtype is None:  # the one product as before: `lax.dot_general` changed its last bits
     return grad_rows.T @ patches if by_output else patches.T @ grad_rows
-  rows = (((0,), (0,)), ((), ()))
-  if by_output:
-    return lax.dot_general(grad_rows, patches, rows, preferred_element_type=dtype)
-  return lax.dot_general(patches, grad_rows, rows, preferred_element_type=dtype)
+  operands = (grad_rows, patches) if by_output else (patches, grad_rows)
+  return lax.dot_general(*operands, (((0,), (0,)), ((), ())), preferred_element_type=dtype)
 
 
 def _filter_gradient_backward(kernel_shape, stride, padding, residuals, cotangent):
