@@ -9,6 +9,7 @@ max-pool, where the meta-gradient runs through the input gradient.
 
 import jax
 import jax.numpy as jnp
+import flax.linen as nn
 import numpy as np
 import pytest
 from jax import lax
@@ -290,6 +291,38 @@ def test_loop_safe_conv4_equals_xla_conv4(max_pool, size, channels):
     return jax.jit(jax.grad(after_one_step))(params)
 
   _assert_trees_close(meta_gradient(nets[1]), meta_gradient(nets[0]), 1e-8)
+
+
+@pytest.mark.parametrize(
+  "kernel_size,strides,size,bias_channel",
+  [((3, 3), 1, 9, True), ((3, 3), 2, 8, True), ((3, 3), 2, 7, True), ((2, 2), 1, 8, False)],
+)
+def test_three_channel_loop_safe_conv_equals_xla_conv_and_bias_to_second_order(
+  kernel_size, strides, size, bias_channel
+):
+  """A three-channel `LoopSafeConv` against `nn.Conv` (kernel and bias alike), float64: the
+  output, the gradients of kernel, bias and input, and the gradient of the gradient's
+  squared norm. With the bias on the ones channel's centre tap and with the
+  zero channel and the bias added after (a 2x2 kernel padded 'SAME', whose tap (1, 1) reads
+  the padding at the last row)."""
+  x = jax.random.uniform(jax.random.key(0), (3, size, size, 3), jnp.float64)
+  ours_layer = models.LoopSafeConv(5, kernel_size, strides)
+  theirs_layer = nn.Conv(5, kernel_size, strides, padding="SAME")
+  params = _as_float64(ours_layer.init(jax.random.key(1), x.astype(jnp.float32)))
+  params["params"]["bias"] = jax.random.normal(jax.random.key(2), (5,), jnp.float64)
+  padding = convolution.same_padding(size, size, kernel_size, strides)
+  assert convolution.centre_tap_inside((size, size), kernel_size, strides, padding) == bias_channel
+  weights = jax.random.normal(jax.random.key(3), theirs_layer.apply(params, x).shape, jnp.float64)
+
+  def derivatives(layer):
+    loss = lambda p, x: jnp.sum(jnp.tanh(layer.apply(p, x)) * weights)  # noqa: E731
+    grads = jax.grad(loss, argnums=(0, 1))
+    squared = lambda p, x: sum(jnp.sum(g**2) for g in jax.tree.leaves(grads(p, x)))  # noqa: E731
+    return layer.apply(params, x), grads(params, x), jax.grad(squared, argnums=(0, 1))(params, x)
+
+  ours, theirs = jax.jit(derivatives, static_argnums=0)(ours_layer), derivatives(theirs_layer)
+  assert float(jnp.abs(theirs[1][0]["params"]["bias"]).min()) > 1e-2  # the bias matters here
+  _assert_trees_close(ours, theirs, 1e-10)
 
 
 def test_loop_safe_is_reverse_mode_only():

@@ -54,6 +54,34 @@ def same_padding(height: int, width: int, kernel: tuple[int, int], stride: int) 
   return tuple(lax.padtype_to_pads((height, width), kernel, (stride, stride), "SAME"))
 
 
+def centre_tap_inside(
+  in_size: tuple[int, int], kernel_size: tuple[int, int], stride: int, padding: Padding
+) -> bool:
+  """Whether the kernel's tap (k // 2, k // 2) reads a pixel of the input, never padding, at
+  every output position: 3x3 kernels padded 'SAME' at stride 1, and Conv4's at stride 2, do."""
+  for size, k, (low, high) in zip(in_size, kernel_size, padding):
+    outputs = (size + low + high - k) // stride + 1
+    first, last = k // 2 - low, (outputs - 1) * stride + k // 2 - low
+    if first < 0 or last > size - 1:
+      return False
+  return True
+
+
+def with_bias_channel(x: jax.Array, kernel: jax.Array, bias: jax.Array):
+  """`x` with a channel of ones appended, `kernel` with `bias` on that channel's tap
+  (k // 2, k // 2), its centre for odd sizes.
+
+  Where `centre_tap_inside`, conv2d of the pair is conv2d(x, kernel) + bias with the
+  bias summed inside the convolution (so its last bits differ), and its gradient
+  (the ones channel's centre tap in the filter gradient) comes out of the filter
+  gradient's product, not out of a pass of its own over the output gradient.
+  """
+  kh, kw = kernel.shape[:2]
+  centre = jnp.zeros((kh, kw, 1, 1), kernel.dtype).at[kh // 2, kw // 2].set(1)
+  ones = jnp.ones(x.shape[:-1] + (1,), x.dtype)
+  return jnp.concatenate([x, ones], -1), jnp.concatenate([kernel, centre * bias], 2)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def conv2d(x: jax.Array, kernel: jax.Array, stride: int, padding: Padding) -> jax.Array:
   """`lax.conv_general_dilated(x, kernel, (stride, stride), padding)`, NHWC / HWIO.
