@@ -7,9 +7,9 @@ of `convolution.input_gradient`), and second order through two layers and a
 max-pool, where the meta-gradient runs through the input gradient.
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 import numpy as np
 import pytest
 from jax import lax

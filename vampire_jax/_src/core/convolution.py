@@ -190,7 +190,7 @@ def filter_gradient(x, grad, kernel_shape, stride: int, padding: Padding) -> jax
   # (Conv4's first layer: 9 taps x 1 channel against 64; the others: 576 against 64).
   by_output = kh * kw * channels_in > channels_out
   chunk = patch_chunk(batch, out_h * out_w * kh * kw * channels_in * x.dtype.itemsize)
-  extra = -batch % chunk if chunk < batch else 0  # zero images to fill the last chunk
+  extra = -batch % chunk  # zero images to fill the last chunk (none where chunk == batch)
   padded = jnp.pad(x, ((0, extra), (low_h, high_h), (low_w, high_w), (0, 0)))
   if chunk == batch:
     product = _patches_product(padded, grad, (kh, kw), stride, by_output)
