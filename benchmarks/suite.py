@@ -462,10 +462,12 @@ def build_train_step(
     chunk_size=chunk,
     mesh=mesh,
   )
-  return jax.jit(
-    step,
-    donate_argnums=0 if donate else (),
-    compiler_options=backend.compiler_options(fusion_emitters, input_size),
+  return backend.compiled_on_first_call(
+    jax.jit(
+      step,
+      donate_argnums=0 if donate else (),
+      compiler_options=backend.compiler_options(fusion_emitters, input_size),
+    )
   )
 
 

@@ -31,7 +31,9 @@ draws, the convolution, the device mesh) is resolved for the backend JAX runs on
   `enable_compilation_cache` keeps compiled programs on disk; `release_freed_memory`
   hands the memory a compile freed back to the operating system, with the resident pages of
   the process's read-only file mappings (jaxlib's compiler code above all), and
-  `drop_compiled_programs` forgets the programs compiled so far, with their memory
+  `drop_compiled_programs` forgets the programs compiled so far, with their memory;
+  `compiled_on_first_call` compiles a jitted step for its first call's arguments and keeps
+  the executable alone, as a run's train step does
   (`memory_release_enabled`: unless `VAMPIRE_JAX_MEMORY_RELEASE` turns them off).
 
 The training loop decides by the same functions, so a benchmark that asks them measures
@@ -70,6 +72,7 @@ from vampire_jax._src.core.host_memory import (
   enabled as memory_release_enabled,
 )
 from vampire_jax._src.core.host_memory import (
+  compiled_on_first_call,
   drop_compiled_programs,
   release_freed_memory,
 )
@@ -123,5 +126,6 @@ __all__ = (
   "enable_compilation_cache",
   "release_freed_memory",
   "drop_compiled_programs",
+  "compiled_on_first_call",
   "memory_release_enabled",
 )

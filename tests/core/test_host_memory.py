@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from experiments import regression
@@ -222,3 +223,48 @@ def test_the_release_pages_the_files_out_unless_turned_off(monkeypatch, setting)
   assert released is (setting == "1")
   host_memory.drop_compiled_programs()
   assert len(calls) == (1 if setting == "1" else 0)
+
+
+def _events_during(fn) -> list[str]:
+  """The names of the `jax.monitoring` duration events while `fn()` runs."""
+  events, listening = [], [True]
+  jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **kwargs: listening[0] and events.append(event)
+  )
+  try:
+    fn()
+  finally:
+    listening[0] = False  # jax.monitoring has no public way to unregister
+  return events
+
+
+def test_a_step_compiled_on_first_call_is_the_jits_program_and_keeps_nothing_else(monkeypatch):
+  """`compiled_on_first_call` compiles once, for the first call's arguments, and empties JAX's
+  caches (the jit's traces and lowering); every call equals the jit's, bit for bit, with the
+  state donated; arguments of another shape are refused, naming the argument, not compiled
+  again. With the release off it is the jit itself."""
+  monkeypatch.setenv(host_memory.ENV_VAR, "1")
+  host_memory._listen()
+  step = jax.jit(lambda state, x: (state * 0.5 + x * x, jnp.sum(state)), donate_argnums=0)
+  inputs = [jax.random.normal(jax.random.key(i), (5,)) for i in range(4)]
+  expected, state = [], jnp.ones(5)
+  for x in inputs:
+    state, total = step(state, x)
+    expected.append((np.asarray(state), np.asarray(total)))  # copies: the state is donated
+  jax.clear_caches()  # so that the step compiles afresh
+  compiled = host_memory.compiled_on_first_call(step)
+  state, seen = jnp.ones(5), host_memory.compiles_seen()
+  for i, x in enumerate(inputs):
+    state, total = compiled(state, x)
+    assert np.array_equal(state, expected[i][0]) and np.array_equal(total, expected[i][1])
+    if i == 0:
+      assert host_memory.compiles_seen() == seen + 1  # the one program
+      seen += 1
+      traced = _events_during(lambda: step.lower(state, x))
+      assert "/jax/core/compile/jaxpr_trace_duration" in traced, traced  # its traces: dropped
+  assert host_memory.compiles_seen() == seen  # no call after the first compiled
+  with pytest.raises(TypeError, match="Argument 'state' compiled with float32\\[5\\]"):
+    compiled(jnp.ones(6), jnp.ones(6))
+  assert compiled.lower(state, inputs[0]).compile().memory_analysis() is not None  # the jit's
+  monkeypatch.setenv(host_memory.ENV_VAR, "0")
+  assert host_memory.compiled_on_first_call(step) is step

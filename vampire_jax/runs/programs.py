@@ -84,7 +84,11 @@ def build_train_step(
   if config.speed.debug_nans:
     step = diagnostics.debug_nonfinite(train_step)
   else:
-    step = jax.jit(train_step, donate_argnums=0, compiler_options=_compiler_options(config))
+    # Compiled ahead of time at the first call, its traces dropped: a run steps with the
+    # executable alone.
+    step = host_memory.compiled_on_first_call(
+      jax.jit(train_step, donate_argnums=0, compiler_options=_compiler_options(config))
+    )
   return host_memory.releasing_after_compiles(lambda state, key: step(state, data, key))
 
 
