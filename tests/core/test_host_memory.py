@@ -3,8 +3,6 @@
 import ctypes
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -270,45 +268,3 @@ def test_a_step_compiled_on_first_call_is_the_jits_program_and_keeps_nothing_els
   assert compiled.lower(state, inputs[0]).compile().memory_analysis() is not None  # the jit's
   monkeypatch.setenv(host_memory.ENV_VAR, "0")
   assert host_memory.compiled_on_first_call(step) is step
-
-
-# In a fresh process: a 20 MB block freed raises glibc's mmap threshold to 20 MB (its trim
-# threshold to 40), so a 10 MB block then comes from the heap and stays resident once freed;
-# with the thresholds fixed at 4 MB it is mapped, and unmapped when freed.
-_HELD_AFTER_FREE = """
-import ctypes, sys
-from pathlib import Path
-from vampire_jax._src.core import host_memory
-if sys.argv[1] == "fixed":
-  assert host_memory.fix_malloc_thresholds()
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-def rss_mb():
-  return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
-def touch_and_free(megabytes):
-  block = libc.malloc(megabytes * 2**20)
-  ctypes.memset(block, 1, megabytes * 2**20)
-  libc.free(block)
-touch_and_free(20)
-before = rss_mb()
-touch_and_free(10)
-print(rss_mb() - before)
-"""
-
-
-@needs_glibc
-def test_fixed_malloc_thresholds_give_a_freed_10_mb_block_back_at_once():
-  """After a large block is freed, glibc keeps later blocks of up to its size on the heap and
-  holds them once freed; `fix_malloc_thresholds` (run by each release) ends that growth."""
-  held = {}
-  for mode in ("dynamic", "fixed"):
-    out = subprocess.run(
-      [sys.executable, "-c", _HELD_AFTER_FREE, mode],
-      capture_output=True,
-      text=True,
-      check=True,
-      cwd=Path(__file__).resolve().parents[2],
-    )
-    held[mode] = float(out.stdout.split()[-1])
-  assert held["dynamic"] > 9 and held["fixed"] < 1, held

@@ -21,13 +21,6 @@ runs about 25 MB. The pages are the files', read-only; the kernel reads back wha
 again. A Conv4 Omniglot step then holds about 120 MB less while it steps
 (docs/performance.md, "jaxlib's pages").
 
-Each release also fixes glibc's mmap and trim thresholds at 4 MB (`fix_malloc_thresholds`):
-after a compile frees its large blocks, glibc would otherwise serve every block of up to
-32 MB from the heap and keep up to 64 MB free there. A run's train step is compiled ahead of
-time at its first call and kept as the executable alone (`compiled_on_first_call`).
-Together, the Omniglot VAMPIRE step (Conv4-64, T = 32, two devices) held 389-391 MB while
-stepping on a Zen 4, against 413-419 before (docs/performance.md).
-
 `VAMPIRE_JAX_MEMORY_RELEASE` turns it off (to measure what it saves): 0, off, false or no
 (in any case); 1, on, true or yes, unset or empty, leave it on. Any other value is refused
 (a `ConfigError` naming the variable and the values it takes) when a function is wrapped,
@@ -147,30 +140,11 @@ def page_out_file_pages() -> int:
   return sum(advise(start, end - start, MADV_PAGEOUT) == 0 for start, end in file_mappings(text))
 
 
-# mallopt(3)'s parameters, and the threshold the release fixes both at. glibc raises its mmap
-# threshold to the size of each large block freed, up to 32 MB (and its trim threshold to
-# twice that): after a compile, every block up to 32 MB comes from the heap, and the heap
-# keeps up to 64 MB free at its top. Fixed at 4 MB, larger blocks are mapped and unmapped
-# as they come and go, and the heap gives back what it holds free above 4 MB.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-MALLOC_THRESHOLD_BYTES = 4 * 2**20
-
-
-def fix_malloc_thresholds() -> bool:
-  """Fixes glibc's mmap and trim thresholds at `MALLOC_THRESHOLD_BYTES`, ending their growth
-  after a compile; True if both were set, False where there is no glibc `mallopt`."""
-  mallopt = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
-  if mallopt is None:
-    return False
-  set_mmap = mallopt(M_MMAP_THRESHOLD, MALLOC_THRESHOLD_BYTES) == 1
-  return mallopt(M_TRIM_THRESHOLD, MALLOC_THRESHOLD_BYTES) == 1 and set_mmap
-
-
 def release_freed_memory(page_out: bool = True) -> bool:
   """Gives the C heap's free pages and the read-only file pages back; True if anything ran.
 
-  `fix_malloc_thresholds` and `malloc_trim(0)` on glibc (every arena, and the free pages
-  inside each heap, not only its top), then `page_out_file_pages` (unless `page_out` is False); nothing when turned
+  `malloc_trim(0)` on glibc (every arena, and the free pages inside each heap, not only
+  its top), then `page_out_file_pages` (unless `page_out` is False); nothing when turned
   off. Safe while other threads allocate (glibc takes each arena's lock) or run jaxlib's
   code (a page dropped under a running thread is read back, as under memory pressure).
   """
@@ -178,7 +152,6 @@ def release_freed_memory(page_out: bool = True) -> bool:
     return False
   trim = _glibc_malloc_trim()
   if trim is not None:
-    fix_malloc_thresholds()
     trim(0)
   paged_out = page_out and page_out_file_pages() > 0
   return paged_out or trim is not None
