@@ -266,5 +266,10 @@ def test_a_step_compiled_on_first_call_is_the_jits_program_and_keeps_nothing_els
   with pytest.raises(TypeError, match="Argument 'state' compiled with float32\\[5\\]"):
     compiled(jnp.ones(6), jnp.ones(6))
   assert compiled.lower(state, inputs[0]).compile().memory_analysis() is not None  # the jit's
+  by_keyword = host_memory.compiled_on_first_call(step)  # arguments by keyword, as the jit's
+  state, total = by_keyword(state=jnp.ones(5), x=inputs[0])
+  assert np.array_equal(state, expected[0][0]) and np.array_equal(total, expected[0][1])
+  with pytest.raises(TypeError, match="input pytree"):  # then always by keyword
+    by_keyword(state, inputs[1])
   monkeypatch.setenv(host_memory.ENV_VAR, "0")
   assert host_memory.compiled_on_first_call(step) is step

@@ -189,8 +189,8 @@ def compiled_on_first_call(jitted: F) -> F:
   shape, so the run compiles it ahead of time (`jitted.lower(*args).compile()`, the same
   program as the jit's), keeps the executable alone, and empties JAX's caches
   (`jax.clear_caches()`, as `drop_compiled_programs`). Later calls take the first call's
-  shapes, dtypes and shardings: JAX refuses others with an error naming the argument,
-  where a jit would compile again. `.lower` is the jit's, for analyses of the program. Off
+  shapes, dtypes and shardings, positional or by keyword as it was: JAX refuses others with
+  an error naming the argument, where a jit would compile again. `.lower` is the jit's, for analyses of the program. Off
   with the release (`VAMPIRE_JAX_MEMORY_RELEASE=0`): `jitted` itself.
   """
   if not enabled():
@@ -200,11 +200,11 @@ def compiled_on_first_call(jitted: F) -> F:
   compiled = []
 
   @functools.wraps(jitted)
-  def call(*args):
+  def call(*args, **kwargs):
     if not compiled:
-      compiled.append(jitted.lower(*args).compile())
+      compiled.append(jitted.lower(*args, **kwargs).compile())
       jax.clear_caches()
-    return compiled[0](*args)
+    return compiled[0](*args, **kwargs)
 
   call.lower = jitted.lower  # the same program, for its analyses (memory, costs)
   return call
