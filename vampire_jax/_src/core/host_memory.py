@@ -190,8 +190,9 @@ def compiled_on_first_call(jitted: F) -> F:
   program as the jit's), keeps the executable alone, and empties JAX's caches
   (`jax.clear_caches()`, as `drop_compiled_programs`). Later calls take the first call's
   shapes, dtypes and shardings, positional or by keyword as it was: JAX refuses others with
-  an error naming the argument, where a jit would compile again. `.lower` is the jit's, for analyses of the program. Off
-  with the release (`VAMPIRE_JAX_MEMORY_RELEASE=0`): `jitted` itself.
+  an error naming the argument, where a jit would compile again. `.lower` is the jit's, for
+  analyses of the program. Off with the release (`VAMPIRE_JAX_MEMORY_RELEASE=0`): `jitted`
+  itself.
   """
   if not enabled():
     return jitted
