@@ -435,6 +435,7 @@ def build_train_step(
   donate: bool = True,
   fusion_emitters: str = "auto",
   input_size: Optional[int] = None,
+  draw_per_task: bool = False,
 ):
   """`step(state, data, key) -> (state, metrics)`: the training step, tasks sampled inside.
 
@@ -442,7 +443,8 @@ def build_train_step(
   otherwise `make_train_step` with `strategy`, jitted with a run's XLA options for
   XLA:CPU's `fusion_emitters` ('auto': the processor's for a network of `input_size` input
   values, as a run compiles; `backend.compiler_options`), the state donated unless
-  `donate` is False.
+  `donate` is False; `draw_per_task` as `vj.make_train_step`'s (a run's classification
+  steps draw each task inside the loop over tasks).
   """
   from vampire_jax import backend
   import jax
@@ -461,6 +463,7 @@ def build_train_step(
     task_batching=strategy,
     chunk_size=chunk,
     mesh=mesh,
+    draw_per_task=draw_per_task,
   )
   return backend.compiled_on_first_call(
     jax.jit(
@@ -664,6 +667,7 @@ def train_step_as_a_run(setting, learner, params, *, strategy, chunk, optimizer=
     strategy=strategy,
     chunk=chunk,
     mesh=mesh,
+    draw_per_task=setting.kind == "classification",  # as a run's (`ProblemKind.draw_per_task`)
     **build,
   )
   return step, state, data, mesh

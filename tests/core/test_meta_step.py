@@ -591,3 +591,43 @@ def test_make_meta_gradient_wants_one_key_per_task(keys, got):
   raw = jax.random.key_data(jax.random.split(jax.random.key(3), 3))  # uint32[3, 2] works too
   same = jax.tree.map(np.array_equal, grads, meta_gradient(meta_params, tasks, raw)[0])
   assert all(jax.tree.leaves(same))
+
+
+def test_tasks_drawn_inside_the_loop_are_the_batchs_and_held_one_at_a_time():
+  """`draw_per_task=True` with tasks in `lax.map`: `vj.data`'s image sampler (turns
+  included), called for one task at a time inside the loop, gives the states of drawing
+  the batch first, bit for bit; and the compiled step no longer holds the batch's float
+  images (its temporaries shrink by at least the 7 other tasks' 75 query images)."""
+  images = jax.random.randint(jax.random.key(0), (12, 20, 28, 28), 0, 256).astype(jnp.uint8)
+
+  def sample(data, task_keys):
+    return vj.data.tasks_from_keys(task_keys, data, ways=5, shots=1, query=15, rotate=True)
+
+  model = vj.Conv4(num_classes=5, num_filters=4, conv_impl="loop_safe")
+  params = vj.init_params(model, jax.random.key(1), (1, 28, 28, 1))
+  learner = vj.vampire(
+    vj.pure_apply(model), vj.categorical_nll, num_inner_steps=1, inner_lr=0.1, kl_weight=1e-3
+  )
+  optimizer = vj.meta_optimizer(1e-3, tasks_per_step=8)
+  results = {}
+  for draw_per_task in (False, True):
+    step = jax.jit(
+      vj.make_train_step(
+        learner, optimizer, sample, task_batching="map", draw_per_task=draw_per_task
+      )
+    )
+    state = vj.init_meta_state(learner, optimizer, params, jax.random.key(2))
+    compiled = step.lower(state, images, jax.random.key(3)).compile()
+    for _ in range(2):
+      state, metrics = compiled(state, images, jax.random.key(3))
+    results[draw_per_task] = (state, metrics, compiled.memory_analysis().temp_size_in_bytes)
+
+  (batch_state, batch_metrics, batch_temp), (loop_state, loop_metrics, loop_temp) = (
+    results[False],
+    results[True],
+  )
+  chex.assert_trees_all_equal(loop_state, batch_state)
+  chex.assert_trees_all_equal(loop_metrics, batch_metrics)
+  assert np.ptp(np.asarray(loop_state.meta_params.mean["head"]["kernel"])) > 0
+  other_tasks_query_bytes = 7 * 75 * 28 * 28 * 4
+  assert batch_temp - loop_temp >= other_tasks_query_bytes, (batch_temp, loop_temp)

@@ -41,6 +41,9 @@ class ProblemKind(NamedTuple):
       host-side (raises InputError).
     summary_line: `summary_line(test_metrics) -> str`, one line of a test.
     columns: `(title, metric, scale)` of a results table; scale None: no CI.
+    draw_per_task: whether a meta-step draws each task inside its loop over tasks
+      (`make_train_step`'s `draw_per_task`): classes' examples are gathered, so one task at
+      a time is the batch's task bit for bit; generated tasks compute in floating point.
   """
 
   name: str
@@ -56,6 +59,7 @@ class ProblemKind(NamedTuple):
   check_support_y: Callable[[str, object, int, int], None]
   summary_line: Callable[[dict], str]
   columns: tuple[tuple[str, str, Optional[float]], ...]
+  draw_per_task: bool = False
 
   def better(self, score: float, best: Optional[float]) -> bool:
     """Whether `score` beats `best` (None: nothing yet)."""
@@ -161,6 +165,7 @@ CLASSIFICATION = ProblemKind(
     ("MCE", "mce", None),
     ("AURC", "aurc", None),
   ),
+  draw_per_task=True,
 )
 
 REGRESSION = ProblemKind(

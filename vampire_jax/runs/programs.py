@@ -46,7 +46,7 @@ def build_train_step(
   problem: Problem, config, learner: MetaLearner, optimizer, mesh: Optional[Mesh], num_steps: int
 ) -> Callable:
   """`train_step(state, key) -> (state, metrics [num_steps])`, compiled on first call."""
-  metrics_fn = kinds.get(problem.kind).train_metrics
+  kind = kinds.get(problem.kind)
   num_local_tasks = config.schedule.tasks_per_step // mesh_size(mesh)
   strategy, chunk = backend_defaults.task_batching(
     config.speed.task_batching, config.speed.chunk_size, num_local_tasks
@@ -67,7 +67,7 @@ def build_train_step(
       sampler(problem, "train"),
       tasks_per_step=config.schedule.tasks_per_step,
       chunk_size=chunk,
-      metrics_fn=metrics_fn,
+      metrics_fn=kind.train_metrics,
     )
     return host_memory.releasing_after_compiles(lambda state, key: step(state, data, key))
   train_step = meta_step.make_train_step(
@@ -78,8 +78,9 @@ def build_train_step(
     steps_per_call=num_steps,
     task_batching=strategy,
     chunk_size=chunk,
-    metrics_fn=metrics_fn,
+    metrics_fn=kind.train_metrics,
     mesh=mesh,
+    draw_per_task=kind.draw_per_task,
   )
   if config.speed.debug_nans:
     step = diagnostics.debug_nonfinite(train_step)

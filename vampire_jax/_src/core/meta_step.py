@@ -126,6 +126,43 @@ def classification_metrics(outputs: jax.Array, labels: jax.Array) -> dict:
   return {"accuracy": accuracy(probs, labels)}
 
 
+def _one_task_gradient(learner: MetaLearner, metrics_fn: Optional[MetricsFn]) -> Callable:
+  """`one_task(meta_params, task, key) -> (grads, metrics)`: one task's query loss, its
+  gradient w.r.t. the meta-parameters, and `metrics_fn`'s values."""
+  loss_and_grad = jax.value_and_grad(
+    lambda meta_params, task, key: query_loss(learner, meta_params, task, key), has_aux=True
+  )
+
+  def one_task(meta_params, task, key):
+    (loss, outputs), grads = loss_and_grad(meta_params, task, key)
+    metrics = {"loss": loss}
+    if metrics_fn is not None:
+      metrics.update(metrics_fn(outputs, task.query_y))
+    return grads, metrics
+
+  return one_task
+
+
+def _mean_over_tasks(
+  fn: Callable, *, task_batching: batching.Batching, chunk_size: int, mesh: Optional[Mesh]
+) -> Callable:
+  """`mean(shared, tasks, keys)`: `fn(shared, task, key)` of each task, batched by
+  `task_batching`, gathered in task order over the mesh's devices, averaged over tasks."""
+  per_task = functools.partial(
+    batching.map_tasks, fn, strategy=task_batching, chunk_size=chunk_size
+  )
+
+  def mean(shared, tasks, keys):
+    if mesh is None:
+      results = per_task(shared, tasks, keys)
+    else:
+      results = sharding.gather_over_task_shards(per_task, mesh)(shared, tasks, keys)
+    # The mean of the [tasks, ...] results, reduced alike on any number of devices.
+    return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), results)
+
+  return mean
+
+
 def make_meta_gradient(
   learner: MetaLearner,
   *,
@@ -158,31 +195,19 @@ def make_meta_gradient(
   """
   if mesh is not None:
     sharding.check_mesh("make_meta_gradient", mesh)
-  loss_and_grad = jax.value_and_grad(
-    lambda meta_params, task, key: query_loss(learner, meta_params, task, key), has_aux=True
-  )
-
-  def one_task(meta_params, task, key):
-    (loss, outputs), grads = loss_and_grad(meta_params, task, key)
-    metrics = {"loss": loss}
-    if metrics_fn is not None:
-      metrics.update(metrics_fn(outputs, task.query_y))
-    return grads, metrics
-
-  per_task = functools.partial(
-    batching.map_tasks, one_task, strategy=task_batching, chunk_size=chunk_size
+  mean_over_tasks = _mean_over_tasks(
+    _one_task_gradient(learner, metrics_fn),
+    task_batching=task_batching,
+    chunk_size=chunk_size,
+    mesh=mesh,
   )
 
   def meta_gradient(meta_params, tasks: Task, task_keys: jax.Array):
     num_tasks = check_task_batch(tasks, "meta_gradient")
     checks.prng_keys("meta_gradient", "task_keys", task_keys, num_tasks)
-    if mesh is None:
-      results = per_task(meta_params, tasks, task_keys)
-    else:
+    if mesh is not None:
       sharding.check_divisible(num_tasks, mesh, "meta_gradient: tasks")
-      results = sharding.gather_over_task_shards(per_task, mesh)(meta_params, tasks, task_keys)
-    # The mean of the [tasks, ...] results, reduced alike on any number of devices.
-    return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), results)
+    return mean_over_tasks(meta_params, tasks, task_keys)
 
   return meta_gradient
 
@@ -307,6 +332,7 @@ def make_train_step(
   chunk_size: int = 1,
   metrics_fn: Optional[MetricsFn] = None,
   mesh: Optional[Mesh] = None,
+  draw_per_task: bool = False,
 ):
   """Builds `train_step(state, data, key) -> (state, metrics)`: `steps_per_call` meta-steps.
 
@@ -325,6 +351,15 @@ def make_train_step(
       other optimizer; given to both, they must agree).
     steps_per_call: meta-steps per call, run with `lax.scan`.
     task_batching, chunk_size, metrics_fn, mesh: as in `make_meta_gradient`.
+    draw_per_task: where tasks run one at a time (`task_batching` "map" or
+      "remat_map"), draw each inside that loop, `sample_tasks(data,
+      task_keys[i:i + 1])`, so that the loop holds one task's inputs, not the
+      step's (Omniglot's 16 tasks a device: 3.8 MB). The same tasks bit for
+      bit where a task's numbers do not depend on how many are drawn at once,
+      as with `vj.data`'s samplers (gathers of images); a sampler that
+      computes in floating point (a sine's values) may round differently one
+      task at a time, so the default (False) draws the batch first. Batched
+      strategies always draw the batch first.
 
   Returns:
     A pure function; `metrics` holds `[steps_per_call]` arrays, per step:
@@ -363,8 +398,22 @@ def make_train_step(
   if mesh is not None:
     sharding.check_mesh("make_train_step", mesh)
     sharding.check_divisible(tasks_per_step, mesh, "make_train_step: tasks_per_step")
-  meta_gradient = make_meta_gradient(
-    learner, task_batching=task_batching, chunk_size=chunk_size, metrics_fn=metrics_fn, mesh=mesh
+  one_task = _one_task_gradient(learner, metrics_fn)
+  draw_in_loop = draw_per_task and task_batching in batching.MAPPED_STRATEGIES
+
+  def drawn_task(shared, task_key, adapt_key):
+    meta_params, data = shared
+    # Task i from task_keys[i] alone (the sampler's convention): the batch's task i. The
+    # barrier keeps the sampler's last operations (the images' scaling) out of the learner's
+    # fusions, which would round them otherwise than a drawn batch's.
+    task = jax.tree_util.tree_map(lambda leaf: leaf[0], sample_tasks(data, task_key[None]))
+    return one_task(meta_params, jax.lax.optimization_barrier(task), adapt_key)
+
+  mean_over_tasks = _mean_over_tasks(
+    drawn_task if draw_in_loop else one_task,
+    task_batching=task_batching,
+    chunk_size=chunk_size,
+    mesh=mesh,
   )
   step_tasks = _StepTasks(tasks_per_step, f"make_train_step: tasks_per_step={tasks_per_step}")
 
@@ -374,8 +423,12 @@ def make_train_step(
       task_keys, adapt_keys = jax.lax.with_sharding_constraint(
         (task_keys, adapt_keys), sharding.task_sharding(mesh)
       )
-    tasks = draw_tasks(sample_tasks, data, task_keys)
-    grads, metrics = meta_gradient(state.meta_params, tasks, adapt_keys)
+    if draw_in_loop:  # the sampler checked against the convention on the batch's shapes
+      jax.eval_shape(functools.partial(draw_tasks, sample_tasks), data, task_keys)
+      grads, metrics = mean_over_tasks((state.meta_params, data), task_keys, adapt_keys)
+    else:
+      tasks = draw_tasks(sample_tasks, data, task_keys)
+      grads, metrics = mean_over_tasks(state.meta_params, tasks, adapt_keys)
     metrics = with_log_std(with_health(metrics, grads), state.meta_params)
     return apply_meta_gradient(optimizer, state, grads, step_tasks), metrics
 
