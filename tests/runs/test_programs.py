@@ -47,3 +47,25 @@ def test_results_record_which_parameters_were_tested(tmp_path, which):
     programs.eval_batch_size(config),
   )
   assert float(np.mean(per_task["mse"])) == pytest.approx(saved["test"]["mse"], rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["classification", "regression"])
+def test_a_classification_run_draws_each_task_inside_the_loop(monkeypatch, kind):
+  # Images are gathered, the same one task at a time; a sine's values are not (they round by
+  # vector width), so a regression run draws its batch first (`ProblemKind.draw_per_task`).
+  from tests.helpers import _classification_problem, _regression_problem
+  from vampire_jax._src.core import meta_step
+
+  built = {}
+
+  def capture(*args, **kwargs):
+    built.update(kwargs)
+    raise RuntimeError("captured")
+
+  monkeypatch.setattr(meta_step, "make_train_step", capture)
+  problem = _classification_problem(5) if kind == "classification" else _regression_problem()
+  config = vj.RunConfig().replace(task_batching="map", tasks_per_step=4)
+  with pytest.raises(RuntimeError, match="captured"):
+    programs.build_train_step(problem, config, None, None, None, 1)
+  assert built["task_batching"] == "map"
+  assert built["draw_per_task"] is (kind == "classification")
