@@ -631,3 +631,9 @@ def test_tasks_drawn_inside_the_loop_are_the_batchs_and_held_one_at_a_time():
   assert np.ptp(np.asarray(loop_state.meta_params.mean["head"]["kernel"])) > 0
   other_tasks_query_bytes = 7 * 75 * 28 * 28 * 4
   assert batch_temp - loop_temp >= other_tasks_query_bytes, (batch_temp, loop_temp)
+
+
+def test_draw_per_task_takes_true_or_false_only():
+  learner, optimizer, _ = _setup("maml")
+  with pytest.raises(InputError, match=r"draw_per_task must be True or False, got 'no' \(a str\)"):
+    vj.make_train_step(learner, optimizer, _sampler, tasks_per_step=4, draw_per_task="no")

@@ -387,6 +387,7 @@ def make_train_step(
   tasks_per_step = _tasks_per_step(optimizer, tasks_per_step)
   checks.step_count("make_train_step", "tasks_per_step", tasks_per_step, 1)
   checks.step_count("make_train_step", "steps_per_call", steps_per_call, 1)
+  checks.flag("make_train_step", "draw_per_task", draw_per_task)
   check_step_tasks(
     learner,
     tasks_per_step,
