@@ -653,6 +653,7 @@ def train_step_as_a_run(setting, learner, params, *, strategy, chunk, optimizer=
   """
   import jax
   import vampire_jax as vj
+  from vampire_jax.runs import kinds
 
   if optimizer is None:
     optimizer = vj.meta_optimizer(1e-3, tasks_per_step=setting.tasks)
@@ -667,7 +668,7 @@ def train_step_as_a_run(setting, learner, params, *, strategy, chunk, optimizer=
     strategy=strategy,
     chunk=chunk,
     mesh=mesh,
-    draw_per_task=setting.kind == "classification",  # as a run's (`ProblemKind.draw_per_task`)
+    draw_per_task=kinds.get(setting.kind).draw_per_task,  # as a run of the setting's kind
     **build,
   )
   return step, state, data, mesh
